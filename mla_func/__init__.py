@@ -1,0 +1,31 @@
+"""mla_func: pure-functional DeepSeek MLA inference with typed signatures and explicit state.
+
+Public API (DESIGN.md): MLAConfig, init_params, load_hf, forward, generate; plus the state and
+batch types the step function takes.
+"""
+
+from mla_func.batch import Batch, BatchError, SeqWork, make_batch
+from mla_func.config import ConfigError, MLAConfig
+from mla_func.model import forward
+from mla_func.params import Params, init_params
+from mla_func.state import CacheFullError, KVState, PageAllocator, init_state
+
+
+def __getattr__(name: str):
+    # Lazy: checkpoint loading and the engine pull in optional packages.
+    if name == "load_hf":
+        from mla_func.checkpoint import load_hf
+
+        return load_hf
+    if name in ("generate", "GenerateOutput"):
+        from mla_func import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'mla_func' has no attribute {name!r}")
+
+
+__all__ = [
+    "Batch", "BatchError", "CacheFullError", "ConfigError", "KVState", "MLAConfig",
+    "PageAllocator", "Params", "SeqWork", "forward", "generate", "init_params", "init_state",
+    "load_hf", "make_batch",
+]

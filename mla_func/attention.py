@@ -1,0 +1,106 @@
+"""Attention backends and the `mla_func::mla_attention` custom op the step function calls.
+
+The op is one opaque node for tracers (a `torch.library.custom_op` with a fake implementation):
+it writes the step's new [c_kv, k_pe] rows into the cache and returns per-head outputs in the
+value space. Which backend runs it, and in which form (absorbed or MHA), is decided inside from
+host-side metadata only (`Batch.host`, a CPU tensor), never from device memory.
+
+Each backend declares how much of it a CUDA graph may hold (DESIGN.md, vLLM's levels):
+`never` < `uniform_single_token_decode` < `uniform_batch` < `always`.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from mla_func.ops import attention as ref
+
+
+class GraphSupport(IntEnum):
+    NEVER = 0
+    UNIFORM_SINGLE_TOKEN_DECODE = 1
+    UNIFORM_BATCH = 2
+    ALWAYS = 3
+
+
+# Arguments of a backend's `run`, in the op's order after (q_nope, q_pe, kv_new, cache, layer).
+AttnFn = Callable[..., Tensor]
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+    name: str
+    graph_support: GraphSupport
+    run: AttnFn
+    doc: str = ""
+
+
+BACKENDS: dict[str, AttentionBackend] = {}
+
+
+def register_backend(backend: AttentionBackend) -> None:
+    BACKENDS[backend.name] = backend
+
+
+def get_backend(name: str) -> AttentionBackend:
+    if name not in BACKENDS:
+        if name == "triton":
+            import mla_func.kernels.backend  # noqa: F401  (registers "triton")
+        if name not in BACKENDS:
+            raise ValueError(f"unknown attention backend {name!r}; known: {sorted(BACKENDS)}")
+    return BACKENDS[name]
+
+
+# Prompts at least this long (new tokens of one sequence) use the MHA form in the torch backend.
+MHA_MIN_QUERY = 64
+
+
+def torch_attention(
+    q_nope: Float[Tensor, "tokens heads qk_nope"],
+    q_pe: Float[Tensor, "tokens heads qk_rope"],
+    kv_new: Float[Tensor, "tokens latent"],
+    cache: Float[Tensor, "layers pages page_size latent"],
+    layer: int,
+    w_uk: Float[Tensor, "heads qk_nope kv_lora"],
+    w_uv: Float[Tensor, "heads v_head kv_lora"],
+    slot_mapping: Int[Tensor, " tokens"],
+    token_seq: Int[Tensor, " tokens"],
+    positions: Int[Tensor, " tokens"],
+    page_table: Int[Tensor, "seqs max_pages"],
+    seq_lens: Int[Tensor, " seqs"],
+    host: Int[Tensor, " 5"],
+    scale: float,
+) -> Float[Tensor, "tokens heads v_head"]:
+    """The reference backend: cache write, then the absorbed form for decodes and short
+    extends, the MHA form when the step holds a long prompt (host metadata decides)."""
+    layer_cache = cache[layer]
+    ref.write_cache(layer_cache, kv_new, slot_mapping)
+    max_query_len = int(host[4])
+    form = ref.attend_mha if max_query_len >= MHA_MIN_QUERY else ref.attend_absorbed
+    return form(q_nope, q_pe, layer_cache, w_uk, w_uv, token_seq, positions, page_table, scale)
+
+
+register_backend(AttentionBackend(
+    "torch", GraphSupport.UNIFORM_SINGLE_TOKEN_DECODE, torch_attention,
+    "pure torch; picks its form from host metadata, so only single-token decode is uniform"))
+
+
+@torch.library.custom_op("mla_func::mla_attention", mutates_args=("cache",))
+def mla_attention(
+    q_nope: Tensor, q_pe: Tensor, kv_new: Tensor, cache: Tensor, layer: int, w_uk: Tensor,
+    w_uv: Tensor, slot_mapping: Tensor, token_seq: Tensor, positions: Tensor,
+    page_table: Tensor, seq_lens: Tensor, host: Tensor, scale: float, backend: str,
+) -> Tensor:
+    return get_backend(backend).run(
+        q_nope, q_pe, kv_new, cache, layer, w_uk, w_uv, slot_mapping, token_seq, positions,
+        page_table, seq_lens, host, scale)
+
+
+@mla_attention.register_fake
+def _(q_nope, q_pe, kv_new, cache, layer, w_uk, w_uv, slot_mapping, token_seq, positions,
+      page_table, seq_lens, host, scale, backend):
+    return q_nope.new_empty(q_nope.shape[0], q_nope.shape[1], w_uv.shape[1])

@@ -1,0 +1,141 @@
+"""Batch: the inputs of one step, and `make_batch` to build one from per-sequence work.
+
+A step mixes decodes (one new token each) and prefills or prefill chunks (several new tokens
+after a cached prefix); decode sequences come first. Tensors live on the model's device; the
+`host` tensor lives on the CPU and carries the counts that kernels size their grids from, so that
+no step ever reads device memory on the host. Each field's `pad` metadata is the value a padded
+row gets when a capture bucket is larger than the batch: padded rows write no cache slot (-1),
+read only the scratch page, and have length 1 (never a zero-length dummy sequence).
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from mla_func.state import SCRATCH_PAGE
+
+HOST_FIELDS = ("num_tokens", "num_seqs", "num_decodes", "max_seq_len", "max_query_len")
+
+
+def _pad(value: int) -> dict:
+    return {"pad": value}
+
+
+@dataclass(frozen=True)
+class Batch:
+    token_ids: Int[Tensor, " tokens"] = field(metadata=_pad(0))
+    positions: Int[Tensor, " tokens"] = field(metadata=_pad(0))
+    # Flat cache slot (page * page_size + offset) each new token is written to; -1: nowhere.
+    slot_mapping: Int[Tensor, " tokens"] = field(metadata=_pad(-1))
+    # Index (in this step) of the sequence each token belongs to.
+    token_seq: Int[Tensor, " tokens"] = field(metadata=_pad(0))
+    page_table: Int[Tensor, "seqs max_pages"] = field(metadata=_pad(SCRATCH_PAGE))
+    # Cached + new tokens of each sequence after this step.
+    seq_lens: Int[Tensor, " seqs"] = field(metadata=_pad(1))
+    query_start: Int[Tensor, " seqs"] = field(metadata=_pad(0))
+    query_lens: Int[Tensor, " seqs"] = field(metadata=_pad(0))
+    # Row (token index) whose logits each sequence needs: its last new token.
+    logits_index: Int[Tensor, " seqs"] = field(metadata=_pad(0))
+    # CPU, never padded: the real counts, in the order of HOST_FIELDS.
+    host: Int[Tensor, " 5"] = field(metadata={"host": True})
+    backend: str = "torch"
+
+    def count(self, name: str) -> int:
+        return int(self.host[HOST_FIELDS.index(name)])
+
+    @property
+    def num_tokens(self) -> int:
+        return self.count("num_tokens")
+
+    @property
+    def num_seqs(self) -> int:
+        return self.count("num_seqs")
+
+    @property
+    def num_decodes(self) -> int:
+        return self.count("num_decodes")
+
+    @property
+    def is_pure_decode(self) -> bool:
+        return self.num_decodes == self.num_seqs
+
+
+@dataclass(frozen=True)
+class SeqWork:
+    """One sequence's share of a step: new tokens after `start` cached ones, in `pages`."""
+
+    token_ids: Sequence[int]
+    start: int
+    pages: Sequence[int]
+
+
+class BatchError(ValueError):
+    """A step's inputs that cannot be run."""
+
+
+def make_batch(
+    work: Sequence[SeqWork],
+    page_size: int,
+    max_pages: int,
+    device: "str | torch.device" = "cpu",
+    backend: str = "torch",
+    vocab_size: int | None = None,
+) -> Batch:
+    """Flatten per-sequence work (decodes first) into a Batch; checks token ids on the host."""
+    if not work:
+        raise BatchError("a batch needs at least one sequence")
+    tokens: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    token_seq: list[int] = []
+    table = torch.full((len(work), max_pages), SCRATCH_PAGE, dtype=torch.int32)
+    seq_lens, starts, qlens, last = [], [], [], []
+    decodes, seen_prefill = 0, False
+    for i, w in enumerate(work):
+        n = len(w.token_ids)
+        if n == 0:
+            raise BatchError(f"sequence {i} has no new tokens")
+        if n == 1 and w.start > 0 and not seen_prefill:
+            decodes += 1
+        else:
+            seen_prefill = True
+            if n == 1 and w.start > 0:
+                raise BatchError(f"decode sequence {i} comes after a prefill: decodes go first")
+        if vocab_size is not None:
+            bad = [t for t in w.token_ids if not 0 <= int(t) < vocab_size]
+            if bad:
+                raise BatchError(f"sequence {i}: token id(s) {bad[:5]} outside the vocabulary "
+                                 f"[0, {vocab_size})")
+        total = w.start + n
+        if -(-total // page_size) > len(w.pages):
+            raise BatchError(f"sequence {i}: {total} tokens need more than {len(w.pages)} pages")
+        if len(w.pages) > max_pages:
+            raise BatchError(f"sequence {i} has {len(w.pages)} pages; max_pages is {max_pages}")
+        if SCRATCH_PAGE in w.pages:
+            raise BatchError(f"sequence {i} uses the scratch page {SCRATCH_PAGE}")
+        table[i, : len(w.pages)] = torch.tensor(list(w.pages), dtype=torch.int32)
+        starts.append(len(tokens))
+        for j, tok in enumerate(w.token_ids):
+            pos = w.start + j
+            tokens.append(int(tok))
+            positions.append(pos)
+            slots.append(w.pages[pos // page_size] * page_size + pos % page_size)
+            token_seq.append(i)
+        qlens.append(n)
+        seq_lens.append(total)
+        last.append(len(tokens) - 1)
+    host = torch.tensor([len(tokens), len(work), decodes, max(seq_lens), max(qlens)],
+                        dtype=torch.int64)
+
+    def dev(values: list[int]) -> Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    return Batch(
+        token_ids=dev(tokens), positions=dev(positions), slot_mapping=dev(slots),
+        token_seq=dev(token_seq), page_table=table.to(device), seq_lens=dev(seq_lens),
+        query_start=dev(starts), query_lens=dev(qlens), logits_index=dev(last), host=host,
+        backend=backend,
+    )

@@ -1,0 +1,74 @@
+"""The dimension-name vocabulary (DESIGN.md, "Dimension vocabulary").
+
+One name, one meaning, everywhere: jaxtyping signatures, dataclass fields, docs and capture
+artifacts. Static names bind to a config field; dynamic names carry a range and a bucket policy
+that the capture compiler reads (`mla_func.capture` never hard-codes them: it asks this table, or
+a table the caller passes).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from mla_func.config import MLAConfig
+
+Kind = Literal["static", "dynamic", "capacity"]
+
+
+@dataclass(frozen=True)
+class DimSpec:
+    name: str
+    kind: Kind
+    doc: str
+    # Dynamic dims: the largest size captured and the bucket policy's name.
+    max_size: int | None = None
+    policy: str | None = None
+
+
+STATIC_BINDINGS: dict[str, Callable[[MLAConfig], int]] = {
+    "hidden": lambda c: c.hidden_size,
+    "heads": lambda c: c.num_attention_heads,
+    "qk_nope": lambda c: c.qk_nope_head_dim,
+    "qk_rope": lambda c: c.qk_rope_head_dim,
+    "qk_head": lambda c: c.qk_head_dim,
+    "v_head": lambda c: c.v_head_dim,
+    "kv_lora": lambda c: c.kv_lora_rank,
+    "q_lora": lambda c: c.q_lora_rank or 0,
+    "latent": lambda c: c.latent_dim,
+    "experts": lambda c: c.n_routed_experts or 0,
+    "topk": lambda c: c.num_experts_per_tok or 0,
+    "moe_inter": lambda c: c.moe_intermediate_size,
+    "inter": lambda c: c.intermediate_size,
+    "vocab": lambda c: c.vocab_size,
+    "layers": lambda c: c.num_hidden_layers,
+}
+
+VOCABULARY: dict[str, DimSpec] = {
+    "tokens": DimSpec("tokens", "dynamic", "flattened tokens of one step", 8192, "tokens"),
+    "seqs": DimSpec("seqs", "dynamic", "sequences in one step", 512, "seqs"),
+    "pages": DimSpec("pages", "capacity", "cache pages, fixed at allocation"),
+    "page_size": DimSpec("page_size", "capacity", "tokens per cache page"),
+    "max_pages": DimSpec("max_pages", "capacity", "page-table width per sequence"),
+    "hidden": DimSpec("hidden", "static", "model width (hidden_size)"),
+    "heads": DimSpec("heads", "static", "attention heads"),
+    "qk_nope": DimSpec("qk_nope", "static", "per-head query/key width without rope"),
+    "qk_rope": DimSpec("qk_rope", "static", "per-head rope width (shared key part)"),
+    "qk_head": DimSpec("qk_head", "static", "per-head query/key width: qk_nope + qk_rope"),
+    "v_head": DimSpec("v_head", "static", "per-head value width"),
+    "kv_lora": DimSpec("kv_lora", "static", "compressed KV width (c_kv)"),
+    "q_lora": DimSpec("q_lora", "static", "compressed query width"),
+    "latent": DimSpec("latent", "static", "cached values per token per layer: kv_lora + qk_rope"),
+    "experts": DimSpec("experts", "static", "routed experts"),
+    "topk": DimSpec("topk", "static", "experts per token"),
+    "moe_inter": DimSpec("moe_inter", "static", "expert MLP width"),
+    "inter": DimSpec("inter", "static", "dense MLP width"),
+    "vocab": DimSpec("vocab", "static", "vocabulary size"),
+    "layers": DimSpec("layers", "static", "decoder layers"),
+}
+
+DYNAMIC_DIMS: tuple[str, ...] = tuple(n for n, s in VOCABULARY.items() if s.kind == "dynamic")
+
+
+def static_sizes(cfg: MLAConfig) -> dict[str, int]:
+    """Every static dim name bound to its size under `cfg`."""
+    return {name: bind(cfg) for name, bind in STATIC_BINDINGS.items()}

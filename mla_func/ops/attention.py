@@ -1,0 +1,96 @@
+"""Reference MLA attention over the paged latent cache (DeepSeek-V2, arXiv:2405.04434, 2.1).
+
+Two forms of the same function:
+- absorbed: q_lat = q_nope . W_UK per head; scores against the cached [c_kv, k_pe] with
+  q' = [q_lat, q_pe]; o_lat = softmax . c_kv; o = o_lat . W_UV^T. Reads 576 values per cached
+  token once for all heads: the decode form.
+- MHA: expand k_nope = c_kv . W_UK^T and v = c_kv . W_UV^T per sequence, then ordinary causal
+  attention with head dims (qk_nope + qk_rope, v_head): fewer FLOPs for long prompts.
+Token t of sequence s sees keys 0..positions[t] of s. Padded tokens (slot -1) see key 0 of their
+sequence and their output is ignored. Static shapes; memory is bounded by processing tokens in
+chunks of `chunk` rows.
+"""
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+CacheLayer = Float[Tensor, "pages page_size latent"]
+
+
+def write_cache(
+    cache: CacheLayer, kv: Float[Tensor, "tokens latent"], slot_mapping: Int[Tensor, " tokens"]
+) -> None:
+    """cache[slot] = kv for slot >= 0; rows with slot -1 land in slot 0 of the scratch page."""
+    flat = cache.view(-1, cache.shape[-1])
+    flat.index_copy_(0, slot_mapping.clamp(min=0).long(), kv.to(cache.dtype))
+
+
+def gather_sequences(
+    cache: CacheLayer, page_table: Int[Tensor, "seqs max_pages"]
+) -> Float[Tensor, "seqs max_pages*page_size latent"]:
+    """Each sequence's cache rows in order."""
+    return cache[page_table.long()].flatten(1, 2)
+
+
+def _key_mask(positions: Int[Tensor, " tokens"], kv_len: int) -> Bool[Tensor, "tokens _"]:
+    keys = torch.arange(kv_len, device=positions.device)
+    return keys[None, :] <= positions.long()[:, None]
+
+
+def attend_absorbed(
+    q_nope: Float[Tensor, "tokens heads qk_nope"],
+    q_pe: Float[Tensor, "tokens heads qk_rope"],
+    cache: CacheLayer,
+    w_uk: Float[Tensor, "heads qk_nope kv_lora"],
+    w_uv: Float[Tensor, "heads v_head kv_lora"],
+    token_seq: Int[Tensor, " tokens"],
+    positions: Int[Tensor, " tokens"],
+    page_table: Int[Tensor, "seqs max_pages"],
+    scale: float,
+    chunk: int = 256,
+) -> Float[Tensor, "tokens heads v_head"]:
+    kv_lora = w_uk.shape[-1]
+    kv_all = gather_sequences(cache, page_table).float()
+    q_lat = torch.einsum("thn,hnc->thc", q_nope.float(), w_uk.float())
+    outs = []
+    for lo in range(0, q_nope.shape[0], chunk):
+        rows = slice(lo, lo + chunk)
+        kv = kv_all[token_seq[rows].long()]
+        scores = torch.einsum("thc,tsc->ths", q_lat[rows], kv[..., :kv_lora])
+        scores += torch.einsum("thr,tsr->ths", q_pe[rows].float(), kv[..., kv_lora:])
+        mask = _key_mask(positions[rows], kv.shape[1])
+        probs = (scores * scale).masked_fill(~mask[:, None, :], float("-inf")).softmax(-1)
+        outs.append(torch.einsum("ths,tsc->thc", probs, kv[..., :kv_lora]))
+    o_lat = torch.cat(outs)
+    return torch.einsum("thc,hvc->thv", o_lat, w_uv.float()).to(q_nope.dtype)
+
+
+def attend_mha(
+    q_nope: Float[Tensor, "tokens heads qk_nope"],
+    q_pe: Float[Tensor, "tokens heads qk_rope"],
+    cache: CacheLayer,
+    w_uk: Float[Tensor, "heads qk_nope kv_lora"],
+    w_uv: Float[Tensor, "heads v_head kv_lora"],
+    token_seq: Int[Tensor, " tokens"],
+    positions: Int[Tensor, " tokens"],
+    page_table: Int[Tensor, "seqs max_pages"],
+    scale: float,
+    chunk: int = 256,
+) -> Float[Tensor, "tokens heads v_head"]:
+    kv_lora = w_uk.shape[-1]
+    kv_all = gather_sequences(cache, page_table).float()
+    # Expanded keys and values per sequence (not per token): the MHA form's whole point.
+    k_nope = torch.einsum("bsc,hnc->bshn", kv_all[..., :kv_lora], w_uk.float())
+    k_pe = kv_all[..., kv_lora:]
+    v = torch.einsum("bsc,hvc->bshv", kv_all[..., :kv_lora], w_uv.float())
+    outs = []
+    for lo in range(0, q_nope.shape[0], chunk):
+        rows = slice(lo, lo + chunk)
+        seq = token_seq[rows].long()
+        scores = torch.einsum("thn,tshn->ths", q_nope[rows].float(), k_nope[seq])
+        scores += torch.einsum("thr,tsr->ths", q_pe[rows].float(), k_pe[seq])
+        mask = _key_mask(positions[rows], kv_all.shape[1])
+        probs = (scores * scale).masked_fill(~mask[:, None, :], float("-inf")).softmax(-1)
+        outs.append(torch.einsum("ths,tshv->thv", probs, v[seq]))
+    return torch.cat(outs).to(q_nope.dtype)

@@ -1,0 +1,91 @@
+"""KVState: the paged latent cache, passed into and returned from the step function.
+
+The cache stores only [c_kv, k_pe] per token per layer (DeepSeek-V2, arXiv:2405.04434, 2.1.3:
+576 values in V2/V3), in pages of `page_size` tokens. Page 0 is reserved as a scratch page that
+no sequence owns: padded rows of captured batches point their page tables at it, so they never
+read or write a live page. The host-side `PageAllocator` hands out the other pages.
+
+`forward` consumes the state (like JAX buffer donation): the cache is written in place so that
+its address stays fixed for CUDA graphs, and the returned state holds the same buffer.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from mla_func.config import MLAConfig
+
+LatentCache = Float[Tensor, "layers pages page_size latent"]
+SCRATCH_PAGE = 0
+
+
+class CacheFullError(ValueError):
+    """The cache has no free page left for a request."""
+
+
+class PageAllocator:
+    """Host-side free list of cache pages; page 0 (scratch) is never handed out."""
+
+    def __init__(self, num_pages: int, page_size: int) -> None:
+        if num_pages < 2:
+            raise ValueError(f"need at least 2 pages (one is scratch), got {num_pages}")
+        self.num_pages, self.page_size = num_pages, page_size
+        self._free: list[int] = list(range(num_pages - 1, SCRATCH_PAGE, -1))
+        self.pages: dict[int, list[int]] = {}
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    @property
+    def capacity_tokens(self) -> int:
+        """The most tokens one sequence could ever hold (every page but scratch)."""
+        return (self.num_pages - 1) * self.page_size
+
+    def pages_needed(self, seq_id: int, total_tokens: int) -> int:
+        have = len(self.pages.get(seq_id, ()))
+        return max(0, -(-total_tokens // self.page_size) - have)
+
+    def reserve(self, seq_id: int, total_tokens: int) -> list[int]:
+        """Grow `seq_id` to hold `total_tokens`; all or nothing (CacheFullError)."""
+        need = self.pages_needed(seq_id, total_tokens)
+        if need > len(self._free):
+            raise CacheFullError(
+                f"sequence {seq_id} needs {need} more page(s) for {total_tokens} tokens, "
+                f"{len(self._free)} free")
+        owned = self.pages.setdefault(seq_id, [])
+        for _ in range(need):
+            owned.append(self._free.pop())
+        return owned
+
+    def release(self, seq_id: int) -> None:
+        self._free.extend(reversed(self.pages.pop(seq_id, [])))
+
+
+@dataclass(frozen=True)
+class KVState:
+    cache: LatentCache
+    allocator: PageAllocator = field(compare=False)
+
+    @property
+    def page_size(self) -> int:
+        return self.cache.shape[2]
+
+    @property
+    def num_pages(self) -> int:
+        return self.cache.shape[1]
+
+
+def init_state(
+    cfg: MLAConfig,
+    num_pages: int,
+    page_size: int = 16,
+    device: "str | torch.device" = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> KVState:
+    """An empty cache of `num_pages` pages (page 0 is scratch)."""
+    cache = torch.zeros(cfg.num_hidden_layers, num_pages, page_size, cfg.latent_dim,
+                        device=device, dtype=dtype)
+    return KVState(cache=cache, allocator=PageAllocator(num_pages, page_size))
