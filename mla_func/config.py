@@ -74,7 +74,9 @@ class MLAConfig:
 
     @property
     def num_moe_layers(self) -> int:
-        return 0 if not self.n_routed_experts else self.num_hidden_layers - self.first_k_dense_replace
+        if not self.n_routed_experts:
+            return 0
+        return self.num_hidden_layers - self.first_k_dense_replace
 
     def is_moe_layer(self, layer: int) -> bool:
         return bool(self.n_routed_experts) and layer >= self.first_k_dense_replace

@@ -1,0 +1,75 @@
+"""Shared benchmark helpers: the two ceilings (copy bandwidth, bf16 matmul rate) and timing.
+
+METHOD: both ceilings are measured in the same run as the code they bound; times are medians
+of CUDA-event-timed repetitions after warm-up, on random (never zero) data.
+"""
+
+import statistics
+from collections.abc import Callable
+
+import torch
+
+
+def cuda_time_ms(fn: Callable[[], object], warmup: int = 3, reps: int = 20) -> float:
+    """Median milliseconds of `fn()` timed with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def graph_time_ms(fn: Callable[[], object], reps: int = 50) -> float:
+    """Median milliseconds of one replay of `fn` captured in a CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return cuda_time_ms(graph.replay, warmup=3, reps=reps)
+
+
+def measure_ceilings(device: str = "cuda") -> dict[str, float]:
+    """Device-to-device copy bandwidth (bytes read + written) and bf16 matmul rate."""
+    n = 1 << 30  # 2 GiB of bf16 per buffer: far beyond L2
+    src = torch.randn(n, device=device, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    ms = cuda_time_ms(lambda: dst.copy_(src), reps=10)
+    copy_gbs = 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
+    size = 8192
+    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    ms = cuda_time_ms(lambda: a @ b, reps=10)
+    tflops = 2 * size**3 / (ms * 1e-3) / 1e12
+    return {"copy_gbs": copy_gbs, "matmul_tflops": tflops}
+
+
+def print_table(rows: list[dict], columns: list[str], title: str = "") -> None:
+    if title:
+        print(f"\n## {title}")
+    if not rows:
+        print("(no rows)")
+        return
+
+    def fmt(v: object) -> str:
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+        return "" if v is None else str(v)
+
+    cells = [[fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    print(" | ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    print("-|-".join("-" * w for w in widths))
+    for row in cells:
+        print(" | ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))

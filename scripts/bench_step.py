@@ -1,0 +1,295 @@
+"""End-to-end benchmarks of the V2-Lite-shaped step (issue: end-to-end performance).
+
+One run measures the ceilings, then: decode-step latency per mode next to its floor, the same
+decode steps in HF transformers, prefill throughput eager vs piecewise, and `generate`
+throughput. Floors count the bytes a step must move: attention and dense weights, router and
+shared experts, the distinct routed experts that step's routing actually touched, the lm_head,
+and the KV cache read; over the measured copy bandwidth (or FLOPs over the matmul rate).
+"""
+
+import gc
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+import mla_func as mf
+from mla_func.params import DenseMLP, MoE
+from scripts.bench_common import cuda_time_ms, measure_ceilings, print_table
+
+
+def _numel(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel()
+
+
+def step_floor(params: mf.Params, distinct: list[int], batch: int, ctx: int,
+               ceil: dict[str, float]) -> dict[str, float]:
+    """Bytes and FLOPs of one decode step of `batch` sequences at context `ctx`."""
+    cfg = params.cfg
+    elem = params.embed.element_size()
+    weights = _numel(params.lm_head) + _numel(params.norm)
+    flops_w = _numel(params.lm_head)
+    moe_layer = 0
+    for layer in params.layers:
+        a = layer.attn
+        attn = sum(_numel(t) for t in (a.kv_a_norm, a.w_uk, a.w_uv, a.kv_a_proj, a.o_proj,
+                                        a.q_proj, a.q_a_proj, a.q_a_norm, a.q_b_proj))
+        weights += attn + 2 * _numel(layer.input_norm)
+        flops_w += attn
+        if isinstance(layer.mlp, DenseMLP):
+            weights += _numel(layer.mlp.gate_up) + _numel(layer.mlp.down)
+            flops_w += _numel(layer.mlp.gate_up) + _numel(layer.mlp.down)
+        else:
+            m: MoE = layer.mlp
+            per_expert = (m.gate_up.numel() + m.down.numel()) // m.gate_up.shape[0]
+            shared = _numel(m.shared.gate_up) + _numel(m.shared.down) if m.shared else 0
+            weights += _numel(m.router) + shared + distinct[moe_layer] * per_expert
+            flops_w += _numel(m.router) + shared + cfg.num_experts_per_tok * per_expert
+            moe_layer += 1
+    kv_bytes = batch * (ctx + 1) * cfg.latent_dim * cfg.num_hidden_layers * elem
+    total_bytes = weights * elem + kv_bytes
+    # Absorbed attention: per head, per key: 2*(kv_lora+rope) + 2*kv_lora FLOPs.
+    attn_flops = (batch * (ctx + 1) * cfg.num_attention_heads * cfg.num_hidden_layers
+                  * 2 * (cfg.latent_dim + cfg.kv_lora_rank))
+    flops = 2 * batch * flops_w + attn_flops
+    t_bytes = total_bytes / (ceil["copy_gbs"] * 1e9) * 1e3
+    t_flops = flops / (ceil["matmul_tflops"] * 1e12) * 1e3
+    return {"floor_ms": max(t_bytes, t_flops), "bytes_gb": total_bytes / 1e9,
+            "gflop": flops / 1e9}
+
+
+def decode_batch(state: mf.KVState, batch: int, ctx: int, backend: str, seed: int) -> mf.Batch:
+    """`batch` sequences with `ctx` cached tokens each (pages taken from the allocator)."""
+    alloc = state.allocator
+    for seq in list(alloc.pages):
+        alloc.release(seq)
+    g = torch.Generator().manual_seed(seed)
+    work = []
+    for i in range(batch):
+        pages = alloc.reserve(i, ctx + 1)
+        tok = int(torch.randint(0, 100000, (1,), generator=g))
+        work.append(mf.SeqWork([tok], ctx, pages))
+    max_pages = math.ceil((max(ctx, 1) + 1) / state.page_size)
+    return mf.make_batch(work, state.page_size, max_pages, device=state.cache.device,
+                         backend=backend)
+
+
+def count_distinct_experts(params, state, batch) -> list[int]:
+    """Run one eager step and record how many distinct experts each MoE layer touched."""
+    import mla_func.moe as moe_mod
+
+    seen: list[int] = []
+    inner = moe_mod.experts
+
+    def spy(x, weights, ids, *rest, **kw):
+        seen.append(int(ids.unique().numel()))
+        return inner(x, weights, ids, *rest, **kw)
+
+    moe_mod.experts = spy
+    try:
+        mf.forward(params, state, batch)
+    finally:
+        moe_mod.experts = inner
+    return seen
+
+
+def bench_decode(params, state, ceil, args) -> list[dict]:
+    from mla_func.compile_step import compile_step
+
+    steps = {"eager": lambda s, b: mf.forward(params, s, b)}
+    for mode in ("piecewise", "full"):
+        t0 = time.perf_counter()
+        steps[mode] = compile_step(params, state, mode=mode, max_tokens=args.max_tokens,
+                                   max_seqs=max(args.batches), backend=args.backend,
+                                   progress=False)
+        print(f"compiled {mode} in {time.perf_counter() - t0:.1f} s", flush=True)
+    rows = []
+    for ctx in args.contexts:
+        for bsz in args.batches:
+            batch = decode_batch(state, bsz, ctx, args.backend, seed=bsz * 7 + ctx)
+            distinct = count_distinct_experts(params, state, batch)
+            row = {"ctx": ctx, "batch": bsz, **step_floor(params, distinct, bsz, ctx, ceil),
+                   "distinct_experts": sum(distinct) / max(len(distinct), 1)}
+            for mode, step in steps.items():
+                row[f"{mode}_ms"] = cuda_time_ms(lambda f=step, b=batch: f(state, b), reps=20)
+            row["best_over_floor"] = min(row[f"{m}_ms"] for m in steps) / row["floor_ms"]
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
+def bench_prefill(params, state, args) -> list[dict]:
+    from mla_func.compile_step import compile_step
+
+    piecewise = compile_step(params, state, mode="piecewise", max_tokens=args.max_tokens,
+                             max_seqs=max(args.batches), backend=args.backend, progress=False)
+    rows = []
+    for n in args.prefill_tokens:
+        alloc = state.allocator
+        for seq in list(alloc.pages):
+            alloc.release(seq)
+        pages = alloc.reserve(0, n)
+        toks = torch.randint(0, 100000, (n,)).tolist()
+        batch = mf.make_batch([mf.SeqWork(toks, 0, pages)], state.page_size,
+                              math.ceil(n / state.page_size), device=state.cache.device,
+                              backend=args.backend)
+        eager = cuda_time_ms(lambda b=batch: mf.forward(params, state, b), reps=5)
+        piece = cuda_time_ms(lambda b=batch: piecewise(state, b), reps=5)
+        rows.append({"tokens": n, "eager_ms": eager, "piecewise_ms": piece,
+                     "eager_tok_s": n / eager * 1e3, "piecewise_tok_s": n / piece * 1e3})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def bench_generate(cfg, params, args, floor_ms: float | None) -> dict:
+    prompts = torch.randint(2, 100000, (args.gen_requests, args.gen_prompt)).tolist()
+    kw = dict(max_new_tokens=args.gen_new, mode="full_and_piecewise",
+              attention_backend=args.backend, eos_token_id=None, page_size=args.page_size)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = mf.generate(cfg, params, prompts, **kw)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    new = sum(len(t) for t in out.tokens)
+    res = {"requests": args.gen_requests, "prompt": args.gen_prompt, "new": args.gen_new,
+           "wall_s": wall, "out_tok_s": new / wall}
+    if floor_ms:
+        res["ceiling_out_tok_s"] = args.gen_requests / floor_ms * 1e3
+    return res
+
+
+def bench_hf(cfg: mf.MLAConfig, args) -> list[dict]:
+    """HF DeepseekV2ForCausalLM decode steps, experts `grouped_mm`, random bf16 weights."""
+    try:
+        import transformers
+        from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+        from transformers.cache_utils import DynamicCache
+    except ImportError as e:
+        print(f"HF transformers not available ({e}); skipping the HF comparison")
+        return []
+    hf_cfg = DeepseekV2Config(**cfg.to_hf_dict(), experts_implementation="grouped_mm")
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = DeepseekV2ForCausalLM(hf_cfg).to(torch.bfloat16).eval()
+    rows = []
+    for bsz in args.batches:
+        ctx = args.hf_ctx
+        cache = DynamicCache(config=hf_cfg)
+        for layer in range(cfg.num_hidden_layers):
+            cache.update(
+                torch.randn(bsz, 1, ctx, cfg.kv_lora_rank, device="cuda", dtype=torch.bfloat16),
+                torch.randn(bsz, 1, ctx, cfg.qk_rope_head_dim, device="cuda",
+                            dtype=torch.bfloat16), layer)
+        ids = torch.randint(0, cfg.vocab_size, (bsz, 1), device="cuda")
+        pos = torch.full((bsz, 1), ctx, device="cuda")
+
+        def step(ids=ids, pos=pos, cache=cache, ctx=ctx):
+            with torch.no_grad():
+                model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True)
+            cache.crop(ctx)
+
+        ms = cuda_time_ms(step, warmup=2, reps=5)
+        rows.append({"batch": bsz, "ctx": ctx, "hf_grouped_mm_ms": ms,
+                     "transformers": transformers.__version__})
+        print(rows[-1], flush=True)
+    model = None
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def plot(rows: list[dict], path: Path, gpu: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    contexts = sorted({r["ctx"] for r in rows})
+    fig, axes = plt.subplots(1, len(contexts), figsize=(6 * len(contexts), 4.5), squeeze=False)
+    for ax, ctx in zip(axes[0], contexts, strict=True):
+        sub = [r for r in rows if r["ctx"] == ctx]
+        xs = [r["batch"] for r in sub]
+        for key, label in (("eager_ms", "eager"), ("piecewise_ms", "piecewise"),
+                           ("full_ms", "full"), ("hf_grouped_mm_ms", "HF grouped_mm"),
+                           ("floor_ms", "floor")):
+            ys = [r.get(key) for r in sub]
+            if all(y is not None for y in ys):
+                ax.plot(xs, ys, marker="o", label=label,
+                        linestyle="--" if key == "floor_ms" else "-")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("decode batch (sequences)")
+        ax.set_ylabel("step latency (ms)")
+        ax.set_title(f"V2-Lite decode step, context {ctx}, {gpu}")
+        ax.legend()
+        ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def run(args) -> dict:
+    if not torch.cuda.is_available():
+        raise SystemExit("bench step needs a CUDA GPU")
+    gpu = torch.cuda.get_device_name()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ceil = measure_ceilings()
+    print("ceilings", ceil, flush=True)
+    cfg = mf.MLAConfig.preset("v2-lite")
+    result: dict = {"gpu": gpu, "torch": torch.__version__, "ceilings": ceil}
+    if "hf" in args.parts:
+        result["hf"] = bench_hf(cfg, args)
+    params = mf.init_params(cfg, seed=0, device="cuda", dtype=torch.bfloat16)
+    max_ctx = max(args.contexts + [max(args.prefill_tokens, default=0)])
+    pages_per_seq = math.ceil((max_ctx + 1) / args.page_size)
+    num_pages = max(args.batches) * pages_per_seq + 2
+    state = mf.init_state(cfg, num_pages, args.page_size, device="cuda", dtype=torch.bfloat16)
+    state.cache.normal_()
+    if "decode" in args.parts:
+        rows = bench_decode(params, state, ceil, args)
+        for r in rows:
+            hf = [h for h in result.get("hf", []) if h["batch"] == r["batch"]
+                  and h["ctx"] == r["ctx"]]
+            if hf:
+                r["hf_grouped_mm_ms"] = hf[0]["hf_grouped_mm_ms"]
+        result["decode"] = rows
+        plot(rows, out / "decode_step.png", gpu)
+    if "prefill" in args.parts:
+        result["prefill"] = bench_prefill(params, state, args)
+    del state
+    gc.collect()
+    torch.cuda.empty_cache()
+    if "generate" in args.parts:
+        floors = [r["floor_ms"] for r in result.get("decode", []) if r["batch"] == 128]
+        result["generate"] = bench_generate(cfg, params, args, min(floors) if floors else None)
+    (out / "bench_step.json").write_text(json.dumps(result, indent=1))
+    summarize(result)
+    return result
+
+
+def summarize(result: dict) -> None:
+    print(f"\nGPU {result['gpu']}, torch {result['torch']}, ceilings {result['ceilings']}")
+    cols = ["ctx", "batch", "floor_ms", "eager_ms", "piecewise_ms", "full_ms",
+            "hf_grouped_mm_ms", "best_over_floor", "distinct_experts"]
+    print_table(result.get("decode", []), cols, "decode step (ms)")
+    print_table(result.get("prefill", []), ["tokens", "eager_ms", "piecewise_ms",
+                                            "eager_tok_s", "piecewise_tok_s"], "prefill")
+    if result.get("generate"):
+        print_table([result["generate"]], list(result["generate"]), "generate")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--parts", nargs="+", default=["hf", "decode", "prefill", "generate"])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128])
+    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096])
+    p.add_argument("--prefill-tokens", type=int, nargs="+",
+                   default=[128, 512, 1024, 2048, 4096, 8192])
+    p.add_argument("--hf-ctx", type=int, default=1024)
+    p.add_argument("--page-size", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=8192)
+    p.add_argument("--backend", default="triton")
+    p.add_argument("--gen-requests", type=int, default=128)
+    p.add_argument("--gen-prompt", type=int, default=512)
+    p.add_argument("--gen-new", type=int, default=256)

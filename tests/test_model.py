@@ -1,0 +1,95 @@
+"""Step-function invariances on the tiny preset: chunked prefill, mixed batches, attention forms."""
+
+import pytest
+import torch
+
+import mla_func as mf
+from mla_func import attention
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = mf.MLAConfig.preset("tiny")
+    return cfg, mf.init_params(cfg, seed=1)
+
+
+def _prompt(n, seed):
+    return torch.randint(2, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_chunked_prefill_and_decode_match_one_shot(tiny):
+    cfg, params = tiny
+    tokens = _prompt(13, 0)
+    state = mf.init_state(cfg, num_pages=16, page_size=4)
+    pages = state.allocator.reserve(0, 13)
+    ref, _ = mf.forward(params, state, mf.make_batch([mf.SeqWork(tokens, 0, pages)], 4, 8))
+
+    state = mf.init_state(cfg, num_pages=16, page_size=4)
+    pages = list(reversed(state.allocator.reserve(0, 13)))  # pages out of order on purpose
+    for lo, hi in ((0, 5), (5, 12), (12, 13)):
+        batch = mf.make_batch([mf.SeqWork(tokens[lo:hi], lo, pages)], 4, 8)
+        logits, state = mf.forward(params, state, batch)
+    torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_mixed_batch_rows_equal_separate_runs(tiny):
+    cfg, params = tiny
+    a, b = _prompt(9, 1), _prompt(4, 2)
+    state = mf.init_state(cfg, num_pages=32, page_size=4)
+    pa, pb = state.allocator.reserve(0, 10), state.allocator.reserve(1, 4)
+    mf.forward(params, state, mf.make_batch([mf.SeqWork(a, 0, pa)], 4, 8))
+    # a decodes while b prefills, in one step.
+    mixed = mf.make_batch([mf.SeqWork([7], 9, pa), mf.SeqWork(b, 0, pb)], 4, 8)
+    assert mixed.num_decodes == 1 and not mixed.is_pure_decode
+    logits, state = mf.forward(params, state, mixed)
+
+    solo = mf.init_state(cfg, num_pages=32, page_size=4)
+    p = solo.allocator.reserve(0, 10)
+    ref_a, _ = mf.forward(params, solo, mf.make_batch([mf.SeqWork(a + [7], 0, p)], 4, 8))
+    solo = mf.init_state(cfg, num_pages=32, page_size=4)
+    p = solo.allocator.reserve(0, 4)
+    ref_b, _ = mf.forward(params, solo, mf.make_batch([mf.SeqWork(b, 0, p)], 4, 8))
+    torch.testing.assert_close(logits, torch.cat([ref_a, ref_b]), rtol=1e-4, atol=1e-4)
+
+
+def test_long_prompt_uses_mha_form_and_agrees_with_absorbed(tiny, monkeypatch):
+    cfg, params = tiny
+    tokens = _prompt(attention.MHA_MIN_QUERY + 3, 3)
+    outs = []
+    for threshold in (attention.MHA_MIN_QUERY, 10**9):  # MHA form, then absorbed form
+        monkeypatch.setattr(attention, "MHA_MIN_QUERY", threshold)
+        state = mf.init_state(cfg, num_pages=64, page_size=4)
+        pages = state.allocator.reserve(0, len(tokens))
+        logits, _ = mf.forward(params, state, mf.make_batch(
+            [mf.SeqWork(tokens, 0, pages)], 4, 32))
+        outs.append(logits)
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
+
+
+def test_padded_rows_change_nothing(tiny):
+    """A padded row (slot -1, scratch page) writes no live page and leaves real rows alone."""
+    cfg, params = tiny
+    tokens = _prompt(6, 4)
+    state = mf.init_state(cfg, num_pages=16, page_size=4)
+    pages = state.allocator.reserve(0, 6)
+    batch = mf.make_batch([mf.SeqWork(tokens, 0, pages)], 4, 4)
+    ref, ref_state = mf.forward(params, state, batch)
+    live = ref_state.cache[:, 1:].clone()
+
+    state = mf.init_state(cfg, num_pages=16, page_size=4)
+    pad = {}
+    for name, f in batch.__dataclass_fields__.items():
+        value = getattr(batch, name)
+        if "pad" in f.metadata:
+            extra = torch.full((2, *value.shape[1:]), f.metadata["pad"], dtype=value.dtype)
+            value = torch.cat([value, extra])
+        pad[name] = value
+    logits, state = mf.forward(params, state, mf.Batch(**pad))
+    torch.testing.assert_close(logits[:1], ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(state.cache[:, 1:], live)
+
+
+def test_meta_device_plans_v3_without_memory():
+    params = mf.init_params(mf.MLAConfig.preset("v3"), device="meta")
+    assert params.layers[3].mlp.gate_up.shape == (256, 2, 2048, 7168)
+    assert params.embed.device.type == "meta"
