@@ -3,14 +3,18 @@
 DeepSeek-V2/V3 decoder (arXiv:2405.04434, arXiv:2412.19437): per layer x + attn(rmsnorm(x)),
 then h + ffn(rmsnorm(h)), the FFN dense for the first `first_k_dense_replace` layers and MoE
 after. Numerics follow HF transformers' DeepseekV2/V3ForCausalLM. The attention itself is one
-custom op (`mla_func::mla_attention`); everything else is plain static-shape torch.
+custom op (`mla_func::mla_attention`); everything else is static-shape torch. On CUDA the
+small element-wise steps (residual add + RMSNorm, the rope/norm prologue of attention) run as
+fused Triton kernels (`kernels/norm.py`, `kernels/rope.py`) with the reference numerics.
 """
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 import mla_func.attention  # noqa: F401  (registers the mla_attention op)
+import mla_func.kernels.norm  # noqa: F401  (registers rmsnorm / add_rmsnorm)
+import mla_func.kernels.rope  # noqa: F401  (registers mla_prologue)
 from mla_func.batch import Batch
 from mla_func.config import MLAConfig
 from mla_func.ops.mlp import swiglu
@@ -20,26 +24,61 @@ from mla_func.ops.rope import apply_rope, rope_cos_sin
 from mla_func.params import Attention, DenseMLP, MoE, Params, rope_attention_factor
 from mla_func.state import KVState
 
+# Tests set this to run the fused Triton kernels on the CPU (TRITON_INTERPRET=1).
+FORCE_FUSED = False
+
+
+def _fused(x: Tensor) -> bool:
+    return x.is_cuda or FORCE_FUSED
+
+
+def add_norm(
+    h: Float[Tensor, "tokens hidden"], r: Float[Tensor, "tokens hidden"],
+    weight: Float[Tensor, " hidden"], eps: float,
+) -> tuple[Float[Tensor, "tokens hidden"], Float[Tensor, "tokens hidden"]]:
+    """(h + r, rmsnorm(h + r)): the residual stream and the next sub-layer's input."""
+    if _fused(h):
+        return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
+    h = h + r
+    return h, rmsnorm(h, weight, eps)
+
+
+def norm(x: Float[Tensor, "tokens hidden"], weight: Float[Tensor, " hidden"], eps: float
+         ) -> Float[Tensor, "tokens hidden"]:
+    if _fused(x):
+        return torch.ops.mla_func.rmsnorm(x, weight, eps)
+    return rmsnorm(x, weight, eps)
+
 
 def project_q(
     attn: Attention, x: Float[Tensor, "tokens hidden"], cfg: MLAConfig
-) -> tuple[Float[Tensor, "tokens heads qk_nope"], Float[Tensor, "tokens heads qk_rope"]]:
+) -> Float[Tensor, "tokens heads qk_head"]:
     if attn.q_proj is not None:
         q = x @ attn.q_proj.flatten(0, 1).T
     else:
         q_a = rmsnorm(x @ attn.q_a_proj.T, attn.q_a_norm, cfg.rms_norm_eps)
         q = q_a @ attn.q_b_proj.flatten(0, 1).T
-    q = q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim))
-    return q[..., : cfg.qk_nope_head_dim], q[..., cfg.qk_nope_head_dim :]
+    return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim))
 
 
-def compress_kv(
-    attn: Attention, x: Float[Tensor, "tokens hidden"], cfg: MLAConfig
-) -> tuple[Float[Tensor, "tokens kv_lora"], Float[Tensor, "tokens qk_rope"]]:
-    """c_kv (normalised) and the shared, not yet rotated k_pe."""
-    kv = x @ attn.kv_a_proj.T
-    c_kv = rmsnorm(kv[:, : cfg.kv_lora_rank], attn.kv_a_norm, cfg.rms_norm_eps)
-    return c_kv, kv[:, cfg.kv_lora_rank :]
+def prologue(
+    attn: Attention,
+    q: Float[Tensor, "tokens heads qk_head"],
+    kv: Float[Tensor, "tokens latent"],
+    positions: Int[Tensor, " tokens"],
+    inv_freq: Float[Tensor, " qk_rope"],
+    cfg: MLAConfig,
+) -> tuple[Float[Tensor, "tokens heads qk_rope"], Float[Tensor, "tokens latent"]]:
+    """Rotated q_pe, and the cache rows [rmsnorm(c_kv), rope(k_pe)] of the new tokens."""
+    scale, eps = rope_attention_factor(cfg), cfg.rms_norm_eps
+    if _fused(q):
+        return torch.ops.mla_func.mla_prologue(q, kv, attn.kv_a_norm, positions, inv_freq,
+                                               scale, eps, cfg.qk_nope_head_dim)
+    cos, sin = rope_cos_sin(positions, inv_freq, scale)
+    q_pe = apply_rope(q[..., cfg.qk_nope_head_dim :], cos, sin)
+    c_kv = rmsnorm(kv[:, : cfg.kv_lora_rank], attn.kv_a_norm, eps)
+    k_pe = apply_rope(kv[:, cfg.kv_lora_rank :], cos, sin)
+    return q_pe, torch.cat((c_kv, k_pe), dim=-1)
 
 
 def attention_block(
@@ -48,18 +87,15 @@ def attention_block(
     cache: Float[Tensor, "layers pages page_size latent"],
     layer: int,
     batch: Batch,
-    rope: tuple[Float[Tensor, "tokens qk_rope"], Float[Tensor, "tokens qk_rope"]],
+    inv_freq: Float[Tensor, " qk_rope"],
     cfg: MLAConfig,
 ) -> Float[Tensor, "tokens hidden"]:
-    q_nope, q_pe = project_q(attn, x, cfg)
-    c_kv, k_pe = compress_kv(attn, x, cfg)
-    cos, sin = rope
-    q_pe, k_pe = apply_rope(q_pe, cos, sin), apply_rope(k_pe, cos, sin)
-    kv_new = torch.cat((c_kv, k_pe), dim=-1)
+    q = project_q(attn, x, cfg)
+    q_pe, kv_new = prologue(attn, q, x @ attn.kv_a_proj.T, batch.positions, inv_freq, cfg)
     o = torch.ops.mla_func.mla_attention(
-        q_nope, q_pe, kv_new, cache, layer, attn.w_uk, attn.w_uv, batch.slot_mapping,
-        batch.token_seq, batch.positions, batch.page_table, batch.seq_lens, batch.host,
-        cfg.softmax_scale, batch.backend)
+        q[..., : cfg.qk_nope_head_dim], q_pe, kv_new, cache, layer, attn.w_uk, attn.w_uv,
+        batch.slot_mapping, batch.token_seq, batch.positions, batch.page_table,
+        batch.seq_lens, batch.host, cfg.softmax_scale, batch.backend)
     return o.flatten(1, 2) @ attn.o_proj.flatten(1, 2).T
 
 
@@ -86,14 +122,16 @@ def forward(
 ) -> tuple[Float[Tensor, "seqs vocab"], KVState]:
     """One step over a mixed batch. Consumes `state`: the returned state is the same buffers,
     with this step's tokens written. Logits (float32) are for each sequence's last new token."""
-    cfg = params.cfg
+    cfg, eps, layers = params.cfg, params.cfg.rms_norm_eps, params.layers
     h = params.embed[batch.token_ids]
-    rope = rope_cos_sin(batch.positions, params.rope_inv_freq, rope_attention_factor(cfg))
-    for i, layer in enumerate(params.layers):
-        x = rmsnorm(h, layer.input_norm, cfg.rms_norm_eps)
-        h = h + attention_block(layer.attn, x, state.cache, i, batch, rope, cfg)
-        x = rmsnorm(h, layer.post_attn_norm, cfg.rms_norm_eps)
-        h = h + ffn(layer.mlp, x, cfg)
-    last = rmsnorm(h[batch.logits_index], params.norm, cfg.rms_norm_eps)
+    x = norm(h, layers[0].input_norm, eps)
+    for i, layer in enumerate(layers):
+        a = attention_block(layer.attn, x, state.cache, i, batch, params.rope_inv_freq, cfg)
+        h, x = add_norm(h, a, layer.post_attn_norm, eps)
+        m = ffn(layer.mlp, x, cfg)
+        if i + 1 < len(layers):
+            h, x = add_norm(h, m, layers[i + 1].input_norm, eps)
+    rows = batch.logits_index
+    last = norm(h[rows] + m[rows], params.norm, eps)
     return (last @ params.lm_head.T).float(), state
 

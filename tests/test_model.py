@@ -93,3 +93,20 @@ def test_meta_device_plans_v3_without_memory():
     params = mf.init_params(mf.MLAConfig.preset("v3"), device="meta")
     assert params.layers[3].mlp.gate_up.shape == (256, 2, 2048, 7168)
     assert params.embed.device.type == "meta"
+
+
+def test_fused_kernels_match_the_reference_path(tiny, monkeypatch):
+    """The fused Triton norm/prologue kernels (interpreted on CPU) give the reference logits."""
+    from mla_func import model
+
+    cfg, params = tiny
+    tokens = _prompt(11, 5)
+    outs = []
+    for fused in (False, True):
+        monkeypatch.setattr(model, "FORCE_FUSED", fused)
+        state = mf.init_state(cfg, num_pages=16, page_size=4)
+        pages = state.allocator.reserve(0, 12)
+        mf.forward(params, state, mf.make_batch([mf.SeqWork(tokens, 0, pages)], 4, 4))
+        logits, _ = mf.forward(params, state, mf.make_batch([mf.SeqWork([9], 11, pages)], 4, 4))
+        outs.append(logits)
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)

@@ -1,0 +1,71 @@
+"""Fused element-wise kernels vs the torch reference, fresh random inputs (CPU: interpreted)."""
+
+import pytest
+import torch
+
+import mla_func as mf
+from mla_func.kernels.norm import add_rmsnorm, rmsnorm
+from mla_func.kernels.rope import mla_prologue
+from mla_func.ops.norm import rmsnorm as rmsnorm_ref
+from mla_func.ops.rope import apply_rope, rope_cos_sin
+from mla_func.params import yarn_inv_freq
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _tol(dtype):
+    # The CPU interpreter rounds float32 -> bfloat16 differently in the last bit.
+    return dict(rtol=1.6e-2, atol=4e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows, width", [(1, 64), (7, 96), (33, 512)])
+def test_rmsnorm_and_add_rmsnorm(dtype, rows, width):
+    x = torch.randn(rows, width, device=DEVICE, dtype=dtype)
+    r = torch.randn(rows, width, device=DEVICE, dtype=dtype)
+    w = (1 + 0.1 * torch.randn(width, device=DEVICE)).to(dtype)
+    torch.testing.assert_close(rmsnorm(x, w, 1e-6), rmsnorm_ref(x, w, 1e-6), **_tol(dtype))
+    h, y = add_rmsnorm(x, r, w, 1e-6)
+    torch.testing.assert_close(h, x + r, **_tol(dtype))
+    torch.testing.assert_close(y, rmsnorm_ref(x + r, w, 1e-6), **_tol(dtype))
+
+
+@pytest.mark.parametrize("preset, heads", [("tiny", 4), ("tiny", 20)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prologue_matches_reference(preset, heads, dtype):
+    cfg = mf.MLAConfig.preset(preset)
+    tokens = 9
+    q = torch.randn(tokens, heads, cfg.qk_head_dim, device=DEVICE, dtype=dtype)
+    kv = torch.randn(tokens, cfg.latent_dim, device=DEVICE, dtype=dtype)
+    w = (1 + 0.1 * torch.randn(cfg.kv_lora_rank, device=DEVICE)).to(dtype)
+    pos = torch.randint(0, 5000, (tokens,), device=DEVICE, dtype=torch.int32)
+    freq = yarn_inv_freq(cfg).to(DEVICE)
+    q_pe, rows = mla_prologue(q, kv, w, pos, freq, 1.2, 1e-6, cfg.qk_nope_head_dim)
+    cos, sin = rope_cos_sin(pos, freq, 1.2)
+    ref_q = apply_rope(q[..., cfg.qk_nope_head_dim:], cos, sin)
+    ref_rows = torch.cat([rmsnorm_ref(kv[:, :cfg.kv_lora_rank], w, 1e-6),
+                          apply_rope(kv[:, cfg.kv_lora_rank:], cos, sin)], -1)
+    torch.testing.assert_close(q_pe, ref_q, **_tol(dtype))
+    torch.testing.assert_close(rows, ref_rows, **_tol(dtype))
+
+
+@pytest.mark.cuda
+def test_fused_kernels_at_v2_lite_size_on_gpu():
+    cfg = mf.MLAConfig.preset("v2-lite")
+    x = torch.randn(4096, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+    r = torch.randn_like(x)
+    w = (1 + 0.1 * torch.randn(cfg.hidden_size, device="cuda")).to(torch.bfloat16)
+    h, y = add_rmsnorm(x, r, w, 1e-6)
+    torch.testing.assert_close(h, x + r, rtol=0, atol=0)
+    torch.testing.assert_close(y, rmsnorm_ref(x + r, w, 1e-6), rtol=1e-2, atol=1e-2)
+    q = torch.randn(256, 128, cfg.qk_head_dim, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(256, cfg.latent_dim, device="cuda", dtype=torch.bfloat16)
+    wk = (1 + 0.1 * torch.randn(cfg.kv_lora_rank, device="cuda")).to(torch.bfloat16)
+    pos = torch.randint(0, 100000, (256,), device="cuda", dtype=torch.int32)
+    freq = yarn_inv_freq(cfg).cuda()
+    q_pe, rows = mla_prologue(q, kv, wk, pos, freq, 1.0, 1e-6, cfg.qk_nope_head_dim)
+    cos, sin = rope_cos_sin(pos, freq, 1.0)
+    torch.testing.assert_close(q_pe, apply_rope(q[..., 128:], cos, sin), rtol=2e-2, atol=2e-2)
+    ref_rows = torch.cat([rmsnorm_ref(kv[:, :512], wk, 1e-6), apply_rope(kv[:, 512:], cos, sin)],
+                         -1)
+    torch.testing.assert_close(rows, ref_rows, rtol=2e-2, atol=2e-2)
