@@ -1,0 +1,7 @@
+"""Triton kernels, one concern per file with its launcher (DESIGN.md, "Layout").
+
+- cache_write: [c_kv, k_pe] rows into the paged latent cache at the slot mapping.
+- mla_decode: paged absorbed MLA, split-KV + LSE merge; `plan_decode`, `DecodeWorkspace`.
+- mla_prefill: MHA-form causal prefill/extend (expanded K/V, flash attention).
+- backend: registers the "triton" attention backend (imported lazily by get_backend).
+"""

@@ -1,0 +1,72 @@
+"""The "triton" attention backend: cache write, absorbed decode/extend, MHA prefill.
+
+Same contract as `mla_func.attention.torch_attention` (the reference). One call serves a mixed
+step, decode rows first: while no sequence brings MHA_MIN_QUERY or more new tokens, every row
+runs the absorbed kernel (one row per token, keys up to its position); otherwise decode rows
+run absorbed and the prefill rows run the MHA form. That choice reads `host` (CPU metadata), so
+the backend is graph-safe for uniform single-token decode only: there the launch shape is a
+function of tensor shapes (bucket rows, page-table capacity) and the workspace is owned here,
+allocated once per shape and reused (DESIGN.md, "capture").
+"""
+
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from mla_func.attention import MHA_MIN_QUERY, AttentionBackend, GraphSupport, register_backend
+from mla_func.kernels.cache_write import write_cache
+from mla_func.kernels.mla_decode import DecodeWorkspace, attend_absorbed
+from mla_func.kernels.mla_prefill import mha_prefill
+
+
+class TritonMLA:
+    """Owns the decode workspace; `run` is the backend entry point."""
+
+    def __init__(self) -> None:
+        self.workspace = DecodeWorkspace()
+
+    def run(
+        self,
+        q_nope: Float[Tensor, "tokens heads qk_nope"],
+        q_pe: Float[Tensor, "tokens heads qk_rope"],
+        kv_new: Float[Tensor, "tokens latent"],
+        cache: Float[Tensor, "layers pages page_size latent"],
+        layer: int,
+        w_uk: Float[Tensor, "heads qk_nope kv_lora"],
+        w_uv: Float[Tensor, "heads v_head kv_lora"],
+        slot_mapping: Int[Tensor, " tokens"],
+        token_seq: Int[Tensor, " tokens"],
+        positions: Int[Tensor, " tokens"],
+        page_table: Int[Tensor, "seqs max_pages"],
+        seq_lens: Int[Tensor, " seqs"],
+        host: Int[Tensor, " 5"],
+        scale: float,
+    ) -> Float[Tensor, "tokens heads v_head"]:
+        layer_cache = cache[layer]
+        write_cache(layer_cache, kv_new, slot_mapping)
+        num_tokens, num_seqs, num_decodes, max_seq_len, max_query_len = host.tolist()
+        if max_query_len < MHA_MIN_QUERY:
+            # Shapes only from here on: this is the path a captured decode graph holds.
+            return attend_absorbed(q_nope, q_pe, layer_cache, w_uk, w_uv, token_seq, positions,
+                                   page_table, scale, self.workspace)
+        out = q_nope.new_zeros(q_nope.shape[0], q_nope.shape[1], w_uv.shape[1])
+        d = num_decodes
+        if d:
+            out[:d] = attend_absorbed(
+                q_nope[:d], q_pe[:d], layer_cache, w_uk, w_uv, token_seq[:d], positions[:d],
+                page_table, scale, self.workspace)
+        rows = slice(d, num_tokens)
+        out[rows] = mha_prefill(
+            q_nope[rows], q_pe[rows], layer_cache, w_uk, w_uv, token_seq[rows],
+            positions[rows], page_table[d:num_seqs], scale, max_seq_len, max_query_len,
+            first_seq=d)
+        return out
+
+
+BACKEND = TritonMLA()
+
+register_backend(AttentionBackend(
+    "triton", GraphSupport.UNIFORM_SINGLE_TOKEN_DECODE, BACKEND.run,
+    "Triton split-KV absorbed decode (launch shape from bucket + capacity, owned workspace); "
+    "prefill picks absorbed or MHA from host metadata, so only single-token decode is uniform"))
+
+__all__ = ["BACKEND", "TritonMLA"]

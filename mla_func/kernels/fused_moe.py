@@ -1,0 +1,264 @@
+"""Fused MoE grouped GEMM in Triton (after vLLM's `fused_moe` Triton kernel and the DeepSeekMoE
+layer of arXiv:2401.06066 / arXiv:2405.04434), static-shape and free of host syncs.
+
+Pipeline (four launches, all sizes fixed by `tokens`, `topk`, the config table and the weights):
+1. `moe_align.align`: pairs sorted by expert, each expert's run padded to `block_m` rows.
+2. `_gate_up_kernel`: per M-tile (rows of one expert) and N-tile of `moe_inter`:
+   act = silu(x W_gate^T) * (x W_up^T), the token rows gathered on the fly, fp32 accumulate.
+3. `_down_kernel`: per M-tile and N-tile of `hidden`: (act W_down^T) * routing weight, written to
+   the row of its pair in a `[tokens * (topk + shared), hidden]` buffer (no atomics: results are
+   deterministic and replay bit-identically).
+4. `_sum_kernel`: the pairs of each token summed in fp32, one write in the model dtype.
+
+Shared experts ride along: a shared MLP of width `shared * moe_inter` is `shared` more experts
+(strided views of the same weights, no copy) that every token routes to with weight 1, so the
+whole MoE FFN (routed + shared) is these four launches.
+
+Every expert's weights are read once per M-tile of its rows; at small token counts an expert's
+rows fit one tile (`block_m` from the config table), so weights are read once and the grid over
+(M-tiles x N-tiles) gives enough programs to fill the GPU. Tiles are picked per static token
+count (`CONFIGS`), never autotuned at run time (graph capture).
+
+Padding rows (tokens added to reach a capture bucket) are ordinary tokens here: their pairs are
+computed and discarded by the caller, never mixed into real tokens' rows, so they cannot change
+real results; they cost expert work: each padded token adds `topk` routed rows (and may pull in
+an expert no real token uses, i.e. one more expert's weights read at small token counts).
+"""
+
+from dataclasses import dataclass
+from typing import no_type_check
+
+import torch
+import triton
+import triton.language as tl
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from mla_func.kernels.moe_align import align
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Tile sizes: one M-tile for both GEMMs; (N, K, warps, stages) per GEMM."""
+
+    block_m: int
+    gate_up: tuple[int, int, int, int]
+    down: tuple[int, int, int, int]
+
+
+# (max tokens, config): the first row whose bound is >= the step's static token count.
+# Guesses for H100/H200 at the V2-Lite shape; `scripts/bench_moe.py --sweep` measures others.
+CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
+    (8, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 4))),
+    (64, MoEConfig(16, (64, 128, 4, 3), (64, 128, 4, 3))),
+    (256, MoEConfig(32, (64, 64, 4, 4), (64, 64, 4, 4))),
+    (1024, MoEConfig(64, (64, 64, 4, 4), (64, 64, 4, 4))),
+    (1 << 62, MoEConfig(64, (128, 64, 8, 4), (128, 64, 8, 4))),
+)
+
+
+def pick_config(tokens: int) -> MoEConfig:
+    return next(cfg for bound, cfg in CONFIGS if tokens <= bound)
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _expert_base(w_ptr, ws_ptr, e, n_routed, stride_e, stride_se):
+    """Base pointer of expert `e`: a routed expert or, past `n_routed`, a shared slice."""
+    if e < n_routed:
+        base = w_ptr + e.to(tl.int64) * stride_e
+    else:
+        base = ws_ptr + (e - n_routed).to(tl.int64) * stride_se
+    return base
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _gate_up_kernel(
+    x_ptr, w_ptr, ws_ptr, act_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
+    n_inter, n_hidden, n_routed, stride_x,
+    stride_we, stride_wg, stride_wn, stride_se, stride_sg, stride_sn,
+    PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(block_expert_ptr + pid_m)
+    if e < 0:
+        return
+    shared = e >= n_routed
+    base = _expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
+    stride_g = tl.where(shared, stride_sg, stride_wg)
+    stride_n = tl.where(shared, stride_sn, stride_wn)
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < tl.load(block_rows_ptr + pid_m)
+    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + rows, mask=row_ok, other=0)
+    tok = (pair // PAIRS_PER_TOKEN).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < n_inter
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + tok[:, None] * stride_x + offs_k[None, :]
+    g_ptrs = base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
+    u_ptrs = g_ptrs + stride_g
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, n_hidden, BLOCK_K):
+        if EVEN_K:
+            a_mask = row_ok[:, None]
+            b_mask = n_ok[None, :]
+        else:
+            k_ok = offs_k + k < n_hidden
+            a_mask = row_ok[:, None] & k_ok[None, :]
+            b_mask = k_ok[:, None] & n_ok[None, :]
+        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+        g = tl.load(g_ptrs, mask=b_mask, other=0.0)
+        u = tl.load(u_ptrs, mask=b_mask, other=0.0)
+        acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
+        acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
+        a_ptrs += BLOCK_K
+        g_ptrs += BLOCK_K
+        u_ptrs += BLOCK_K
+    act = acc_g * tl.sigmoid(acc_g) * acc_u
+    out_rows = (pid_m * BLOCK_M + rows).to(tl.int64)
+    act_ptrs = act_ptr + out_rows[:, None] * n_inter + offs_n[None, :]
+    tl.store(act_ptrs, act.to(act_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _down_kernel(
+    act_ptr, w_ptr, ws_ptr, out_ptr, weights_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
+    n_hidden, n_inter, n_routed, topk,
+    stride_we, stride_wn, stride_se, stride_sn,
+    PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(block_expert_ptr + pid_m)
+    if e < 0:
+        return
+    shared = e >= n_routed
+    base = _expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
+    stride_n = tl.where(shared, stride_sn, stride_wn)
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < tl.load(block_rows_ptr + pid_m)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < n_hidden
+    offs_k = tl.arange(0, BLOCK_K)
+    in_rows = (pid_m * BLOCK_M + rows).to(tl.int64)
+    a_ptrs = act_ptr + in_rows[:, None] * n_inter + offs_k[None, :]
+    b_ptrs = base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, n_inter, BLOCK_K):
+        if EVEN_K:
+            a_mask = row_ok[:, None]
+            b_mask = n_ok[None, :]
+        else:
+            k_ok = offs_k + k < n_inter
+            a_mask = row_ok[:, None] & k_ok[None, :]
+            b_mask = k_ok[:, None] & n_ok[None, :]
+        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+        b = tl.load(b_ptrs, mask=b_mask, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + rows, mask=row_ok, other=0)
+    j = pair % PAIRS_PER_TOKEN
+    routed = row_ok & (j < topk)
+    w = tl.load(weights_ptr + (pair // PAIRS_PER_TOKEN) * topk + j, mask=routed, other=1.0)
+    # Round to the model dtype first, as the reference does, then weight in fp32.
+    y = acc.to(out_ptr.dtype.element_ty).to(tl.float32) * w[:, None]
+    out_ptrs = out_ptr + pair.to(tl.int64)[:, None] * n_hidden + offs_n[None, :]
+    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _sum_kernel(buf_ptr, out_ptr, n_hidden, PAIRS_PER_TOKEN: tl.constexpr,
+                BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n_hidden
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for j in tl.static_range(PAIRS_PER_TOKEN):
+        row = t * PAIRS_PER_TOKEN + j
+        acc += tl.load(buf_ptr + row * n_hidden + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * n_hidden + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def _fit(tile: tuple[int, int, int, int], n: int, k: int) -> tuple[int, int, int, int]:
+    """Shrink N/K tiles to small test sizes (tl.dot needs at least 16)."""
+    bn, bk, warps, stages = tile
+    fit = lambda b, d: max(16, min(b, triton.next_power_of_2(d)))  # noqa: E731
+    return fit(bn, n), fit(bk, k), warps, stages
+
+
+def shared_as_experts(
+    shared_gate_up: Float[Tensor, "2 inter hidden"],
+    shared_down: Float[Tensor, "hidden inter"],
+    moe_inter: int,
+) -> tuple[Float[Tensor, "shared 2 moe_inter hidden"], Float[Tensor, "shared hidden moe_inter"]]:
+    """A shared MLP of width shared * moe_inter as `shared` experts: strided views, no copy."""
+    hidden, inter = shared_down.shape
+    if inter % moe_inter:
+        raise ValueError(f"shared width {inter} is not a multiple of moe_inter {moe_inter}")
+    n = inter // moe_inter
+    gate_up = shared_gate_up.view(2, n, moe_inter, hidden).transpose(0, 1)
+    down = shared_down.view(hidden, n, moe_inter).transpose(0, 1)
+    return gate_up, down
+
+
+def fused_experts(
+    x: Float[Tensor, "tokens hidden"],
+    weights: Float[Tensor, "tokens topk"],
+    ids: Int[Tensor, "tokens topk"],
+    gate_up: Float[Tensor, "experts 2 moe_inter hidden"],
+    down: Float[Tensor, "experts hidden moe_inter"],
+    shared_gate_up: Float[Tensor, "2 inter hidden"] | None = None,
+    shared_down: Float[Tensor, "hidden inter"] | None = None,
+    config: MoEConfig | None = None,
+) -> Float[Tensor, "tokens hidden"]:
+    """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) (+ the shared MLP when given)."""
+    tokens, topk = ids.shape
+    n_routed, _, n_inter, n_hidden = gate_up.shape
+    cfg = config or pick_config(tokens)
+    if shared_gate_up is None:
+        s_gate_up, s_down, n_shared = gate_up, down, 0
+    else:
+        s_gate_up, s_down = shared_as_experts(shared_gate_up, shared_down, n_inter)
+        n_shared = s_gate_up.shape[0]
+    for w in (gate_up, down, s_gate_up, s_down):
+        if w.stride(-1) != 1:
+            raise ValueError("expert weights must be contiguous along their last axis")
+    x = x.contiguous()
+    pairs_per_token = topk + n_shared
+    bm = cfg.block_m
+    sorted_pairs, block_expert, block_rows = align(ids, n_routed, n_shared, bm)
+    n_blocks = block_expert.shape[0]
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+
+    act = torch.empty(n_blocks * bm, n_inter, dtype=x.dtype, device=x.device)
+    bn, bk, warps, stages = _fit(cfg.gate_up, n_inter, n_hidden)
+    _gate_up_kernel[(n_blocks, triton.cdiv(n_inter, bn))](
+        x, gate_up, s_gate_up, act, sorted_pairs, block_expert, block_rows,
+        n_inter, n_hidden, n_routed, x.stride(0),
+        gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
+        s_gate_up.stride(0), s_gate_up.stride(1), s_gate_up.stride(2),
+        PAIRS_PER_TOKEN=pairs_per_token, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        EVEN_K=n_hidden % bk == 0, PRECISION=precision, num_warps=warps, num_stages=stages)
+
+    buf = torch.empty(tokens * pairs_per_token, n_hidden, dtype=x.dtype, device=x.device)
+    bn, bk, warps, stages = _fit(cfg.down, n_hidden, n_inter)
+    _down_kernel[(n_blocks, triton.cdiv(n_hidden, bn))](
+        act, down, s_down, buf, weights.contiguous(), sorted_pairs, block_expert, block_rows,
+        n_hidden, n_inter, n_routed, topk,
+        down.stride(0), down.stride(1), s_down.stride(0), s_down.stride(1),
+        PAIRS_PER_TOKEN=pairs_per_token, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        EVEN_K=n_inter % bk == 0, PRECISION=precision, num_warps=warps, num_stages=stages)
+
+    out = torch.empty_like(x)
+    block = min(1024, triton.next_power_of_2(n_hidden))
+    _sum_kernel[(tokens, triton.cdiv(n_hidden, block))](
+        buf, out, n_hidden, PAIRS_PER_TOKEN=pairs_per_token, BLOCK=block, num_warps=4)
+    return out

@@ -1,0 +1,153 @@
+"""Static-shape alignment of token-expert pairs for a grouped MoE GEMM (vLLM's
+`moe_align_block_size`, rewritten without host syncs).
+
+A step routes `tokens` tokens to `topk` experts each; DeepSeek's shared experts are folded in as
+`shared` extra pairs per token with expert ids `experts .. experts+shared-1` (weight 1). Pair
+`p = t * (topk + shared) + j` is token `t`'s j-th pair. The alignment lays the pairs out sorted
+by expert, each expert's run padded to a multiple of `block_m` rows, so that one M-tile of the
+GEMM holds rows of exactly one expert:
+
+- `sorted_pairs [max_blocks * block_m]`: pair index per row (rows past an expert's count are
+  padding: never read, their value is unspecified),
+- `block_expert [max_blocks]`: the expert of each M-tile, -1 for unused tiles,
+- `block_rows [max_blocks]`: the number of real rows in each M-tile (0 for unused tiles).
+
+`max_blocks` is a static worst case, a function of the (static) sizes only:
+sum_e ceil(c_e / block_m) <= (pairs + min(experts, pairs) * (block_m - 1)) / block_m, so that
+the whole layout can live in a CUDA graph; unused tiles cost one early-exiting program each.
+
+Two implementations with identical results: `align_torch` (argsort, scatter-add counts, cumsum,
+searchsorted; static shapes, traceable on fake tensors) and `align_triton`, one program that does
+the counting and placement in registers (one launch instead of ~15, which matters at 1-8 tokens
+inside a graph; its cost grows with pairs x experts, so `align` uses it for small steps only).
+"""
+
+from typing import no_type_check
+
+import torch
+import triton
+import triton.language as tl
+from jaxtyping import Int
+from torch import Tensor
+
+# align() uses the one-program kernel up to this many pairs x experts (register work per step).
+TRITON_ALIGN_MAX_WORK = 2048 * 256
+
+
+def max_blocks(pairs: int, experts: int, block_m: int) -> int:
+    """Static upper bound on the M-tiles `pairs` pairs over `experts` experts can need."""
+    return (pairs + torch.sym_min(experts, pairs) * (block_m - 1)) // block_m
+
+
+def pair_experts(
+    ids: Int[Tensor, "tokens topk"], experts: int, shared: int
+) -> Int[Tensor, " pairs"]:
+    """Expert id of each pair, shared experts appended per token (torch; the kernel inlines it)."""
+    if shared == 0:
+        return ids.flatten()
+    extra = torch.arange(experts, experts + shared, device=ids.device, dtype=ids.dtype)
+    return torch.cat((ids, extra.expand(ids.shape[0], shared)), dim=1).flatten()
+
+
+def align_torch(
+    ids: Int[Tensor, "tokens topk"], experts: int, shared: int, block_m: int
+) -> tuple[Int[Tensor, " rows"], Int[Tensor, " blocks"], Int[Tensor, " blocks"]]:
+    """`(sorted_pairs, block_expert, block_rows)`, see the module docstring."""
+    flat = pair_experts(ids, experts, shared)
+    n, n_exp = flat.shape[0], experts + shared
+    nb = max_blocks(n, n_exp, block_m)
+    counts = torch.zeros(n_exp, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = padded.cumsum(0)
+    starts = ends - padded
+    order = flat.argsort(stable=True)
+    sorted_exp = flat[order]
+    rank = torch.arange(n, device=flat.device) - (counts.cumsum(0) - counts)[sorted_exp]
+    sorted_pairs = torch.full((nb * block_m,), n, dtype=torch.int32, device=flat.device)
+    sorted_pairs.scatter_(0, starts[sorted_exp] + rank, order.to(torch.int32))
+    row0 = torch.arange(nb, device=flat.device) * block_m
+    block_expert = torch.searchsorted(ends, row0, right=True)
+    used = block_expert < n_exp
+    e = block_expert.clamp(max=n_exp - 1)
+    rows = (counts[e] - (row0 - starts[e])).clamp(0, block_m) * used
+    block_expert = torch.where(used, block_expert, -1)
+    return sorted_pairs, block_expert.to(torch.int32), rows.to(torch.int32)
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _pair_expert(ids_ptr, p, n_pairs, topk, n_routed, PAIRS_PER_TOKEN: tl.constexpr):
+    tok = p // PAIRS_PER_TOKEN
+    j = p % PAIRS_PER_TOKEN
+    routed = (j < topk) & (p < n_pairs)
+    e = tl.load(ids_ptr + tok * topk + j, mask=routed, other=0).to(tl.int32)
+    e = tl.where(j < topk, e, n_routed + j - topk)
+    return tl.where(p < n_pairs, e, -1)
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _align_kernel(
+    ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
+    n_pairs, n_blocks, topk, n_routed,
+    PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, E_P2: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    ex = tl.arange(0, E_P2)
+    lanes = tl.arange(0, CHUNK)
+    counts = tl.zeros([E_P2], dtype=tl.int32)
+    for start in range(0, n_pairs, CHUNK):
+        e = _pair_expert(ids_ptr, start + lanes, n_pairs, topk, n_routed, PAIRS_PER_TOKEN)
+        counts += tl.sum((e[:, None] == ex[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    for b0 in range(0, n_blocks, CHUNK):
+        blk = b0 + lanes
+        row0 = blk * BLOCK_M
+        inside = ((row0[:, None] >= starts[None, :]) & (row0[:, None] < ends[None, :]))
+        inside = inside.to(tl.int32)
+        used = tl.sum(inside, axis=1)
+        expert = tl.where(used > 0, tl.sum(inside * ex[None, :], axis=1), -1)
+        rows = tl.sum(inside * (counts[None, :] - (row0[:, None] - starts[None, :])), axis=1)
+        rows = tl.minimum(rows, BLOCK_M)
+        tl.store(block_expert_ptr + blk, expert, mask=blk < n_blocks)
+        tl.store(block_rows_ptr + blk, rows, mask=blk < n_blocks)
+    run = starts
+    for start in range(0, n_pairs, CHUNK):
+        p = start + lanes
+        e = _pair_expert(ids_ptr, p, n_pairs, topk, n_routed, PAIRS_PER_TOKEN)
+        hit = (e[:, None] == ex[None, :]).to(tl.int32)
+        within = tl.cumsum(hit, axis=0) - hit
+        dest = tl.sum(hit * (run[None, :] + within), axis=1)
+        tl.store(sorted_ptr + dest, p, mask=p < n_pairs)
+        run += tl.sum(hit, axis=0)
+
+
+def align_triton(
+    ids: Int[Tensor, "tokens topk"], experts: int, shared: int, block_m: int
+) -> tuple[Int[Tensor, " rows"], Int[Tensor, " blocks"], Int[Tensor, " blocks"]]:
+    """Same result as `align_torch` (padding rows of `sorted_pairs` left unset), one launch."""
+    tokens, topk = ids.shape
+    n, n_exp = tokens * (topk + shared), experts + shared
+    nb = max_blocks(n, n_exp, block_m)
+    sorted_pairs = torch.empty(nb * block_m, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(nb, dtype=torch.int32, device=ids.device)
+    block_rows = torch.empty(nb, dtype=torch.int32, device=ids.device)
+    e_p2 = triton.next_power_of_2(n_exp)
+    chunk = max(16, min(128, 8192 // e_p2))
+    _align_kernel[(1,)](
+        ids.contiguous(), sorted_pairs, block_expert, block_rows, n, nb, topk, experts,
+        PAIRS_PER_TOKEN=topk + shared, BLOCK_M=block_m, E_P2=e_p2, CHUNK=chunk, num_warps=4)
+    return sorted_pairs, block_expert, block_rows
+
+
+def align(
+    ids: Int[Tensor, "tokens topk"], experts: int, shared: int, block_m: int
+) -> tuple[Int[Tensor, " rows"], Int[Tensor, " blocks"], Int[Tensor, " blocks"]]:
+    """The faster of the two for this (static) size: one-program kernel for small steps."""
+    pairs = ids.shape[0] * (ids.shape[1] + shared)
+    if ids.is_cuda and pairs * (experts + shared) <= TRITON_ALIGN_MAX_WORK:
+        return align_triton(ids, experts, shared, block_m)
+    return align_torch(ids, experts, shared, block_m)
