@@ -1,0 +1,365 @@
+"""HF checkpoint I/O: a safetensors directory (config.json + weights) <-> `(MLAConfig, Params)`.
+
+Names follow HF transformers' DeepseekV2/V3ForCausalLM. Two expert layouts are read: DeepSeek's
+original one tensor per expert projection (`mlp.experts.{e}.gate_proj.weight`, what the hub
+ships and what transformers' `save_pretrained` writes) and transformers 5's fused in-memory one
+(`mlp.experts.gate_up_proj` [experts, 2*moe_inter, hidden], `mlp.experts.down_proj`). Weights may
+be one file or sharded (`model.safetensors.index.json`), and block-FP8 with `weight_scale_inv`
+(DeepSeek-V3's release format; dequantised on load). V3's multi-token-prediction layers
+(indices num_hidden_layers .. +num_nextn_predict_layers) are skipped: inference does not use them.
+
+Every key is checked against the config before a single tensor is read, and every problem
+(missing, unexpected and mis-shaped keys) is reported in one `CheckpointError`. Tensors are then
+read one at a time (`safe_open`) and converted to the target dtype and device, so beyond the
+result, memory holds about one checkpoint tensor. The layout we map into is params.py's:
+`kv_b_proj` is split once into the absorbed per-head W_UK / W_UV (arXiv:2405.04434, 2.1.2).
+"""
+
+import json
+import math
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+from mla_func.config import MLAConfig
+from mla_func.params import Attention, DenseMLP, Layer, MoE, Params, yarn_inv_freq
+
+INDEX_FILE = "model.safetensors.index.json"
+SCALE_SUFFIX = "_scale_inv"  # block-FP8: `<name>.weight_scale_inv` next to `<name>.weight`
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match its config: lists every offending key."""
+
+    def __init__(self, message: str, missing: Sequence[str] = (),
+                 unexpected: Sequence[str] = (), mismatched: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.missing, self.unexpected = list(missing), list(unexpected)
+        self.mismatched = list(mismatched)
+
+
+def _mlp_keys(prefix: str, inter: int, hidden: int) -> dict[str, tuple[int, ...]]:
+    return {f"{prefix}gate_proj.weight": (inter, hidden),
+            f"{prefix}up_proj.weight": (inter, hidden),
+            f"{prefix}down_proj.weight": (hidden, inter)}
+
+
+def expected_shapes(cfg: MLAConfig, fused_layers: frozenset[int] = frozenset()
+                    ) -> dict[str, tuple[int, ...]]:
+    """Every key a checkpoint for `cfg` holds, with its shape; MoE layers in `fused_layers`
+    use transformers' fused expert tensors, the others DeepSeek's per-expert naming."""
+    c, h, heads = cfg, cfg.hidden_size, cfg.num_attention_heads
+    out = {"model.embed_tokens.weight": (c.vocab_size, h), "model.norm.weight": (h,)}
+    if not c.tie_word_embeddings:
+        out["lm_head.weight"] = (c.vocab_size, h)
+    for i in range(c.num_hidden_layers):
+        p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        out[p + "input_layernorm.weight"] = (h,)
+        out[p + "post_attention_layernorm.weight"] = (h,)
+        if c.q_lora_rank is None:
+            out[a + "q_proj.weight"] = (heads * c.qk_head_dim, h)
+        else:
+            out[a + "q_a_proj.weight"] = (c.q_lora_rank, h)
+            out[a + "q_a_layernorm.weight"] = (c.q_lora_rank,)
+            out[a + "q_b_proj.weight"] = (heads * c.qk_head_dim, c.q_lora_rank)
+        out[a + "kv_a_proj_with_mqa.weight"] = (c.latent_dim, h)
+        out[a + "kv_a_layernorm.weight"] = (c.kv_lora_rank,)
+        out[a + "kv_b_proj.weight"] = (heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank)
+        out[a + "o_proj.weight"] = (h, heads * c.v_head_dim)
+        if not c.is_moe_layer(i):
+            out.update(_mlp_keys(m, c.intermediate_size, h))
+            continue
+        e, inter = c.n_routed_experts, c.moe_intermediate_size
+        out[m + "gate.weight"] = (e, h)
+        if c.topk_method == "noaux_tc":
+            out[m + "gate.e_score_correction_bias"] = (e,)
+        if i in fused_layers:
+            out[m + "experts.gate_up_proj"] = (e, 2 * inter, h)
+            out[m + "experts.down_proj"] = (e, h, inter)
+        else:
+            for j in range(e):
+                out.update(_mlp_keys(f"{m}experts.{j}.", inter, h))
+        if c.n_shared_experts:
+            out.update(_mlp_keys(m + "shared_experts.", inter * c.n_shared_experts, h))
+    return out
+
+
+def _weight_files(directory: Path) -> list[Path]:
+    index = directory / INDEX_FILE
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        absent = [n for n in names if not (directory / n).is_file()]
+        if absent:
+            raise CheckpointError(f"{index} names shard(s) that do not exist: {absent}")
+        return [directory / n for n in names]
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"no *.safetensors weights in {directory}")
+    return files
+
+
+def _ignored(key: str, cfg: MLAConfig, mtp_layers: int) -> bool:
+    """Keys a checkpoint may carry that inference does not use."""
+    match = _LAYER.match(key)
+    if match and cfg.num_hidden_layers <= int(match[1]) < cfg.num_hidden_layers + mtp_layers:
+        return True  # V3 multi-token-prediction module
+    if key.endswith("rotary_emb.inv_freq"):
+        return True  # a buffer some old exports saved; recomputed from the config
+    # Tied embeddings: like transformers, use the embedding and drop a stored lm_head copy.
+    return key == "lm_head.weight" and cfg.tie_word_embeddings
+
+
+def _fp8_block(raw: dict[str, Any]) -> tuple[int, int]:
+    block = (raw.get("quantization_config") or {}).get("weight_block_size") or (128, 128)
+    return int(block[0]), int(block[1])
+
+
+class _Reader:
+    """Open shards, key -> (handle, shape); reads and converts one tensor at a time."""
+
+    def __init__(self, files: list[Path], stack: ExitStack, block: tuple[int, int]) -> None:
+        self.where: dict[str, Any] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.dtypes: dict[str, str] = {}  # safetensors names: "BF16", "F8_E4M3", ...
+        self.fp8: set[str] = set()
+        self.block = block
+        self.rope_perm: Tensor | None = None  # set for rope_interleave=False checkpoints
+        duplicated = []
+        for path in files:
+            handle = stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
+            for key in handle.keys():
+                if key in self.where:
+                    duplicated.append(key)
+                self.where[key] = handle
+                info = handle.get_slice(key)
+                self.shapes[key], self.dtypes[key] = tuple(info.get_shape()), info.get_dtype()
+        if duplicated:
+            raise CheckpointError(f"keys stored in more than one shard: {sorted(duplicated)}")
+
+    def get(self, key: str, device: torch.device, dtype: torch.dtype) -> Tensor:
+        t = self.where[key].get_tensor(key)
+        if key in self.fp8:
+            scale = self.where[key + SCALE_SUFFIX].get_tensor(key + SCALE_SUFFIX).float()
+            (bo, bi), (rows, cols) = self.block, t.shape
+            scale = scale.repeat_interleave(bo, 0)[:rows].repeat_interleave(bi, 1)[:, :cols]
+            t = t.float() * scale
+        return t.to(device=device, dtype=dtype)
+
+
+def _check(cfg: MLAConfig, reader: _Reader, mtp_layers: int, where: Path) -> None:
+    fused = frozenset(i for i in range(cfg.num_hidden_layers)
+                      if f"model.layers.{i}.mlp.experts.gate_up_proj" in reader.shapes)
+    expected = expected_shapes(cfg, fused)
+    found = reader.shapes
+    (bo, bi) = reader.block
+    for key in expected:
+        if key + SCALE_SUFFIX in found and len(expected[key]) == 2:
+            reader.fp8.add(key)
+    scales = {k + SCALE_SUFFIX: (math.ceil(expected[k][0] / bo), math.ceil(expected[k][1] / bi))
+              for k in reader.fp8}
+    missing = [k for k in expected if k not in found]
+    unexpected = [k for k in found if k not in expected and k not in scales
+                  and not _ignored(k, cfg, mtp_layers)]
+    mismatched = [f"{k}: expected {list(s)}, found {list(found[k])}"
+                  for k, s in {**expected, **scales}.items() if k in found and found[k] != s]
+    mismatched += [f"{k}: {reader.dtypes[k]} without {k}{SCALE_SUFFIX}" for k in expected
+                   if reader.dtypes.get(k, "").startswith("F8") and k not in reader.fp8]
+    if not (missing or unexpected or mismatched):
+        return
+    parts = [f"{len(v)} {name}: " + ", ".join(v) for name, v in
+             (("missing", missing), ("unexpected", unexpected), ("wrong shape", mismatched)) if v]
+    summary = (f"{cfg.model_type}, {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
+               f"q_lora {cfg.q_lora_rank}, experts {cfg.n_routed_experts}")
+    raise CheckpointError(f"weights in {where} do not match config.json ({summary}): "
+                          + "; ".join(parts), missing, unexpected, mismatched)
+
+
+def load_hf(
+    directory: "str | Path", device: "str | torch.device" = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> tuple[MLAConfig, Params]:
+    """Config and parameters of an HF DeepSeek-V2/V3 checkpoint directory, each tensor cast to
+    `dtype` on `device` (V3's e_score_correction_bias stays float32, as in transformers).
+    Raises CheckpointError listing every bad key, before reading any tensor, if the weights do
+    not match the config. A rope_interleave=False checkpoint comes back interleaved."""
+    directory, device = Path(directory), torch.device(device)
+    cfg = MLAConfig.from_hf(directory)
+    raw = json.loads((directory / "config.json").read_text())
+    mtp_layers = int(raw.get("num_nextn_predict_layers", raw.get("num_mtp_layers", 0)) or 0)
+    with ExitStack() as stack:
+        reader = _Reader(_weight_files(directory), stack, _fp8_block(raw))
+        _check(cfg, reader, mtp_layers, directory)
+        if not cfg.rope_interleave:
+            # HF's rope_interleave=False rotates pairs (i, i + qk_rope/2); we rotate (2i, 2i+1).
+            # Permuting the rope rows of q and k_pe alike turns one into the other and leaves
+            # every q_pe . k_pe unchanged, so the loaded weights are in the interleaved layout.
+            half = cfg.qk_rope_head_dim // 2
+            reader.rope_perm = torch.stack((torch.arange(half), torch.arange(half) + half),
+                                           dim=-1).flatten()
+            cfg = cfg.with_(rope_interleave=True)
+        return cfg, _build(cfg, reader, device, dtype)
+
+
+def _build(cfg: MLAConfig, reader: _Reader, device: torch.device, dtype: torch.dtype) -> Params:
+    c, heads = cfg, cfg.num_attention_heads
+
+    def get(key: str) -> Tensor:
+        return reader.get(key, device, dtype)
+
+    def mlp(prefix: str, out: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        gate = get(prefix + "gate_proj.weight")
+        gate_up = out if out is not None else gate.new_empty((2, *gate.shape))
+        gate_up[0].copy_(gate)
+        del gate
+        gate_up[1].copy_(get(prefix + "up_proj.weight"))
+        return gate_up, get(prefix + "down_proj.weight")
+
+    def dense(prefix: str) -> DenseMLP:
+        return DenseMLP(*mlp(prefix))
+
+    def moe(m: str) -> MoE:
+        e, inter, h = c.n_routed_experts, c.moe_intermediate_size, c.hidden_size
+        if m + "experts.gate_up_proj" in reader.shapes:
+            gate_up = get(m + "experts.gate_up_proj").view(e, 2, inter, h)
+            down = get(m + "experts.down_proj")
+        else:
+            gate_up = torch.empty(e, 2, inter, h, device=device, dtype=dtype)
+            down = torch.empty(e, h, inter, device=device, dtype=dtype)
+            for j in range(e):
+                down[j].copy_(mlp(f"{m}experts.{j}.", gate_up[j])[1])
+        bias = m + "gate.e_score_correction_bias"
+        return MoE(
+            router=get(m + "gate.weight"),
+            # HF keeps the correction bias in float32 whatever the model dtype: so do we.
+            score_bias=reader.get(bias, device, torch.float32) if c.topk_method == "noaux_tc"
+            else None,
+            gate_up=gate_up, down=down,
+            shared=dense(m + "shared_experts.") if c.n_shared_experts else None)
+
+    def rope_rows(w: Tensor, heads: int) -> Tensor:
+        """w [heads*qk_head or latent, in]: permute each head's trailing qk_rope rows."""
+        if reader.rope_perm is None:
+            return w
+        w = w.view(heads, -1, w.shape[-1])
+        rope = w[:, -c.qk_rope_head_dim:]
+        rope.copy_(rope[:, reader.rope_perm.to(w.device)].clone())
+        return w.flatten(0, 1)
+
+    def attention(a: str) -> Attention:
+        nope, v = c.qk_nope_head_dim, c.v_head_dim
+        kv_b = get(a + "kv_b_proj.weight").view(heads, nope + v, c.kv_lora_rank)
+        lora = c.q_lora_rank is not None
+        return Attention(
+            kv_a_norm=get(a + "kv_a_layernorm.weight"),
+            w_uk=kv_b[:, :nope].contiguous(), w_uv=kv_b[:, nope:].contiguous(),
+            kv_a_proj=rope_rows(get(a + "kv_a_proj_with_mqa.weight"), 1),
+            o_proj=get(a + "o_proj.weight").view(c.hidden_size, heads, v),
+            q_proj=None if lora else rope_rows(get(a + "q_proj.weight"), heads).view(
+                heads, c.qk_head_dim, -1),
+            q_a_proj=get(a + "q_a_proj.weight") if lora else None,
+            q_a_norm=get(a + "q_a_layernorm.weight") if lora else None,
+            q_b_proj=rope_rows(get(a + "q_b_proj.weight"), heads).view(
+                heads, c.qk_head_dim, -1) if lora else None)
+
+    layers = []
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        layers.append(Layer(
+            input_norm=get(p + "input_layernorm.weight"), attn=attention(p + "self_attn."),
+            post_attn_norm=get(p + "post_attention_layernorm.weight"),
+            mlp=moe(p + "mlp.") if c.is_moe_layer(i) else dense(p + "mlp.")))
+    embed = get("model.embed_tokens.weight")
+    return Params(
+        cfg=c, embed=embed, layers=tuple(layers), norm=get("model.norm.weight"),
+        lm_head=embed if c.tie_word_embeddings else get("lm_head.weight"),
+        rope_inv_freq=yarn_inv_freq(c).to(device))
+
+
+def hf_tensors(params: Params) -> Iterator[tuple[str, Tensor]]:
+    """(name, tensor) in DeepSeek's original per-expert naming, one tensor at a time."""
+    c = params.cfg
+
+    def mlp(prefix: str, gate_up: Tensor, down: Tensor) -> Iterator[tuple[str, Tensor]]:
+        yield prefix + "gate_proj.weight", gate_up[0]
+        yield prefix + "up_proj.weight", gate_up[1]
+        yield prefix + "down_proj.weight", down
+
+    yield "model.embed_tokens.weight", params.embed
+    for i, layer in enumerate(params.layers):
+        p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        at = layer.attn
+        yield p + "input_layernorm.weight", layer.input_norm
+        yield p + "post_attention_layernorm.weight", layer.post_attn_norm
+        if at.q_proj is not None:
+            yield a + "q_proj.weight", at.q_proj.flatten(0, 1)
+        else:
+            yield a + "q_a_proj.weight", at.q_a_proj
+            yield a + "q_a_layernorm.weight", at.q_a_norm
+            yield a + "q_b_proj.weight", at.q_b_proj.flatten(0, 1)
+        yield a + "kv_a_proj_with_mqa.weight", at.kv_a_proj
+        yield a + "kv_a_layernorm.weight", at.kv_a_norm
+        yield a + "kv_b_proj.weight", torch.cat((at.w_uk, at.w_uv), dim=1).flatten(0, 1)
+        yield a + "o_proj.weight", at.o_proj.flatten(1, 2)
+        if isinstance(layer.mlp, DenseMLP):
+            yield from mlp(m, layer.mlp.gate_up, layer.mlp.down)
+            continue
+        yield m + "gate.weight", layer.mlp.router
+        if layer.mlp.score_bias is not None:
+            yield m + "gate.e_score_correction_bias", layer.mlp.score_bias
+        for j in range(layer.mlp.gate_up.shape[0]):
+            yield from mlp(f"{m}experts.{j}.", layer.mlp.gate_up[j], layer.mlp.down[j])
+        if layer.mlp.shared is not None:
+            yield from mlp(m + "shared_experts.", layer.mlp.shared.gate_up,
+                           layer.mlp.shared.down)
+    yield "model.norm.weight", params.norm
+    if not c.tie_word_embeddings:
+        yield "lm_head.weight", params.lm_head
+
+
+def save_hf(cfg: MLAConfig, params: Params, directory: "str | Path",
+            max_shard_bytes: int | None = None) -> None:
+    """Write config.json and safetensors weights in DeepSeek's per-expert naming (what the hub
+    ships); with `max_shard_bytes`, as shards plus `model.safetensors.index.json`."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    hf = cfg.to_hf_dict()
+    hf["dtype"] = str(params.dtype).removeprefix("torch.")
+    (directory / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+    # Each shard is written once full (bounded memory) and renamed for the final count.
+    limit = math.inf if max_shard_bytes is None else max_shard_bytes
+    shard: dict[str, Tensor] = {}
+    parts: list[list[str]] = []
+    size = total = 0
+
+    def flush() -> None:
+        save_file(shard, str(directory / f"part-{len(parts):05d}.tmp"), metadata={"format": "pt"})
+        parts.append(list(shard))
+        shard.clear()
+
+    for name, t in hf_tensors(params):
+        nbytes = t.numel() * t.element_size()
+        if shard and size + nbytes > limit:
+            flush()
+            size = 0
+        # Own contiguous CPU copies: safetensors refuses tensors that share storage.
+        shard[name] = t.detach().to("cpu", copy=True).contiguous()
+        size, total = size + nbytes, total + nbytes
+    flush()
+    if max_shard_bytes is None:
+        (directory / "part-00000.tmp").rename(directory / "model.safetensors")
+        return
+    weight_map = {}
+    for n, names in enumerate(parts):
+        fname = f"model-{n + 1:05d}-of-{len(parts):05d}.safetensors"
+        (directory / f"part-{n:05d}.tmp").rename(directory / fname)
+        weight_map.update(dict.fromkeys(names, fname))
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")

@@ -1,0 +1,210 @@
+"""checkpoint.py: save_hf -> load_hf round trips (single file, sharded, fused expert naming,
+block-FP8) and every kind of mismatch reported, all keys named, before anything is returned."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("safetensors")
+
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+import mla_func as mf  # noqa: E402
+from mla_func.checkpoint import INDEX_FILE, CheckpointError, load_hf, save_hf  # noqa: E402
+from mla_func.params import tensor_leaves  # noqa: E402
+
+TINY = mf.MLAConfig.preset("tiny")
+V3ISH = TINY.with_(model_type="deepseek_v3", topk_method="noaux_tc", n_group=2, topk_group=1,
+                   norm_topk_prob=True, routed_scaling_factor=2.5, q_lora_rank=24,
+                   tie_word_embeddings=True, first_k_dense_replace=2)
+
+
+def assert_params_equal(a: mf.Params, b: mf.Params) -> None:
+    la, lb = tensor_leaves(a), tensor_leaves(b)
+    assert [n for n, _ in la] == [n for n, _ in lb]
+    for (name, x), (_, y) in zip(la, lb, strict=True):
+        assert x.shape == y.shape and torch.equal(x, y.to(x.dtype)), name
+
+
+def saved(cfg: mf.MLAConfig, directory: Path, seed: int = 0, **kw) -> mf.Params:
+    params = mf.init_params(cfg, seed=seed)
+    save_hf(cfg, params, directory, **kw)
+    return params
+
+
+def rewrite(directory: Path, edit) -> None:
+    """Apply `edit(tensors) -> tensors` to a single-file checkpoint."""
+    path = directory / "model.safetensors"
+    tensors = edit(dict(load_file(path)))
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def edit_config(directory: Path, **changes) -> None:
+    path = directory / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+@pytest.mark.parametrize("cfg", [TINY, V3ISH], ids=["v2", "v3-tied-qlora"])
+def test_round_trip(cfg, tmp_path):
+    params = saved(cfg, tmp_path)
+    keys = load_file(tmp_path / "model.safetensors").keys()
+    assert "model.layers.2.mlp.experts.7.gate_proj.weight" in keys  # hub naming
+    assert ("lm_head.weight" in keys) != cfg.tie_word_embeddings
+    cfg2, params2 = load_hf(tmp_path)
+    assert cfg2 == cfg
+    assert_params_equal(params, params2)
+    if cfg.tie_word_embeddings:
+        assert params2.lm_head is params2.embed
+
+
+def test_dtype_conversion(tmp_path):
+    params = saved(V3ISH, tmp_path)
+    _, half = load_hf(tmp_path, dtype=torch.bfloat16)
+    moe = half.layers[-1].mlp
+    assert half.embed.dtype == torch.bfloat16 and moe.gate_up.dtype == torch.bfloat16
+    # HF keeps the routing correction bias (and we keep the rope table) in float32.
+    assert moe.score_bias.dtype == torch.float32 and half.rope_inv_freq.dtype == torch.float32
+    torch.testing.assert_close(moe.score_bias, params.layers[-1].mlp.score_bias)
+    torch.testing.assert_close(moe.down.float(), params.layers[-1].mlp.down, rtol=1e-2, atol=1e-2)
+
+
+def test_fused_expert_naming(tmp_path):
+    """transformers 5's in-memory layout: experts.gate_up_proj [E, 2I, H], down_proj [E, H, I]."""
+    params = saved(TINY, tmp_path)
+
+    def fuse(t):
+        for i in range(TINY.first_k_dense_replace, TINY.num_hidden_layers):
+            m = f"model.layers.{i}.mlp.experts."
+            e = range(TINY.n_routed_experts)
+            gate_up = [torch.cat((t.pop(f"{m}{j}.gate_proj.weight"),
+                                  t.pop(f"{m}{j}.up_proj.weight"))) for j in e]
+            t[m + "gate_up_proj"] = torch.stack(gate_up)
+            t[m + "down_proj"] = torch.stack([t.pop(f"{m}{j}.down_proj.weight") for j in e])
+        return t
+
+    rewrite(tmp_path, fuse)
+    assert_params_equal(params, load_hf(tmp_path)[1])
+
+
+def test_sharded_with_and_without_index(tmp_path):
+    params = saved(TINY, tmp_path, max_shard_bytes=40_000)
+    files = sorted(tmp_path.glob("*.safetensors"))
+    index = json.loads((tmp_path / INDEX_FILE).read_text())
+    assert len(files) > 3 and sorted(set(index["weight_map"].values())) == [f.name for f in files]
+    assert not list(tmp_path.glob("*.tmp"))
+    assert_params_equal(params, load_hf(tmp_path)[1])
+    (tmp_path / INDEX_FILE).unlink()  # several files, no index: read them all
+    assert_params_equal(params, load_hf(tmp_path)[1])
+
+
+def test_block_fp8_weights_are_dequantised(tmp_path):
+    params = saved(TINY, tmp_path)
+    block = (8, 16)
+    edit_config(tmp_path, quantization_config={"quant_method": "fp8", "fmt": "e4m3",
+                                               "weight_block_size": list(block)})
+    expected = {}
+
+    def quantise(t):
+        for key in ("model.layers.1.self_attn.kv_b_proj.weight",
+                    "model.layers.2.mlp.experts.3.down_proj.weight"):
+            w = t[key]
+            rows, cols = math.ceil(w.shape[0] / block[0]), math.ceil(w.shape[1] / block[1])
+            scale = torch.rand(rows, cols) + 0.5
+            full = scale.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)
+            full = full[: w.shape[0], : w.shape[1]]
+            t[key] = (w / full).to(torch.float8_e4m3fn)
+            t[key + "_scale_inv"] = scale
+            expected[key] = t[key].float() * full
+        return t
+
+    rewrite(tmp_path, quantise)
+    _, loaded = load_hf(tmp_path)
+    attn, moe = loaded.layers[1].attn, loaded.layers[2].mlp
+    kv_b = torch.cat((attn.w_uk, attn.w_uv), dim=1).flatten(0, 1)
+    assert torch.equal(kv_b, expected["model.layers.1.self_attn.kv_b_proj.weight"])
+    assert torch.equal(moe.down[3], expected["model.layers.2.mlp.experts.3.down_proj.weight"])
+    torch.testing.assert_close(moe.down[3], params.layers[2].mlp.down[3], rtol=0.07, atol=0.02)
+    key = "model.layers.2.mlp.experts.3.down_proj.weight"
+    rewrite(tmp_path, lambda t: {k: v for k, v in t.items() if k != key + "_scale_inv"})
+    with pytest.raises(CheckpointError, match=f"{key}: F8_E4M3 without {key}_scale_inv"):
+        load_hf(tmp_path)
+
+
+def test_mtp_layers_and_stale_buffers_are_ignored(tmp_path):
+    saved(V3ISH, tmp_path)
+    edit_config(tmp_path, num_nextn_predict_layers=1)
+    n = V3ISH.num_hidden_layers
+    extra = {f"model.layers.{n}.eh_proj.weight": torch.randn(4, 4),
+             f"model.layers.{n}.self_attn.kv_a_layernorm.weight": torch.randn(4),
+             "model.layers.0.self_attn.rotary_emb.inv_freq": torch.randn(4)}
+    rewrite(tmp_path, lambda t: {**t, **extra})
+    load_hf(tmp_path)
+    # One layer past the MTP module is not an MTP layer: reported.
+    rewrite(tmp_path, lambda t: {**t, f"model.layers.{n + 1}.input_layernorm.weight":
+                                 torch.randn(4)})
+    with pytest.raises(CheckpointError, match=rf"unexpected: model\.layers\.{n + 1}\."):
+        load_hf(tmp_path)
+
+
+def test_missing_keys_all_named(tmp_path):
+    saved(TINY, tmp_path)
+    gone = ["model.layers.1.self_attn.kv_b_proj.weight",
+            "model.layers.2.mlp.experts.5.up_proj.weight", "lm_head.weight"]
+    rewrite(tmp_path, lambda t: {k: v for k, v in t.items() if k not in gone})
+    with pytest.raises(CheckpointError, match="3 missing") as err:
+        load_hf(tmp_path)
+    assert sorted(err.value.missing) == sorted(gone)
+    assert all(k in str(err.value) for k in gone)
+    assert isinstance(err.value, ValueError)
+
+
+def test_unexpected_keys_all_named(tmp_path):
+    saved(TINY, tmp_path)
+    extra = ["model.layers.0.mlp.experts.0.gate_proj.weight", "model.layers.2.mlp.bias"]
+    rewrite(tmp_path, lambda t: {**t, **{k: torch.zeros(2) for k in extra}})
+    with pytest.raises(CheckpointError, match="2 unexpected") as err:
+        load_hf(tmp_path)
+    assert sorted(err.value.unexpected) == sorted(extra)
+    assert not err.value.missing and not err.value.mismatched
+
+
+def test_wrong_shapes_all_named(tmp_path):
+    saved(TINY, tmp_path)
+    bad = {"model.norm.weight": torch.ones(63),
+           "model.layers.2.mlp.experts.1.down_proj.weight": torch.zeros(64, 31)}
+    rewrite(tmp_path, lambda t: {**t, **bad})
+    with pytest.raises(CheckpointError, match="2 wrong shape") as err:
+        load_hf(tmp_path)
+    msg = str(err.value)
+    assert "model.norm.weight: expected [64], found [63]" in msg
+    assert "experts.1.down_proj.weight: expected [64, 32], found [64, 31]" in msg
+
+
+@pytest.mark.parametrize("change", [
+    {"hidden_size": 96}, {"q_lora_rank": 16}, {"num_hidden_layers": 2}, {"n_routed_experts": 6},
+    {"first_k_dense_replace": 2}, {"kv_lora_rank": 16}, {"v_head_dim": 8},
+])
+def test_config_that_does_not_match_weights(tmp_path, change):
+    saved(TINY, tmp_path)
+    edit_config(tmp_path, **change)
+    with pytest.raises(CheckpointError, match="do not match config.json") as err:
+        load_hf(tmp_path)
+    e = err.value
+    assert e.missing or e.unexpected or e.mismatched
+    if "num_hidden_layers" in change:  # layer 2 of a 2-layer model: every key of it named
+        assert len(e.unexpected) == len([k for k in load_file(tmp_path / "model.safetensors")
+                                         if k.startswith("model.layers.2.")])
+
+
+def test_no_weights_or_missing_shard(tmp_path):
+    saved(TINY, tmp_path / "a")
+    (tmp_path / "a" / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="no \\*.safetensors"):
+        load_hf(tmp_path / "a")
+    saved(TINY, tmp_path / "b", max_shard_bytes=200_000)
+    next(iter(sorted((tmp_path / "b").glob("*.safetensors")))).unlink()
+    with pytest.raises(CheckpointError, match="shard"):
+        load_hf(tmp_path / "b")
