@@ -102,8 +102,8 @@ class DecodeWorkspace:
 def _split_kernel(
     q_lat, q_pe, cache, page_table, token_seq, positions, part_o, part_lse, out,
     sq_h, sq_t, sp_t, sp_h, s_row, s_pt, so_h, so_t,
-    heads, kv_lora, rope, page_size, scale_log2,
-    NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    heads, kv_lora, rope, page_size, max_pages, scale_log2, num_splits,
+    SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     hb = tl.program_id(0)
@@ -111,7 +111,7 @@ def _split_kernel(
     t = tl.program_id(2).to(tl.int64)
     seq = tl.load(token_seq + t).to(tl.int64)
     kv_len = tl.load(positions + t).to(tl.int32) + 1
-    chunk = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * chunk
     end = tl.minimum(start + chunk, kv_len)
 
@@ -134,7 +134,9 @@ def _split_kernel(
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         nm = n < end
-        page = tl.load(page_table + seq * s_pt + n // page_size, mask=nm, other=0)
+        slot = n // page_size
+        # A row past its page table reads the scratch page instead of another row's pages.
+        page = tl.load(page_table + seq * s_pt + slot, mask=nm & (slot < max_pages), other=0)
         row = page.to(tl.int64) * page_size + n % page_size
         kv = tl.load(cache + row[:, None] * s_row + c[None, :],
                      mask=nm[:, None] & cm[None, :], other=0.0)
@@ -151,13 +153,13 @@ def _split_kernel(
 
     safe = tl.where(lsum > 0, lsum, 1.0)
     o = acc / safe[:, None]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         tl.store(out + h[:, None] * so_h + t * so_t + c[None, :],
                  o.to(out.dtype.element_ty), mask=hm[:, None] & cm[None, :])
     else:
         # A tensor, not a scalar: the interpreter rejects scalar-and-tensor masks.
         live = (h * 0 + start) < kv_len
-        base = (t * heads + h) * NUM_SPLITS + split
+        base = (t * heads + h) * num_splits + split
         lse = tl.where(lsum > 0, m + tl.log2(safe), float("-inf"))
         tl.store(part_lse + base, lse, mask=hm & live)
         tl.store(part_o + base[:, None] * kv_lora + c[None, :], o,
@@ -166,16 +168,16 @@ def _split_kernel(
 
 @triton.jit
 def _merge_kernel(
-    part_o, part_lse, positions, out, so_h, so_t, heads, kv_lora,
-    NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, BLOCK_N: tl.constexpr,
+    part_o, part_lse, positions, out, so_h, so_t, heads, kv_lora, num_splits,
+    SPLITS_P2: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     kv_len = tl.load(positions + t).to(tl.int32) + 1
-    chunk = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
     active = tl.cdiv(kv_len, chunk)
-    base = (t * heads + h) * NUM_SPLITS
+    base = (t * heads + h) * num_splits
     sidx = tl.arange(0, SPLITS_P2)
     lse = tl.load(part_lse + base + sidx, mask=sidx < active, other=float("-inf"))
     top = tl.max(lse, 0)
@@ -190,6 +192,11 @@ def _merge_kernel(
 
 
 _SHRUNK: dict[DecodePlan, DecodePlan] = {}
+
+
+def effective_plan(plan: DecodePlan) -> DecodePlan:
+    """The plan launches really use: `plan`, or a smaller tiling if it ran out of resources."""
+    return _SHRUNK.get(plan, plan)
 
 
 def _smaller(plan: DecodePlan) -> DecodePlan | None:
@@ -219,7 +226,7 @@ def mla_decode(
     rope = q_pe.shape[-1]
     assert q_lat.stride(-1) == 1 and q_pe.stride(-1) == 1 and out.stride(-1) == 1
     assert cache.stride(-1) == 1 and cache.stride(0) == cache.shape[1] * cache.stride(1)
-    plan = _SHRUNK.get(plan, plan)
+    plan = effective_plan(plan)
     while True:
         try:
             _launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, out,
@@ -240,8 +247,9 @@ def _launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, o
         q_lat, q_pe, cache, page_table, token_seq, positions, part_o, part_lse, out,
         q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1), cache.stride(1),
         page_table.stride(0), out.stride(0), out.stride(1),
-        heads, kv_lora, rope, cache.shape[1], scale * 1.4426950408889634,
-        NUM_SPLITS=splits, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n,
+        heads, kv_lora, rope, cache.shape[1], page_table.shape[1], scale * 1.4426950408889634,
+        splits,
+        SPLIT=splits > 1, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n,
         BLOCK_C=triton.next_power_of_2(kv_lora), BLOCK_R=max(16, triton.next_power_of_2(rope)),
         num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
@@ -249,7 +257,7 @@ def _launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, o
         assert part_o.shape[2] == splits and part_lse.shape[2] == splits
         _merge_kernel[(tokens, heads)](
             part_o, part_lse, positions, out, out.stride(0), out.stride(1), heads, kv_lora,
-            NUM_SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits),
+            splits, SPLITS_P2=triton.next_power_of_2(splits),
             BLOCK_N=plan.block_n, BLOCK_C=triton.next_power_of_2(kv_lora), num_warps=4,
         )
 

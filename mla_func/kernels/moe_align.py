@@ -34,9 +34,11 @@ from torch import Tensor
 TRITON_ALIGN_MAX_WORK = 2048 * 256
 
 
-def max_blocks(pairs: int, experts: int, block_m: int) -> int:
+def max_blocks(pairs: int | torch.SymInt, experts: int, block_m: int) -> int | torch.SymInt:
     """Static upper bound on the M-tiles `pairs` pairs over `experts` experts can need."""
-    return (pairs + torch.sym_min(experts, pairs) * (block_m - 1)) // block_m
+    # Symbolic sizes (tracing): the looser `experts` bound keeps the expression guard-free.
+    busy = min(experts, pairs) if isinstance(pairs, int) else experts
+    return (pairs + busy * (block_m - 1)) // block_m
 
 
 def pair_experts(
@@ -56,6 +58,7 @@ def align_torch(
     flat = pair_experts(ids, experts, shared)
     n, n_exp = flat.shape[0], experts + shared
     nb = max_blocks(n, n_exp, block_m)
+    torch._check(nb > 0)  # tells a symbolic tracer what it cannot prove through the floor div
     counts = torch.zeros(n_exp, dtype=torch.int64, device=flat.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
