@@ -53,3 +53,12 @@ def test_invalid_configs_name_the_problem(change, message):
 def test_from_hf_rejects_other_models():
     with pytest.raises(ConfigError, match="llama"):
         mf.MLAConfig.from_hf({"model_type": "llama"})
+
+
+def test_from_hf_fills_absent_fields_with_transformers_defaults():
+    v3 = mf.MLAConfig.from_hf({"model_type": "deepseek_v3", "num_hidden_layers": 4})
+    assert (v3.n_group, v3.topk_group, v3.routed_scaling_factor) == (8, 4, 2.5)
+    assert (v3.n_shared_experts, v3.first_k_dense_replace, v3.topk_method) == (1, 3, "noaux_tc")
+    base = mf.MLAConfig.preset("v2-lite").to_hf_dict()
+    del base["first_k_dense_replace"]
+    assert mf.MLAConfig.from_hf(base).first_k_dense_replace == 0
