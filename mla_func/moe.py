@@ -1,5 +1,102 @@
-"""The routed-experts implementation the model calls (reference for now)."""
+"""The routed (and optionally shared) experts the model calls: `experts(...)`.
 
-from mla_func.ops.moe import experts_reference as experts
+Implementations, all static-shape and free of host syncs (they can live in a CUDA graph):
+- `"triton"` (default on CUDA): the fused grouped GEMM of `mla_func.kernels.fused_moe`, behind
+  the custom op `mla_func::moe_experts` so that tracing (the capture compiler) sees one node.
+- `"sorted_torch"` (default elsewhere): the same algorithm in plain torch: pairs sorted by expert
+  (`moe_align.align_torch`), one bmm per GEMM over M-tiles with each tile's expert weights
+  gathered. Its tile is sized so that tiles ~ 2 x experts: cheap for the tiny preset on CPU.
+- `"reference"`: `ops.moe.experts_reference` (every expert over every token, masked).
 
-__all__ = ["experts"]
+Passing `shared` (the shared-experts MLP) adds it to the result: the Triton path computes it
+inside the same launches (as extra experts every token routes to), the others add `swiglu`.
+Padded tokens only cost work (see `mla_func.kernels.fused_moe`): each token's result depends on
+its own row alone.
+"""
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from mla_func.kernels.moe_align import align_torch, max_blocks
+from mla_func.ops.mlp import swiglu
+from mla_func.ops.moe import experts_reference
+from mla_func.params import DenseMLP
+
+IMPLS = ("reference", "sorted_torch", "triton")
+
+
+def experts(
+    x: Float[Tensor, "tokens hidden"],
+    weights: Float[Tensor, "tokens topk"],
+    ids: Int[Tensor, "tokens topk"],
+    gate_up: Float[Tensor, "experts 2 moe_inter hidden"],
+    down: Float[Tensor, "experts hidden moe_inter"],
+    shared: DenseMLP | None = None,
+    impl: str | None = None,
+) -> Float[Tensor, "tokens hidden"]:
+    """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]), plus `shared(x)` when given."""
+    impl = impl or ("triton" if x.is_cuda else "sorted_torch")
+    if impl == "triton":
+        s_gu, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
+        return torch.ops.mla_func.moe_experts(x, weights, ids, gate_up, down, s_gu, s_down)
+    if impl == "sorted_torch":
+        out = sorted_torch(x, weights, ids, gate_up, down)
+    elif impl == "reference":
+        out = experts_reference(x, weights, ids, gate_up, down)
+    else:
+        raise ValueError(f"unknown experts impl {impl!r}; expected one of {IMPLS}")
+    if shared is not None:
+        out = out + swiglu(x, shared.gate_up, shared.down)
+    return out
+
+
+@torch.library.custom_op("mla_func::moe_experts", mutates_args=())
+def _moe_experts_op(
+    x: Tensor, weights: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor,
+    shared_gate_up: Tensor | None, shared_down: Tensor | None,
+) -> Tensor:
+    # Imported here: the kernels module reads TRITON_INTERPRET when it is first imported.
+    from mla_func.kernels.fused_moe import fused_experts
+
+    return fused_experts(x, weights, ids, gate_up, down, shared_gate_up, shared_down)
+
+
+@_moe_experts_op.register_fake
+def _(x, weights, ids, gate_up, down, shared_gate_up, shared_down):
+    return torch.empty_like(x)
+
+
+def sorted_torch(
+    x: Float[Tensor, "tokens hidden"],
+    weights: Float[Tensor, "tokens topk"],
+    ids: Int[Tensor, "tokens topk"],
+    gate_up: Float[Tensor, "experts 2 moe_inter hidden"],
+    down: Float[Tensor, "experts hidden moe_inter"],
+) -> Float[Tensor, "tokens hidden"]:
+    """Sorted-by-expert MoE in torch: static shapes, weights gathered per M-tile."""
+    tokens, topk = ids.shape
+    n_exp, pairs = gate_up.shape[0], ids.numel()
+    # Tiles of ~pairs/experts rows keep the tile count (and weight gathers) near 2 x experts;
+    # a fixed tile when tracing with a symbolic token count.
+    block_m = 1 << ((pairs - 1) // n_exp).bit_length() if isinstance(pairs, int) else 16
+    sorted_pairs, block_expert, block_rows = align_torch(ids, n_exp, 0, block_m)
+    n_blocks = max_blocks(pairs, n_exp, block_m)
+    valid = torch.arange(block_m, device=x.device) < block_rows[:, None]
+    # Indexing, not views: a symbolic tracer cannot prove the views' divisibility.
+    row = torch.arange(n_blocks, device=x.device)[:, None] * block_m
+    row = row + torch.arange(block_m, device=x.device)
+    pair = torch.where(valid, sorted_pairs[row], pairs).long()
+    xa = x[pair.clamp(max=pairs - 1) // topk]
+    e = block_expert.clamp(min=0).long()
+    gu = torch.bmm(xa, gate_up[e].flatten(1, 2).transpose(1, 2))
+    gate, up = gu.chunk(2, dim=-1)
+    y = torch.bmm(F.silu(gate) * up, down[e].transpose(1, 2))
+    w = F.pad(weights.flatten(), (0, 1))[pair]
+    buf = torch.zeros(pairs + 1, x.shape[1], dtype=torch.float32, device=x.device)
+    buf.index_put_((pair,), w[..., None] * y.float())  # pads all land on the dump row
+    return buf[:pairs].view(tokens, topk, -1).sum(1).to(x.dtype)
+
+
+__all__ = ["IMPLS", "experts", "sorted_torch"]

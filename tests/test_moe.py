@@ -1,0 +1,179 @@
+"""mla_func.moe, kernels/moe_align.py and kernels/fused_moe.py against ops.moe.experts_reference.
+
+CPU: Triton under TRITON_INTERPRET=1 (set before triton is imported) at small sizes, float32
+(the 3.9 interpreter's bf16 tl.dot is wrong, so bf16 runs under `-m cuda` only). GPU: real
+V2-Lite / V3 shapes in bf16, plus CUDA-graph capture and replay.
+"""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import dataclasses  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from mla_func.config import MLAConfig  # noqa: E402
+from mla_func.kernels.fused_moe import MoEConfig, fused_experts  # noqa: E402
+from mla_func.kernels.moe_align import align_torch, align_triton, pair_experts  # noqa: E402
+from mla_func.moe import experts  # noqa: E402
+from mla_func.ops.mlp import swiglu  # noqa: E402
+from mla_func.ops.moe import experts_reference, route  # noqa: E402
+from mla_func.params import DenseMLP  # noqa: E402
+
+# Tiles for the interpreter: one N-tile per GEMM at these sizes keeps the program count low.
+SMALL = MoEConfig(16, (32, 64, 4, 1), (64, 32, 4, 1))
+
+
+def make(tokens, topk, n_exp, hidden, inter, shared, dtype=torch.float32, device="cpu",
+         skew=False, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    r = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale).to(device, dtype)  # noqa
+    x = r(tokens, hidden)
+    gate_up = r(n_exp, 2, inter, hidden, scale=hidden**-0.5)
+    down = r(n_exp, hidden, inter, scale=inter**-0.5)
+    ids = torch.stack([torch.randperm(n_exp, generator=g)[:topk] for _ in range(tokens)])
+    if skew:  # every token's first choice is expert 0
+        ids = torch.stack([torch.cat((torch.zeros(1, dtype=torch.long),
+                                      torch.randperm(n_exp - 1, generator=g)[: topk - 1] + 1))
+                           for _ in range(tokens)])
+    weights = torch.rand(tokens, topk, generator=g).to(device) + 0.1
+    mlp = None
+    if shared:
+        mlp = DenseMLP(r(2, shared * inter, hidden, scale=hidden**-0.5),
+                       r(hidden, shared * inter, scale=(shared * inter) ** -0.5))
+    return x, weights, ids.to(device), gate_up, down, mlp
+
+
+def reference(x, weights, ids, gate_up, down, mlp):
+    out = experts_reference(x, weights, ids, gate_up, down)
+    return out if mlp is None else out + swiglu(x, mlp.gate_up, mlp.down)
+
+
+def close(a, b, tol):
+    err = (a.float() - b.float()).abs().max().item()
+    assert err <= tol * b.float().abs().max().item(), err
+
+
+@pytest.mark.parametrize("tokens,topk,n_exp,shared,block_m,skew", [
+    (1, 6, 64, 2, 16, False), (5, 2, 8, 1, 4, False), (33, 6, 64, 0, 16, False),
+    (17, 8, 256, 1, 16, False), (9, 2, 8, 0, 1, False), (40, 6, 64, 2, 16, True)])
+def test_align_kernel_matches_torch(tokens, topk, n_exp, shared, block_m, skew):
+    ids = make(tokens, topk, n_exp, 8, 8, 0, skew=skew)[2]
+    a, b = align_torch(ids, n_exp, shared, block_m), align_triton(ids, n_exp, shared, block_m)
+    assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
+    real = (torch.arange(block_m)[None] < a[2][:, None]).flatten()
+    assert torch.equal(a[0][real], b[0][real])
+    rows = a[0][real].long()
+    assert sorted(rows.tolist()) == list(range(tokens * (topk + shared)))
+    expert_of_row = a[1].repeat_interleave(block_m)[real].long()
+    assert torch.equal(pair_experts(ids, n_exp, shared)[rows], expert_of_row)
+
+
+@pytest.mark.parametrize("tokens,topk,n_exp,hidden,inter,shared,skew", [
+    (1, 6, 64, 64, 32, 2, False),   # most experts get no token
+    (7, 2, 8, 64, 32, 1, False),
+    (33, 2, 8, 32, 16, 0, False),   # several M-tiles per expert
+    (24, 6, 64, 64, 32, 0, True),   # skewed: every token to expert 0
+    (3, 8, 256, 32, 16, 1, False),  # V3 expert count, tiny dims
+    (5, 2, 8, 48, 24, 1, False),    # K and N not multiples of the tiles
+])
+def test_fused_matches_reference(tokens, topk, n_exp, hidden, inter, shared, skew):
+    x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, hidden, inter, shared, skew=skew)
+    want = reference(x, w, ids, gu, dn, mlp)
+    got = fused_experts(x, w, ids, gu, dn, mlp and mlp.gate_up, mlp and mlp.down, SMALL)
+    close(got, want, 1e-5)
+    close(experts(x, w, ids, gu, dn, mlp, impl="sorted_torch"), want, 1e-5)
+
+
+@pytest.mark.parametrize("method", ["greedy", "group_limited_greedy", "noaux_tc"])
+def test_routing_methods(method):
+    cfg = dataclasses.replace(
+        MLAConfig.preset("tiny"), n_routed_experts=64, num_experts_per_tok=6, n_group=8,
+        topk_group=3, topk_method=method, norm_topk_prob=method == "noaux_tc",
+        routed_scaling_factor=2.5 if method == "noaux_tc" else 1.0)
+    x, _, _, gu, dn, mlp = make(6, 6, 64, 64, 32, 1, seed=1)
+    router = torch.randn(64, 64)
+    bias = torch.randn(64) * 0.1 if method == "noaux_tc" else None
+    w, ids = route(x, router, bias, cfg)
+    want = reference(x, w, ids, gu, dn, mlp)
+    close(experts(x, w, ids, gu, dn, mlp, impl="triton"), want, 1e-5)
+    close(experts(x, w, ids, gu, dn, mlp), want, 1e-5)  # CPU default: sorted_torch
+
+
+@pytest.mark.parametrize("impl", ["sorted_torch", "triton"])
+def test_padded_rows_do_not_change_real_rows(impl):
+    x, w, ids, gu, dn, mlp = make(12, 2, 8, 64, 32, 1, seed=2)
+    real = experts(x[:5], w[:5], ids[:5], gu, dn, mlp, impl=impl)
+    padded = experts(x, w, ids, gu, dn, mlp, impl=impl)  # rows 5.. stand for bucket padding
+    torch.testing.assert_close(padded[:5], real, rtol=1e-6, atol=1e-6)
+
+
+def test_unknown_impl():
+    x, w, ids, gu, dn, _ = make(2, 2, 8, 32, 16, 0)
+    with pytest.raises(ValueError, match="unknown experts impl"):
+        experts(x, w, ids, gu, dn, impl="nope")
+
+
+def test_traces_with_symbolic_tokens():
+    """The sorted path and the Triton op both export with a dynamic token count."""
+    x, w, ids, gu, dn, mlp = make(9, 2, 8, 32, 16, 1)
+    tokens = torch.export.Dim("tokens", min=2, max=1024)
+    class Experts(torch.nn.Module):
+        def __init__(self, impl):
+            super().__init__()
+            self.impl = impl
+
+        def forward(self, x, w, ids):
+            return experts(x, w, ids, gu, dn, mlp, impl=self.impl)
+
+    for impl in ("sorted_torch", "triton"):
+        ep = torch.export.export(Experts(impl), (x, w, ids), dynamic_shapes=({0: tokens},) * 3)
+        close(ep.module()(x, w, ids), reference(x, w, ids, gu, dn, mlp), 1e-5)
+
+
+# ---- GPU: real sizes, bf16 ------------------------------------------------------------------
+
+V2_LITE = dict(topk=6, n_exp=64, hidden=2048, inter=1408, shared=2)
+V3 = dict(topk=8, n_exp=256, hidden=7168, inter=2048, shared=1)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape,tokens", [
+    (V2_LITE, 1), (V2_LITE, 7), (V2_LITE, 32), (V2_LITE, 128), (V2_LITE, 512),
+    (V2_LITE, 4096), (V3, 1), (V3, 64), (V3, 512)])
+@pytest.mark.parametrize("skew", [False, True])
+def test_cuda_real_sizes(shape, tokens, skew):
+    x, w, ids, gu, dn, mlp = make(tokens, **shape, dtype=torch.bfloat16, device="cuda",
+                                  skew=skew)
+    want = reference(x, w, ids, gu, dn, mlp)
+    got = experts(x, w, ids, gu, dn, mlp)
+    assert got.dtype == torch.bfloat16
+    err = (got.float() - want.float()).norm() / want.float().norm()
+    assert err < 1e-2, err
+    close(got, want, 0.05)
+    a, b = align_torch(ids, shape["n_exp"], 1, 16), align_triton(ids, shape["n_exp"], 1, 16)
+    assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [1, 8, 128, 4096])
+def test_cuda_graph_replay_matches_eager(tokens):
+    x, w, ids, gu, dn, mlp = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda")
+    static = [t.clone() for t in (x, w, ids)]
+    fn = lambda: experts(*static, gu, dn, mlp)  # noqa: E731
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()  # warm-up: compiles the kernels outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    for seed in (3, 4):  # fresh routing every replay
+        x2, w2, ids2, *_ = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda",
+                                seed=seed)
+        for dst, src in zip(static, (x2, w2, ids2), strict=True):
+            dst.copy_(src)
+        graph.replay()
+        torch.testing.assert_close(out, experts(x2, w2, ids2, gu, dn, mlp), rtol=0, atol=0)
