@@ -9,7 +9,7 @@ form with both W_UK/W_UV products (`full_us`); `ref_us` is mla_func.ops.attentio
 
     python -m scripts.bench kernels [--quick] [--sweep] [--no-ref]   # via the lead's bench.py
     python -m scripts.bench_kernels --quick          # a few rows
-    python -m scripts.bench_kernels --sweep          # also try decode tile configs at H=128
+    python -m scripts.bench_kernels --sweep          # also time other decode tilings/splits
 """
 
 import argparse
@@ -51,7 +51,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page", type=int, nargs="+", default=[1, 64])
     p.add_argument("--prompt", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     p.add_argument("--quick", action="store_true", help="H 16/128, B 1/128, ctx 1024/4096")
-    p.add_argument("--sweep", action="store_true", help="try decode tile configs at H=128")
+    p.add_argument("--sweep", action="store_true", help="also time other decode tilings")
     p.add_argument("--no-ref", action="store_true", help="skip the torch reference")
 
 
@@ -109,8 +109,10 @@ def _args(p: dict) -> tuple:
 
 
 def decode_row(heads, batch, ctx, page, ceil, no_ref, plan=None) -> dict:
+    """One decode case; with an explicit `plan` (the sweep) only the latent kernel is timed."""
     p = decode_inputs(heads, batch, ctx, page)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    explicit = plan is not None
     plan = plan or plan_decode(batch, p["page_table"].shape[1] * page, sms, heads)
     ws = DecodeWorkspace()
     q_lat, o_lat, part_o, part_lse = ws.get(torch.device("cuda"), torch.bfloat16, batch, heads,
@@ -122,7 +124,7 @@ def decode_row(heads, batch, ctx, page, ceil, no_ref, plan=None) -> dict:
                    p["positions"], p["scale"], plan, o_lat, part_o, part_lse)
 
     us = bench_us(kernel)
-    full_us = bench_us(lambda: attend_absorbed(*_args(p), ws, plan))
+    full_us = None if explicit else bench_us(lambda: attend_absorbed(*_args(p), ws, plan))
     used = effective_plan(plan)
     kv_bytes = batch * ctx * LATENT * 2
     io_bytes = batch * heads * (2 * KV_LORA + ROPE) * 2
@@ -168,11 +170,22 @@ def prefill_row(heads: int, prompt: int, ceil: dict, no_ref: bool) -> dict:
     return row
 
 
+SWEEP_CASES = ((16, 1, 1024), (16, 128, 4096), (128, 1, 1024), (128, 32, 4096),
+               (128, 128, 4096))  # (heads, batch, ctx), page 64
+
+
 def sweep_plans(batch: int, ctx: int, page: int, heads: int):
+    """Tilings and split counts around the default plan, for tuning on the GPU at hand."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for bh, bn, warps in itertools.product((16, 32, 64), (16, 32, 64), (4, 8)):
-        base = plan_decode(batch, -(-ctx // page) * page, sms, heads, block_h=bh, block_n=bn)
-        yield replace(base, num_warps=warps)
+    cap = -(-ctx // page) * page
+    if heads <= 16:
+        for bn, warps, stages, waves in itertools.product((32, 64), (4, 8), (2, 3), (1, 2)):
+            plan = plan_decode(batch, cap, sms, heads, block_n=bn, waves=waves)
+            yield replace(plan, num_warps=warps, num_stages=stages)
+    else:
+        for bh, bn, warps in itertools.product((32, 64), (16, 32, 64), (4, 8)):
+            yield replace(plan_decode(batch, cap, sms, heads, block_h=bh, block_n=bn),
+                          num_warps=warps)
 
 
 def run(args: "argparse.Namespace | list[str] | None" = None) -> list[dict]:
@@ -200,11 +213,12 @@ def run(args: "argparse.Namespace | list[str] | None" = None) -> list[dict]:
         rows.append(decode_row(heads, batch, ctx, page, ceil, no_ref))
         _print(rows[-1])
     if getattr(args, "sweep", False):
-        for batch, ctx in ((1, 1024), (32, 4096), (128, 4096)):
-            for plan in sweep_plans(batch, ctx, 64, 128):
+        for heads, batch, ctx in SWEEP_CASES:
+            for plan in sweep_plans(batch, ctx, 64, heads):
                 try:
-                    rows.append(decode_row(128, batch, ctx, 64, ceil, True, plan))
-                except OutOfResources:
+                    rows.append(decode_row(heads, batch, ctx, 64, ceil, True, plan))
+                except (OutOfResources, RuntimeError) as err:  # a tiling this GPU cannot run
+                    print(f"sweep H={heads} B={batch} ctx={ctx} {plan}: {type(err).__name__}")
                     continue
                 rows[-1]["kind"] = "sweep"
                 _print(rows[-1])
@@ -232,7 +246,7 @@ def _print(r: dict) -> None:
         return
     print(f"{r['kind']:7s} H={r['heads']:3d} B={r['batch']:3d} ctx={r['ctx']:5d} "
           f"page={r['page']:2d} splits={r['splits']:3d} {r['config']:12s} {r['us']:8.1f} us "
-          f"(full {r['full_us']:7.1f}) {r['GBps']:6.0f} GB/s {r['pct_copy']:5.1f}% copy "
+          f"(full {r['full_us'] or 0:7.1f}) {r['GBps']:6.0f} GB/s {r['pct_copy']:5.1f}% copy "
           f"floor {r['floor_us']:7.1f} x{r['x_floor']:5.2f} ref {ref_us} {r['note']}")
 
 

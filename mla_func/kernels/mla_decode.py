@@ -51,22 +51,28 @@ def _cdiv(a: int, b: int) -> int:
 
 def plan_decode(
     num_rows: int, max_seq_len: int, num_sms: int, heads: int = 16,
-    block_h: int | None = None, block_n: int | None = None,
+    block_h: int | None = None, block_n: int | None = None, waves: int = 1,
 ) -> DecodePlan:
     """The launch shape for `num_rows` query rows (the bucket) whose keys may reach
     `max_seq_len` (the cache capacity of one sequence, not any real length): the fewest splits
-    that fill the GPU, at most one per key block of the capacity."""
+    that keep `waves` programs per SM busy, at most one per key block of the capacity.
+
+    Tiles: 16 heads x 32 keys x 576 (4 warps) as in the common Triton MLA kernel, which holds
+    its registers; 64 heads per program above 16 heads, so a KV tile serves 64 heads per read
+    and the two head blocks of V3's 128 share it through L2. `scripts/bench_kernels.py
+    --sweep` measures the alternatives."""
     if block_h is None:
         block_h = 16 if heads <= 16 else 64
     if block_n is None:
-        block_n = 64 if block_h <= 16 else 32
+        block_n = 32
     num_warps = 4 if block_h <= 16 else 8
     base = max(1, num_rows) * _cdiv(heads, block_h)
     most = max(1, min(MAX_SPLITS, _cdiv(max(1, max_seq_len), block_n)))
+    slots = num_sms * waves
     splits = most
     for s in range(1, most + 1):
         programs = base * s
-        if programs / (_cdiv(programs, num_sms) * num_sms) >= FILL:
+        if programs / (_cdiv(programs, slots) * slots) >= FILL:
             splits = s
             break
     return DecodePlan(splits, block_h, block_n, num_warps, num_stages=2)
