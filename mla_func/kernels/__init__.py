@@ -4,4 +4,6 @@
 - mla_decode: paged absorbed MLA, split-KV + LSE merge; `plan_decode`, `DecodeWorkspace`.
 - mla_prefill: MHA-form causal prefill/extend (expanded K/V, flash attention).
 - backend: registers the "triton" attention backend (imported lazily by get_backend).
+- norm, rope: fused RMSNorm and the MLA prologue (rope, c_kv norm, cache row).
+- moe_align, fused_moe: static-shape expert alignment and the fused MoE grouped GEMM.
 """
