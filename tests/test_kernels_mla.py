@@ -283,7 +283,7 @@ def test_cuda_prefill_real_sizes(heads):
     got = mha_prefill(*ref_args(p), max(c + n for c, n in zip(ctx, q, strict=True)), max(q))
     fp32 = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v)
             for k, v in p.items()}
-    assert rel_err(got, ref.attend_mha(*ref_args(fp32), chunk=64)) < 2e-2
+    assert rel_err(got, ref.attend_mha(*ref_args(fp32), chunk=32)) < 2e-2
 
 
 @pytest.mark.cuda

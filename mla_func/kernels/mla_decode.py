@@ -94,7 +94,7 @@ class DecodeWorkspace:
         part_o [rows, heads, splits, kv_lora] and part_lse [rows, heads, splits] in fp32)."""
         key = (str(device), dtype, rows, heads, kv_lora, splits)
         if key not in self._buffers:
-            parts = max(splits, 2) if splits > 1 else 0
+            parts = splits if splits > 1 else 0  # one split writes straight to o_lat
             self._buffers[key] = (
                 torch.empty(heads, rows, kv_lora, device=device, dtype=dtype),
                 torch.empty(heads, rows, kv_lora, device=device, dtype=dtype),
