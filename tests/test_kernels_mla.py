@@ -105,7 +105,7 @@ def test_cache_write_matches_reference_and_skips_padding(page_size, dtype):
 
 
 @pytest.mark.parametrize("page_size", [1, 4, 16])
-@pytest.mark.parametrize("splits", [1, 3, 7])
+@pytest.mark.parametrize("splits", [1, 5])
 def test_decode_matches_reference(page_size, splits):
     lens = [1, 5, 23, 40]  # length 1; not multiples of the page or block size
     p = make_problem([n - 1 for n in lens], [1] * len(lens), page_size, SMALL, seed=splits)
@@ -161,7 +161,7 @@ def test_plan_is_a_function_of_shapes_and_fills_the_gpu():
 # ---------------------------------------------------------------- prefill / extend
 
 
-@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("page_size", [1, 16])
 def test_mha_prefill_matches_reference(page_size):
     ctx, q = [0, 5, 17], [20, 3, 33]  # fresh prompt, short and long extends
     p = make_problem(ctx, q, page_size, SMALL, seed=page_size)
@@ -214,7 +214,7 @@ def run_both(args):
     return got, want, got_cache, want_cache
 
 
-@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("page_size", [1, 16])
 def test_backend_pure_decode_with_padded_rows(page_size):
     order = torch.randperm(39, generator=torch.Generator().manual_seed(page_size)) + 1
     work, used = [], 0
