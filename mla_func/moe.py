@@ -9,10 +9,13 @@ Implementations, all static-shape and free of host syncs (they can live in a CUD
 - `"reference"`: `ops.moe.experts_reference` (every expert over every token, masked).
 
 Passing `shared` (the shared-experts MLP) adds it to the result: the Triton path computes it
-inside the same launches (as extra experts every token routes to), the others add `swiglu`.
+inside the same launches (as extra experts every token routes to) when its width is a multiple
+of `moe_inter` (always so in DeepSeek-V2/V3), the others add `swiglu`.
 Padded tokens only cost work (see `mla_func.kernels.fused_moe`): each token's result depends on
 its own row alone.
 """
+
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -39,9 +42,11 @@ def experts(
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]), plus `shared(x)` when given."""
     impl = impl or ("triton" if x.is_cuda else "sorted_torch")
     if impl == "triton":
-        s_gu, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
-        return torch.ops.mla_func.moe_experts(x, weights, ids, gate_up, down, s_gu, s_down)
-    if impl == "sorted_torch":
+        if shared is not None and shared.down.shape[1] % gate_up.shape[2] == 0:
+            return torch.ops.mla_func.moe_experts(
+                x, weights, ids, gate_up, down, shared.gate_up, shared.down)
+        out = torch.ops.mla_func.moe_experts(x, weights, ids, gate_up, down, None, None)
+    elif impl == "sorted_torch":
         out = sorted_torch(x, weights, ids, gate_up, down)
     elif impl == "reference":
         out = experts_reference(x, weights, ids, gate_up, down)
@@ -52,10 +57,11 @@ def experts(
     return out
 
 
+# typing.Optional: the schema inference of older torch looks the annotation up in a table.
 @torch.library.custom_op("mla_func::moe_experts", mutates_args=())
 def _moe_experts_op(
     x: Tensor, weights: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor,
-    shared_gate_up: Tensor | None, shared_down: Tensor | None,
+    shared_gate_up: Optional[Tensor], shared_down: Optional[Tensor],  # noqa: UP045
 ) -> Tensor:
     # Imported here: the kernels module reads TRITON_INTERPRET when it is first imported.
     from mla_func.kernels.fused_moe import fused_experts

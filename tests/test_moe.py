@@ -29,7 +29,8 @@ SMALL = MoEConfig(16, (32, 64, 4, 1), (64, 32, 4, 1))
 def make(tokens, topk, n_exp, hidden, inter, shared, dtype=torch.float32, device="cpu",
          skew=False, seed=0):
     g = torch.Generator(device="cpu").manual_seed(seed)
-    r = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale).to(device, dtype)  # noqa
+    gd = torch.Generator(device=device).manual_seed(seed)  # real-size weights made on device
+    r = lambda *s, scale=1.0: (torch.randn(*s, generator=gd, device=device) * scale).to(dtype)  # noqa
     x = r(tokens, hidden)
     gate_up = r(n_exp, 2, inter, hidden, scale=hidden**-0.5)
     down = r(n_exp, hidden, inter, scale=inter**-0.5)
@@ -76,7 +77,7 @@ def test_align_kernel_matches_torch(tokens, topk, n_exp, shared, block_m, skew):
     (7, 2, 8, 64, 32, 1, False),
     (33, 2, 8, 32, 16, 0, False),   # several M-tiles per expert
     (24, 6, 64, 64, 32, 0, True),   # skewed: every token to expert 0
-    (3, 8, 256, 32, 16, 1, False),  # V3 expert count, tiny dims
+    (2, 8, 256, 32, 16, 1, False),  # V3 expert count, tiny dims
     (5, 2, 8, 48, 24, 1, False),    # K and N not multiples of the tiles
 ])
 def test_fused_matches_reference(tokens, topk, n_exp, hidden, inter, shared, skew):
@@ -142,9 +143,10 @@ V3 = dict(topk=8, n_exp=256, hidden=7168, inter=2048, shared=1)
 @pytest.mark.cuda
 @pytest.mark.parametrize("shape,tokens", [
     (V2_LITE, 1), (V2_LITE, 7), (V2_LITE, 32), (V2_LITE, 128), (V2_LITE, 512),
-    (V2_LITE, 4096), (V3, 1), (V3, 64), (V3, 512)])
+    (V2_LITE, 4096), (V3, 1), (V3, 512)])
 @pytest.mark.parametrize("skew", [False, True])
 def test_cuda_real_sizes(shape, tokens, skew):
+    torch.cuda.empty_cache()
     x, w, ids, gu, dn, mlp = make(tokens, **shape, dtype=torch.bfloat16, device="cuda",
                                   skew=skew)
     want = reference(x, w, ids, gu, dn, mlp)

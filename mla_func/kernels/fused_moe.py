@@ -47,12 +47,15 @@ class MoEConfig:
 
 
 # (max tokens, config): the first row whose bound is >= the step's static token count.
-# Guesses for H100/H200 at the V2-Lite shape; `scripts/bench_moe.py --sweep` measures others.
+# Up to ~1k tokens V2-Lite is weight-read bound: block_m is sized so that an expert's rows
+# (about tokens * topk / experts, plus spread) fit one M-tile and its weights are read once.
+# Guesses for H100/H200; `scripts/bench_moe.py --sweep` measures alternatives.
 CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (8, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 4))),
     (64, MoEConfig(16, (64, 128, 4, 3), (64, 128, 4, 3))),
-    (256, MoEConfig(32, (64, 64, 4, 4), (64, 64, 4, 4))),
-    (1024, MoEConfig(64, (64, 64, 4, 4), (64, 64, 4, 4))),
+    (128, MoEConfig(32, (64, 64, 4, 4), (64, 64, 4, 4))),
+    (384, MoEConfig(64, (64, 64, 4, 4), (64, 64, 4, 4))),
+    (1024, MoEConfig(128, (64, 64, 8, 4), (64, 64, 8, 4))),
     (1 << 62, MoEConfig(64, (128, 64, 8, 4), (128, 64, 8, 4))),
 )
 

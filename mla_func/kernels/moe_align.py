@@ -30,8 +30,11 @@ import triton.language as tl
 from jaxtyping import Int
 from torch import Tensor
 
-# align() uses the one-program kernel up to this many pairs x experts (register work per step).
-TRITON_ALIGN_MAX_WORK = 2048 * 256
+# align() uses the one-program kernel up to this many pairs x experts (rounded up to a power of
+# two): its loop runs pairs x experts / 8192 chunk steps per pass (about 1-2 us each, one SM),
+# so past ~8 steps the ~15 small torch kernels are cheaper. V2-Lite: up to 64 tokens.
+# `scripts/bench_moe.py` times both per token count.
+TRITON_ALIGN_MAX_WORK = 8 * 8192
 
 
 def max_blocks(pairs: int | torch.SymInt, experts: int, block_m: int) -> int | torch.SymInt:
@@ -151,6 +154,6 @@ def align(
 ) -> tuple[Int[Tensor, " rows"], Int[Tensor, " blocks"], Int[Tensor, " blocks"]]:
     """The faster of the two for this (static) size: one-program kernel for small steps."""
     pairs = ids.shape[0] * (ids.shape[1] + shared)
-    if ids.is_cuda and pairs * (experts + shared) <= TRITON_ALIGN_MAX_WORK:
+    if ids.is_cuda and pairs * triton.next_power_of_2(experts + shared) <= TRITON_ALIGN_MAX_WORK:
         return align_triton(ids, experts, shared, block_m)
     return align_torch(ids, experts, shared, block_m)

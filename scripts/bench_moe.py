@@ -1,0 +1,212 @@
+"""Benchmark one MoE layer (router + routed experts + shared experts) against its floor and a
+`torch._grouped_mm` baseline, all captured in CUDA graphs (GPU only).
+
+Floor = max(bytes / copy bandwidth, FLOPs / bf16 matmul rate) (DESIGN.md, "Performance model"),
+both ceilings measured in this run; bytes = the distinct experts this step's routing touches +
+the shared experts + the router + activations. Each graph runs `--layers` distinct layers'
+weights back to back (together far beyond L2, as in a real step) and times are per layer.
+
+Rows per token count: `fused` (mla_func.moe.experts, Triton, shared experts folded in),
+`fused_sep` (Triton routed experts, shared experts by swiglu), `grouped_mm` (the baseline of
+issue 5: argsort, scatter-add counts, cumsum offsets, gather, two grouped GEMMs, index_add,
+shared experts). `err` is fused vs grouped_mm (max abs / max abs).
+
+    python -m scripts.bench moe [--tokens 1 8 ...] [--layers 4] [--sweep]
+    python -m scripts.bench_moe --sweep --tokens 1 32   # also try tile configs, print the best
+"""
+
+import argparse
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from mla_func.config import MLAConfig
+from mla_func.kernels.fused_moe import MoEConfig, fused_experts, pick_config
+from mla_func.kernels.moe_align import align_torch, align_triton
+from mla_func.moe import experts
+from mla_func.ops.mlp import swiglu
+from mla_func.ops.moe import route
+from mla_func.params import DenseMLP
+
+try:  # `python -m scripts.bench moe` / `python -m scripts.bench_moe`
+    from scripts.bench_common import graph_time_ms, measure_ceilings, print_table
+except ImportError:  # `python scripts/bench_moe.py`
+    from bench_common import graph_time_ms, measure_ceilings, print_table
+
+TARGETS = {1: 1.3, 8: 1.3, 32: 1.1, 128: 1.1, 4096: 1.5}
+TILES = [(32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 3), (64, 128, 4, 4), (64, 64, 4, 4),
+         (64, 256, 4, 3), (128, 64, 4, 4), (128, 64, 8, 4), (128, 128, 8, 3)]
+
+
+@dataclass(frozen=True)
+class Layer:
+    router: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    shared_gate_up: torch.Tensor
+    shared_down: torch.Tensor
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32, 128, 512, 4096])
+    p.add_argument("--layers", type=int, default=4, help="distinct weight sets per graph")
+    p.add_argument("--preset", default="v2-lite")
+    p.add_argument("--sweep", action="store_true", help="try tile configs per token count")
+
+
+def make_layers(cfg: MLAConfig, n: int) -> list[Layer]:
+    e, h, i = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    s = cfg.n_shared_experts * i
+    kw = dict(device="cuda", dtype=torch.bfloat16)
+    return [Layer(torch.randn(e, h, **kw) * h**-0.5,
+                  torch.randn(e, 2, i, h, **kw) * h**-0.5, torch.randn(e, h, i, **kw) * i**-0.5,
+                  torch.randn(2, s, h, **kw) * h**-0.5, torch.randn(h, s, **kw) * s**-0.5)
+            for _ in range(n)]
+
+
+def fused_layer(x, layer, cfg, config=None):
+    w, ids = route(x, layer.router, None, cfg)
+    if config is not None:
+        return fused_experts(x, w, ids, layer.gate_up, layer.down, layer.shared_gate_up,
+                             layer.shared_down, config)
+    shared = DenseMLP(layer.shared_gate_up, layer.shared_down)
+    return experts(x, w, ids, layer.gate_up, layer.down, shared, impl="triton")
+
+
+def fused_sep_layer(x, layer, cfg):
+    w, ids = route(x, layer.router, None, cfg)
+    out = experts(x, w, ids, layer.gate_up, layer.down, impl="triton")
+    return out + swiglu(x, layer.shared_gate_up, layer.shared_down)
+
+
+def grouped_mm_layer(x, layer, cfg):
+    """The issue's baseline: a straightforward torch._grouped_mm MoE layer."""
+    w, ids = route(x, layer.router, None, cfg)
+    topk, n_exp = ids.shape[1], layer.gate_up.shape[0]
+    flat = ids.flatten()
+    order = flat.argsort(stable=True)
+    counts = torch.zeros(n_exp, dtype=torch.int32, device=x.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    offs = counts.cumsum(0, dtype=torch.int32)
+    tok = order // topk
+    gu = torch._grouped_mm(x[tok], layer.gate_up.flatten(1, 2).transpose(1, 2), offs=offs)
+    gate, up = gu.chunk(2, dim=-1)
+    y = torch._grouped_mm(F.silu(gate) * up, layer.down.transpose(1, 2), offs=offs)
+    y = (y.float() * w.flatten()[order, None]).to(x.dtype)
+    out = torch.zeros_like(x).index_add_(0, tok, y)
+    return out + swiglu(x, layer.shared_gate_up, layer.shared_down)
+
+
+def floor_us(x, layers, cfg, ceil) -> tuple[float, float]:
+    """Per-layer floor (µs) and distinct routed experts, averaged over the layers."""
+    t, h = x.shape
+    i, s = cfg.moe_intermediate_size, cfg.n_shared_experts * cfg.moe_intermediate_size
+    e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    total, distinct = 0.0, 0.0
+    for layer in layers:
+        n = route(x, layer.router, None, cfg)[1].unique().numel()
+        nbytes = 2 * (n * 3 * i * h + 3 * s * h + e * h + 2 * t * h)
+        flops = 2 * t * h * (k * 3 * i + 3 * s + e)
+        total += max(nbytes / (ceil["copy_gbs"] * 1e9), flops / (ceil["matmul_tflops"] * 1e12))
+        distinct += n
+    return total / len(layers) * 1e6, distinct / len(layers)
+
+
+def time_layer_us(fn, x, layers, cfg) -> float | None:
+    try:
+        ms = graph_time_ms(lambda: [fn(x, layer, cfg) for layer in layers])
+    except Exception as err:  # noqa: BLE001  (a baseline that cannot run here is reported)
+        print(f"  {getattr(fn, '__name__', fn)}: {type(err).__name__}: {err}"[:300])
+        return None
+    return ms * 1e3 / len(layers)
+
+
+def sweep(x, layers, cfg) -> list[dict]:
+    """Time tile configs for this token count (gate_up tile, then down tile, per block_m)."""
+    rows, t = [], x.shape[0]
+    base = pick_config(t)
+    for bm in sorted({16, 32, 64, base.block_m} | ({128} if t >= 256 else set())):
+        best = MoEConfig(bm, base.gate_up, base.down)
+        for which in ("gate_up", "down"):
+            for tile in TILES:
+                c = MoEConfig(bm, tile if which == "gate_up" else best.gate_up,
+                              tile if which == "down" else best.down)
+                us = time_layer_us(lambda x, lay, cf, c=c: fused_layer(x, lay, cf, c), x,
+                                   layers, cfg)
+                if us is not None:
+                    rows.append({"tokens": t, "config": c, "us": us})
+                    ok = [r for r in rows if r["config"].block_m == bm]
+                    best = min(ok, key=lambda r: r["us"])["config"]
+    return rows
+
+
+def align_rows(t: int, cfg: MLAConfig) -> list[dict]:
+    e, k, s = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.n_shared_experts
+    ids = torch.stack([torch.randperm(e, device="cuda")[:k] for _ in range(t)])
+    bm = pick_config(t).block_m
+    return [{"tokens": t, "impl": f"align_{name}",
+             "us": graph_time_ms(lambda f=f: f(ids, e, s, bm)) * 1e3}
+            for name, f in (("triton", align_triton), ("torch", align_torch))]
+
+
+def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
+    if isinstance(argv, argparse.Namespace):
+        args = argv
+    else:
+        p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+        add_args(p)
+        args = p.parse_known_args(argv)[0]
+    torch.manual_seed(0)
+    cfg = MLAConfig.preset(args.preset)
+    ceil = measure_ceilings()
+    print(f"# {torch.cuda.get_device_name()}: copy {ceil['copy_gbs']:.0f} GB/s, "
+          f"bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s")
+    layers = make_layers(cfg, args.layers)
+    rows, sweeps, aligns = [], [], []
+    for t in args.tokens:
+        x = torch.randn(t, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+        floor, distinct = floor_us(x, layers, cfg, ceil)
+        got = fused_layer(x, layers[0], cfg)
+        try:
+            ref = grouped_mm_layer(x, layers[0], cfg)
+            err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+        except Exception:  # noqa: BLE001  (no grouped_mm here: no baseline)
+            err = None
+        base_us = time_layer_us(grouped_mm_layer, x, layers, cfg)
+        for name, fn in (("fused", fused_layer), ("fused_sep", fused_sep_layer),
+                         ("grouped_mm", grouped_mm_layer)):
+            us = base_us if name == "grouped_mm" else time_layer_us(fn, x, layers, cfg)
+            rows.append({
+                "tokens": t, "impl": name, "us": us, "floor_us": floor,
+                "x_floor": None if us is None else us / floor, "target": TARGETS.get(t),
+                "vs_baseline": None if us is None or base_us is None else us / base_us,
+                "experts_hit": distinct, "config": str(pick_config(t)) if "fused" in name
+                else "", "err": err if name == "fused" else None, **ceil})
+        aligns += align_rows(t, cfg)
+        if args.sweep:
+            found = sweep(x, layers, cfg)
+            sweeps += found
+            best = min(found, key=lambda r: r["us"])
+            print(f"  tokens {t}: best {best['config']} {best['us']:.1f} us "
+                  f"({best['us'] / floor:.2f}x floor)")
+    print_table(rows, ["tokens", "impl", "us", "floor_us", "x_floor", "target", "vs_baseline",
+                       "experts_hit", "err", "config"], f"MoE layer ({args.preset}, bf16)")
+    print_table(aligns, ["tokens", "impl", "us"], "expert alignment alone")
+    if sweeps:
+        best = [min((r for r in sweeps if r["tokens"] == t), key=lambda r: r["us"])
+                for t in args.tokens]
+        print_table(best, ["tokens", "us", "config"], "best swept configs")
+    for r in sweeps:
+        r["config"] = str(r["config"])
+    return rows + aligns + [{"sweep": True, **r} for r in sweeps]
+
+
+def main(argv: list[str] | None = None) -> None:
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_moe needs a CUDA GPU")
+    run(argv)
+
+
+if __name__ == "__main__":
+    main()
