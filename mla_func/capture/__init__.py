@@ -1,0 +1,32 @@
+"""The capture compiler (DESIGN.md, "The capture compiler"): a pure step function whose tensor
+arguments are jaxtyping-annotated -> dim table -> symbolic FX trace -> static segments split at
+the splitting ops -> buckets -> piecewise and full CUDA graphs -> per-step dispatch.
+
+Generic: it knows dim names and op names only through its arguments.
+
+    plan = plan_capture(fn, *example_args)     # no GPU; raises CaptureError for unsafe code
+    plan.save("graphs/NAME")                   # plan.json + segment_NN.py
+    step = compile_plan(plan, fn, args, bound=(0,), mode="piecewise")   # CUDA
+"""
+
+from mla_func.capture.buckets import BucketPolicy, bucket_sizes, pad_to, padding_waste
+from mla_func.capture.errors import (
+    BindingError,
+    CaptureError,
+    CudaRequiredError,
+    SignatureError,
+)
+from mla_func.capture.plan import (
+    ALWAYS,
+    NEVER,
+    UNIFORM_BATCH,
+    UNIFORM_SINGLE_TOKEN_DECODE,
+    CapturePlan,
+    plan_capture,
+)
+
+__all__ = [
+    "ALWAYS", "NEVER", "UNIFORM_BATCH", "UNIFORM_SINGLE_TOKEN_DECODE", "BindingError",
+    "BucketPolicy", "CaptureError", "CapturePlan", "CudaRequiredError", "SignatureError",
+    "bucket_sizes", "pad_to", "padding_waste", "plan_capture",
+]

@@ -1,0 +1,237 @@
+"""Stage 5, capture (CUDA): piecewise graphs per segment and bucket, full graphs per bucket.
+
+After vLLM's piecewise backend and nano-vllm's runner: static input buffers sized to the largest
+bucket (real rows first, padded rows filled with the fields' "pad" values), warm-up then capture
+per bucket, largest first, every graph in one shared memory pool, the garbage collector frozen.
+Between segments the splitting ops run eagerly, outside the graphs (dispatch.py), on the real
+unpadded rows; their outputs are copied into static buffers the next segment's graph reads.
+Segment outputs are kept as weak references (no ownership): the pool memory of one bucket's
+intermediate values is reused by the next bucket's capture, which is safe because one step
+replays one bucket's graphs, in capture order.
+
+Full graphs run the whole function (splitting ops included) on example arguments that the
+caller builds per bucket (e.g. worst-case decode batches whose padded rows touch only scratch
+memory), so they need splitting ops whose graph support allows it.
+"""
+
+import gc
+import sys
+import time
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from mla_func.capture.plan import CapturePlan
+from mla_func.capture.tree import flatten_output, object_paths, unflatten
+
+
+def weak_ref(t: torch.Tensor) -> torch.Tensor:
+    """A tensor aliasing `t`'s memory without keeping it allocated (vLLM's weak_ref_tensor)."""
+    make = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
+    if make is None or not t.is_cuda:
+        return t
+    storage = t.untyped_storage()
+    meta = {"nbytes": storage.nbytes(), "data_ptr": storage.data_ptr(), "size": t.shape,
+            "stride": t.stride(), "dtype": t.dtype, "device": t.device,
+            "storage_offset": t.storage_offset()}
+    return make(meta, torch._C._construct_storage_from_data_pointer(
+        meta["data_ptr"], meta["device"], meta["nbytes"]))
+
+
+@contextmanager
+def frozen_gc():
+    """No collection during capture: freeing a captured tensor mid-capture is a use-after-free
+    at replay, and collections slow capture down (vLLM does the same)."""
+    gc.collect()
+    gc.freeze()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+        gc.unfreeze()
+
+
+class Progress:
+    def __init__(self, total: int, label: str, enabled: bool) -> None:
+        self.total, self.label, self.enabled, self.done = total, label, enabled, 0
+        self.start = time.perf_counter()
+
+    def step(self, what: str) -> None:
+        self.done += 1
+        if self.enabled:
+            secs = time.perf_counter() - self.start
+            sys.stderr.write(f"\r{self.label}: {self.done}/{self.total} {what} ({secs:.1f} s)  ")
+            if self.done == self.total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+@dataclass(eq=False)
+class Buffers:
+    """Static device buffers: one per dynamic leaf (at the largest bucket), one per splitting
+    op output (shared between ops whose lifetimes do not overlap)."""
+
+    leaves: dict[int, torch.Tensor] = field(default_factory=dict)
+    op_out: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+
+
+def narrow_to(t: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+    for axis, n in enumerate(sizes):
+        if t.shape[axis] != n:
+            t = t.narrow(axis, 0, n)
+    return t
+
+
+def shape_at(plan: CapturePlan, val: Any, size: "int | dict[str, int]") -> list[int]:
+    sizes = size if isinstance(size, dict) else dict.fromkeys(plan.traced.symbols, size)
+    return [plan.traced.evaluate(s, sizes) for s in val.shape]
+
+
+def allocate(plan: CapturePlan, leaves: Sequence[torch.Tensor], top: int) -> Buffers:
+    buf = Buffers()
+    for spec, t in zip(plan.signature.leaves, leaves, strict=True):
+        if spec.dynamic and not spec.host:
+            shape = list(spec.shape)
+            for axis, _ in spec.dynamic:
+                shape[axis] = top
+            b = torch.empty(shape, dtype=spec.dtype, device=t.device)
+            b.fill_(spec.pad if spec.pad is not None else 0)
+            buf.leaves[spec.index] = b
+    # Splitting-op outputs: a buffer is free again after the last segment reading it.
+    free: list[tuple[int, torch.Tensor]] = []  # (free from segment index, buffer)
+    for op in plan.ops:
+        for j, node in enumerate(op.outputs):
+            val = node.meta["val"]
+            last = max((s.index for s in plan.segments if node in s.inputs), default=op.index)
+            shape = shape_at(plan, val, top)
+            reuse = next((f for f in free if f[0] <= op.index and list(f[1].shape) == shape
+                          and f[1].dtype == val.dtype), None)
+            if reuse is not None:
+                free.remove(reuse)
+                b = reuse[1]
+            else:
+                b = torch.zeros(shape, dtype=val.dtype, device=leaves[0].device)
+            buf.op_out[(op.index, j)] = b
+            free.append((last + 1, b))
+    return buf
+
+
+@dataclass(eq=False)
+class PiecewiseBucket:
+    graphs: list[torch.cuda.CUDAGraph]
+    # Tensors that dispatch reads after replay: op inputs and the function's outputs.
+    values: dict[fx.Node, torch.Tensor]
+
+
+@dataclass(eq=False)
+class FullBucket:
+    graph: torch.cuda.CUDAGraph
+    outputs: list[torch.Tensor]
+    host: dict[int, torch.Tensor]  # host leaves frozen at capture (kept alive)
+
+
+def segment_inputs(plan: CapturePlan, seg_index: int, size: int, leaves: Sequence[torch.Tensor],
+                   buf: Buffers, produced: dict[fx.Node, torch.Tensor]) -> list[Any]:
+    """The tensors a segment's graph reads at bucket `size`."""
+    seg = plan.segments[seg_index]
+    placeholders = {n: i for i, n in enumerate(
+        p for p in plan.traced.gm.graph.nodes if p.op == "placeholder")}
+    out: list[Any] = []
+    for n in seg.inputs:
+        val = n.meta.get("val")
+        if n in placeholders:
+            i = placeholders[n]
+            t = buf.leaves.get(i)
+            out.append(leaves[i] if t is None else narrow_to(t, shape_at(plan, val, size)))
+        elif n.op == "get_attr":
+            out.append(getattr(plan.traced.gm, n.target))
+        elif isinstance(val, torch.SymInt):
+            out.append(plan.traced.evaluate(val, dict.fromkeys(plan.traced.symbols, size)))
+        elif n in produced:
+            out.append(produced[n])
+        else:
+            op, j = next((op, op.outputs.index(n)) for op in plan.ops if n in op.outputs)
+            out.append(narrow_to(buf.op_out[(op.index, j)], shape_at(plan, val, size)))
+    return out
+
+
+def capture_piecewise(plan: CapturePlan, leaves: Sequence[torch.Tensor], buf: Buffers,
+                      pool: Any, sizes: Sequence[int], warmups: int, progress: Progress
+                      ) -> dict[int, PiecewiseBucket]:
+    needed = {a for op in plan.ops for a in op.node.all_input_nodes}
+    output = next(n for n in plan.traced.gm.graph.nodes if n.op == "output")
+    needed |= set(output.all_input_nodes)
+    buckets: dict[int, PiecewiseBucket] = {}
+    for size in sorted(sizes, reverse=True):
+        produced: dict[fx.Node, torch.Tensor] = {}
+        graphs = []
+        for seg in plan.segments:
+            inputs = segment_inputs(plan, seg.index, size, leaves, buf, produced)
+            for _ in range(warmups):
+                seg.module(*inputs)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                outs = seg.module(*inputs)
+            g.replay()  # real values for the next segment's warm-up
+            graphs.append(g)
+            produced.update(zip(seg.outputs, outs, strict=True))
+            progress.step(f"piecewise {plan.mode_dims['piecewise']}={size}")
+        torch.cuda.synchronize()
+        values = {n: weak_ref(t) for n, t in produced.items() if n in needed}
+        buckets[size] = PiecewiseBucket(graphs, values)
+        del produced
+    return buckets
+
+
+def capture_full(plan: CapturePlan, fn: Callable[..., Any], bound: dict[int, Any],
+                 leaves: Sequence[torch.Tensor], buf: Buffers, pool: Any,
+                 sizes: Sequence[int], example: Callable[[int], tuple], warmups: int,
+                 progress: Progress) -> dict[int, FullBucket]:
+    """`example(size)` returns the non-bound arguments of a capture-time call at that size."""
+    sig = plan.signature
+    buckets: dict[int, FullBucket] = {}
+    for size in sorted(sizes, reverse=True):
+        call = list(example(size))
+        args = [bound[i] if i in bound else call.pop(0) for i in range(len(sig.treedefs))]
+        from mla_func.capture.dispatch import leaves_of
+
+        ex_leaves = leaves_of(plan, args)
+        static: list[Any] = []
+        host: dict[int, torch.Tensor] = {}
+        for spec, t in zip(sig.leaves, ex_leaves, strict=True):
+            if spec.index in buf.leaves:
+                view = narrow_to(buf.leaves[spec.index], t.shape)
+                if list(view.shape) != list(t.shape):
+                    raise ValueError(f"full example for size {size}: `{spec.path}` is "
+                                     f"{tuple(t.shape)}, larger than the buffers")
+                view.copy_(t)
+                static.append(view)
+            elif spec.host:
+                host[spec.index] = t
+                static.append(t)
+            else:
+                static.append(leaves[spec.index])  # bound by address (params, state)
+        it = iter(static)
+        built = [unflatten(td, it) for td in sig.treedefs]
+        for _ in range(warmups):
+            fn(*built)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            out = fn(*built)
+        inputs: dict[int, tuple] = {}
+        for i, obj in enumerate(built):
+            inputs.update(object_paths(obj, i))
+        outs, _ = flatten_output(out, inputs)
+        buckets[size] = FullBucket(g, [weak_ref(t) for t in outs], host)
+        del out, outs
+        progress.step(f"full {plan.mode_dims['full']}={size}")
+    return buckets

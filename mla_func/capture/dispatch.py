@@ -1,0 +1,195 @@
+"""Stage 6, dispatch and replay: `CompiledStep(*args) -> output`, per step from host metadata.
+
+Per call: FULL when the mode has full graphs, the caller's predicate says the step has the
+shape they were captured for (e.g. uniform single-token decode), and the padded size fits a
+bucket; else PIECEWISE when it fits a piecewise bucket; else eager, with identical results
+(same function, same kernels, no padding). Every dynamic dim is padded to the same bucket size;
+real rows come first, padded rows get the fields' "pad" values. Splitting ops run eagerly on the
+real rows only. Host leaves are passed live to the eager splitting ops (full graphs froze the
+capture-time values: that is what the graph-support level of the ops vouches for).
+
+A compiled step is bound to the tensors its graphs read by address: the bound arguments
+(parameters) and every non-dynamic leaf of the others (e.g. a state's cache, written in place).
+Calling it with other such tensors raises `BindingError`. Outputs are copied out of the graph
+pool (their memory is reused by the next replay).
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from mla_func.capture.capture import Buffers, FullBucket, PiecewiseBucket, narrow_to
+from mla_func.capture.errors import BindingError
+from mla_func.capture.plan import CapturePlan
+from mla_func.capture.tree import TreeDef, unflatten
+
+MODES = ("eager", "piecewise", "full", "full_and_piecewise")
+
+
+def _leaves(td: TreeDef, obj: Any, out: list[torch.Tensor]) -> bool:
+    """Collect `obj`'s tensor leaves in `td`'s order; False when the structure or a static
+    part differs from the traced one."""
+    if td.kind == "leaf":
+        if not isinstance(obj, torch.Tensor):
+            return False
+        out.append(obj)
+        return True
+    if td.kind == "const":
+        return obj is td.obj or (type(obj) is type(td.obj) and obj == td.obj)
+    if td.kind in ("tuple", "list"):
+        if not isinstance(obj, (tuple, list)) or len(obj) != len(td.children):
+            return False
+        return all(_leaves(c, item, out) for (_, c), item in zip(td.children, obj, strict=True))
+    if type(obj) is not type(td.obj):
+        return False
+    return all(_leaves(c, getattr(obj, name), out) for name, c in td.children)
+
+
+def leaves_of(plan: CapturePlan, args: Sequence[Any]) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for td, arg in zip(plan.signature.treedefs, args, strict=True):
+        if not _leaves(td, arg, out):
+            raise BindingError("the call's arguments differ in structure or static fields "
+                               "from the traced ones")
+    return out
+
+
+@dataclass(eq=False)
+class CompiledStep:
+    fn: Callable[..., Any]
+    plan: CapturePlan | None  # None: eager only, nothing traced
+    mode: str  # the mode in effect (after any downgrade)
+    requested_mode: str
+    bound: dict[int, Any]  # argument index -> the bound value (e.g. parameters)
+    downgrade: str | None = None  # why `mode` differs from `requested_mode`
+    full_when: Callable[..., bool] | None = None
+    buffers: Buffers | None = None
+    piecewise: dict[int, PiecewiseBucket] = field(default_factory=dict)
+    full: dict[int, FullBucket] = field(default_factory=dict)
+    bound_ptrs: dict[int, int] = field(default_factory=dict)  # leaf index -> data_ptr
+    report: dict[str, Any] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("eager", "piecewise", "full"), 0))
+
+    def __call__(self, *args: Any) -> Any:
+        full_args = self._merge(args)
+        if self.mode == "eager":
+            self.counts["eager"] += 1
+            return self.fn(*full_args)
+        kind, size = self.choose(full_args)
+        return self.run(kind, size, full_args)
+
+    def _merge(self, args: Sequence[Any]) -> list[Any]:
+        it = iter(args)
+        n = len(args) + len(self.bound)
+        return [self.bound[i] if i in self.bound else next(it) for i in range(n)]
+
+    def choose(self, full_args: Sequence[Any]) -> tuple[str, int]:
+        """("full" | "piecewise" | "eager", bucket size) for one call."""
+        if self.mode == "eager":
+            return "eager", 0
+        sizes = self.plan.signature.dynamic_sizes(leaves_of(self.plan, full_args))
+        n = max(sizes.values())
+        from mla_func.capture.buckets import pad_to
+
+        if self.full and self.full_when is not None and self.full_when(*full_args):
+            size = pad_to(n, self.plan.buckets["full"])
+            if size in self.full:
+                return "full", size
+        if self.piecewise:
+            size = pad_to(n, self.plan.buckets["piecewise"])
+            if size in self.piecewise:
+                return "piecewise", size
+        return "eager", 0
+
+    def run(self, kind: str, size: int, full_args: Sequence[Any]) -> Any:
+        self.counts[kind] += 1
+        if kind == "eager":
+            return self.fn(*full_args)
+        leaves = leaves_of(self.plan, full_args)
+        self._check_bound(leaves)
+        real = self.plan.signature.dynamic_sizes(leaves)
+        self._fill(leaves, size)
+        if kind == "full":
+            bucket = self.full[size]
+            bucket.graph.replay()
+            outs = list(bucket.outputs)
+        else:
+            outs = self._replay_piecewise(self.piecewise[size], leaves, real)
+        return self._outputs(outs, leaves, real, full_args, kind)
+
+    def _check_bound(self, leaves: Sequence[torch.Tensor]) -> None:
+        for i, ptr in self.bound_ptrs.items():
+            if leaves[i].data_ptr() != ptr:
+                raise BindingError(
+                    f"`{self.plan.signature.leaves[i].path}` is not the tensor the graphs were "
+                    "captured with: a compiled step is bound to one state (compile again)")
+
+    def _fill(self, leaves: Sequence[torch.Tensor], size: int) -> None:
+        for i, buf in self.buffers.leaves.items():
+            spec, t = self.plan.signature.leaves[i], leaves[i]
+            target = narrow_to(buf, [size if any(a == ax for ax, _ in spec.dynamic) else s
+                                     for a, s in enumerate(buf.shape)])
+            narrow_to(target, t.shape).copy_(t)
+            for axis, _ in spec.dynamic:
+                n = t.shape[axis]
+                if n < size:
+                    target.narrow(axis, n, size - n).fill_(spec.pad or 0)
+
+    def _real(self, node: fx.Node, t: torch.Tensor, real: dict[str, int]) -> torch.Tensor:
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            return t
+        return narrow_to(t, [self.plan.traced.evaluate(s, real) for s in val.shape])
+
+    def _replay_piecewise(self, bucket: PiecewiseBucket, leaves: Sequence[torch.Tensor],
+                          real: dict[str, int]) -> list[torch.Tensor]:
+        plan = self.plan
+        placeholders = {n: i for i, n in enumerate(
+            p for p in plan.traced.gm.graph.nodes if p.op == "placeholder")}
+        op_results: dict[fx.Node, torch.Tensor] = {}
+
+        def value(a: Any) -> Any:
+            if not isinstance(a, fx.Node):
+                return a
+            if a in placeholders:
+                return leaves[placeholders[a]]
+            if a in op_results:
+                return op_results[a]
+            val = a.meta.get("val")
+            if isinstance(val, torch.SymInt):
+                return plan.traced.evaluate(val, real)
+            if a.op == "get_attr":
+                return getattr(plan.traced.gm, a.target)
+            return self._real(a, bucket.values[a], real)
+
+        for k, graph in enumerate(bucket.graphs):
+            graph.replay()
+            if k < len(plan.ops):
+                op = plan.ops[k]
+                args = fx.node.map_aggregate(op.node.args, value)
+                kwargs = fx.node.map_aggregate(op.node.kwargs, value)
+                result = op.node.target(*args, **kwargs)
+                results = [result] if op.outputs == [op.node] else [result[
+                    o.args[1]] for o in op.outputs]
+                for j, (node, r) in enumerate(zip(op.outputs, results, strict=True)):
+                    op_results[node] = r
+                    narrow_to(self.buffers.op_out[(op.index, j)], r.shape).copy_(r)
+        output = next(n for n in plan.traced.gm.graph.nodes if n.op == "output")
+        return [value(n) for n in output.args[0]]
+
+    def _outputs(self, outs: list[torch.Tensor], leaves: Sequence[torch.Tensor],
+                 real: dict[str, int], full_args: Sequence[Any], kind: str) -> Any:
+        output = next(n for n in self.plan.traced.gm.graph.nodes if n.op == "output")
+        placeholders = {n: i for i, n in enumerate(
+            p for p in self.plan.traced.gm.graph.nodes if p.op == "placeholder")}
+        final = []
+        for node, t in zip(output.args[0], outs, strict=True):
+            if node in placeholders:
+                final.append(leaves[placeholders[node]])
+            else:
+                final.append(self._real(node, t, real).clone())
+        return unflatten(self.plan.traced.out_treedef, iter(final), tuple(full_args))

@@ -1,0 +1,137 @@
+"""`plan_capture`: stages 1-4 without a GPU (signature -> trace -> split + validate -> buckets).
+
+The plan is everything the GPU capture needs to know and everything a reader needs to trust it:
+the dim table, the segments with their inputs and outputs, the splitting ops and their graph
+support, and the bucket sizes of each mode with their padding-waste bound.
+"""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.fx as fx
+
+from mla_func.capture.buckets import BucketPolicy, bucket_sizes
+from mla_func.capture.errors import CaptureError
+from mla_func.capture.signature import Signature, analyze
+from mla_func.capture.split import (
+    Segment,
+    SplitOp,
+    default_splitting_ops,
+    op_base_name,
+    split_graph,
+)
+from mla_func.capture.trace import Traced, trace
+from mla_func.capture.validate import validate
+
+# vLLM's graph-support levels, generic: how much of a splitting op a CUDA graph may hold.
+NEVER, UNIFORM_SINGLE_TOKEN_DECODE, UNIFORM_BATCH, ALWAYS = 0, 1, 2, 3
+SUPPORT_NAMES = ("never", "uniform_single_token_decode", "uniform_batch", "always")
+
+SupportFn = Callable[[tuple], int]
+
+
+@dataclass(eq=False)
+class CapturePlan:
+    fn_name: str
+    signature: Signature
+    traced: Traced
+    segments: list[Segment]
+    ops: list[SplitOp]
+    support: list[int | None]  # per splitting op; None: not declared
+    buckets: dict[str, tuple[int, ...]]  # mode ("piecewise", "full") -> sizes
+    mode_dims: dict[str, str]  # mode -> the dynamic dim its buckets are keyed by
+    distinct: list[int] = field(default_factory=list)  # per segment: its distinct index
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def full_support(self) -> int:
+        """The least graph support over splitting ops (ALWAYS when there are none)."""
+        levels = [s if s is not None else NEVER for s in self.support]
+        return min(levels, default=ALWAYS)
+
+    @property
+    def num_distinct(self) -> int:
+        return max(self.distinct, default=-1) + 1
+
+    def to_json(self) -> dict:
+        from mla_func.capture.artifacts import plan_json
+
+        return plan_json(self)
+
+    def save(self, directory: str) -> list[str]:
+        """Write plan.json and one segment_NN.py per distinct segment; returns the paths."""
+        from mla_func.capture.artifacts import save_plan
+
+        return save_plan(self, directory)
+
+
+def _value(node_or_value: Any) -> Any:
+    if isinstance(node_or_value, fx.Node):
+        return node_or_value.meta.get("val")
+    return node_or_value
+
+
+def plan_capture(
+    fn: Callable[..., Any],
+    *example_args: Any,
+    dims: Mapping[str, Any] | None = None,
+    max_sizes: Mapping[str, int] | None = None,
+    policies: Mapping[str, "BucketPolicy | str"] | None = None,
+    splitting_ops: "Mapping[str, SupportFn | None] | list[str] | None" = None,
+    piecewise_dim: str | None = None,
+    full_dim: str | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> CapturePlan:
+    """Plan the capture of `fn(*example_args)` (no GPU needed; raises `CaptureError`).
+
+    dims: the dim vocabulary (name -> object with kind, max_size, policy); default
+      `mla_func.dims.VOCABULARY`. max_sizes / policies override the dynamic dims' entries.
+    splitting_ops: op names ("ns::name") -> a function from the op's call arguments to its
+      graph-support level (0 never .. 3 always), or None; default: every custom op that mutates
+      an argument, support unknown (never).
+    piecewise_dim / full_dim: the dims whose buckets key piecewise and full graphs (default: the
+      dynamic dims with the largest / smallest max size).
+    """
+    if dims is None:
+        from mla_func.dims import VOCABULARY as dims
+    sig = analyze(fn, example_args, dims, max_sizes)
+    if not sig.dynamic:
+        raise CaptureError("no dynamic dims in the signature: nothing to bucket")
+    traced = trace(fn, sig, example_args)
+    if splitting_ops is None:
+        splitting_ops = dict.fromkeys(default_splitting_ops(traced.gm))
+    elif not isinstance(splitting_ops, Mapping):
+        splitting_ops = dict.fromkeys(splitting_ops)
+    segments, ops = split_graph(traced.gm, splitting_ops)
+    validate(traced.gm, sig, segments)
+    support: list[int | None] = []
+    for op in ops:
+        fn_support = splitting_ops.get(op.name)
+        args = tuple(_value(a) for a in op.node.args)
+        support.append(None if fn_support is None else int(fn_support(args)))
+    dyn = sorted(sig.dynamic, key=lambda n: (-sig.dims[n].max_size, n))
+    mode_dims = {"piecewise": piecewise_dim or dyn[0], "full": full_dim or dyn[-1]}
+    policies = dict(policies or {})
+    buckets = {}
+    for mode, name in mode_dims.items():
+        if name not in sig.dims or sig.dims[name].kind != "dynamic":
+            raise CaptureError(f"{mode} buckets keyed by {name!r}, which is not a dynamic dim")
+        entry = sig.dims[name]
+        buckets[mode] = bucket_sizes(entry.max_size, policies.get(name, entry.policy))
+    keys: dict[str, int] = {}
+    distinct = [keys.setdefault(seg.key, len(keys)) for seg in segments]
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    return CapturePlan(name, sig, traced, segments, ops, support, buckets, mode_dims,
+                       distinct, dict(meta or {}))
+
+
+def op_names(plan: CapturePlan) -> list[str]:
+    return [op_base_name(op.node.target) or "?" for op in plan.ops]
+
+
+def describe_device(plan: CapturePlan) -> str:
+    from mla_func.capture.validate import compute_device
+
+    return compute_device(plan.signature)
+

@@ -1,0 +1,198 @@
+"""Stage 2, trace: the function to an ATen FX graph on fake tensors, dynamic dims symbolic.
+
+`make_fx(tracing_mode="symbolic")` over fake tensors that we build ourselves: each dynamic dim
+name becomes one shape symbol shared by every axis that names it (never duck-sized by
+coincidence of example sizes), static dims stay plain ints, and parameters on the `meta`
+device plan a large model without its memory. Custom ops with a fake implementation (the
+splitting ops) stay one node, mutations in place (no functionalization: the graph writes the
+caller's buffers, as eager does).
+
+Data-dependent control flow or host syncs raise during tracing (`GuardOnDataDependentSymNode`):
+we turn them into a `CaptureError` with the user's line. A dynamic dim that the code pins to a
+constant, or any shape assumption that fails when every dynamic dim equals a bucket size, is an
+error too: it would be a silent wrong graph (or a recompile) later.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+from torch.overrides import TorchFunctionMode
+
+from mla_func.capture.errors import CaptureError, user_frame_of_exception
+from mla_func.capture.signature import Signature
+from mla_func.capture.tree import TreeDef, flatten_output, object_paths, unflatten
+
+_PRIMES = (61, 59, 53, 47, 43, 41, 37, 31, 29, 23, 19, 17, 13, 11, 7, 5, 3, 2)
+
+_HOST_SYNC = {
+    "Tensor.item": "`.item()` is a host sync (aten._local_scalar_dense)",
+    "Tensor.tolist": "`.tolist()` is a host sync",
+    "Tensor.__bool__": "a Python branch on a tensor value",
+    "Tensor.__int__": "`int(tensor)` is a host sync",
+    "Tensor.__index__": "a tensor used as a Python int is a host sync",
+    "Tensor.__float__": "`float(tensor)` is a host sync",
+}
+
+
+@dataclass(frozen=True, eq=False)
+class Traced:
+    gm: torch.fx.GraphModule
+    shape_env: ShapeEnv
+    symbols: dict[str, sympy.Symbol]  # dynamic dim name -> its shape symbol
+    hints: dict[str, int]
+    out_treedef: TreeDef
+    assumptions: tuple[str, ...]  # shape guards on dynamic dims, in dim names
+
+    def evaluate(self, value: Any, sizes: dict[str, int]) -> Any:
+        """A SymInt (or int) with the dynamic dims set to `sizes`."""
+        if isinstance(value, torch.SymInt):
+            expr = value.node.expr.xreplace(
+                {self.symbols[n]: sympy.Integer(v) for n, v in sizes.items()})
+            return int(expr)
+        return value
+
+
+def choose_hints(sig: Signature) -> dict[str, int]:
+    """Distinct, non-trivial example sizes per dynamic dim (larger ranges get larger hints)."""
+    hints: dict[str, int] = {}
+    order = sorted(sig.dynamic, key=lambda n: (-sig.dims[n].max_size, n))
+    used: set[int] = set()
+    for name in order:
+        top = sig.dims[name].max_size
+        hint = next((p for p in _PRIMES if p <= top and p not in used), None)
+        if hint is None:
+            raise CaptureError(f"dynamic dim {name!r} (max {top}) is too small to trace "
+                               "symbolically; declare it static")
+        hints[name] = hint
+        used.add(hint)
+    return hints
+
+
+class _LastCall(TorchFunctionMode):
+    """Remembers the last torch function called, to name the op behind a tracing error."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name: str | None = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.name = getattr(func, "__qualname__", None) or getattr(func, "__name__", str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _data_dependent_errors() -> tuple[type, ...]:
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    errors: list[type] = [GuardOnDataDependentSymNode]
+    try:
+        from torch._subclasses.fake_tensor import (
+            DataDependentOutputException,
+            DynamicOutputShapeException,
+        )
+
+        errors += [DataDependentOutputException, DynamicOutputShapeException]
+    except ImportError:  # pragma: no cover (older torch)
+        pass
+    return tuple(errors)
+
+
+def _fake_leaves(sig: Signature, mode: Any, env: ShapeEnv, hints: dict[str, int]
+                 ) -> tuple[list[torch.Tensor], dict[str, sympy.Symbol]]:
+    from torch._dynamo.source import ConstantSource
+
+    symints: dict[str, torch.SymInt] = {}
+    symbols: dict[str, sympy.Symbol] = {}
+    for name in sig.dynamic:
+        sym = env.create_symbol(hints[name], ConstantSource(f"dim_{name}"),
+                                dynamic_dim=DimDynamic.DYNAMIC)
+        symbols[name] = sym
+        symints[name] = env.create_symintnode(sym, hint=hints[name])
+    fakes = []
+    with mode:
+        for leaf in sig.leaves:
+            dyn = dict(leaf.dynamic)
+            if dyn:
+                shape = [symints[dyn[a]] if a in dyn else s for a, s in enumerate(leaf.shape)]
+                fakes.append(torch.empty(shape, dtype=leaf.dtype, device=leaf.device))
+            else:
+                fakes.append(torch.empty_strided(leaf.shape, leaf.stride, dtype=leaf.dtype,
+                                                 device=leaf.device))
+    return fakes, symbols
+
+
+def _guard_where(guard: Any) -> str:
+    sloc = getattr(guard, "sloc", None)
+    if sloc is not None:
+        user = getattr(sloc, "maybe_user_loc", None)
+        return str(user or getattr(sloc, "framework_loc", "") or "")
+    return str(getattr(guard, "stack", "") or "")
+
+
+def _check_specialisation(sig: Signature, env: ShapeEnv, symbols: dict[str, sympy.Symbol],
+                          probe_sizes: Sequence[int]) -> tuple[str, ...]:
+    names = {s: n for n, s in symbols.items()}
+    for sym, name in names.items():
+        replaced = env.replacements.get(sym)
+        if replaced is not None and replaced.is_number:
+            raise CaptureError(f"dynamic dim {name!r} was specialised to {replaced} while "
+                               "tracing: the code treats it as a constant")
+    assumptions = []
+    for guard in env.guards:
+        free = guard.expr.free_symbols & set(names)
+        if not free:
+            continue
+        text = str(guard.expr.xreplace({s: sympy.Symbol(names[s]) for s in free}))
+        for size in probe_sizes:
+            value = guard.expr.xreplace({s: sympy.Integer(size) for s in symbols.values()})
+            if value is sympy.false or (value.is_Boolean and not bool(value)):
+                pinned = " (pins a dynamic dim to a constant)" if "Eq(" in text else ""
+                raise CaptureError(
+                    f"the traced code assumes {text}{pinned}, which fails when every dynamic "
+                    f"dim is {size} (captured buckets pad them all to one size)",
+                    where=_guard_where(guard) or None)
+        assumptions.append(text)
+    return tuple(sorted(set(assumptions)))
+
+
+def trace(fn: Callable[..., Any], sig: Signature, args: Sequence[Any],
+          probe_sizes: Sequence[int] = (1, 2, 3)) -> Traced:
+    """Trace `fn(*args)` with tensor leaves replaced by fakes (shapes from `sig`)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=False)
+    hints = choose_hints(sig)
+    fakes, symbols = _fake_leaves(sig, mode, env, hints)
+    out_def: list[TreeDef] = []
+
+    def flat_fn(*leaves: torch.Tensor) -> list[torch.Tensor]:
+        it = iter(leaves)
+        rebuilt = tuple(unflatten(td, it) for td in sig.treedefs)
+        inputs: dict[int, tuple] = {}
+        for i, obj in enumerate(rebuilt):
+            inputs.update(object_paths(obj, i))
+        out_leaves, td = flatten_output(fn(*rebuilt, *args[len(rebuilt):]), inputs)
+        out_def.append(td)
+        return out_leaves
+
+    last = _LastCall()
+    try:
+        with last:
+            gm = make_fx(flat_fn, tracing_mode="symbolic", record_stack_traces=True)(*fakes)
+    except _data_dependent_errors() as exc:
+        what = _HOST_SYNC.get(last.name or "", "a data-dependent shape or value")
+        raise CaptureError(f"{what}: a captured graph would freeze its value",
+                           op=last.name, where=user_frame_of_exception(exc)) from exc
+    except CaptureError:
+        raise
+    except Exception as exc:
+        raise CaptureError(f"tracing failed: {type(exc).__name__}: {exc}", op=last.name,
+                           where=user_frame_of_exception(exc)) from exc
+    probes = sorted({*probe_sizes, *(d.max_size for d in sig.dims.values() if d.max_size)})
+    assumptions = _check_specialisation(sig, env, symbols, probes)
+    return Traced(gm, env, symbols, hints, out_def[-1], assumptions)

@@ -1,0 +1,94 @@
+"""`compile_step`: the model's step function through the capture compiler.
+
+The model-specific glue, outside `mla_func.capture` (which stays generic): it plans
+`mla_func.model.forward` with the dim vocabulary of `mla_func.dims`, splits at the attention op
+(`mla_func::mla_attention`, whose graph support comes from the backend named in its last
+argument), and builds the capture-time batches of full decode graphs: per `seqs` bucket, one
+new token per sequence, every page-table entry on the scratch page, slot -1 (no cache write),
+seq_len the worst case the page table allows (never zero-length dummies), host metadata with
+those sizes. The returned step is bound to `state`'s cache (captured by address): call it with
+that state only, as `logits, state = step(state, batch)`.
+"""
+
+import torch
+
+from mla_func.attention import get_backend
+from mla_func.batch import Batch
+from mla_func.capture import CapturePlan, CudaRequiredError, plan_capture
+from mla_func.capture.compile import compile_plan
+from mla_func.capture.dispatch import MODES, CompiledStep
+from mla_func.dims import VOCABULARY
+from mla_func.model import forward
+from mla_func.params import Params
+from mla_func.state import SCRATCH_PAGE, KVState
+
+ATTENTION_OP = "mla_func::mla_attention"
+
+
+def attention_support(args: tuple) -> int:
+    """Graph-support level of one attention call: its backend's (the op's last argument)."""
+    return int(get_backend(args[-1]).graph_support)
+
+
+def decode_batch(size: int, max_pages: int, page_size: int, device: "str | torch.device",
+                 backend: str, max_seq_len: int | None = None) -> Batch:
+    """`size` single-token decodes that read and write only the scratch page, at the worst-case
+    length (`max_pages * page_size` unless given)."""
+    seq_len = max_seq_len or max_pages * page_size
+    rows = torch.arange(size, dtype=torch.int32, device=device)
+
+    def full(value: int, *shape: int) -> torch.Tensor:
+        return torch.full(shape or (size,), value, dtype=torch.int32, device=device)
+
+    host = torch.tensor([size, size, size, seq_len, 1], dtype=torch.int64)
+    return Batch(
+        token_ids=full(0), positions=full(seq_len - 1), slot_mapping=full(-1), token_seq=rows,
+        page_table=full(SCRATCH_PAGE, size, max_pages), seq_lens=full(seq_len),
+        query_start=rows, query_lens=full(1), logits_index=rows, host=host, backend=backend)
+
+
+def plan_step(params: Params, state: KVState, *, max_tokens: int | None = None,
+              max_seqs: int | None = None, max_pages: int | None = None,
+              backend: str = "torch") -> CapturePlan:
+    """The capture plan of `forward` (works on the meta device: no memory, no GPU)."""
+    max_pages = max_pages or state.num_pages - 1
+    example = decode_batch(2, max_pages, state.page_size, params.device, backend)
+    sizes = {k: v for k, v in (("tokens", max_tokens), ("seqs", max_seqs)) if v}
+    cfg = params.cfg
+    return plan_capture(
+        forward, params, state, example, dims=VOCABULARY, max_sizes=sizes,
+        splitting_ops={ATTENTION_OP: attention_support}, piecewise_dim="tokens",
+        full_dim="seqs", meta={"config_digest": cfg.digest(), "model_type": cfg.model_type,
+                               "layers": cfg.num_hidden_layers, "backend": backend})
+
+
+def compile_step(params: Params, state: KVState, *, mode: str, max_tokens: int | None = None,
+                 max_seqs: int | None = None, max_pages: int | None = None,
+                 backend: str = "torch", progress: bool = True, warmups: int = 1
+                 ) -> CompiledStep:
+    """A step `(state, batch) -> (logits, state)` running `forward` in `mode` ("eager",
+    "piecewise", "full", "full_and_piecewise"). Batches must use `max_pages` columns of page
+    table (default: every page of the cache but the scratch one) and `backend`."""
+    if mode == "eager":  # nothing to trace: the step is `forward` itself
+        return CompiledStep(forward, None, "eager", "eager", {0: params})
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+    if not torch.cuda.is_available():
+        raise CudaRequiredError(f"mode {mode!r} captures CUDA graphs and needs a CUDA device; "
+                                "none is available (use mode='eager')")
+    max_pages = max_pages or state.num_pages - 1
+    plan = plan_step(params, state, max_tokens=max_tokens, max_seqs=max_seqs,
+                     max_pages=max_pages, backend=backend)
+    example = decode_batch(2, max_pages, state.page_size, params.device, backend)
+    worst = min(max_pages, state.num_pages - 1) * state.page_size
+
+    def full_example(size: int) -> tuple:
+        return state, decode_batch(size, max_pages, state.page_size, params.device, backend,
+                                   worst)
+
+    def full_when(params: Params, state: KVState, batch: Batch) -> bool:
+        return batch.is_pure_decode
+
+    return compile_plan(plan, forward, (params, state, example), mode=mode, bound=(0,),
+                        full_when=full_when, full_example=full_example, warmups=warmups,
+                        progress=progress)
