@@ -158,6 +158,17 @@ def test_plan_is_a_function_of_shapes_and_fills_the_gpu():
             assert plan == plan_decode(rows, 16384, 132, heads)
 
 
+def test_workspace_shares_one_allocation_and_only_grows():
+    ws = DecodeWorkspace()
+    big = ws.get(torch.device("cpu"), torch.float32, 8, 4, 32, 3)
+    small = ws.get(torch.device("cpu"), torch.float32, 2, 4, 32, 5)
+    assert [t.data_ptr() for t in small[:3]] == [t.data_ptr() for t in big[:3]]
+    assert small[3].shape == (2, 4, 5) and small[2].shape == (2, 4, 5, 32)
+    bigger = ws.get(torch.device("cpu"), torch.float32, 16, 4, 32, 3)
+    assert bigger[0].data_ptr() != big[0].data_ptr()
+    assert ws.get(torch.device("cpu"), torch.float32, 8, 4, 32, 1)[2].numel() == 0
+
+
 # ---------------------------------------------------------------- prefill / extend
 
 

@@ -45,15 +45,18 @@ class TritonMLA:
         write_cache(layer_cache, kv_new, slot_mapping)
         num_tokens, num_seqs, num_decodes, max_seq_len, max_query_len = host.tolist()
         if max_query_len < MHA_MIN_QUERY:
-            # Shapes only from here on: this is the path a captured decode graph holds.
+            # Shapes only from here on: this is the path a captured decode graph holds. Only
+            # decode steps use the long-lived workspace; a prefill's (eager, maybe thousands
+            # of rows) is freed after the call.
+            ws = self.workspace if num_decodes == num_seqs else DecodeWorkspace()
             return attend_absorbed(q_nope, q_pe, layer_cache, w_uk, w_uv, token_seq, positions,
-                                   page_table, scale, self.workspace)
+                                   page_table, scale, ws)
         out = q_nope.new_zeros(q_nope.shape[0], q_nope.shape[1], w_uv.shape[1])
         d = num_decodes
         if d:
             out[:d] = attend_absorbed(
                 q_nope[:d], q_pe[:d], layer_cache, w_uk, w_uv, token_seq[:d], positions[:d],
-                page_table, scale, self.workspace)
+                page_table, scale, DecodeWorkspace())
         rows = slice(d, num_tokens)
         out[rows] = mha_prefill(
             q_nope[rows], q_pe[rows], layer_cache, w_uk, w_uv, token_seq[rows],

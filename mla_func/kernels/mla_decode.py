@@ -19,6 +19,7 @@ the merge reads. Workspace buffers live in a `DecodeWorkspace` the backend owns,
 the first (warm-up) call per shape and reused, so replays see the same addresses.
 """
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -79,29 +80,40 @@ def plan_decode(
 
 
 class DecodeWorkspace:
-    """Buffers for split partials and the latent output, one set per launch shape.
+    """Buffers for the absorbed query, the latent output and the split partials.
 
-    Owned by a backend object (not per-step data): allocated on the first call for a shape,
-    which under CUDA graphs is the warm-up before capture, and reused so addresses stay fixed.
+    Owned by a backend object (not per-step data). Every launch shape takes a view at offset 0
+    of one flat buffer per role, so captured buckets share one allocation per role, the size
+    of the largest (capture largest first, as vLLM and nano-vllm do). A buffer is only ever
+    replaced by a larger one and the old one is kept alive, so a graph captured on it stays
+    valid. The first call for a shape is the warm-up before capture. (One buffer per role, not
+    one for all: the Triton interpreter copies each argument's whole storage back.)
     """
 
     def __init__(self) -> None:
-        self._buffers: dict[tuple, tuple[Tensor, Tensor, Tensor, Tensor]] = {}
+        self._flat: dict[tuple[str, str, torch.dtype], Tensor] = {}
+        self._retired: list[Tensor] = []
+
+    def _take(self, role: str, device: torch.device, dtype: torch.dtype, shape: tuple) -> Tensor:
+        key = (role, str(device), dtype)
+        numel = math.prod(shape)
+        flat = self._flat.get(key)
+        if flat is None or flat.numel() < numel:
+            if flat is not None:
+                self._retired.append(flat)
+            flat = self._flat[key] = torch.empty(numel, device=device, dtype=dtype)
+        return flat[:numel].view(shape)
 
     def get(self, device: torch.device, dtype: torch.dtype, rows: int, heads: int,
             kv_lora: int, splits: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(q_lat [heads, rows, kv_lora], o_lat [heads, rows, kv_lora] in `dtype`,
         part_o [rows, heads, splits, kv_lora] and part_lse [rows, heads, splits] in fp32)."""
-        key = (str(device), dtype, rows, heads, kv_lora, splits)
-        if key not in self._buffers:
-            parts = splits if splits > 1 else 0  # one split writes straight to o_lat
-            self._buffers[key] = (
-                torch.empty(heads, rows, kv_lora, device=device, dtype=dtype),
-                torch.empty(heads, rows, kv_lora, device=device, dtype=dtype),
-                torch.empty(rows, heads, parts, kv_lora, device=device, dtype=torch.float32),
-                torch.empty(rows, heads, parts, device=device, dtype=torch.float32),
-            )
-        return self._buffers[key]
+        parts = splits if splits > 1 else 0  # one split writes straight to o_lat
+        f32 = torch.float32
+        return (self._take("q_lat", device, dtype, (heads, rows, kv_lora)),
+                self._take("o_lat", device, dtype, (heads, rows, kv_lora)),
+                self._take("part_o", device, f32, (rows, heads, parts, kv_lora)),
+                self._take("part_lse", device, f32, (rows, heads, parts)))
 
 
 @triton.jit
