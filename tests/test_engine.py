@@ -1,0 +1,215 @@
+"""mla_func.engine: continuous batching gives one-prompt-at-a-time results; eos, logits, bad input.
+
+Tiny preset, page_size 4 so sequences span pages. Every run is compared with a reference run of
+each prompt alone (a fresh engine, default chunk budget: a 70-token prompt takes the MHA form
+there and the absorbed form when chunked)."""
+
+import pytest
+import torch
+
+import mla_func as mf
+from mla_func import engine as eng
+
+NEW = 5
+PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 23)), [3], list(range(30, 100))]
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = mf.MLAConfig.preset("tiny")
+    return cfg, mf.init_params(cfg, seed=0)
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    cfg, params = model
+    outs = [mf.generate(cfg, params, [p], NEW, return_logits=True, page_size=4,
+                        eos_token_id=None) for p in PROMPTS]
+    return [o.tokens[0] for o in outs], [o.logits[0] for o in outs]
+
+
+@pytest.fixture
+def count_steps(monkeypatch):
+    calls = []
+    real = eng.model.forward
+
+    def counting(params, state, batch):
+        calls.append(batch.num_tokens)
+        return real(params, state, batch)
+
+    monkeypatch.setattr(eng.model, "forward", counting)
+    return calls
+
+
+def check_same(out, order, reference, n=NEW):
+    tokens, logits = reference
+    for got, i in enumerate(order):
+        assert out.tokens[got] == tokens[i][:n], f"prompt {i}"
+        if out.logits is not None:
+            torch.testing.assert_close(out.logits[got], logits[i][:n], atol=1e-4, rtol=1e-4)
+
+
+def test_reference_is_sane(model, reference):
+    cfg, _ = model
+    tokens, logits = reference
+    for toks, lg in zip(tokens, logits, strict=True):
+        assert len(toks) == NEW and lg.shape == (NEW, cfg.vocab_size)
+        assert lg.dtype == torch.float32
+        assert lg.argmax(-1).tolist() == toks
+    assert len({tuple(t) for t in tokens}) == len(tokens)  # not a degenerate model
+
+
+@pytest.mark.parametrize("order,kw", [
+    ([0, 1, 2, 3], dict(max_batch_tokens=16, max_seqs=2, page_size=4)),
+    ([3, 2, 1, 0], dict(max_batch_tokens=13, max_seqs=3, page_size=8)),
+    ([2, 0, 3, 1], dict(max_batch_tokens=512, max_seqs=8, page_size=4)),
+])
+def test_same_tokens_whatever_the_batch(model, reference, count_steps, order, kw):
+    cfg, params = model
+    out = mf.generate(cfg, params, [PROMPTS[i] for i in order], NEW, return_logits=True,
+                      eos_token_id=None, **kw)
+    check_same(out, order, reference)
+    assert out.status == ["length"] * 4 and out.errors == [None] * 4
+    assert out.steps == len(count_steps) and max(count_steps) <= kw["max_batch_tokens"]
+    assert out.output_tokens == 4 * NEW and out.tokens_per_s > 0
+    assert out.prompt_tokens == sum(map(len, PROMPTS))
+
+
+def test_requests_wait_for_pages(model, reference, count_steps):
+    cfg, params = model
+    # 5 usable pages of 4 tokens; the requests need 3, 5 and 2 pages: no two fit together,
+    # and the third waits behind the second (arrival order is kept).
+    out = mf.generate(cfg, params, PROMPTS[:3], NEW, return_logits=True, page_size=4,
+                      num_pages=6, eos_token_id=None)
+    check_same(out, [0, 1, 2], reference)
+    assert out.steps == 3 * NEW  # nothing overlapped
+
+
+def test_eos_stops_and_frees(model, reference):
+    cfg, params = model
+    tokens, _ = reference
+    eos = tokens[0][2]
+    engine = eng.Engine(cfg, params, num_pages=16, page_size=4, eos_token_id=eos)
+    rids = [engine.submit(p, NEW) for p in PROMPTS[:2]]
+    engine.run()
+    for rid, toks in zip(rids, tokens[:2], strict=True):
+        req = engine.result(rid)
+        want = toks[: toks.index(eos) + 1] if eos in toks else toks
+        assert req.tokens == want
+        assert req.status == ("eos" if eos in toks else "length")
+    assert engine.result(rids[0]).status == "eos"
+    assert engine.state.allocator.free_pages == 15 and not engine.state.allocator.pages
+
+
+def test_config_eos_and_none(model):
+    cfg, params = model
+    assert eng.Engine(cfg, params, num_pages=4).eos == cfg.eos_token_id
+    assert eng.Engine(cfg, params, num_pages=4, eos_token_id=None).eos is None
+
+
+@pytest.mark.parametrize("prompt,error,words", [
+    ([1, 2, 256], eng.TokenIdError, "256"),
+    ([1, -1], eng.TokenIdError, "-1"),
+    ([1, 2.0], eng.TokenIdError, "vocabulary"),
+    ([], eng.EmptyPromptError, "empty"),
+    (list(range(2, 40)), eng.PromptTooLongError, "at most 16"),
+])
+def test_bad_prompt_raises_before_anything_runs(model, count_steps, prompt, error, words):
+    cfg, params = model
+    with pytest.raises(error, match=words) as info:
+        mf.generate(cfg, params, [[4, 5], prompt], 3, page_size=4, num_pages=5)
+    assert isinstance(info.value, ValueError) and "prompt 1" in str(info.value)
+    assert count_steps == []
+
+
+@pytest.mark.parametrize("kw", [dict(max_new_tokens=0), dict(max_new_tokens=-2),
+                                dict(max_new_tokens=True),
+                                dict(mode="bogus"), dict(max_batch_tokens=0),
+                                dict(num_pages=1), dict(on_error="ignore")])
+def test_bad_arguments_raise(model, count_steps, kw):
+    cfg, params = model
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        mf.generate(cfg, params, [[4, 5]], **kw)
+    assert count_steps == []
+
+
+def test_prompt_longer_than_positions(model):
+    cfg, params = model
+    with pytest.raises(eng.PromptTooLongError, match="max_position_embeddings"):
+        mf.generate(cfg, params, [[4] * cfg.max_position_embeddings], 2)
+
+
+def test_recorded_errors_let_the_others_complete(model, reference):
+    cfg, params = model
+    prompts = [PROMPTS[0], [7, 999], PROMPTS[2], [], list(range(2, 40))]
+    out = mf.generate(cfg, params, prompts, 3, return_logits=True, page_size=4, num_pages=8,
+                      eos_token_id=None, on_error="record")
+    assert out.status == ["length", "error", "length", "error", "error"]
+    assert [type(e) for e in out.errors] == [type(None), eng.TokenIdError, type(None),
+                                             eng.EmptyPromptError, eng.PromptTooLongError]
+    assert out.tokens[1] == out.tokens[3] == out.tokens[4] == []
+    assert out.logits[1].shape == (0, cfg.vocab_size)
+    tokens, _ = reference
+    assert out.tokens[0] == tokens[0][:3] and out.tokens[2] == tokens[2][:3]
+
+
+def test_engine_submit_rejects_one_and_keeps_serving(model, reference):
+    cfg, params = model
+    engine = eng.Engine(cfg, params, num_pages=6, page_size=4, eos_token_id=None)
+    good = engine.submit(PROMPTS[0], 3)
+    engine.step()  # the good request is running when the bad ones arrive
+    free = engine.state.allocator.free_pages
+    cache = engine.state.cache.clone()
+    for bad, err in (([1, 300], eng.TokenIdError), ([], eng.EmptyPromptError),
+                     ([2] * 30, eng.PromptTooLongError)):
+        with pytest.raises(err):
+            engine.submit(bad, 3)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.submit([2, 3], 0)
+    assert engine.state.allocator.free_pages == free
+    assert torch.equal(engine.state.cache, cache)
+    other = engine.submit(PROMPTS[2], 3)
+    engine.run()
+    tokens, _ = reference
+    assert engine.result(good).tokens == tokens[0][:3]
+    assert engine.result(other).tokens == tokens[2][:3]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
+@pytest.mark.parametrize("mode", ["piecewise", "full", "full_and_piecewise"])
+def test_graph_mode_without_cuda_raises_clearly(model, count_steps, mode):
+    cfg, params = model
+    with pytest.raises(eng.GraphModeUnavailable, match="CUDA is not available"):
+        mf.generate(cfg, params, [[4, 5]], 2, mode=mode)
+    assert count_steps == []
+
+
+def test_progress_without_tqdm(model, monkeypatch, capsys):
+    cfg, params = model
+    monkeypatch.setitem(__import__("sys").modules, "tqdm", None)
+    out = mf.generate(cfg, params, [[4, 5]], 2, page_size=4, progress=True)
+    assert len(out.tokens[0]) >= 1
+    assert "generate: " in capsys.readouterr().err
+
+
+def test_empty_prompt_list(model):
+    cfg, params = model
+    out = mf.generate(cfg, params, [], 3)
+    assert out.tokens == [] and out.steps == 0 and out.status == []
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mode,backend", [("eager", "triton"), ("piecewise", "torch"),
+                                          ("full_and_piecewise", "triton")])
+def test_cuda_modes_match_eager_torch(mode, backend):
+    if mode != "eager":
+        pytest.importorskip("mla_func.compile_step")
+    cfg = mf.MLAConfig.preset("tiny")
+    params = mf.init_params(cfg, seed=0, device="cuda")
+    kw = dict(page_size=4, max_batch_tokens=16, max_seqs=4, eos_token_id=None,
+              return_logits=True)
+    want = mf.generate(cfg, params, PROMPTS, NEW, **kw)
+    got = mf.generate(cfg, params, PROMPTS, NEW, mode=mode, attention_backend=backend, **kw)
+    assert got.tokens == want.tokens
+    for a, b in zip(got.logits, want.logits, strict=True):
+        torch.testing.assert_close(a, b, atol=2e-3, rtol=2e-3)
