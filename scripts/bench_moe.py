@@ -6,10 +6,13 @@ both ceilings measured in this run; bytes = the distinct experts this step's rou
 the shared experts + the router + activations. Each graph runs `--layers` distinct layers'
 weights back to back (together far beyond L2, as in a real step) and times are per layer.
 
-Rows per token count: `fused` (mla_func.moe.experts, Triton, shared experts folded in),
-`fused_sep` (Triton routed experts, shared experts by swiglu), `grouped_mm` (the baseline of
-issue 5: argsort, scatter-add counts, cumsum offsets, gather, two grouped GEMMs, index_add,
-shared experts). `err` is fused vs grouped_mm (max abs / max abs).
+Rows per token count: `fused` (route + mla_func.moe.experts: Triton, shared experts folded
+in), `fused_sep` (Triton routed experts, shared experts by swiglu), `grouped_mm` (the baseline
+of issue 5: argsort, scatter-add counts, cumsum offsets, gather, two grouped GEMMs, index_add,
+shared experts), and the two parts of `fused` alone: `route_only` (ops.moe.route) and
+`experts_only` (align + two GEMMs + sum; its floor is the same minus the router's bytes).
+`err` is fused vs grouped_mm (max abs / max abs). A table of the alignment alone (one-program
+Triton kernel vs torch ops) follows: it decides `moe_align.TRITON_ALIGN_MAX_WORK`.
 
     python -m scripts.bench moe [--tokens 1 8 ...] [--layers 4] [--sweep]
     python -m scripts.bench_moe --sweep --tokens 1 32   # also try tile configs, print the best
@@ -80,6 +83,21 @@ def fused_sep_layer(x, layer, cfg):
     return out + swiglu(x, layer.shared_gate_up, layer.shared_down)
 
 
+def route_only(x, layer, cfg):
+    return route(x, layer.router, None, cfg)
+
+
+def make_experts_only(x, layers, cfg):
+    """The fused experts (routed + shared) on routing computed once, outside the graph."""
+    routing = {id(layer): route(x, layer.router, None, cfg) for layer in layers}
+
+    def experts_only(x, layer, cfg):
+        w, ids = routing[id(layer)]
+        shared = DenseMLP(layer.shared_gate_up, layer.shared_down)
+        return experts(x, w, ids, layer.gate_up, layer.down, shared, impl="triton")
+    return experts_only
+
+
 def grouped_mm_layer(x, layer, cfg):
     """The issue's baseline: a straightforward torch._grouped_mm MoE layer."""
     w, ids = route(x, layer.router, None, cfg)
@@ -126,7 +144,8 @@ def sweep(x, layers, cfg) -> list[dict]:
     """Time tile configs for this token count (gate_up tile, then down tile, per block_m)."""
     rows, t = [], x.shape[0]
     base = pick_config(t)
-    for bm in sorted({16, 32, 64, base.block_m} | ({128} if t >= 256 else set())):
+    other = base.block_m * 2 if base.block_m < 128 else base.block_m // 2
+    for bm in sorted({base.block_m, other}):
         best = MoEConfig(bm, base.gate_up, base.down)
         for which in ("gate_up", "down"):
             for tile in TILES:
@@ -175,20 +194,23 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
             err = None
         base_us = time_layer_us(grouped_mm_layer, x, layers, cfg)
         for name, fn in (("fused", fused_layer), ("fused_sep", fused_sep_layer),
-                         ("grouped_mm", grouped_mm_layer)):
+                         ("grouped_mm", grouped_mm_layer), ("route_only", route_only),
+                         ("experts_only", make_experts_only(x, layers, cfg))):
             us = base_us if name == "grouped_mm" else time_layer_us(fn, x, layers, cfg)
+            fl = None if name == "route_only" else floor
             rows.append({
-                "tokens": t, "impl": name, "us": us, "floor_us": floor,
-                "x_floor": None if us is None else us / floor, "target": TARGETS.get(t),
+                "tokens": t, "impl": name, "us": us, "floor_us": fl,
+                "x_floor": None if us is None or fl is None else us / fl,
+                "target": TARGETS.get(t) if name == "fused" else None,
                 "vs_baseline": None if us is None or base_us is None else us / base_us,
-                "experts_hit": distinct, "config": str(pick_config(t)) if "fused" in name
+                "experts_hit": distinct, "config": _short(pick_config(t)) if name == "fused"
                 else "", "err": err if name == "fused" else None, **ceil})
         aligns += align_rows(t, cfg)
         if args.sweep:
             found = sweep(x, layers, cfg)
             sweeps += found
             best = min(found, key=lambda r: r["us"])
-            print(f"  tokens {t}: best {best['config']} {best['us']:.1f} us "
+            print(f"  tokens {t}: best {_short(best['config'])} {best['us']:.1f} us "
                   f"({best['us'] / floor:.2f}x floor)")
     print_table(rows, ["tokens", "impl", "us", "floor_us", "x_floor", "target", "vs_baseline",
                        "experts_hit", "err", "config"], f"MoE layer ({args.preset}, bf16)")
@@ -196,10 +218,16 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
     if sweeps:
         best = [min((r for r in sweeps if r["tokens"] == t), key=lambda r: r["us"])
                 for t in args.tokens]
-        print_table(best, ["tokens", "us", "config"], "best swept configs")
+        print_table([{**r, "config": _short(r["config"])} for r in best],
+                    ["tokens", "us", "config"], "best swept configs")
     for r in sweeps:
-        r["config"] = str(r["config"])
+        r["config"] = _short(r["config"])
     return rows + aligns + [{"sweep": True, **r} for r in sweeps]
+
+
+def _short(c: MoEConfig) -> str:
+    """`MoEConfig(block_m, (n, k, warps, stages), (...))`, pasteable into fused_moe.CONFIGS."""
+    return f"MoEConfig({c.block_m}, {c.gate_up}, {c.down})"
 
 
 def main(argv: list[str] | None = None) -> None:
