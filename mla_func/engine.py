@@ -25,7 +25,8 @@ Errors, all found on the host before any state changes:
 - `Engine.submit()` raises the same errors for that request only and leaves the engine as it
   was: a long-lived engine keeps serving the others.
 - A full cache is not an error: a request that fits an empty cache waits for pages.
-- Graph modes without CUDA raise `GraphModeUnavailable` before anything is allocated.
+- Graph modes without CUDA raise the compiler's `CudaRequiredError` (a ValueError and a
+  RuntimeError) before anything is allocated.
 """
 
 import sys
@@ -67,10 +68,6 @@ class PromptTooLongError(RequestError):
     """prompt + max_new_tokens - 1 tokens that the cache or the positions can never hold."""
 
 
-class GraphModeUnavailable(RuntimeError):
-    """A graph mode on a machine (or with parameters) without CUDA."""
-
-
 @dataclass(frozen=True)
 class GenerateOutput:
     """Per prompt, in the order given: greedy tokens, the float32 logits [new_tokens, vocab]
@@ -82,7 +79,8 @@ class GenerateOutput:
     status: list[str]
     errors: list[RequestError | None]
     steps: int
-    wall_time_s: float
+    wall_time_s: float  # the step loop; setup (cache, graph capture) is setup_time_s
+    setup_time_s: float
     prompt_tokens: int
     output_tokens: int
 
@@ -126,14 +124,16 @@ def check_mode(mode: str, params: Params) -> None:
     """Raise before any work if `mode` is unknown or needs CUDA that is not there."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; known: {MODES}")
+    why = None
     if mode != "eager" and not torch.cuda.is_available():
-        raise GraphModeUnavailable(
-            f"mode {mode!r} replays CUDA graphs, but CUDA is not available on this machine "
-            f"(torch {torch.__version__}); use mode='eager'")
-    if mode != "eager" and params.device.type != "cuda":
-        raise GraphModeUnavailable(
-            f"mode {mode!r} replays CUDA graphs, but the parameters are on {params.device}; "
-            "load them on a CUDA device or use mode='eager'")
+        why = f"CUDA is not available on this machine (torch {torch.__version__})"
+    elif mode != "eager" and params.device.type != "cuda":
+        why = f"the parameters are on {params.device}"
+    if why:
+        from mla_func.capture.errors import CudaRequiredError  # the compiler's own error
+
+        raise CudaRequiredError(f"mode {mode!r} replays CUDA graphs, but {why}; "
+                                "use mode='eager' or CUDA parameters")
 
 
 # Prompts are typed loosely on purpose: check_prompt's errors name a bad token id; a type
@@ -204,17 +204,15 @@ class _Progress:
 
 
 def _step_function(params: Params, state: KVState, mode: str, backend: str, max_tokens: int,
-                   max_seqs: int, progress: bool | None) -> Callable:
+                   max_seqs: int, max_pages: int, progress: bool | None) -> Callable:
     """`step(state, batch) -> (logits, state)`: forward itself, or its compiled form."""
     if mode == "eager":
         return lambda state, batch: model.forward(params, state, batch)
-    try:  # imported here: eager works without the compiler (or its GPU-only parts)
-        from mla_func.compile_step import compile_step
-    except ImportError as err:
-        raise GraphModeUnavailable(
-            f"mode {mode!r} needs mla_func.compile_step, which failed to import: {err}") from err
+    # Imported here: eager never loads the compiler.
+    from mla_func.compile_step import compile_step
+
     return compile_step(params, state, mode=mode, max_tokens=max_tokens, max_seqs=max_seqs,
-                        backend=backend, progress=progress)
+                        max_pages=max_pages, backend=backend, progress=progress is not False)
 
 
 class Engine:
@@ -247,7 +245,7 @@ class Engine:
         self.return_logits = return_logits
         self.state: KVState = init_state(cfg, num_pages, page_size, params.device, params.dtype)
         self._step_fn = _step_function(params, self.state, mode, attention_backend,
-                                       max_batch_tokens, max_seqs, progress)
+                                       max_batch_tokens, max_seqs, self.max_pages, progress)
         self._requests: dict[int, Request] = {}
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
@@ -370,6 +368,7 @@ def generate(
     if num_pages is None:
         num_pages = 1 + sum(sorted(pages, reverse=True)[:max_seqs]) if pages else 2
     longest = max((len(p) + max_new_tokens - 1 for p in valid), default=1)
+    setup = time.perf_counter()
     engine = Engine(
         cfg, params, num_pages=num_pages, mode=mode, attention_backend=attention_backend,
         page_size=page_size, max_batch_tokens=max_batch_tokens, max_seqs=max_seqs,
@@ -377,6 +376,7 @@ def generate(
         progress=progress)
     rids = [engine.submit(p, max_new_tokens) if isinstance(p, list) else None for p in checked]
     start = time.perf_counter()
+    setup = start - setup
     engine.run(progress)
     wall = time.perf_counter() - start
     reqs = [engine.result(r) if r is not None else None for r in rids]
@@ -387,5 +387,6 @@ def generate(
         if return_logits else None,
         status=[r.status if r else "error" for r in reqs],
         errors=[None if r else err for r, err in zip(reqs, checked, strict=True)],
-        steps=engine.steps, wall_time_s=wall, prompt_tokens=sum(len(p) for p in valid),
+        steps=engine.steps, wall_time_s=wall, setup_time_s=setup,
+        prompt_tokens=sum(len(p) for p in valid),
         output_tokens=sum(len(r.tokens) for r in reqs if r))

@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     source = args.checkpoint or f"preset {args.preset} (random weights)"
     print(f"{source}: {args.prompts} prompts x {args.prompt_len} tokens, max_new_tokens "
           f"{args.max_new_tokens}, mode {args.mode}, backend {args.backend}, {args.device} "
-          f"{args.dtype}; weights ready in {load_s:.1f} s")
+          f"{args.dtype}; weights ready in {load_s:.1f} s, engine (cache, graphs) in "
+          f"{out.setup_time_s:.1f} s")
     print(f"throughput: {out.tokens_per_s:.1f} output tokens/s ({out.output_tokens} tokens, "
           f"{out.prompt_tokens} prompt tokens, {out.steps} steps, {out.wall_time_s:.2f} s)")
     for i in range(min(args.show, len(out.tokens))):

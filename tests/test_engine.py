@@ -179,9 +179,31 @@ def test_engine_submit_rejects_one_and_keeps_serving(model, reference):
 @pytest.mark.parametrize("mode", ["piecewise", "full", "full_and_piecewise"])
 def test_graph_mode_without_cuda_raises_clearly(model, count_steps, mode):
     cfg, params = model
-    with pytest.raises(eng.GraphModeUnavailable, match="CUDA is not available"):
+    from mla_func.capture import CudaRequiredError
+
+    with pytest.raises(CudaRequiredError, match="CUDA is not available") as info:
         mf.generate(cfg, params, [[4, 5]], 2, mode=mode)
+    assert isinstance(info.value, RuntimeError) and isinstance(info.value, ValueError)
     assert count_steps == []
+
+
+def test_graph_mode_step_emulated_on_cpu(model, reference, monkeypatch):
+    """The engine's batches through compile_step's capture/dispatch machinery (no CUDA graphs:
+    `emulate=True`), mixed prefill+decode steps and pure decodes, against the reference."""
+    import functools
+    import inspect
+
+    import mla_func.compile_step as cs
+
+    if "emulate" not in inspect.signature(cs.compile_step).parameters:
+        pytest.skip("compile_step has no emulate option")
+    monkeypatch.setattr(cs, "compile_step", functools.partial(cs.compile_step, emulate=True))
+    monkeypatch.setattr(eng, "check_mode", lambda mode, params: None)
+    cfg, params = model
+    out = mf.generate(cfg, params, PROMPTS[:3], 4, mode="full_and_piecewise",
+                      return_logits=True, page_size=4, max_batch_tokens=16, max_seqs=4,
+                      eos_token_id=None, progress=False)
+    check_same(out, [0, 1, 2], reference, n=4)
 
 
 def test_progress_without_tqdm(model, monkeypatch, capsys):
@@ -190,6 +212,36 @@ def test_progress_without_tqdm(model, monkeypatch, capsys):
     out = mf.generate(cfg, params, [[4, 5]], 2, page_size=4, progress=True)
     assert len(out.tokens[0]) >= 1
     assert "generate: " in capsys.readouterr().err
+
+
+def run_script(argv, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "generate.py"
+    spec = importlib.util.spec_from_file_location("generate_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(argv) == 0
+    return capsys.readouterr().out
+
+
+def test_generate_script_preset(capsys):
+    out = run_script(["--preset", "tiny", "--prompts", "2", "--prompt-len", "5",
+                      "--max-new-tokens", "3", "--page-size", "4", "--no-eos"], capsys)
+    assert "preset tiny (random weights): 2 prompts x 5 tokens" in out
+    assert "output tokens/s (6 tokens, 10 prompt tokens" in out
+    assert out.count("[length]: [") == 2
+
+
+def test_generate_script_checkpoint(model, tmp_path, capsys):
+    from mla_func.checkpoint import save_hf
+
+    cfg, params = model
+    save_hf(cfg, params, tmp_path)
+    out = run_script(["--checkpoint", str(tmp_path), "--prompts", "1", "--prompt-len", "4",
+                      "--max-new-tokens", "2", "--no-eos"], capsys)
+    assert f"{tmp_path}: 1 prompts x 4 tokens" in out and "(2 tokens, 4 prompt tokens" in out
 
 
 def test_empty_prompt_list(model):
