@@ -70,6 +70,8 @@ def test_align_kernel_matches_torch(tokens, topk, n_exp, shared, block_m, skew):
     assert sorted(rows.tolist()) == list(range(tokens * (topk + shared)))
     expert_of_row = a[1].repeat_interleave(block_m)[real].long()
     assert torch.equal(pair_experts(ids, n_exp, shared)[rows], expert_of_row)
+    c = align_torch(ids.int(), n_exp, shared, block_m)  # int32 ids work too
+    assert all(torch.equal(u, v) for u, v in zip(a, c, strict=True))
 
 
 @pytest.mark.parametrize("tokens,topk,n_exp,hidden,inter,shared,skew", [
@@ -153,7 +155,7 @@ def test_cuda_real_sizes(shape, tokens, skew):
     got = experts(x, w, ids, gu, dn, mlp)
     assert got.dtype == torch.bfloat16
     err = (got.float() - want.float()).norm() / want.float().norm()
-    assert err < 1e-2, err
+    assert err < 2e-2, err  # bf16: the two round gate/up/act at different points
     close(got, want, 0.05)
     a, b = align_torch(ids, shape["n_exp"], 1, 16), align_triton(ids, shape["n_exp"], 1, 16)
     assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
@@ -166,6 +168,7 @@ def test_cuda_graph_replay_matches_eager(tokens):
     static = [t.clone() for t in (x, w, ids)]
     fn = lambda: experts(*static, gu, dn, mlp)  # noqa: E731
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         fn()  # warm-up: compiles the kernels outside the capture
     torch.cuda.synchronize()

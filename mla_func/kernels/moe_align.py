@@ -58,7 +58,7 @@ def align_torch(
     ids: Int[Tensor, "tokens topk"], experts: int, shared: int, block_m: int
 ) -> tuple[Int[Tensor, " rows"], Int[Tensor, " blocks"], Int[Tensor, " blocks"]]:
     """`(sorted_pairs, block_expert, block_rows)`, see the module docstring."""
-    flat = pair_experts(ids, experts, shared)
+    flat = pair_experts(ids, experts, shared).long()
     n, n_exp = flat.shape[0], experts + shared
     nb = max_blocks(n, n_exp, block_m)
     torch._check(nb > 0)  # tells a symbolic tracer what it cannot prove through the floor div
@@ -92,7 +92,8 @@ def _pair_expert(ids_ptr, p, n_pairs, topk, n_routed, PAIRS_PER_TOKEN: tl.conste
     return tl.where(p < n_pairs, e, -1)
 
 
-@triton.jit
+# Sizes that change with the token count are not specialised: one compile serves every bucket.
+@triton.jit(do_not_specialize=["n_pairs", "n_blocks"])
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _align_kernel(
     ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
