@@ -136,13 +136,23 @@ def check_mode(mode: str, params: Params) -> None:
                                 "use mode='eager' or CUDA parameters")
 
 
+def seq_limit(cfg: MLAConfig, num_pages: int | None, page_size: int) -> tuple[int, str]:
+    """The most tokens one sequence can ever hold, and what sets it."""
+    limit = (cfg.max_position_embeddings, f"max_position_embeddings={cfg.max_position_embeddings}")
+    if num_pages is not None:
+        cap = (_positive_int("num_pages", num_pages, 2) - 1) * page_size
+        if cap < limit[0]:
+            limit = (cap, f"a cache of {num_pages} pages of {page_size} (page 0 is scratch)")
+    return limit
+
+
 # Prompts are typed loosely on purpose: check_prompt's errors name a bad token id; a type
 # checker would only sample one element and fail with a less useful message.
 Prompt = Sequence[object] | Tensor
 
 
 def check_prompt(
-    prompt: Prompt, max_new_tokens: int, vocab_size: int, max_len: int
+    prompt: Prompt, max_new_tokens: int, vocab_size: int, max_len: int, limit: str = "the limit"
 ) -> list[int]:
     """The prompt as a list of ints, or a RequestError naming what is wrong with it."""
     if isinstance(prompt, Tensor):
@@ -164,7 +174,7 @@ def check_prompt(
     if need > max_len:
         raise PromptTooLongError(
             f"prompt of {len(ids)} tokens + max_new_tokens={max_new_tokens} needs {need} cache "
-            f"positions; at most {max_len} fit (cache capacity and max_position_embeddings)")
+            f"positions; {limit} allows at most {max_len}")
     return ids
 
 
@@ -235,9 +245,10 @@ class Engine:
                             ("max_seqs", max_seqs)):
             _positive_int(name, value)
         _positive_int("num_pages", num_pages, 2)
-        capacity = min((num_pages - 1) * page_size, cfg.max_position_embeddings)
-        self.max_seq_len = capacity if max_seq_len is None else min(
-            _positive_int("max_seq_len", max_seq_len), capacity)
+        self.max_seq_len, self.limit = seq_limit(cfg, num_pages, page_size)
+        if max_seq_len is not None and max_seq_len < self.max_seq_len:
+            self.max_seq_len = _positive_int("max_seq_len", max_seq_len)
+            self.limit = f"this engine's max_seq_len={max_seq_len}"
         self.max_pages = -(-self.max_seq_len // page_size)
         self.cfg, self.params, self.backend = cfg, params, attention_backend
         self.page_size, self.max_batch_tokens, self.max_seqs = page_size, max_batch_tokens, max_seqs
@@ -254,7 +265,8 @@ class Engine:
     def submit(self, prompt: Prompt, max_new_tokens: int) -> int:
         """Queue one request and return its id; a bad one raises and changes nothing."""
         _positive_int("max_new_tokens", max_new_tokens)
-        ids = check_prompt(prompt, max_new_tokens, self.cfg.vocab_size, self.max_seq_len)
+        ids = check_prompt(prompt, max_new_tokens, self.cfg.vocab_size, self.max_seq_len,
+                           self.limit)
         req = Request(len(self._requests), ids, max_new_tokens)
         self._requests[req.rid] = req
         self._waiting.append(req)
@@ -352,13 +364,11 @@ def generate(
     _positive_int("page_size", page_size)
     if on_error not in ("raise", "record"):
         raise ValueError(f"on_error must be 'raise' or 'record', got {on_error!r}")
-    max_len = cfg.max_position_embeddings
-    if num_pages is not None:
-        max_len = min(max_len, (_positive_int("num_pages", num_pages, 2) - 1) * page_size)
+    max_len, limit = seq_limit(cfg, num_pages, page_size)
     checked: list[list[int] | RequestError] = []
     for i, prompt in enumerate(prompts):
         try:
-            checked.append(check_prompt(prompt, max_new_tokens, cfg.vocab_size, max_len))
+            checked.append(check_prompt(prompt, max_new_tokens, cfg.vocab_size, max_len, limit))
         except RequestError as err:
             if on_error == "raise":
                 raise type(err)(f"prompt {i}: {err}") from None

@@ -112,7 +112,7 @@ def test_config_eos_and_none(model):
     ([1, -1], eng.TokenIdError, "-1"),
     ([1, 2.0], eng.TokenIdError, "vocabulary"),
     ([], eng.EmptyPromptError, "empty"),
-    (list(range(2, 40)), eng.PromptTooLongError, "at most 16"),
+    (list(range(2, 40)), eng.PromptTooLongError, "cache of 5 pages of 4 .* at most 16"),
 ])
 def test_bad_prompt_raises_before_anything_runs(model, count_steps, prompt, error, words):
     cfg, params = model
@@ -242,6 +242,15 @@ def test_generate_script_checkpoint(model, tmp_path, capsys):
     out = run_script(["--checkpoint", str(tmp_path), "--prompts", "1", "--prompt-len", "4",
                       "--max-new-tokens", "2", "--no-eos"], capsys)
     assert f"{tmp_path}: 1 prompts x 4 tokens" in out and "(2 tokens, 4 prompt tokens" in out
+
+
+def test_tensor_prompts(model, reference):
+    cfg, params = model
+    out = mf.generate(cfg, params, torch.tensor([PROMPTS[0]]), 2, page_size=4,
+                      eos_token_id=None)
+    assert out.tokens == [reference[0][0][:2]]
+    with pytest.raises(eng.TokenIdError, match="1-D integer"):
+        mf.generate(cfg, params, [torch.tensor([1.0, 2.0])], 2)
 
 
 def test_empty_prompt_list(model):
