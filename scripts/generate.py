@@ -25,7 +25,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     src.add_argument("--checkpoint", default=None, help="HF checkpoint directory (load_hf)")
     ap.add_argument("--prompts", type=int, default=4, help="number of prompts")
     ap.add_argument("--prompt-len", type=int, default=16)
-    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=8)
     ap.add_argument("--mode", default="eager", help="eager | piecewise | full | full_and_piecewise")
     ap.add_argument("--backend", default="torch", help="attention backend: torch | triton")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
