@@ -170,22 +170,26 @@ def prefill_row(heads: int, prompt: int, ceil: dict, no_ref: bool) -> dict:
     return row
 
 
-SWEEP_CASES = ((16, 1, 1024), (16, 128, 4096), (128, 1, 1024), (128, 32, 4096),
-               (128, 128, 4096))  # (heads, batch, ctx), page 64
+SWEEP_CASES = ((16, 1, 1024), (16, 8, 4096), (16, 32, 4096), (16, 128, 4096), (16, 128, 1024),
+               (128, 1, 1024), (128, 32, 4096), (128, 128, 4096))  # (heads, batch, ctx), page 64
 
 
 def sweep_plans(batch: int, ctx: int, page: int, heads: int):
     """Tilings and split counts around the default plan, for tuning on the GPU at hand."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cap = -(-ctx // page) * page
+    base = plan_decode(batch, cap, sms, heads)
+    most = max(1, min(128, cap // 32))
+    split_choices = sorted({s for s in (base.num_splits, 1, 2, 4, 8, 16, 32, 64) if s <= most})
     if heads <= 16:
-        for bn, warps, stages, waves in itertools.product((32, 64), (4, 8), (2, 3), (1, 2)):
-            plan = plan_decode(batch, cap, sms, heads, block_n=bn, waves=waves)
-            yield replace(plan, num_warps=warps, num_stages=stages)
+        for bn, warps, stages, splits in itertools.product((32, 64), (4, 8), (2, 3),
+                                                           split_choices):
+            yield replace(base, block_n=bn, num_warps=warps, num_stages=stages,
+                          num_splits=splits)
     else:
-        for bh, bn, warps in itertools.product((32, 64), (16, 32, 64), (4, 8)):
-            yield replace(plan_decode(batch, cap, sms, heads, block_h=bh, block_n=bn),
-                          num_warps=warps)
+        for bh, bn, warps, splits in itertools.product((64, 128), (32, 64), (4, 8),
+                                                       split_choices):
+            yield replace(base, block_h=bh, block_n=bn, num_warps=warps, num_splits=splits)
 
 
 def run(args: "argparse.Namespace | list[str] | None" = None) -> list[dict]:
