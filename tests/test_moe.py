@@ -65,7 +65,9 @@ def test_align_kernel_matches_torch(tokens, topk, n_exp, shared, block_m, skew):
     a, b = align_torch(ids, n_exp, shared, block_m), align_triton(ids, n_exp, shared, block_m)
     assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
     real = (torch.arange(block_m)[None] < a[2][:, None]).flatten()
-    assert torch.equal(a[0][real], b[0][real])
+    # Same pairs in each tile (the kernel's order inside a run follows atomics on a GPU).
+    tiles = lambda s: torch.where(real, s, -1).view(-1, block_m).sort(-1).values  # noqa: E731
+    assert torch.equal(tiles(a[0]), tiles(b[0]))
     rows = a[0][real].long()
     assert sorted(rows.tolist()) == list(range(tokens * (topk + shared)))
     expert_of_row = a[1].repeat_interleave(block_m)[real].long()

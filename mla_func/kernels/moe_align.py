@@ -16,10 +16,11 @@ GEMM holds rows of exactly one expert:
 sum_e ceil(c_e / block_m) <= (pairs + min(experts, pairs) * (block_m - 1)) / block_m, so that
 the whole layout can live in a CUDA graph; unused tiles cost one early-exiting program each.
 
-Two implementations with identical results: `align_torch` (argsort, scatter-add counts, cumsum,
-searchsorted; static shapes, traceable on fake tensors) and `align_triton`, one program that does
-the counting and placement in registers (one launch instead of ~15, which matters at 1-8 tokens
-inside a graph; its cost grows with pairs x experts, so `align` uses it for small steps only).
+Two implementations: `align_torch` (stable argsort, scatter-add counts, cumsum, searchsorted;
+static shapes, traceable on fake tensors) and `align_triton`, one program (histogram counts, then
+atomic row claims): one launch instead of ~15, which matters inside a graph at small token
+counts. Both give the same tiles; inside an expert's run the kernel's row order follows atomic
+timing on a GPU, which changes no result (every row of the GEMMs is computed independently).
 """
 
 from typing import no_type_check
@@ -30,11 +31,10 @@ import triton.language as tl
 from jaxtyping import Int
 from torch import Tensor
 
-# align() uses the one-program kernel up to this many pairs x experts (rounded up to a power of
-# two): its loop runs pairs x experts / 8192 chunk steps per pass (about 1-2 us each, one SM),
-# so past ~8 steps the ~15 small torch kernels are cheaper. V2-Lite: up to 64 tokens.
-# `scripts/bench_moe.py` times both per token count.
-TRITON_ALIGN_MAX_WORK = 8 * 8192
+# align() uses the one-program kernel up to this many pairs: it takes pairs / 1024 histogram
+# and atomic steps per pass on one SM, against ~15 small launches for the torch ops.
+# `scripts/bench_moe.py` times both per token count (V2-Lite: 8 pairs per token).
+TRITON_ALIGN_MAX_PAIRS = 8192
 
 
 def max_blocks(pairs: int | torch.SymInt, experts: int, block_m: int) -> int | torch.SymInt:
@@ -96,22 +96,26 @@ def _pair_expert(ids_ptr, p, n_pairs, topk, n_routed, PAIRS_PER_TOKEN: tl.conste
 @triton.jit(do_not_specialize=["n_pairs", "n_blocks"])
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _align_kernel(
-    ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
+    ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, cursor_ptr,
     n_pairs, n_blocks, topk, n_routed,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, E_P2: tl.constexpr,
-    CHUNK: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr,
 ):
     ex = tl.arange(0, E_P2)
     lanes = tl.arange(0, CHUNK)
+    # Pass 1: per-expert counts (lanes past the end land in the spare last bin).
     counts = tl.zeros([E_P2], dtype=tl.int32)
     for start in range(0, n_pairs, CHUNK):
         e = _pair_expert(ids_ptr, start + lanes, n_pairs, topk, n_routed, PAIRS_PER_TOKEN)
-        counts += tl.sum((e[:, None] == ex[None, :]).to(tl.int32), axis=0)
+        counts += tl.histogram(tl.where(e < 0, E_P2 - 1, e), E_P2)
+    counts = tl.where(ex == E_P2 - 1, 0, counts)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, axis=0)
     starts = ends - padded
-    for b0 in range(0, n_blocks, CHUNK):
-        blk = b0 + lanes
+    # The expert and real-row count of every M-tile.
+    blanes = tl.arange(0, BLOCK_CHUNK)
+    for b0 in range(0, n_blocks, BLOCK_CHUNK):
+        blk = b0 + blanes
         row0 = blk * BLOCK_M
         inside = ((row0[:, None] >= starts[None, :]) & (row0[:, None] < ends[None, :]))
         inside = inside.to(tl.int32)
@@ -121,15 +125,15 @@ def _align_kernel(
         rows = tl.minimum(rows, BLOCK_M)
         tl.store(block_expert_ptr + blk, expert, mask=blk < n_blocks)
         tl.store(block_rows_ptr + blk, rows, mask=blk < n_blocks)
-    run = starts
+    # Pass 2: each pair takes the next free row of its expert. The order of the rows inside
+    # an expert's run depends on atomic timing; results do not (every row is independent).
+    tl.store(cursor_ptr + ex, starts)
+    tl.debug_barrier()
     for start in range(0, n_pairs, CHUNK):
         p = start + lanes
         e = _pair_expert(ids_ptr, p, n_pairs, topk, n_routed, PAIRS_PER_TOKEN)
-        hit = (e[:, None] == ex[None, :]).to(tl.int32)
-        within = tl.cumsum(hit, axis=0) - hit
-        dest = tl.sum(hit * (run[None, :] + within), axis=1)
+        dest = tl.atomic_add(cursor_ptr + e, 1, mask=p < n_pairs, sem="relaxed")
         tl.store(sorted_ptr + dest, p, mask=p < n_pairs)
-        run += tl.sum(hit, axis=0)
 
 
 def align_triton(
@@ -142,11 +146,12 @@ def align_triton(
     sorted_pairs = torch.empty(nb * block_m, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(nb, dtype=torch.int32, device=ids.device)
     block_rows = torch.empty(nb, dtype=torch.int32, device=ids.device)
-    e_p2 = triton.next_power_of_2(n_exp)
-    chunk = max(16, min(128, 8192 // e_p2))
+    e_p2 = triton.next_power_of_2(n_exp + 1)  # one spare bin
+    cursor = torch.empty(e_p2, dtype=torch.int32, device=ids.device)
     _align_kernel[(1,)](
-        ids.contiguous(), sorted_pairs, block_expert, block_rows, n, nb, topk, experts,
-        PAIRS_PER_TOKEN=topk + shared, BLOCK_M=block_m, E_P2=e_p2, CHUNK=chunk, num_warps=4)
+        ids.contiguous(), sorted_pairs, block_expert, block_rows, cursor, n, nb, topk, experts,
+        PAIRS_PER_TOKEN=topk + shared, BLOCK_M=block_m, E_P2=e_p2, CHUNK=1024,
+        BLOCK_CHUNK=max(16, 8192 // e_p2), num_warps=8)
     return sorted_pairs, block_expert, block_rows
 
 
@@ -155,6 +160,6 @@ def align(
 ) -> tuple[Int[Tensor, " rows"], Int[Tensor, " blocks"], Int[Tensor, " blocks"]]:
     """The faster of the two for this (static) size: one-program kernel for small steps."""
     pairs = ids.shape[0] * (ids.shape[1] + shared)
-    if ids.is_cuda and pairs * triton.next_power_of_2(experts + shared) <= TRITON_ALIGN_MAX_WORK:
+    if ids.is_cuda and pairs <= TRITON_ALIGN_MAX_PAIRS:
         return align_triton(ids, experts, shared, block_m)
     return align_torch(ids, experts, shared, block_m)
