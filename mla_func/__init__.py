@@ -10,6 +10,9 @@ from mla_func.model import forward
 from mla_func.params import Params, init_params
 from mla_func.state import CacheFullError, KVState, PageAllocator, init_state
 
+_ENGINE_NAMES = ("generate", "GenerateOutput", "Engine", "RequestError", "TokenIdError",
+                 "EmptyPromptError", "PromptTooLongError")
+
 
 def __getattr__(name: str):
     # Lazy: checkpoint loading and the engine pull in optional packages.
@@ -17,7 +20,7 @@ def __getattr__(name: str):
         from mla_func.checkpoint import load_hf
 
         return load_hf
-    if name in ("generate", "GenerateOutput"):
+    if name in _ENGINE_NAMES:
         from mla_func import engine
 
         return getattr(engine, name)
@@ -25,7 +28,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "Batch", "BatchError", "CacheFullError", "ConfigError", "KVState", "MLAConfig",
-    "PageAllocator", "Params", "SeqWork", "forward", "generate", "init_params", "init_state",
-    "load_hf", "make_batch",
+    "Batch", "BatchError", "CacheFullError", "ConfigError", "EmptyPromptError", "Engine",
+    "GenerateOutput", "KVState", "MLAConfig", "PageAllocator", "Params", "PromptTooLongError",
+    "RequestError", "SeqWork", "TokenIdError", "forward", "generate", "init_params",
+    "init_state", "load_hf", "make_batch",
 ]

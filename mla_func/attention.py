@@ -100,6 +100,30 @@ def mla_attention(
         page_table, seq_lens, host, scale)
 
 
+def attend(
+    q_nope: Float[Tensor, "tokens heads qk_nope"],
+    q_pe: Float[Tensor, "tokens heads qk_rope"],
+    kv_new: Float[Tensor, "tokens latent"],
+    cache: Float[Tensor, "layers pages page_size latent"],
+    layer: int,
+    w_uk: Float[Tensor, "heads qk_nope kv_lora"],
+    w_uv: Float[Tensor, "heads v_head kv_lora"],
+    slot_mapping: Int[Tensor, " tokens"],
+    token_seq: Int[Tensor, " tokens"],
+    positions: Int[Tensor, " tokens"],
+    page_table: Int[Tensor, "seqs max_pages"],
+    seq_lens: Int[Tensor, " seqs"],
+    host: Int[Tensor, " 5"],
+    scale: float,
+    backend: str,
+) -> Float[Tensor, "tokens heads v_head"]:
+    """The typed entry to the op: shape checks see every argument (the op's fake
+    implementation, which `meta` tensors run, checks nothing)."""
+    return torch.ops.mla_func.mla_attention(
+        q_nope, q_pe, kv_new, cache, layer, w_uk, w_uv, slot_mapping, token_seq, positions,
+        page_table, seq_lens, host, scale, backend)
+
+
 @mla_attention.register_fake
 def _(q_nope, q_pe, kv_new, cache, layer, w_uk, w_uv, slot_mapping, token_seq, positions,
       page_table, seq_lens, host, scale, backend):

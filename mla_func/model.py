@@ -12,9 +12,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-import mla_func.attention  # noqa: F401  (registers the mla_attention op)
 import mla_func.kernels.norm  # noqa: F401  (registers rmsnorm / add_rmsnorm)
 import mla_func.kernels.rope  # noqa: F401  (registers mla_prologue)
+from mla_func.attention import attend
 from mla_func.batch import Batch
 from mla_func.config import MLAConfig
 from mla_func.ops.mlp import swiglu
@@ -92,7 +92,7 @@ def attention_block(
 ) -> Float[Tensor, "tokens hidden"]:
     q = project_q(attn, x, cfg)
     q_pe, kv_new = prologue(attn, q, x @ attn.kv_a_proj.T, batch.positions, inv_freq, cfg)
-    o = torch.ops.mla_func.mla_attention(
+    o = attend(
         q[..., : cfg.qk_nope_head_dim], q_pe, kv_new, cache, layer, attn.w_uk, attn.w_uv,
         batch.slot_mapping, batch.token_seq, batch.positions, batch.page_table,
         batch.seq_lens, batch.host, cfg.softmax_scale, batch.backend)
