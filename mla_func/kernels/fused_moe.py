@@ -6,8 +6,8 @@ Pipeline (four launches, all sizes fixed by `tokens`, `topk`, the config table a
 2. `_gate_up_kernel`: per M-tile (rows of one expert) and N-tile of `moe_inter`:
    act = silu(x W_gate^T) * (x W_up^T), the token rows gathered on the fly, fp32 accumulate.
 3. `_down_kernel`: per M-tile and N-tile of `hidden`: (act W_down^T) * routing weight, written to
-   the row of its pair in a `[tokens * (topk + shared), hidden]` buffer (no atomics: results are
-   deterministic and replay bit-identically).
+   the row of its pair in a `[tokens * (topk + shared), hidden]` buffer (no atomic reduction:
+   results are deterministic and replay bit-identically).
 4. `_sum_kernel`: the pairs of each token summed in fp32, one write in the model dtype.
 
 Shared experts ride along: a shared MLP of width `shared * moe_inter` is `shared` more experts
