@@ -30,7 +30,10 @@ def make(tokens, topk, n_exp, hidden, inter, shared, dtype=torch.float32, device
          skew=False, seed=0):
     g = torch.Generator(device="cpu").manual_seed(seed)
     gd = torch.Generator(device=device).manual_seed(seed)  # real-size weights made on device
-    r = lambda *s, scale=1.0: (torch.randn(*s, generator=gd, device=device) * scale).to(dtype)  # noqa
+
+    def r(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gd, device=device) * scale).to(dtype)
+
     x = r(tokens, hidden)
     gate_up = r(n_exp, 2, inter, hidden, scale=hidden**-0.5)
     down = r(n_exp, hidden, inter, scale=inter**-0.5)
