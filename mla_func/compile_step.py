@@ -64,16 +64,17 @@ def plan_step(params: Params, state: KVState, *, max_tokens: int | None = None,
 
 def compile_step(params: Params, state: KVState, *, mode: str, max_tokens: int | None = None,
                  max_seqs: int | None = None, max_pages: int | None = None,
-                 backend: str = "torch", progress: bool = True, warmups: int = 1
-                 ) -> CompiledStep:
+                 backend: str = "torch", progress: bool = True, warmups: int = 1,
+                 emulate: bool = False) -> CompiledStep:
     """A step `(state, batch) -> (logits, state)` running `forward` in `mode` ("eager",
     "piecewise", "full", "full_and_piecewise"). Batches must use `max_pages` columns of page
-    table (default: every page of the cache but the scratch one) and `backend`."""
+    table (default: every page of the cache but the scratch one) and `backend`. `emulate`
+    runs the capture/dispatch machinery without CUDA graphs (CPU tests of padding/dispatch)."""
     if mode == "eager":  # nothing to trace: the step is `forward` itself
         return CompiledStep(forward, None, "eager", "eager", {0: params})
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
-    if not torch.cuda.is_available():
+    if not emulate and not torch.cuda.is_available():
         raise CudaRequiredError(f"mode {mode!r} captures CUDA graphs and needs a CUDA device; "
                                 "none is available (use mode='eager')")
     max_pages = max_pages or state.num_pages - 1
@@ -91,4 +92,4 @@ def compile_step(params: Params, state: KVState, *, mode: str, max_tokens: int |
 
     return compile_plan(plan, forward, (params, state, example), mode=mode, bound=(0,),
                         full_when=full_when, full_example=full_example, warmups=warmups,
-                        progress=progress)
+                        progress=progress, emulate=emulate)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from mla_func.capture.errors import relative_path, user_frame_of_stack_trace
+from mla_func.capture.errors import relative_path
 from mla_func.capture.plan import SUPPORT_NAMES, CapturePlan
 from mla_func.capture.split import Segment, op_name
 
@@ -126,7 +126,7 @@ def plan_json(plan: CapturePlan) -> dict:
         "splitting_ops": [
             {"index": op.index, "op": op.name, "after_segment": op.index,
              "graph_support": None if s is None else SUPPORT_NAMES[s],
-             "where": user_frame_of_stack_trace(op.node.meta.get("stack_trace"))}
+             "where": op.node.meta.get("user_frame")}
             for op, s in zip(plan.ops, plan.support, strict=True)],
         "full_graph_support": SUPPORT_NAMES[plan.full_support],
         "modes": modes,
@@ -158,7 +158,7 @@ def segment_source(plan: CapturePlan, seg: Segment) -> str:
     for line in code.splitlines():
         target = line.strip().split(" = ", 1)[0]
         node = by_name.get(target)
-        where = user_frame_of_stack_trace(node.meta.get("stack_trace")) if node else None
+        where = node.meta.get("user_frame") if node else None
         if where and where != last_where:
             indent = line[: len(line) - len(line.lstrip())]
             body.append(f"{indent}# {where}")

@@ -42,6 +42,41 @@ def weak_ref(t: torch.Tensor) -> torch.Tensor:
         meta["data_ptr"], meta["device"], meta["nbytes"]))
 
 
+class EmulatedGraph:
+    """CPU stand-in for `torch.cuda.CUDAGraph` (tests of split, padding and dispatch without a
+    GPU): "capture" runs the function once and keeps its outputs as the static outputs;
+    "replay" runs it again on the same inputs and copies into them."""
+
+    def __init__(self, fn: Callable[..., Any], inputs: Sequence[Any]) -> None:
+        self.fn, self.inputs, self.outs = fn, list(inputs), None
+
+    def capture(self) -> Any:
+        self.outs = self.fn(*self.inputs)
+        return self.outs
+
+    def replay(self) -> None:
+        new, _ = flatten_output(self.fn(*self.inputs), {})
+        old, _ = flatten_output(self.outs, {})
+        for o, n in zip(old, new, strict=True):
+            if o is not n:
+                o.copy_(n)
+
+
+def run_captured(fn: Callable[..., Any], inputs: Sequence[Any], pool: Any, warmups: int,
+                 emulate: bool) -> tuple[Any, Any]:
+    """Warm up, capture `fn(*inputs)` into a graph (or an emulated one); (graph, outputs)."""
+    if emulate:
+        g = EmulatedGraph(fn, inputs)
+        return g, g.capture()
+    for _ in range(warmups):
+        fn(*inputs)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool):
+        outs = fn(*inputs)
+    return g, outs
+
+
 @contextmanager
 def frozen_gc():
     """No collection during capture: freeing a captured tensor mid-capture is a use-after-free
@@ -125,14 +160,14 @@ def allocate(plan: CapturePlan, leaves: Sequence[torch.Tensor], top: int) -> Buf
 
 @dataclass(eq=False)
 class PiecewiseBucket:
-    graphs: list[torch.cuda.CUDAGraph]
+    graphs: list[Any]  # torch.cuda.CUDAGraph (or EmulatedGraph)
     # Tensors that dispatch reads after replay: op inputs and the function's outputs.
     values: dict[fx.Node, torch.Tensor]
 
 
 @dataclass(eq=False)
 class FullBucket:
-    graph: torch.cuda.CUDAGraph
+    graph: Any  # torch.cuda.CUDAGraph (or EmulatedGraph)
     outputs: list[torch.Tensor]
     host: dict[int, torch.Tensor]  # host leaves frozen at capture (kept alive)
 
@@ -163,8 +198,8 @@ def segment_inputs(plan: CapturePlan, seg_index: int, size: int, leaves: Sequenc
 
 
 def capture_piecewise(plan: CapturePlan, leaves: Sequence[torch.Tensor], buf: Buffers,
-                      pool: Any, sizes: Sequence[int], warmups: int, progress: Progress
-                      ) -> dict[int, PiecewiseBucket]:
+                      pool: Any, sizes: Sequence[int], warmups: int, progress: Progress,
+                      emulate: bool = False) -> dict[int, PiecewiseBucket]:
     needed = {a for op in plan.ops for a in op.node.all_input_nodes}
     output = next(n for n in plan.traced.gm.graph.nodes if n.op == "output")
     needed |= set(output.all_input_nodes)
@@ -174,17 +209,13 @@ def capture_piecewise(plan: CapturePlan, leaves: Sequence[torch.Tensor], buf: Bu
         graphs = []
         for seg in plan.segments:
             inputs = segment_inputs(plan, seg.index, size, leaves, buf, produced)
-            for _ in range(warmups):
-                seg.module(*inputs)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                outs = seg.module(*inputs)
+            g, outs = run_captured(seg.module, inputs, pool, warmups, emulate)
             g.replay()  # real values for the next segment's warm-up
             graphs.append(g)
             produced.update(zip(seg.outputs, outs, strict=True))
             progress.step(f"piecewise {plan.mode_dims['piecewise']}={size}")
-        torch.cuda.synchronize()
+        if not emulate:
+            torch.cuda.synchronize()
         values = {n: weak_ref(t) for n, t in produced.items() if n in needed}
         buckets[size] = PiecewiseBucket(graphs, values)
         del produced
@@ -194,7 +225,7 @@ def capture_piecewise(plan: CapturePlan, leaves: Sequence[torch.Tensor], buf: Bu
 def capture_full(plan: CapturePlan, fn: Callable[..., Any], bound: dict[int, Any],
                  leaves: Sequence[torch.Tensor], buf: Buffers, pool: Any,
                  sizes: Sequence[int], example: Callable[[int], tuple], warmups: int,
-                 progress: Progress) -> dict[int, FullBucket]:
+                 progress: Progress, emulate: bool = False) -> dict[int, FullBucket]:
     """`example(size)` returns the non-bound arguments of a capture-time call at that size."""
     sig = plan.signature
     buckets: dict[int, FullBucket] = {}
@@ -221,12 +252,7 @@ def capture_full(plan: CapturePlan, fn: Callable[..., Any], bound: dict[int, Any
                 static.append(leaves[spec.index])  # bound by address (params, state)
         it = iter(static)
         built = [unflatten(td, it) for td in sig.treedefs]
-        for _ in range(warmups):
-            fn(*built)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
-            out = fn(*built)
+        g, out = run_captured(fn, built, pool, warmups, emulate)
         inputs: dict[int, tuple] = {}
         for i, obj in enumerate(built):
             inputs.update(object_paths(obj, i))
@@ -235,3 +261,17 @@ def capture_full(plan: CapturePlan, fn: Callable[..., Any], bound: dict[int, Any
         del out, outs
         progress.step(f"full {plan.mode_dims['full']}={size}")
     return buckets
+
+
+
+def dump_graph(step: Any, size: int, path: str) -> str:
+    """Capture segment 0 (inputs: function leaves only) at bucket `size` once more, with debug
+    mode on, and write its CUDA-graph DOT dump (torch.cuda.CUDAGraph.debug_dump) to `path`."""
+    inputs = segment_inputs(step.plan, 0, size, step.capture_leaves, step.buffers, {})
+    g = torch.cuda.CUDAGraph()
+    g.enable_debug_mode()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g):
+        step.plan.segments[0].module(*inputs)
+    g.debug_dump(path)
+    return path

@@ -54,22 +54,25 @@ def compile_plan(
     full_level: int = UNIFORM_SINGLE_TOKEN_DECODE,
     warmups: int = 1,
     progress: bool = True,
+    emulate: bool = False,
 ) -> CompiledStep:
     """Capture `fn` over `args` (the arguments at `bound` are fixed; the step takes the rest).
     full_when(*all_args) -> bool: may this call use a full graph; full_example(size) -> the
-    non-bound arguments of a capture-time call whose dynamic dims all equal `size`."""
+    non-bound arguments of a capture-time call whose dynamic dims all equal `size`.
+    emulate: run the whole capture/dispatch machinery without CUDA graphs (CPU tests)."""
     effective, downgrade = resolve_mode(plan, mode, full_level)
     step = CompiledStep(fn, plan, effective, mode, {i: args[i] for i in bound},
                         downgrade=downgrade, full_when=full_when)
     if mode == "eager":
         return step
-    if not torch.cuda.is_available():
+    if not emulate and not torch.cuda.is_available():
         raise CudaRequiredError(f"mode {mode!r} captures CUDA graphs and needs a CUDA device; "
                                 "none is available (use mode='eager')")
     leaves = leaves_of(plan, args)
+    step.capture_leaves = leaves
     devices = {t.device.type for t, s in zip(leaves, plan.signature.leaves, strict=True)
                if not s.host}
-    if devices != {"cuda"}:
+    if not emulate and devices != {"cuda"}:
         raise CudaRequiredError(f"mode {mode!r} needs every non-host tensor on CUDA; found "
                                 f"{sorted(devices)}")
     if downgrade:
@@ -85,26 +88,28 @@ def compile_plan(
     bound_leaves = {s.index for s in plan.signature.leaves if s.arg in step.bound}
     step.bound_ptrs = {s.index: leaves[s.index].data_ptr() for s in plan.signature.leaves
                        if not s.dynamic and not s.host and s.index not in bound_leaves}
-    torch.cuda.synchronize()
+    sync = (lambda: None) if emulate else torch.cuda.synchronize
+    reserved = (lambda: 0) if emulate else torch.cuda.memory_reserved
+    sync()
     step.buffers = allocate(plan, leaves, top)
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_reserved()
+    sync()
+    before = reserved()
     total = (len(sizes.get("piecewise", ())) * len(plan.segments) + len(sizes.get("full", ())))
     bar = Progress(total, "capturing CUDA graphs", progress)
     start = time.perf_counter()
-    pool = torch.cuda.graph_pool_handle()
+    pool = None if emulate else torch.cuda.graph_pool_handle()
     with frozen_gc(), torch.no_grad():
         if use_piecewise:
             step.piecewise = capture_piecewise(plan, leaves, step.buffers, pool,
-                                               sizes["piecewise"], warmups, bar)
+                                               sizes["piecewise"], warmups, bar, emulate)
         if use_full:
             step.full = capture_full(plan, fn, step.bound, leaves, step.buffers, pool,
-                                     sizes["full"], full_example, warmups, bar)
-    torch.cuda.synchronize()
+                                     sizes["full"], full_example, warmups, bar, emulate)
+    sync()
     step.report = {
         "mode": effective, "requested_mode": mode, "downgrade": downgrade,
         "capture_seconds": round(time.perf_counter() - start, 3),
-        "graph_pool_bytes": torch.cuda.memory_reserved() - before,
+        "graph_pool_bytes": reserved() - before,
         "static_buffer_bytes": sum(b.numel() * b.element_size() for b in
                                    [*step.buffers.leaves.values(),
                                     *{id(b): b for b in step.buffers.op_out.values()}.values()]),

@@ -71,6 +71,7 @@ class CompiledStep:
     full: dict[int, FullBucket] = field(default_factory=dict)
     bound_ptrs: dict[int, int] = field(default_factory=dict)  # leaf index -> data_ptr
     report: dict[str, Any] = field(default_factory=dict)
+    capture_leaves: list[torch.Tensor] = field(default_factory=list)  # the args' leaves
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("eager", "piecewise", "full"), 0))
 

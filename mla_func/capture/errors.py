@@ -56,7 +56,7 @@ def relative_path(filename: str) -> str:
     return os.path.relpath(path, root).replace("\\", "/")
 
 
-def _is_user(filename: str) -> bool:
+def is_user_file(filename: str) -> bool:
     return not any(m in filename for m in _MACHINERY)
 
 
@@ -64,7 +64,7 @@ def user_frame(frames: Iterable[traceback.FrameSummary]) -> str | None:
     """The innermost frame of user code: `path:line in function: source`."""
     found = None
     for fr in frames:
-        if _is_user(fr.filename):
+        if is_user_file(fr.filename):
             found = fr
     if found is None:
         return None
@@ -75,21 +75,3 @@ def user_frame(frames: Iterable[traceback.FrameSummary]) -> str | None:
 def user_frame_of_exception(exc: BaseException) -> str | None:
     return user_frame(traceback.extract_tb(exc.__traceback__))
 
-
-def user_frame_of_stack_trace(stack_trace: str | None) -> str | None:
-    """Parse an FX `node.meta['stack_trace']` (traceback text) into its user frame."""
-    if not stack_trace:
-        return None
-    frames, lines = [], stack_trace.splitlines()
-    for i, line in enumerate(lines):
-        line = line.strip()
-        if line.startswith('File "'):
-            try:
-                name_part, rest = line[6:].split('", line ', 1)
-                lineno_s, _, func = rest.partition(", in ")
-                src = lines[i + 1].strip() if i + 1 < len(lines) else None
-                frames.append(traceback.FrameSummary(name_part, int(lineno_s), func.strip(),
-                                                     line=src, lookup_line=False))
-            except ValueError:
-                continue
-    return user_frame(frames)

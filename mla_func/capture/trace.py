@@ -7,13 +7,17 @@ device plan a large model without its memory. Custom ops with a fake implementat
 splitting ops) stay one node, mutations in place (no functionalization: the graph writes the
 caller's buffers, as eager does).
 
+jaxtyping runtime checks are switched off while tracing (see `_no_runtime_checks`).
 Data-dependent control flow or host syncs raise during tracing (`GuardOnDataDependentSymNode`):
 we turn them into a `CaptureError` with the user's line. A dynamic dim that the code pins to a
 constant, or any shape assumption that fails when every dynamic dim equals a bucket size, is an
 error too: it would be a silent wrong graph (or a recompile) later.
 """
 
+import sys
+import traceback
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +27,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.overrides import TorchFunctionMode
 
-from mla_func.capture.errors import CaptureError, user_frame_of_exception
+from mla_func.capture.errors import (
+    CaptureError,
+    is_user_file,
+    user_frame,
+    user_frame_of_exception,
+)
 from mla_func.capture.signature import Signature
 from mla_func.capture.tree import TreeDef, flatten_output, object_paths, unflatten
 
@@ -74,15 +83,61 @@ def choose_hints(sig: Signature) -> dict[str, int]:
 
 
 class _LastCall(TorchFunctionMode):
-    """Remembers the last torch function called, to name the op behind a tracing error."""
+    """Remembers the last torch function called (to name the op behind a tracing error) and
+    tags the graph nodes each call creates with the user's frame (`node.meta["user_frame"]`):
+    make_fx's own stack traces keep only frames named `forward`."""
 
     def __init__(self) -> None:
         super().__init__()
         self.name: str | None = None
+        self.sync: str | None = None  # the last host-sync call (item, __bool__, ...)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.name = getattr(func, "__qualname__", None) or getattr(func, "__name__", str(func))
-        return func(*args, **(kwargs or {}))
+        from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+        name = getattr(func, "__qualname__", None) or getattr(func, "__name__", str(func))
+        name = name.replace("TensorBase.", "Tensor.")
+        if not name.endswith("__get__"):  # property reads (shape, dtype) name no op
+            self.name = name
+            if name in _HOST_SYNC:
+                self.sync = name
+        proxy = get_proxy_mode()
+        graph = proxy.tracer.graph if proxy is not None else None
+        last = graph._root.prev if graph is not None else None
+        out = func(*args, **(kwargs or {}))
+        if graph is not None:
+            where = _caller()
+            node = last.next
+            while node is not graph._root:
+                node.meta.setdefault("user_frame", where)
+                node = node.next
+        return out
+
+
+@contextmanager
+def _no_runtime_checks():
+    """jaxtyping's runtime checks off while tracing: they do not specialise symbolic sizes,
+    but their `.shape` reads add `sym_size` nodes wherever the checks run, so a plan would
+    depend on whether checks are on (pytest turns them on). The annotations were already read
+    by the signature stage."""
+    import jaxtyping
+
+    before = jaxtyping.config.jaxtyping_disable
+    jaxtyping.config.update("jaxtyping_disable", True)
+    try:
+        yield
+    finally:
+        jaxtyping.config.update("jaxtyping_disable", before)
+
+
+def _caller() -> str | None:
+    frame = sys._getframe(2)
+    while frame is not None and not is_user_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    return user_frame([traceback.FrameSummary(frame.f_code.co_filename, frame.f_lineno,
+                                              frame.f_code.co_name)])
 
 
 def _data_dependent_errors() -> tuple[type, ...]:
@@ -125,12 +180,20 @@ def _fake_leaves(sig: Signature, mode: Any, env: ShapeEnv, hints: dict[str, int]
     return fakes, symbols
 
 
-def _guard_where(guard: Any) -> str:
-    sloc = getattr(guard, "sloc", None)
-    if sloc is not None:
-        user = getattr(sloc, "maybe_user_loc", None)
-        return str(user or getattr(sloc, "framework_loc", "") or "")
-    return str(getattr(guard, "stack", "") or "")
+def _sloc_where(sloc: Any) -> str | None:
+    """A ShapeEnv source location (torch 2.11+: SLoc) as `path:line in fn: source`."""
+    if sloc is None:
+        return None
+    for loc in (getattr(sloc, "framework_loc", None), getattr(sloc, "maybe_user_loc", None)):
+        if isinstance(loc, traceback.FrameSummary):
+            found = user_frame([loc])
+            if found:
+                return found
+    return str(getattr(sloc, "maybe_user_loc", None) or sloc) or None
+
+
+def _guard_where(guard: Any) -> str | None:
+    return _sloc_where(getattr(guard, "sloc", None)) or str(getattr(guard, "stack", "") or "")
 
 
 def _check_specialisation(sig: Signature, env: ShapeEnv, symbols: dict[str, sympy.Symbol],
@@ -139,8 +202,9 @@ def _check_specialisation(sig: Signature, env: ShapeEnv, symbols: dict[str, symp
     for sym, name in names.items():
         replaced = env.replacements.get(sym)
         if replaced is not None and replaced.is_number:
+            where = _sloc_where(getattr(env, "replacements_slocs", {}).get(sym))
             raise CaptureError(f"dynamic dim {name!r} was specialised to {replaced} while "
-                               "tracing: the code treats it as a constant")
+                               "tracing: the code treats it as a constant", where=where)
     assumptions = []
     for guard in env.guards:
         free = guard.expr.free_symbols & set(names)
@@ -182,12 +246,13 @@ def trace(fn: Callable[..., Any], sig: Signature, args: Sequence[Any],
 
     last = _LastCall()
     try:
-        with last:
-            gm = make_fx(flat_fn, tracing_mode="symbolic", record_stack_traces=True)(*fakes)
+        with last, _no_runtime_checks():
+            gm = make_fx(flat_fn, tracing_mode="symbolic")(*fakes)
     except _data_dependent_errors() as exc:
-        what = _HOST_SYNC.get(last.name or "", "a data-dependent shape or value")
+        op = last.sync or last.name
+        what = _HOST_SYNC.get(op or "", "a data-dependent shape or value")
         raise CaptureError(f"{what}: a captured graph would freeze its value",
-                           op=last.name, where=user_frame_of_exception(exc)) from exc
+                           op=op, where=user_frame_of_exception(exc)) from exc
     except CaptureError:
         raise
     except Exception as exc:

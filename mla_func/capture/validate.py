@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from mla_func.capture.errors import CaptureError, user_frame_of_stack_trace
+from mla_func.capture.errors import CaptureError
 from mla_func.capture.signature import Signature
 from mla_func.capture.split import Segment, op_base_name, op_name
 
@@ -46,7 +46,7 @@ def compute_device(sig: Signature) -> str:
 
 
 def _where(n: fx.Node) -> str | None:
-    return user_frame_of_stack_trace(n.meta.get("stack_trace"))
+    return n.meta.get("user_frame")
 
 
 def _is_cpu_array(val: object) -> bool:

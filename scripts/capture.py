@@ -1,0 +1,112 @@
+"""Capture artifacts: `python scripts/capture.py --preset tiny|v2-lite|v3 [--out graphs/NAME]`.
+
+Always writes the plan (no GPU, parameters on the meta device): plan.json + segment_NN.py.
+On a CUDA machine (unless --plan-only) it also captures every bucket of `--mode` with random
+weights and writes capture_report.json (capture seconds, graph-pool bytes, per-bucket replay vs
+eager time and max difference) and graph.dot, the CUDA-graph dump of one piecewise bucket.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+import mla_func as mf
+from mla_func.compile_step import plan_step
+
+# Cache geometry of the plans in graphs/ (capacity dims are part of a plan).
+GEOMETRY = {"tiny": (64, 4, 8), "v2-lite": (4096, 16, 256), "v3": (4096, 16, 256)}
+
+
+def build_plan(preset: str, backend: str = "torch", max_tokens: int | None = None,
+               max_seqs: int | None = None):
+    cfg = mf.MLAConfig.preset(preset)
+    num_pages, page_size, max_pages = GEOMETRY[preset]
+    params = mf.init_params(cfg, device="meta")
+    state = mf.init_state(cfg, num_pages=num_pages, page_size=page_size, device="meta")
+    plan = plan_step(params, state, max_tokens=max_tokens, max_seqs=max_seqs,
+                     max_pages=max_pages, backend=backend)
+    plan.meta = {"preset": preset, **plan.meta, "num_pages": num_pages,
+                 "page_size": page_size, "max_pages": max_pages}
+    return plan
+
+
+def _time(fn, reps: int = 5) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / reps * 1e3
+
+
+def gpu_report(args, out: str) -> dict:
+    from mla_func.capture.capture import dump_graph
+    from mla_func.compile_step import compile_step, decode_batch
+
+    cfg = mf.MLAConfig.preset(args.preset)
+    num_pages, page_size, max_pages = GEOMETRY[args.preset]
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    params = mf.init_params(cfg, seed=0, device="cuda", dtype=dtype)
+    state = mf.init_state(cfg, num_pages, page_size, device="cuda", dtype=dtype)
+    step = compile_step(params, state, mode=args.mode, max_tokens=args.max_tokens,
+                        max_seqs=args.max_seqs, max_pages=max_pages, backend=args.backend)
+    report = {"preset": args.preset, "dtype": args.dtype, **step.report, "buckets_checked": []}
+    full_args = lambda b: step._merge((state, b))  # noqa: E731
+    sizes = [int(s) for s in args.check.split(",")]
+    for kind in ("full", "piecewise"):
+        table = step.full if kind == "full" else step.piecewise
+        for size in [s for s in sizes if s in table]:
+            # `size` decodes of a 64-token context on the scratch page (slot -1: no writes).
+            ctx = min(64, max_pages * page_size)
+            batch = decode_batch(size, max_pages, page_size, "cuda", args.backend, ctx)
+            eager_out = step.fn(*full_args(batch))[0]
+            graph_out = step.run(kind, size, full_args(batch))[0]
+            report["buckets_checked"].append({
+                "mode": kind, "size": size,
+                "eager_ms": round(_time(lambda b=batch: step.fn(*full_args(b))), 4),
+                "replay_ms": round(_time(lambda b=batch, k=kind, s=size:
+                                         step.run(k, s, full_args(b))), 4),
+                "max_abs_diff": float((eager_out - graph_out).abs().max()),
+            })
+    if step.piecewise:
+        size = min(step.piecewise)
+        report["dot"] = dump_graph(step, size, os.path.join(out, "graph.dot"))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="tiny", choices=sorted(GEOMETRY))
+    p.add_argument("--out", default=None)
+    p.add_argument("--backend", default="torch")
+    p.add_argument("--mode", default="full_and_piecewise")
+    p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument("--max-seqs", type=int, default=None)
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
+    p.add_argument("--check", default="1,8,32,128,512", help="buckets to compare with eager")
+    p.add_argument("--plan-only", action="store_true")
+    args = p.parse_args(argv)
+    out = args.out or os.path.join("graphs", args.preset)
+    start = time.perf_counter()
+    plan = build_plan(args.preset, args.backend, args.max_tokens, args.max_seqs)
+    paths = plan.save(out)
+    print(f"plan: {len(plan.segments)} segments ({plan.num_distinct} distinct), "
+          f"{len(plan.ops)} splitting ops, {time.perf_counter() - start:.1f} s -> {paths[0]}")
+    if args.plan_only or not torch.cuda.is_available():
+        if not args.plan_only:
+            print("no CUDA device: plan only", file=sys.stderr)
+        return 0
+    report = gpu_report(args, out)
+    with open(os.path.join(out, "capture_report.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    print(json.dumps({k: report[k] for k in ("capture_seconds", "graph_pool_bytes", "graphs")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""The tiny preset's plan is kept in graphs/tiny/ as a golden file: regenerate and compare.
+
+If this fails after an intended change (model, tracer, compiler), regenerate with
+`python scripts/capture.py --preset tiny --plan-only` and review the diff in git. The
+"environment" field (versions) is never compared; with another torch minor version than the
+golden's, only the version-independent part is (op-level code may differ between versions).
+"""
+
+import json
+import os
+
+import torch
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "..", "graphs", "tiny")
+STABLE = ("format", "function", "preset", "config_digest", "dims", "dynamic_dims", "leaves",
+          "padding", "host_leaves", "full_graph_support", "modes")
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def test_golden_tiny_plan(tmp_path):
+    from scripts.capture import build_plan
+
+    paths = build_plan("tiny").save(str(tmp_path))
+    with open(os.path.join(GOLDEN, "plan.json")) as f:
+        golden = json.load(f)
+    with open(paths[0]) as f:
+        fresh = json.load(f)
+    same_torch = _minor(golden["environment"]["torch"]) == _minor(torch.__version__)
+    keys = [k for k in golden if k != "environment"] if same_torch else list(STABLE)
+    for key in keys:
+        assert fresh.get(key) == golden.get(key), f"plan.json field {key!r} changed"
+    assert [len(s["inputs"]) for s in fresh["segments"]] == [
+        len(s["inputs"]) for s in golden["segments"]]
+    if same_torch:
+        names = sorted(os.listdir(GOLDEN))
+        assert sorted(os.path.basename(p) for p in paths) == [
+            n for n in names if n.startswith(("plan", "segment_"))]
+        for p in paths[1:]:
+            with open(p) as f, open(os.path.join(GOLDEN, os.path.basename(p))) as g:
+                assert f.read() == g.read(), f"{os.path.basename(p)} changed"

@@ -1,0 +1,238 @@
+"""CPU tests of the capture compiler: dim table, tracing errors, split, emulated dispatch."""
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+import mla_func as mf
+from mla_func.capture import CaptureError, SignatureError, plan_capture
+from mla_func.dims import DimSpec
+
+VOCAB = {
+    "tokens": DimSpec("tokens", "dynamic", "", 64, "tokens"),
+    "seqs": DimSpec("seqs", "dynamic", "", 16, "seqs"),
+    "hidden": DimSpec("hidden", "static", ""),
+    "pages": DimSpec("pages", "capacity", ""),
+}
+
+
+@dataclass(frozen=True)
+class Inner:
+    w: Float[Tensor, "hidden hidden"]
+
+
+@dataclass(frozen=True)
+class Outer:
+    inner: Inner
+    x: Float[Tensor, "hidden tokens"]  # the dynamic axis is not the leading one
+    host: Int[Tensor, " 2"] = field(metadata={"host": True})
+
+
+def toy(o: Outer, y: Float[Tensor, "seqs hidden"]) -> Float[Tensor, "tokens hidden"]:
+    return (o.inner.w @ o.x).T.relu() + y.sum(0)
+
+
+def _toy_args(tokens: int = 5, seqs: int = 3) -> tuple:
+    o = Outer(Inner(torch.randn(8, 8)), torch.randn(8, tokens), torch.tensor([tokens, seqs]))
+    return o, torch.randn(seqs, 8)
+
+
+def test_dim_table_nested_dataclasses_and_non_leading_axis():
+    plan = plan_capture(toy, *_toy_args(), dims=VOCAB)
+    sig = plan.signature
+    assert [leaf.path for leaf in sig.leaves] == ["o.inner.w", "o.x", "o.host", "y"]
+    assert sig.dims["tokens"].kind == "dynamic" and sig.dims["tokens"].bound_at == "o.x[1]"
+    assert sig.dims["hidden"].size == 8 and sig.dims["hidden"].bound_at == "o.inner.w[0]"
+    assert dict(sig.leaves[1].dynamic) == {1: "tokens"} and sig.leaves[2].host
+    assert len(plan.segments) == 1 and not plan.ops
+    # The one segment is symbolic: it runs at any size, matching the function.
+    seg = plan.segments[0]
+    for tokens, seqs in ((1, 1), (7, 2), (33, 16)):
+        o, y = _toy_args(tokens, seqs)
+        by_path = {"o.inner.w": o.inner.w, "o.x": o.x, "y": y}
+        names = [p for p in plan.traced.gm.graph.nodes if p.op == "placeholder"]
+        inputs = [by_path[sig.leaves[names.index(n)].path] if n in names
+                  else plan.traced.evaluate(n.meta["val"], {"tokens": tokens, "seqs": seqs})
+                  for n in seg.inputs]
+        (out,) = seg.module(*inputs)
+        torch.testing.assert_close(out, toy(o, y))
+
+
+def test_signature_errors_name_path_and_axis():
+    o, y = _toy_args()
+    with pytest.raises(SignatureError, match=r"o\.inner\.w\[0\].*'hidden'.*not in the dim"):
+        plan_capture(toy, o, y, dims={k: v for k, v in VOCAB.items() if k != "hidden"})
+
+    def bad(o: Outer, y: Float[Tensor, "tokens hidden"]) -> Float[Tensor, "tokens hidden"]:
+        return y
+
+    with pytest.raises(SignatureError, match=r"'tokens' is 5 at o\.x\[1\] but 3 at y\[0\]"):
+        plan_capture(bad, o, y, dims=VOCAB)
+
+
+def _vec(tokens: int = 5) -> Tensor:
+    return torch.randn(tokens, 8)
+
+
+def f_item(x: Float[Tensor, "tokens hidden"]) -> Float[Tensor, "tokens hidden"]:
+    n = int(x.sum().item())
+    return x * n
+
+
+def f_nonzero(x: Float[Tensor, "tokens hidden"]) -> Float[Tensor, "tokens hidden"]:
+    idx = torch.nonzero(x[:, 0] > 0)
+    return x + idx.sum()
+
+
+def f_branch(x: Float[Tensor, "tokens hidden"]) -> Float[Tensor, "tokens hidden"]:
+    if x.sum() > 0:
+        return x * 2
+    return x
+
+
+def f_specialised(x: Float[Tensor, "tokens hidden"]) -> Float[Tensor, "tokens hidden"]:
+    if x.shape[0] == 61:  # 61: the trace's example size for `tokens`
+        return x * 2
+    return x
+
+
+@dataclass(frozen=True)
+class WithHost:
+    x: Float[Tensor, "tokens hidden"]
+    host: Int[Tensor, " 2"] = field(metadata={"host": True})
+
+
+def f_host(b: WithHost) -> Float[Tensor, "tokens hidden"]:
+    return b.x * b.host[0]
+
+
+@pytest.mark.parametrize("fn, arg, match, line", [
+    (f_item, _vec, r"item", "n = int(x.sum().item())"),
+    (f_nonzero, _vec, r"aten::nonzero", "idx = torch.nonzero(x[:, 0] > 0)"),
+    (f_branch, _vec, r"branch on a tensor value", "if x.sum() > 0:"),
+    (f_specialised, _vec, r"tokens", "x.shape[0] == 61"),
+    (f_host, lambda: WithHost(_vec(), torch.tensor([5, 1])), r"CPU tensor `b\.host`",
+     "return b.x * b.host[0]"),
+])
+def test_capture_errors_name_op_and_line(fn, arg, match, line):
+    with pytest.raises(CaptureError, match=match) as info:
+        plan_capture(fn, arg(), dims=VOCAB)
+    assert "test_capture_plan.py:" in str(info.value) and line in str(info.value)
+
+
+@torch.library.custom_op("capture_test::accumulate", mutates_args=("buf",))
+def accumulate(x: Tensor, buf: Tensor, host: Tensor) -> Tensor:
+    buf.add_(x.sum())
+    return x * float(host[0])  # reads host metadata: fine, splitting ops run eagerly
+
+
+@accumulate.register_fake
+def _(x, buf, host):
+    return torch.empty_like(x)
+
+
+@dataclass(frozen=True)
+class Acc:
+    buf: Float[Tensor, " 1"]
+
+
+def f_split(a: Acc, b: WithHost) -> tuple[Float[Tensor, "tokens hidden"], Acc]:
+    h = b.x.relu()
+    h = accumulate(h, a.buf, b.host) + 1
+    h = accumulate(h.tanh(), a.buf, b.host)
+    return h * 2, a
+
+
+def test_split_at_custom_op_and_host_tensor_only_in_op():
+    a, b = Acc(torch.zeros(1)), WithHost(_vec(), torch.tensor([2, 1]))
+    for ops in (None, {"capture_test::accumulate": lambda args: 3}):
+        plan = plan_capture(f_split, a, b, dims=VOCAB, splitting_ops=ops)
+        assert len(plan.segments) == 3 and [op.name for op in plan.ops] == [
+            "capture_test::accumulate"] * 2
+    assert plan.support == [3, 3] and plan.full_support == 3
+    assert plan.traced.out_treedef.children[1][1].kind == "input"  # `a` is returned as is
+
+
+@pytest.fixture(scope="module")
+def tiny_plan():
+    from scripts.capture import build_plan
+
+    return build_plan("tiny")
+
+
+def test_tiny_model_splits_once_per_layer(tiny_plan):
+    cfg = mf.MLAConfig.preset("tiny")
+    plan = tiny_plan
+    assert len(plan.ops) == cfg.num_hidden_layers
+    assert len(plan.segments) == cfg.num_hidden_layers + 1
+    assert {op.name for op in plan.ops} == {"mla_func::mla_attention"}
+    assert plan.signature.dynamic == ("tokens", "seqs")
+    assert plan.mode_dims == {"piecewise": "tokens", "full": "seqs"}
+    assert plan.buckets["piecewise"][-1] == 8192 and plan.buckets["full"][-1] == 512
+    assert plan.full_support == 1  # the torch backend: uniform single-token decode
+    host = [leaf for leaf in plan.signature.leaves if leaf.host]
+    assert [leaf.path for leaf in host] == ["batch.host"]
+    # The host tensor reaches only the splitting ops.
+    node = [n for n in plan.traced.gm.graph.nodes if n.op == "placeholder"][host[0].index]
+    assert {u.target for u in node.users} == {plan.ops[0].node.target}
+
+
+def test_v3_shapes_plan_on_meta():
+    from mla_func.compile_step import plan_step
+
+    # V3's shapes (q_lora, noaux_tc routing), layers cut to 3 dense + 2 MoE to stay quick.
+    cfg = mf.MLAConfig.preset("v3").with_(num_hidden_layers=5)
+    params = mf.init_params(cfg, device="meta", dtype=torch.bfloat16)
+    state = mf.init_state(cfg, num_pages=1024, page_size=16, device="meta",
+                          dtype=torch.bfloat16)
+    plan = plan_step(params, state, max_pages=64)
+    # Dense layers repeat one segment; the MoE layer and the final one differ.
+    assert len(plan.segments) == 6 and plan.distinct == [0, 1, 1, 1, 2, 3]
+    assert plan.signature.dims["heads"].size == 128 and plan.signature.dims["q_lora"].size == 1536
+
+
+def test_emulated_dispatch_matches_eager():
+    """The capture/dispatch machinery without CUDA graphs: padding, buckets, eager splitting
+    ops on real rows, full graphs for pure decode, eager above the largest bucket."""
+    from mla_func.compile_step import compile_step
+
+    cfg = mf.MLAConfig.preset("tiny")
+    params = mf.init_params(cfg, seed=1)
+    state = mf.init_state(cfg, num_pages=32, page_size=4)
+    ref = mf.init_state(cfg, num_pages=32, page_size=4)
+    step = compile_step(params, state, mode="full_and_piecewise", max_tokens=16, max_seqs=4,
+                        max_pages=8, emulate=True, progress=False)
+    alloc = state.allocator
+    p = [alloc.reserve(i, 7) for i in range(3)]
+    steps = [
+        [mf.SeqWork([5, 6, 7, 8, 9], 0, p[0]), mf.SeqWork([1, 2], 0, p[1])],  # piecewise 8
+        [mf.SeqWork([3], 5, p[0]), mf.SeqWork([4], 2, p[1])],  # full 2
+        [mf.SeqWork([3], 6, p[0]), mf.SeqWork(list(range(20)), 0, alloc.reserve(2, 21))],
+    ]
+    expect = ["piecewise", "full", "eager"]
+    for work, kind in zip(steps, expect, strict=True):
+        batch = mf.make_batch(work, 4, 8)
+        assert step.choose(step._merge((state, batch)))[0] == kind
+        logits, out_state = step(state, batch)
+        want, _ = mf.forward(params, ref, batch)
+        assert out_state is state
+        torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
+        # Live pages equal; padded rows touched only the scratch page 0.
+        torch.testing.assert_close(state.cache[:, 1:], ref.cache[:, 1:], rtol=1e-5, atol=1e-5)
+    assert step.counts == {"eager": 1, "piecewise": 1, "full": 1}
+
+
+def test_graph_modes_need_cuda():
+    from mla_func.compile_step import compile_step
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    cfg = mf.MLAConfig.preset("tiny")
+    params, state = mf.init_params(cfg), mf.init_state(cfg, num_pages=8, page_size=4)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        compile_step(params, state, mode="piecewise")
+    step = compile_step(params, state, mode="eager")
+    assert step.mode == "eager"
