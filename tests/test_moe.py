@@ -149,8 +149,9 @@ V3 = dict(topk=8, n_exp=256, hidden=7168, inter=2048, shared=1)
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("shape,tokens", [
-    (V2_LITE, 1), (V2_LITE, 7), (V2_LITE, 32), (V2_LITE, 128), (V2_LITE, 512),
-    (V2_LITE, 4096), (V3, 1), (V3, 512)])
+    pytest.param(shape, t, id=f"{name}-{t}") for name, shape, tokens in (
+        ("v2lite", V2_LITE, (1, 7, 32, 128, 512, 4096)), ("v3", V3, (1, 512)))
+    for t in tokens])
 @pytest.mark.parametrize("skew", [False, True])
 def test_cuda_real_sizes(shape, tokens, skew):
     torch.cuda.empty_cache()
