@@ -236,3 +236,25 @@ def test_graph_modes_need_cuda():
         compile_step(params, state, mode="piecewise")
     step = compile_step(params, state, mode="eager")
     assert step.mode == "eager"
+
+
+def test_downgrade_is_reported_and_binding_checked():
+    from mla_func.attention import AttentionBackend, GraphSupport, register_backend, torch_attention
+    from mla_func.capture import BindingError
+    from mla_func.compile_step import compile_step
+
+    register_backend(AttentionBackend("capture_test_never", GraphSupport.NEVER, torch_attention))
+    cfg = mf.MLAConfig.preset("tiny")
+    params, state = mf.init_params(cfg), mf.init_state(cfg, num_pages=16, page_size=4)
+    with pytest.warns(UserWarning, match="downgraded to 'piecewise'.*'never'"):
+        step = compile_step(params, state, mode="full", max_tokens=4, max_seqs=2, max_pages=4,
+                            backend="capture_test_never", emulate=True, progress=False)
+    assert (step.mode, step.requested_mode) == ("piecewise", "full") and step.downgrade
+    assert not step.full and step.report["downgrade"] == step.downgrade
+    batch = mf.make_batch([mf.SeqWork([1, 2], 0, [1])], 4, 4, backend="capture_test_never")
+    other = mf.init_state(cfg, num_pages=16, page_size=4)
+    with pytest.raises(BindingError, match="`state.allocator` differs.*bound to one state"):
+        step(other, batch)
+    wide = mf.make_batch([mf.SeqWork([1, 2], 0, [1])], 4, 6, backend="capture_test_never")
+    with pytest.raises(BindingError, match="max_pages"):
+        step(state, wide)

@@ -29,31 +29,36 @@ from mla_func.capture.tree import TreeDef, unflatten
 MODES = ("eager", "piecewise", "full", "full_and_piecewise")
 
 
-def _leaves(td: TreeDef, obj: Any, out: list[torch.Tensor]) -> bool:
-    """Collect `obj`'s tensor leaves in `td`'s order; False when the structure or a static
-    part differs from the traced one."""
+def _leaves(td: TreeDef, obj: Any, out: list[torch.Tensor], path: str) -> None:
+    """Collect `obj`'s tensor leaves in `td`'s order; BindingError naming the first field
+    whose structure or static value differs from the traced one."""
     if td.kind == "leaf":
         if not isinstance(obj, torch.Tensor):
-            return False
+            raise BindingError(f"`{path}` is not a tensor")
         out.append(obj)
-        return True
-    if td.kind == "const":
-        return obj is td.obj or (type(obj) is type(td.obj) and obj == td.obj)
-    if td.kind in ("tuple", "list"):
+    elif td.kind == "const":
+        if not (obj is td.obj or (type(obj) is type(td.obj) and obj == td.obj)):
+            raise BindingError(
+                f"static field `{path}` differs from the traced one ({obj!r}): a compiled "
+                "step is bound to one state and to the static fields it was traced with")
+    elif td.kind in ("tuple", "list"):
         if not isinstance(obj, (tuple, list)) or len(obj) != len(td.children):
-            return False
-        return all(_leaves(c, item, out) for (_, c), item in zip(td.children, obj, strict=True))
-    if type(obj) is not type(td.obj):
-        return False
-    return all(_leaves(c, getattr(obj, name), out) for name, c in td.children)
+            raise BindingError(f"`{path}` differs in structure from the traced one")
+        for (name, c), item in zip(td.children, obj, strict=True):
+            _leaves(c, item, out, f"{path}.{name}")
+    else:
+        if type(obj) is not type(td.obj):
+            raise BindingError(f"`{path}` is a {type(obj).__name__}, traced with "
+                               f"{type(td.obj).__name__}")
+        for name, c in td.children:
+            _leaves(c, getattr(obj, name), out, f"{path}.{name}")
 
 
 def leaves_of(plan: CapturePlan, args: Sequence[Any]) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
-    for td, arg in zip(plan.signature.treedefs, args, strict=True):
-        if not _leaves(td, arg, out):
-            raise BindingError("the call's arguments differ in structure or static fields "
-                               "from the traced ones")
+    for name, td, arg in zip(plan.signature.arg_names, plan.signature.treedefs, args,
+                             strict=True):
+        _leaves(td, arg, out, name)
     return out
 
 
@@ -112,6 +117,7 @@ class CompiledStep:
             return self.fn(*full_args)
         leaves = leaves_of(self.plan, full_args)
         self._check_bound(leaves)
+        self._check_static(leaves)
         real = self.plan.signature.dynamic_sizes(leaves)
         self._fill(leaves, size)
         if kind == "full":
@@ -128,6 +134,15 @@ class CompiledStep:
                 raise BindingError(
                     f"`{self.plan.signature.leaves[i].path}` is not the tensor the graphs were "
                     "captured with: a compiled step is bound to one state (compile again)")
+
+    def _check_static(self, leaves: Sequence[torch.Tensor]) -> None:
+        for spec, t in zip(self.plan.signature.leaves, leaves, strict=True):
+            dyn = dict(spec.dynamic)
+            for axis, (want, got) in enumerate(zip(spec.shape, t.shape, strict=True)):
+                if axis not in dyn and want != got:
+                    raise BindingError(
+                        f"`{spec.path}` axis {axis} ({spec.dims[axis]}) is {got}; the graphs "
+                        f"were captured with {want}")
 
     def _fill(self, leaves: Sequence[torch.Tensor], size: int) -> None:
         for i, buf in self.buffers.leaves.items():

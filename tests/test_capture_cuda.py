@@ -1,0 +1,134 @@
+"""GPU tests of captured graphs (`pytest -m cuda`): every bucket of every mode equals eager.
+
+Real CUDA graphs, tiny preset in float32 with small bucket ranges (every bucket is checked).
+Piecewise graphs run matmuls at the padded size, so kernels may differ from eager: a tight
+tolerance; eager fallback (above the largest bucket) must be bitwise equal.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+import mla_func as mf
+
+pytestmark = pytest.mark.cuda
+
+PAGE, MAX_PAGES, NUM_PAGES = 4, 16, 256
+TOL = {"rtol": 1e-4, "atol": 1e-4}
+
+
+@pytest.fixture(scope="module")
+def setup():
+    from mla_func.compile_step import compile_step
+
+    cfg = mf.MLAConfig.preset("tiny")
+    params = mf.init_params(cfg, seed=3, device="cuda")
+    state = mf.init_state(cfg, NUM_PAGES, PAGE, device="cuda")
+    state.cache.normal_()  # stale values everywhere: padded rows must not read live pages
+    step = compile_step(params, state, mode="full_and_piecewise", max_tokens=64, max_seqs=16,
+                        max_pages=MAX_PAGES, progress=False)
+    return cfg, params, state, step
+
+
+def _check(params, state, step, work, kind):
+    batch = mf.make_batch(work, PAGE, MAX_PAGES, device="cuda")
+    assert step.choose(step._merge((state, batch)))[0] == kind
+    twin = dataclasses.replace(state, cache=state.cache.clone())
+    want, _ = mf.forward(params, twin, batch)
+    got, out_state = step(state, batch)
+    assert out_state is state
+    if kind == "eager":
+        assert torch.equal(got, want) and torch.equal(state.cache, twin.cache)
+    else:
+        torch.testing.assert_close(got, want, **TOL)
+        torch.testing.assert_close(state.cache[:, 1:], twin.cache[:, 1:], **TOL)
+    return batch
+
+
+def _pages(n_seqs, length, first=1):
+    per = -(-length // PAGE)
+    return [list(range(first + i * per, first + (i + 1) * per)) for i in range(n_seqs)]
+
+
+def test_every_piecewise_bucket(setup):
+    cfg, params, state, step = setup
+    for size in step.plan.buckets["piecewise"]:
+        for tokens in sorted({size, max(1, size - 1)}):
+            pages = _pages(1, tokens)
+            ids = torch.randint(cfg.vocab_size, (tokens,)).tolist()
+            _check(params, state, step, [mf.SeqWork(ids, 0, pages[0])], "piecewise")
+
+
+def test_every_full_bucket(setup):
+    cfg, params, state, step = setup
+    for size in step.plan.buckets["full"]:
+        for seqs in sorted({size, max(1, size - 1)}):
+            pages = _pages(seqs, 9)
+            work = [mf.SeqWork([int(torch.randint(cfg.vocab_size, ()))], 8, p) for p in pages]
+            _check(params, state, step, work, "full")
+
+
+def test_mixed_batch_and_above_largest_bucket(setup):
+    cfg, params, state, step = setup
+    pages = _pages(4, 40)
+    mixed = [mf.SeqWork([1], 11, pages[0]), mf.SeqWork([2], 30, pages[1]),
+             mf.SeqWork(list(range(9)), 5, pages[2]), mf.SeqWork(list(range(17)), 0, pages[3])]
+    _check(params, state, step, mixed, "piecewise")
+    big = [mf.SeqWork(list(range(40)), 0, pages[0]), mf.SeqWork(list(range(30)), 0, pages[1])]
+    _check(params, state, step, big, "eager")  # 70 tokens > 64
+    many = [mf.SeqWork([3], 2, p) for p in _pages(20, 3, first=100)]
+    _check(params, state, step, many, "piecewise")  # 20 decodes > 16 full seqs
+
+
+def test_decode_loop_reuses_state(setup):
+    """Repeated replays with growing sequence lengths, new pages, changing batch sizes."""
+    cfg, params, state, step = setup
+    twin = dataclasses.replace(state, cache=state.cache.clone())
+    lens, caps = [5, 9, 2], [30, 20, 40]  # seq 1 stops early: the batch shrinks
+    pages = _pages(3, 64, first=120)
+    prompt = [mf.SeqWork(list(range(n)), 0, p) for n, p in zip(lens, pages, strict=True)]
+    for work in [prompt] + [None] * 24:
+        if work is None:
+            alive = [i for i in range(3) if lens[i] < caps[i]]
+            work = [mf.SeqWork([7 + i], lens[i], pages[i]) for i in alive]
+            for i in alive:
+                lens[i] += 1
+        batch = mf.make_batch(work, PAGE, MAX_PAGES, device="cuda")
+        want, _ = mf.forward(params, twin, batch)
+        got, _ = step(state, batch)
+        torch.testing.assert_close(got, want, **TOL)
+    torch.testing.assert_close(state.cache[:, 1:], twin.cache[:, 1:], **TOL)
+    assert step.counts["full"] > 10 and step.counts["piecewise"] >= 1
+
+
+def test_capture_report_and_bound_state(setup):
+    cfg, params, state, step = setup
+    report = step.report
+    assert report["graphs"] == (len(step.plan.buckets["piecewise"]) * len(step.plan.segments)
+                                + len(step.plan.buckets["full"]))
+    assert report["capture_seconds"] > 0 and report["graph_pool_bytes"] >= 0
+    other = mf.init_state(cfg, NUM_PAGES, PAGE, device="cuda")
+    batch = mf.make_batch([mf.SeqWork([1, 2], 0, [1])], PAGE, MAX_PAGES, device="cuda")
+    from mla_func.capture import BindingError
+
+    with pytest.raises(BindingError, match="bound to one state"):
+        step(other, batch)
+
+
+def test_non_leading_dynamic_axis_graph():
+    from test_capture_plan import VOCAB, Inner, Outer, toy
+
+    from mla_func.capture import plan_capture
+    from mla_func.capture.compile import compile_plan
+
+    def args(tokens, seqs):
+        o = Outer(Inner(w), torch.randn(8, tokens, device="cuda"), torch.tensor([tokens, seqs]))
+        return o, torch.randn(seqs, 8, device="cuda")
+
+    w = torch.randn(8, 8, device="cuda")
+    plan = plan_capture(toy, *args(5, 3), dims=VOCAB)
+    step = compile_plan(plan, toy, args(5, 3), mode="piecewise", bound=(), progress=False)
+    for tokens, seqs in ((1, 1), (5, 3), (33, 16), (64, 2), (70, 2)):
+        a = args(tokens, seqs)
+        torch.testing.assert_close(step(*a), toy(*a), **TOL)
