@@ -8,9 +8,9 @@ Implementations, all static-shape and free of host syncs (they can live in a CUD
   gathered. Its tile is sized so that tiles ~ 2 x experts: cheap for the tiny preset on CPU.
 - `"reference"`: `ops.moe.experts_reference` (every expert over every token, masked).
 
-Passing `shared` (the shared-experts MLP) adds it to the result: the Triton path computes it
-inside the same launches (as extra experts every token routes to) when its width is a multiple
-of `moe_inter` (always so in DeepSeek-V2/V3), the others add `swiglu`.
+Passing `shared` (the shared-experts MLP) adds it to the result: the Triton op computes it
+inside the same launches at small token counts (as extra experts every token routes to), else
+with `swiglu` whose sum rides in the final reduction; the other paths add `swiglu`.
 Padded tokens only cost work (see `mla_func.kernels.fused_moe`): each token's result depends on
 its own row alone.
 """
@@ -42,11 +42,9 @@ def experts(
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]), plus `shared(x)` when given."""
     impl = impl or ("triton" if x.is_cuda else "sorted_torch")
     if impl == "triton":
-        if shared is not None and shared.down.shape[1] % gate_up.shape[2] == 0:
-            return torch.ops.mla_func.moe_experts(
-                x, weights, ids, gate_up, down, shared.gate_up, shared.down)
-        out = torch.ops.mla_func.moe_experts(x, weights, ids, gate_up, down, None, None)
-    elif impl == "sorted_torch":
+        s_gate_up, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
+        return torch.ops.mla_func.moe_experts(x, weights, ids, gate_up, down, s_gate_up, s_down)
+    if impl == "sorted_torch":
         out = sorted_torch(x, weights, ids, gate_up, down)
     elif impl == "reference":
         out = experts_reference(x, weights, ids, gate_up, down)

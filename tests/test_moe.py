@@ -86,6 +86,7 @@ def test_align_kernel_matches_torch(tokens, topk, n_exp, shared, block_m, skew):
     (24, 6, 64, 64, 32, 0, True),   # skewed: every token to expert 0
     (2, 8, 256, 32, 16, 1, False),  # V3 expert count, tiny dims
     (5, 2, 8, 48, 24, 1, False),    # K and N not multiples of the tiles
+    (70, 2, 8, 32, 16, 1, False),   # past FUSE_SHARED_MAX_TOKENS: shared MLP added in the sum
 ])
 def test_fused_matches_reference(tokens, topk, n_exp, hidden, inter, shared, skew):
     x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, hidden, inter, shared, skew=skew)

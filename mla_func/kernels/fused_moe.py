@@ -10,9 +10,9 @@ Pipeline (four launches, all sizes fixed by `tokens`, `topk`, the config table a
    results are deterministic and replay bit-identically).
 4. `_sum_kernel`: the pairs of each token summed in fp32, one write in the model dtype.
 
-Shared experts ride along: a shared MLP of width `shared * moe_inter` is `shared` more experts
-(strided views of the same weights, no copy) that every token routes to with weight 1, so the
-whole MoE FFN (routed + shared) is these four launches.
+Shared experts ride along at small token counts (`FUSE_SHARED_MAX_TOKENS`): a shared MLP of
+width `shared * moe_inter` is `shared` more experts (strided views of the same weights, no copy)
+that every token routes to with weight 1, so the whole MoE FFN is these four launches.
 
 Every expert's weights are read once per M-tile of its rows; at small token counts an expert's
 rows fit one tile (`block_m` from the config table), so weights are read once and the grid over
@@ -35,6 +35,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.kernels.moe_align import align
+from mla_func.ops.mlp import swiglu
 
 
 @dataclass(frozen=True)
@@ -49,15 +50,21 @@ class MoEConfig:
 # (max tokens, config): the first row whose bound is >= the step's static token count.
 # Up to ~1k tokens V2-Lite is weight-read bound: block_m is sized so that an expert's rows
 # (about tokens * topk / experts, plus spread) fit one M-tile and its weights are read once.
-# Guesses for H100/H200; `scripts/bench_moe.py --sweep` measures alternatives.
+# Rows for 1-32, 512 and 4096 tokens are the best of `scripts/bench_moe.py --sweep` on an H200
+# (docs/perf/2026-11-21-h200-run1/bench_moe.log); the others are interpolated guesses.
 CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
-    (8, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 4))),
-    (64, MoEConfig(16, (64, 128, 4, 3), (64, 128, 4, 3))),
-    (128, MoEConfig(32, (64, 64, 4, 4), (64, 64, 4, 4))),
-    (384, MoEConfig(64, (64, 64, 4, 4), (64, 64, 4, 4))),
-    (1024, MoEConfig(128, (64, 64, 8, 4), (64, 64, 8, 4))),
-    (1 << 62, MoEConfig(64, (128, 64, 8, 4), (128, 64, 8, 4))),
+    (4, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 4))),
+    (16, MoEConfig(16, (32, 256, 4, 3), (64, 128, 4, 3))),
+    (64, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 3))),
+    (256, MoEConfig(32, (64, 64, 4, 4), (64, 64, 4, 4))),
+    (1024, MoEConfig(64, (64, 64, 4, 4), (128, 64, 8, 4))),
+    (1 << 62, MoEConfig(128, (128, 64, 8, 4), (128, 64, 8, 4))),
 )
+
+# Shared experts ride in the routed launches only up to this many tokens: past it their
+# `tokens` rows span several M-tiles, each re-reading the shared weights, and a separate
+# swiglu (one dense GEMM) is faster (H200: 365 vs 427 us at 128 tokens).
+FUSE_SHARED_MAX_TOKENS = 64
 
 
 def pick_config(tokens: int) -> MoEConfig:
@@ -178,12 +185,14 @@ def _down_kernel(
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _sum_kernel(buf_ptr, out_ptr, n_hidden, PAIRS_PER_TOKEN: tl.constexpr,
-                BLOCK: tl.constexpr):
+def _sum_kernel(buf_ptr, extra_ptr, out_ptr, n_hidden, PAIRS_PER_TOKEN: tl.constexpr,
+                HAS_EXTRA: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n_hidden
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    if HAS_EXTRA:  # the shared experts' output, when computed apart
+        acc += tl.load(extra_ptr + t * n_hidden + offs, mask=ok, other=0.0).to(tl.float32)
     for j in tl.static_range(PAIRS_PER_TOKEN):
         row = t * PAIRS_PER_TOKEN + j
         acc += tl.load(buf_ptr + row * n_hidden + offs, mask=ok, other=0.0).to(tl.float32)
@@ -222,10 +231,16 @@ def fused_experts(
     shared_down: Float[Tensor, "hidden inter"] | None = None,
     config: MoEConfig | None = None,
 ) -> Float[Tensor, "tokens hidden"]:
-    """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) (+ the shared MLP when given)."""
+    """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) (+ the shared MLP when given: folded
+    into the launches up to FUSE_SHARED_MAX_TOKENS tokens, else one swiglu added in the sum)."""
     tokens, topk = ids.shape
     n_routed, _, n_inter, n_hidden = gate_up.shape
     cfg = config or pick_config(tokens)
+    extra = None
+    if shared_gate_up is not None and (tokens > FUSE_SHARED_MAX_TOKENS
+                                       or shared_down.shape[1] % n_inter):
+        extra = swiglu(x, shared_gate_up, shared_down).contiguous()
+        shared_gate_up = shared_down = None
     if shared_gate_up is None:
         s_gate_up, s_down, n_shared = gate_up, down, 0
     else:
@@ -263,5 +278,6 @@ def fused_experts(
     out = torch.empty_like(x)
     block = min(1024, triton.next_power_of_2(n_hidden))
     _sum_kernel[(tokens, triton.cdiv(n_hidden, block))](
-        buf, out, n_hidden, PAIRS_PER_TOKEN=pairs_per_token, BLOCK=block, num_warps=4)
+        buf, buf if extra is None else extra, out, n_hidden, PAIRS_PER_TOKEN=pairs_per_token,
+        HAS_EXTRA=extra is not None, BLOCK=block, num_warps=4)
     return out
