@@ -104,10 +104,8 @@ def moe_block(moe: MoE, x: Float[Tensor, "tokens hidden"], cfg: MLAConfig
     from mla_func.moe import experts
 
     weights, ids = route(x, moe.router, moe.score_bias, cfg)
-    out = experts(x, weights, ids, moe.gate_up, moe.down)
-    if moe.shared is not None:
-        out = out + swiglu(x, moe.shared.gate_up, moe.shared.down)
-    return out
+    # The experts implementation adds the shared experts itself (fused on CUDA).
+    return experts(x, weights, ids, moe.gate_up, moe.down, moe.shared)
 
 
 def ffn(mlp: DenseMLP | MoE, x: Float[Tensor, "tokens hidden"], cfg: MLAConfig

@@ -1,26 +1,22 @@
 """mla_func.moe, kernels/moe_align.py and kernels/fused_moe.py against ops.moe.experts_reference.
 
-CPU: Triton under TRITON_INTERPRET=1 (set before triton is imported) at small sizes, float32
+CPU: Triton under TRITON_INTERPRET=1 (conftest sets it without a GPU) at small sizes, float32
 (the 3.9 interpreter's bf16 tl.dot is wrong, so bf16 runs under `-m cuda` only). GPU: real
 V2-Lite / V3 shapes in bf16, plus CUDA-graph capture and replay.
 """
 
-import os
+import dataclasses
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
 
-import dataclasses  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from mla_func.config import MLAConfig  # noqa: E402
-from mla_func.kernels.fused_moe import MoEConfig, fused_experts  # noqa: E402
-from mla_func.kernels.moe_align import align_torch, align_triton, pair_experts  # noqa: E402
-from mla_func.moe import experts  # noqa: E402
-from mla_func.ops.mlp import swiglu  # noqa: E402
-from mla_func.ops.moe import experts_reference, route  # noqa: E402
-from mla_func.params import DenseMLP  # noqa: E402
+from mla_func.config import MLAConfig
+from mla_func.kernels.fused_moe import MoEConfig, fused_experts
+from mla_func.kernels.moe_align import align_torch, align_triton, pair_experts
+from mla_func.moe import experts
+from mla_func.ops.mlp import swiglu
+from mla_func.ops.moe import experts_reference, route
+from mla_func.params import DenseMLP
 
 # Tiles for the interpreter: one N-tile per GEMM at these sizes keeps the program count low.
 SMALL = MoEConfig(16, (32, 64, 4, 1), (64, 32, 4, 1))

@@ -25,7 +25,9 @@ def route(
     score_bias: Float[Tensor, " experts"] | None,
     cfg: MLAConfig,
 ) -> tuple[Float[Tensor, "tokens topk"], Int[Tensor, "tokens topk"]]:
-    """Top-k expert ids and their float32 weights per token."""
+    """Top-k expert ids and their float32 weights per token. The scores are computed in
+    float32, as HF does; `router` is kept in float32 by init_params and load_hf, so no copy of
+    it is made per step."""
     logits = x.float() @ router.float().T
     k, method = cfg.num_experts_per_tok, cfg.topk_method
     n_experts = router.shape[0]
@@ -56,9 +58,9 @@ def _mask_groups(
 ) -> Float[Tensor, "tokens experts"]:
     keep = group_scores.topk(cfg.topk_group, dim=-1, sorted=False).indices
     mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep, True)
-    per_group = scores.shape[1] // group_scores.shape[1]
-    mask = mask.repeat_interleave(per_group, dim=1)
-    return scores.masked_fill(~mask, fill)
+    tokens, groups = group_scores.shape
+    mask = mask[:, :, None].expand(tokens, groups, scores.shape[1] // groups)
+    return scores.masked_fill(~mask.reshape(scores.shape), fill)
 
 
 def experts_reference(
