@@ -1,0 +1,74 @@
+"""Profile one V2-Lite decode step (GPU): kernel count, top kernels, eager vs whole-step graph.
+
+    python -m scripts.profile_step [--batch 1 128] [--ctx 1024]
+
+The whole-step graph here is a plain `torch.cuda.graph` around `forward` (no compiler): a
+check of what FULL mode should reach, and of where the time goes inside it.
+"""
+
+import argparse
+import math
+
+import torch
+
+import mla_func as mf
+from scripts.bench_common import cuda_time_ms, graph_time_ms, print_table
+from scripts.bench_step import count_distinct_experts, decode_batch, step_floor
+
+
+def profile(params, state, batch, top: int = 25) -> list[dict]:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    for _ in range(2):
+        mf.forward(params, state, batch)
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        mf.forward(params, state, batch)
+        torch.cuda.synchronize()
+    rows: dict[str, dict] = {}
+    for evt in prof.events():
+        if evt.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        r = rows.setdefault(evt.name[:70], {"kernel": evt.name[:70], "count": 0, "us": 0.0})
+        r["count"] += 1
+        r["us"] += evt.device_time
+    out = sorted(rows.values(), key=lambda r: -r["us"])
+    total = sum(r["us"] for r in out)
+    launches = sum(r["count"] for r in out)
+    print(f"{launches} kernel launches, {total:.0f} us of kernel time")
+    return out[:top]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 128])
+    p.add_argument("--ctx", type=int, default=1024)
+    p.add_argument("--page-size", type=int, default=64)
+    p.add_argument("--backend", default="triton")
+    args = p.parse_args()
+    from scripts.bench_common import measure_ceilings
+
+    ceil = measure_ceilings()
+    cfg = mf.MLAConfig.preset("v2-lite")
+    params = mf.init_params(cfg, seed=0, device="cuda", dtype=torch.bfloat16)
+    pages = max(args.batch) * math.ceil((args.ctx + 1) / args.page_size) + 2
+    state = mf.init_state(cfg, pages, args.page_size, device="cuda", dtype=torch.bfloat16)
+    state.cache.normal_()
+    summary = []
+    for bsz in args.batch:
+        batch = decode_batch(state, bsz, args.ctx, args.backend, seed=bsz)
+        floor = step_floor(params, count_distinct_experts(params, state, batch), bsz, args.ctx,
+                           ceil)
+        eager = cuda_time_ms(lambda b=batch: mf.forward(params, state, b))
+        graph = graph_time_ms(lambda b=batch: mf.forward(params, state, b))
+        summary.append({"batch": bsz, "ctx": args.ctx, "floor_ms": floor["floor_ms"],
+                        "eager_ms": eager, "graph_ms": graph,
+                        "graph_over_floor": graph / floor["floor_ms"]})
+        print_table(profile(params, state, batch), ["kernel", "count", "us"],
+                    f"B={bsz} ctx={args.ctx} kernels (eager, one step)")
+    print_table(summary, list(summary[0]), f"decode step, {torch.cuda.get_device_name()}")
+
+
+if __name__ == "__main__":
+    main()
