@@ -21,7 +21,7 @@ Outputs:
 import torch
 
 def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7):
-    # mla_func/model.py:126 in forward: h = params.embed[batch.token_ids]
+    # mla_func/model.py:124 in forward: h = params.embed[batch.token_ids]
     index_tensor = torch.ops.aten.index.Tensor(in_0, [in_1])
     # mla_func/ops/norm.py:13 in rmsnorm: xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     pow_tensor_scalar = torch.ops.aten.pow.Tensor_Scalar(index_tensor, 2)

@@ -43,16 +43,16 @@ def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in
     mul_tensor = torch.ops.aten.mul.Tensor(add_tensor, rsqrt_default)
     # mla_func/ops/norm.py:14 in rmsnorm: return weight * xf.to(x.dtype)
     mul_tensor_1 = torch.ops.aten.mul.Tensor(in_4, mul_tensor)
-    # mla_func/ops/moe.py:29 in route: logits = x.float() @ router.float().T
+    # mla_func/ops/moe.py:31 in route: logits = x.float() @ router.float().T
     permute_default_1 = torch.ops.aten.permute.default(in_5, [1, 0])
     mm_default_1 = torch.ops.aten.mm.default(mul_tensor_1, permute_default_1)
-    # mla_func/ops/moe.py:41 in route: scores = logits.softmax(dim=-1)
+    # mla_func/ops/moe.py:43 in route: scores = logits.softmax(dim=-1)
     _softmax_default = torch.ops.aten._softmax.default(mm_default_1, -1, False)
-    # mla_func/ops/moe.py:45 in route: weights, ids = scores.topk(k, dim=-1, sorted=False)
+    # mla_func/ops/moe.py:47 in route: weights, ids = scores.topk(k, dim=-1, sorted=False)
     topk_default = torch.ops.aten.topk.default(_softmax_default, 2, -1, True, False)
     getitem = topk_default[0]
     getitem_1 = topk_default[1]
-    # mla_func/ops/moe.py:48 in route: return weights * cfg.routed_scaling_factor, ids
+    # mla_func/ops/moe.py:50 in route: return weights * cfg.routed_scaling_factor, ids
     mul_tensor_2 = torch.ops.aten.mul.Tensor(getitem, 1.0)
     # mla_func/kernels/moe_align.py:52 in pair_experts: return ids.flatten()
     mul = in_1 * 2
@@ -118,61 +118,61 @@ def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in
     _to_copy_default_2 = torch.ops.aten._to_copy.default(mul_tensor_5, dtype = torch.int32)
     add_1 = sym_numel_default + 120
     floordiv_1 = add_1 // 16
-    # mla_func/moe.py:92 in sorted_torch: valid = torch.arange(block_m, device=x.device) < block_rows[:, None]
+    # mla_func/moe.py:90 in sorted_torch: valid = torch.arange(block_m, device=x.device) < block_rows[:, None]
     arange_default_2 = torch.ops.aten.arange.default(16, device = device(type='meta'), pin_memory = False)
     sym_size_int = torch.ops.aten.sym_size.int(arange_default_1, 0)
     slice_tensor = torch.ops.aten.slice.Tensor(_to_copy_default_2, 0, 0, 9223372036854775807)
     unsqueeze_default = torch.ops.aten.unsqueeze.default(slice_tensor, 1)
     lt_tensor = torch.ops.aten.lt.Tensor(arange_default_2, unsqueeze_default)
-    # mla_func/moe.py:94 in sorted_torch: row = torch.arange(n_blocks, device=x.device)[:, None] * block_m
+    # mla_func/moe.py:92 in sorted_torch: row = torch.arange(n_blocks, device=x.device)[:, None] * block_m
     arange_default_3 = torch.ops.aten.arange.default(floordiv_1, device = device(type='meta'), pin_memory = False)
     slice_tensor_1 = torch.ops.aten.slice.Tensor(arange_default_3, 0, 0, 9223372036854775807)
     unsqueeze_default_1 = torch.ops.aten.unsqueeze.default(slice_tensor_1, 1)
     mul_tensor_6 = torch.ops.aten.mul.Tensor(unsqueeze_default_1, 16)
-    # mla_func/moe.py:95 in sorted_torch: row = row + torch.arange(block_m, device=x.device)
+    # mla_func/moe.py:93 in sorted_torch: row = row + torch.arange(block_m, device=x.device)
     arange_default_4 = torch.ops.aten.arange.default(16, device = device(type='meta'), pin_memory = False)
     add_tensor_4 = torch.ops.aten.add.Tensor(mul_tensor_6, arange_default_4)
-    # mla_func/moe.py:96 in sorted_torch: pair = torch.where(valid, sorted_pairs[row], pairs).long()
+    # mla_func/moe.py:94 in sorted_torch: pair = torch.where(valid, sorted_pairs[row], pairs).long()
     index_tensor_5 = torch.ops.aten.index.Tensor(scatter__src, [add_tensor_4])
     scalar_tensor_default_1 = torch.ops.aten.scalar_tensor.default(sym_numel_default, dtype = torch.int32, layout = torch.strided, device = device(type='meta'))
     where_self_1 = torch.ops.aten.where.self(lt_tensor, index_tensor_5, scalar_tensor_default_1)
     _to_copy_default_3 = torch.ops.aten._to_copy.default(where_self_1, dtype = torch.int64)
     sub = sym_numel_default - 1
-    # mla_func/moe.py:97 in sorted_torch: xa = x[pair.clamp(max=pairs - 1) // topk]
+    # mla_func/moe.py:95 in sorted_torch: xa = x[pair.clamp(max=pairs - 1) // topk]
     clamp_default_2 = torch.ops.aten.clamp.default(_to_copy_default_3, None, sub)
     floor_divide_default_1 = torch.ops.aten.floor_divide.default(clamp_default_2, 2)
     index_tensor_6 = torch.ops.aten.index.Tensor(mul_tensor_1, [floor_divide_default_1])
-    # mla_func/moe.py:98 in sorted_torch: e = block_expert.clamp(min=0).long()
+    # mla_func/moe.py:96 in sorted_torch: e = block_expert.clamp(min=0).long()
     clamp_default_3 = torch.ops.aten.clamp.default(_to_copy_default_1, 0)
     _to_copy_default_4 = torch.ops.aten._to_copy.default(clamp_default_3, dtype = torch.int64)
-    # mla_func/moe.py:99 in sorted_torch: gu = torch.bmm(xa, gate_up[e].flatten(1, 2).transpose(1, 2))
+    # mla_func/moe.py:97 in sorted_torch: gu = torch.bmm(xa, gate_up[e].flatten(1, 2).transpose(1, 2))
     index_tensor_7 = torch.ops.aten.index.Tensor(in_6, [_to_copy_default_4])
     view_default_3 = torch.ops.aten.view.default(index_tensor_7, [sym_size_int, 64, 64])
     transpose_int = torch.ops.aten.transpose.int(view_default_3, 1, 2)
     bmm_default = torch.ops.aten.bmm.default(index_tensor_6, transpose_int)
-    # mla_func/moe.py:100 in sorted_torch: gate, up = gu.chunk(2, dim=-1)
+    # mla_func/moe.py:98 in sorted_torch: gate, up = gu.chunk(2, dim=-1)
     split_tensor = torch.ops.aten.split.Tensor(bmm_default, 32, -1)
     getitem_4 = split_tensor[0]
     getitem_5 = split_tensor[1]
-    # mla_func/moe.py:101 in sorted_torch: y = torch.bmm(F.silu(gate) * up, down[e].transpose(1, 2))
+    # mla_func/moe.py:99 in sorted_torch: y = torch.bmm(F.silu(gate) * up, down[e].transpose(1, 2))
     silu_default = torch.ops.aten.silu.default(getitem_4)
     mul_tensor_7 = torch.ops.aten.mul.Tensor(silu_default, getitem_5)
     index_tensor_8 = torch.ops.aten.index.Tensor(in_7, [_to_copy_default_4])
     transpose_int_1 = torch.ops.aten.transpose.int(index_tensor_8, 1, 2)
     bmm_default_1 = torch.ops.aten.bmm.default(mul_tensor_7, transpose_int_1)
-    # mla_func/moe.py:102 in sorted_torch: w = F.pad(weights.flatten(), (0, 1))[pair]
+    # mla_func/moe.py:100 in sorted_torch: w = F.pad(weights.flatten(), (0, 1))[pair]
     mul_2 = in_1 * 2
     view_default_4 = torch.ops.aten.view.default(mul_tensor_2, [mul_2])
     constant_pad_nd_default = torch.ops.aten.constant_pad_nd.default(view_default_4, [0, 1], 0.0)
     index_tensor_9 = torch.ops.aten.index.Tensor(constant_pad_nd_default, [_to_copy_default_3])
     add_2 = sym_numel_default + 1
-    # mla_func/moe.py:103 in sorted_torch: buf = torch.zeros(pairs + 1, x.shape[1], dtype=torch.float32, device=x.device)
+    # mla_func/moe.py:101 in sorted_torch: buf = torch.zeros(pairs + 1, x.shape[1], dtype=torch.float32, device=x.device)
     zeros_default_1 = torch.ops.aten.zeros.default([add_2, 64], dtype = torch.float32, device = device(type='meta'), pin_memory = False)
-    # mla_func/moe.py:104 in sorted_torch: buf.index_put_((pair,), w[..., None] * y.float())  # pads all land on the dump row
+    # mla_func/moe.py:102 in sorted_torch: buf.index_put_((pair,), w[..., None] * y.float())  # pads all land on the dump row
     unsqueeze_default_2 = torch.ops.aten.unsqueeze.default(index_tensor_9, 2)
     mul_tensor_8 = torch.ops.aten.mul.Tensor(unsqueeze_default_2, bmm_default_1)
     index_put__default = torch.ops.aten.index_put_.default(zeros_default_1, [_to_copy_default_3], mul_tensor_8)
-    # mla_func/moe.py:105 in sorted_torch: return buf[:pairs].view(tokens, topk, -1).sum(1).to(x.dtype)
+    # mla_func/moe.py:103 in sorted_torch: return buf[:pairs].view(tokens, topk, -1).sum(1).to(x.dtype)
     slice_tensor_2 = torch.ops.aten.slice.Tensor(index_put__default, 0, 0, sym_numel_default)
     view_default_5 = torch.ops.aten.view.default(slice_tensor_2, [in_1, 2, -1])
     sum_dim_int_list = torch.ops.aten.sum.dim_IntList(view_default_5, [1])
@@ -189,7 +189,7 @@ def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in
     mul_tensor_9 = torch.ops.aten.mul.Tensor(silu_default_1, getitem_7)
     permute_default_3 = torch.ops.aten.permute.default(in_9, [1, 0])
     mm_default_3 = torch.ops.aten.mm.default(mul_tensor_9, permute_default_3)
-    # mla_func/model.py:109 in moe_block: out = out + swiglu(x, moe.shared.gate_up, moe.shared.down)
+    # mla_func/moe.py:54 in experts: out = out + swiglu(x, shared.gate_up, shared.down)
     add_tensor_5 = torch.ops.aten.add.Tensor(sum_dim_int_list, mm_default_3)
     # mla_func/model.py:42 in add_norm: h = h + r
     add_tensor_6 = torch.ops.aten.add.Tensor(add_tensor, add_tensor_5)

@@ -51,10 +51,18 @@ def _val_str(val: Any, rename) -> str:
     return type(val).__name__
 
 
+def _placeholder_index(plan: CapturePlan) -> dict[fx.Node, int]:
+    cached = plan.meta_cache.get("placeholders")
+    if cached is None:
+        cached = {p: i for i, p in enumerate(
+            n for n in plan.traced.gm.graph.nodes if n.op == "placeholder")}
+        plan.meta_cache["placeholders"] = cached
+    return cached
+
+
 def _source(plan: CapturePlan, n: fx.Node) -> str:
     if n.op == "placeholder":
-        index = [p for p in plan.traced.gm.graph.nodes if p.op == "placeholder"].index(n)
-        return plan.signature.leaves[index].path
+        return plan.signature.leaves[_placeholder_index(plan)[n]].path
     if n.op == "get_attr":
         return f"constant {n.target}"
     for op in plan.ops:

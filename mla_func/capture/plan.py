@@ -43,6 +43,7 @@ class CapturePlan:
     mode_dims: dict[str, str]  # mode -> the dynamic dim its buckets are keyed by
     distinct: list[int] = field(default_factory=list)  # per segment: its distinct index
     meta: dict[str, Any] = field(default_factory=dict)
+    meta_cache: dict[str, Any] = field(default_factory=dict, repr=False)  # derived lookups
 
     @property
     def full_support(self) -> int:
