@@ -51,18 +51,9 @@ def _val_str(val: Any, rename) -> str:
     return type(val).__name__
 
 
-def _placeholder_index(plan: CapturePlan) -> dict[fx.Node, int]:
-    cached = plan.meta_cache.get("placeholders")
-    if cached is None:
-        cached = {p: i for i, p in enumerate(
-            n for n in plan.traced.gm.graph.nodes if n.op == "placeholder")}
-        plan.meta_cache["placeholders"] = cached
-    return cached
-
-
 def _source(plan: CapturePlan, n: fx.Node) -> str:
     if n.op == "placeholder":
-        return plan.signature.leaves[_placeholder_index(plan)[n]].path
+        return plan.signature.leaves[plan.placeholder_index()[n]].path
     if n.op == "get_attr":
         return f"constant {n.target}"
     for op in plan.ops:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from mla_func.capture.errors import CaptureError
 from mla_func.capture.plan import CapturePlan
 from mla_func.capture.tree import flatten_output, object_paths, unflatten
 
@@ -139,6 +140,8 @@ def allocate(plan: CapturePlan, leaves: Sequence[torch.Tensor], top: int) -> Buf
             b = torch.empty(shape, dtype=spec.dtype, device=t.device)
             b.fill_(spec.pad if spec.pad is not None else 0)
             buf.leaves[spec.index] = b
+    device = next(t.device for s, t in zip(plan.signature.leaves, leaves, strict=True)
+                  if not s.host)
     # Splitting-op outputs: a buffer is free again after the last segment reading it.
     free: list[tuple[int, torch.Tensor]] = []  # (free from segment index, buffer)
     for op in plan.ops:
@@ -152,7 +155,7 @@ def allocate(plan: CapturePlan, leaves: Sequence[torch.Tensor], top: int) -> Buf
                 free.remove(reuse)
                 b = reuse[1]
             else:
-                b = torch.zeros(shape, dtype=val.dtype, device=leaves[0].device)
+                b = torch.zeros(shape, dtype=val.dtype, device=device)
             buf.op_out[(op.index, j)] = b
             free.append((last + 1, b))
     return buf
@@ -176,8 +179,7 @@ def segment_inputs(plan: CapturePlan, seg_index: int, size: int, leaves: Sequenc
                    buf: Buffers, produced: dict[fx.Node, torch.Tensor]) -> list[Any]:
     """The tensors a segment's graph reads at bucket `size`."""
     seg = plan.segments[seg_index]
-    placeholders = {n: i for i, n in enumerate(
-        p for p in plan.traced.gm.graph.nodes if p.op == "placeholder")}
+    placeholders = plan.placeholder_index()
     out: list[Any] = []
     for n in seg.inputs:
         val = n.meta.get("val")
@@ -201,15 +203,19 @@ def capture_piecewise(plan: CapturePlan, leaves: Sequence[torch.Tensor], buf: Bu
                       pool: Any, sizes: Sequence[int], warmups: int, progress: Progress,
                       emulate: bool = False) -> dict[int, PiecewiseBucket]:
     needed = {a for op in plan.ops for a in op.node.all_input_nodes}
-    output = next(n for n in plan.traced.gm.graph.nodes if n.op == "output")
-    needed |= set(output.all_input_nodes)
+    needed |= set(plan.output_node().all_input_nodes)
     buckets: dict[int, PiecewiseBucket] = {}
     for size in sorted(sizes, reverse=True):
         produced: dict[fx.Node, torch.Tensor] = {}
         graphs = []
         for seg in plan.segments:
             inputs = segment_inputs(plan, seg.index, size, leaves, buf, produced)
-            g, outs = run_captured(seg.module, inputs, pool, warmups, emulate)
+            try:
+                g, outs = run_captured(seg.module, inputs, pool, warmups, emulate)
+            except Exception as exc:
+                raise CaptureError(f"capturing segment {seg.index} (segment_"
+                                   f"{plan.distinct[seg.index]:02d}.py) at bucket {size} failed: "
+                                   f"{type(exc).__name__}: {exc}") from exc
             g.replay()  # real values for the next segment's warm-up
             graphs.append(g)
             produced.update(zip(seg.outputs, outs, strict=True))
@@ -252,7 +258,11 @@ def capture_full(plan: CapturePlan, fn: Callable[..., Any], bound: dict[int, Any
                 static.append(leaves[spec.index])  # bound by address (params, state)
         it = iter(static)
         built = [unflatten(td, it) for td in sig.treedefs]
-        g, out = run_captured(fn, built, pool, warmups, emulate)
+        try:
+            g, out = run_captured(fn, built, pool, warmups, emulate)
+        except Exception as exc:
+            raise CaptureError(f"capturing the full graph at bucket {size} failed: "
+                               f"{type(exc).__name__}: {exc}") from exc
         inputs: dict[int, tuple] = {}
         for i, obj in enumerate(built):
             inputs.update(object_paths(obj, i))

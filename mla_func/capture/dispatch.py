@@ -54,11 +54,17 @@ def _leaves(td: TreeDef, obj: Any, out: list[torch.Tensor], path: str) -> None:
             _leaves(c, getattr(obj, name), out, f"{path}.{name}")
 
 
-def leaves_of(plan: CapturePlan, args: Sequence[Any]) -> list[torch.Tensor]:
+def leaves_of(plan: CapturePlan, args: Sequence[Any],
+              known: dict[int, list[torch.Tensor]] | None = None) -> list[torch.Tensor]:
+    """Every tensor leaf of `args`; `known` gives the leaves of some arguments (bound ones),
+    so that a step does not walk a large parameter tree on every call."""
     out: list[torch.Tensor] = []
-    for name, td, arg in zip(plan.signature.arg_names, plan.signature.treedefs, args,
-                             strict=True):
-        _leaves(td, arg, out, name)
+    for i, (name, td, arg) in enumerate(zip(plan.signature.arg_names, plan.signature.treedefs,
+                                            args, strict=True)):
+        if known is not None and i in known:
+            out += known[i]
+        else:
+            _leaves(td, arg, out, name)
     return out
 
 
@@ -77,6 +83,7 @@ class CompiledStep:
     bound_ptrs: dict[int, int] = field(default_factory=dict)  # leaf index -> data_ptr
     report: dict[str, Any] = field(default_factory=dict)
     capture_leaves: list[torch.Tensor] = field(default_factory=list)  # the args' leaves
+    bound_leaves: dict[int, list[torch.Tensor]] | None = None
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("eager", "piecewise", "full"), 0))
 
@@ -85,8 +92,18 @@ class CompiledStep:
         if self.mode == "eager":
             self.counts["eager"] += 1
             return self.fn(*full_args)
-        kind, size = self.choose(full_args)
-        return self.run(kind, size, full_args)
+        leaves = self._leaves_of(full_args)
+        kind, size = self._choose(full_args, leaves)
+        return self._run(kind, size, full_args, leaves)
+
+    def _leaves_of(self, full_args: Sequence[Any]) -> list[torch.Tensor]:
+        if self.bound_leaves is None:
+            self.bound_leaves = {}
+            for i in self.bound:
+                sub: list[torch.Tensor] = []
+                _leaves(self.plan.signature.treedefs[i], self.bound[i], sub, "bound")
+                self.bound_leaves[i] = sub
+        return leaves_of(self.plan, full_args, self.bound_leaves)
 
     def _merge(self, args: Sequence[Any]) -> list[Any]:
         it = iter(args)
@@ -97,7 +114,10 @@ class CompiledStep:
         """("full" | "piecewise" | "eager", bucket size) for one call."""
         if self.mode == "eager":
             return "eager", 0
-        sizes = self.plan.signature.dynamic_sizes(leaves_of(self.plan, full_args))
+        return self._choose(full_args, self._leaves_of(full_args))
+
+    def _choose(self, full_args: Sequence[Any], leaves: list[torch.Tensor]) -> tuple[str, int]:
+        sizes = self.plan.signature.dynamic_sizes(leaves)
         n = max(sizes.values())
         from mla_func.capture.buckets import pad_to
 
@@ -112,10 +132,15 @@ class CompiledStep:
         return "eager", 0
 
     def run(self, kind: str, size: int, full_args: Sequence[Any]) -> Any:
+        """Run one call as `kind` at bucket `size` (benchmarks force a kind this way)."""
+        leaves = [] if kind == "eager" else self._leaves_of(full_args)
+        return self._run(kind, size, full_args, leaves)
+
+    def _run(self, kind: str, size: int, full_args: Sequence[Any],
+             leaves: list[torch.Tensor]) -> Any:
         self.counts[kind] += 1
         if kind == "eager":
             return self.fn(*full_args)
-        leaves = leaves_of(self.plan, full_args)
         self._check_bound(leaves)
         self._check_static(leaves)
         real = self.plan.signature.dynamic_sizes(leaves)
@@ -164,8 +189,7 @@ class CompiledStep:
     def _replay_piecewise(self, bucket: PiecewiseBucket, leaves: Sequence[torch.Tensor],
                           real: dict[str, int]) -> list[torch.Tensor]:
         plan = self.plan
-        placeholders = {n: i for i, n in enumerate(
-            p for p in plan.traced.gm.graph.nodes if p.op == "placeholder")}
+        placeholders = plan.placeholder_index()
         op_results: dict[fx.Node, torch.Tensor] = {}
 
         def value(a: Any) -> Any:
@@ -194,16 +218,13 @@ class CompiledStep:
                 for j, (node, r) in enumerate(zip(op.outputs, results, strict=True)):
                     op_results[node] = r
                     narrow_to(self.buffers.op_out[(op.index, j)], r.shape).copy_(r)
-        output = next(n for n in plan.traced.gm.graph.nodes if n.op == "output")
-        return [value(n) for n in output.args[0]]
+        return [value(n) for n in plan.output_node().args[0]]
 
     def _outputs(self, outs: list[torch.Tensor], leaves: Sequence[torch.Tensor],
                  real: dict[str, int], full_args: Sequence[Any], kind: str) -> Any:
-        output = next(n for n in self.plan.traced.gm.graph.nodes if n.op == "output")
-        placeholders = {n: i for i, n in enumerate(
-            p for p in self.plan.traced.gm.graph.nodes if p.op == "placeholder")}
+        placeholders = self.plan.placeholder_index()
         final = []
-        for node, t in zip(output.args[0], outs, strict=True):
+        for node, t in zip(self.plan.output_node().args[0], outs, strict=True):
             if node in placeholders:
                 final.append(leaves[placeholders[node]])
             else:

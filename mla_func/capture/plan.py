@@ -45,6 +45,22 @@ class CapturePlan:
     meta: dict[str, Any] = field(default_factory=dict)
     meta_cache: dict[str, Any] = field(default_factory=dict, repr=False)  # derived lookups
 
+    def placeholder_index(self) -> dict[fx.Node, int]:
+        """Graph placeholder -> leaf index (cached: dispatch asks every step)."""
+        cached = self.meta_cache.get("placeholders")
+        if cached is None:
+            cached = {p: i for i, p in enumerate(
+                n for n in self.traced.gm.graph.nodes if n.op == "placeholder")}
+            self.meta_cache["placeholders"] = cached
+        return cached
+
+    def output_node(self) -> fx.Node:
+        cached = self.meta_cache.get("output")
+        if cached is None:
+            cached = next(n for n in reversed(self.traced.gm.graph.nodes) if n.op == "output")
+            self.meta_cache["output"] = cached
+        return cached
+
     @property
     def full_support(self) -> int:
         """The least graph support over splitting ops (ALWAYS when there are none)."""
