@@ -97,12 +97,14 @@ def frozen_gc():
 class Progress:
     def __init__(self, total: int, label: str, enabled: bool) -> None:
         self.total, self.label, self.enabled, self.done = total, label, enabled, 0
-        self.start = time.perf_counter()
+        self.start = self.shown = time.perf_counter()
 
     def step(self, what: str) -> None:
         self.done += 1
-        if self.enabled:
-            secs = time.perf_counter() - self.start
+        now = time.perf_counter()
+        if self.enabled and (now - self.shown > 0.25 or self.done == self.total):
+            self.shown = now
+            secs = now - self.start
             sys.stderr.write(f"\r{self.label}: {self.done}/{self.total} {what} ({secs:.1f} s)  ")
             if self.done == self.total:
                 sys.stderr.write("\n")
