@@ -144,7 +144,9 @@ class CompiledStep:
         self._check_bound(leaves)
         self._check_static(leaves)
         real = self.plan.signature.dynamic_sizes(leaves)
-        self._fill(leaves, size)
+        # Piecewise graphs read only the leaves segments use (the splitting ops get the live
+        # ones); full graphs read them all.
+        self._fill(leaves, size, None if kind == "full" else self._segment_leaves())
         if kind == "full":
             bucket = self.full[size]
             bucket.graph.replay()
@@ -169,8 +171,18 @@ class CompiledStep:
                         f"`{spec.path}` axis {axis} ({spec.dims[axis]}) is {got}; the graphs "
                         f"were captured with {want}")
 
-    def _fill(self, leaves: Sequence[torch.Tensor], size: int) -> None:
+    def _segment_leaves(self) -> set[int]:
+        cached = self.plan.meta_cache.get("segment_leaves")
+        if cached is None:
+            index = self.plan.placeholder_index()
+            cached = {index[n] for seg in self.plan.segments for n in seg.inputs if n in index}
+            self.plan.meta_cache["segment_leaves"] = cached
+        return cached
+
+    def _fill(self, leaves: Sequence[torch.Tensor], size: int, only: set[int] | None) -> None:
         for i, buf in self.buffers.leaves.items():
+            if only is not None and i not in only:
+                continue
             spec, t = self.plan.signature.leaves[i], leaves[i]
             target = narrow_to(buf, [size if any(a == ax for ax, _ in spec.dynamic) else s
                                      for a, s in enumerate(buf.shape)])
