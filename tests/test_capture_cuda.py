@@ -38,8 +38,10 @@ def _check(params, state, step, work, kind):
     want, _ = mf.forward(params, twin, batch)
     got, out_state = step(state, batch)
     assert out_state is state
-    if kind == "eager":
-        assert torch.equal(got, want) and torch.equal(state.cache, twin.cache)
+    n = max(batch.num_tokens, batch.num_seqs)
+    if kind == "eager" or (kind == "full" and n in step.full):
+        # Same kernels at the same shapes (a full graph of exactly this size): bitwise.
+        assert torch.equal(got, want) and torch.equal(state.cache[:, 1:], twin.cache[:, 1:])
     else:
         torch.testing.assert_close(got, want, **TOL)
         torch.testing.assert_close(state.cache[:, 1:], twin.cache[:, 1:], **TOL)
