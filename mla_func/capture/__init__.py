@@ -7,9 +7,16 @@ Generic: it knows dim names and op names only through its arguments.
     plan = plan_capture(fn, *example_args)     # no GPU; raises CaptureError for unsafe code
     plan.save("graphs/NAME")                   # plan.json + segment_NN.py
     step = compile_plan(plan, fn, args, bound=(0,), mode="piecewise")   # CUDA
+    out = step(*args[1:])                      # FULL / PIECEWISE / eager, per call
+
+Modules, one per stage: signature (dim table), tree (flattening dataclasses), trace (make_fx
+symbolic), split + validate, buckets, plan (plan_capture), artifacts (plan.json, segments),
+capture (CUDA graphs), dispatch (CompiledStep), compile (compile_plan), errors.
 """
 
 from mla_func.capture.buckets import BucketPolicy, bucket_sizes, pad_to, padding_waste
+from mla_func.capture.compile import compile_plan
+from mla_func.capture.dispatch import MODES, CompiledStep
 from mla_func.capture.errors import (
     BindingError,
     CaptureError,
@@ -26,7 +33,7 @@ from mla_func.capture.plan import (
 )
 
 __all__ = [
-    "ALWAYS", "NEVER", "UNIFORM_BATCH", "UNIFORM_SINGLE_TOKEN_DECODE", "BindingError",
-    "BucketPolicy", "CaptureError", "CapturePlan", "CudaRequiredError", "SignatureError",
-    "bucket_sizes", "pad_to", "padding_waste", "plan_capture",
+    "ALWAYS", "MODES", "NEVER", "UNIFORM_BATCH", "UNIFORM_SINGLE_TOKEN_DECODE", "BindingError",
+    "BucketPolicy", "CaptureError", "CapturePlan", "CompiledStep", "CudaRequiredError",
+    "SignatureError", "bucket_sizes", "compile_plan", "pad_to", "padding_waste", "plan_capture",
 ]
