@@ -7,6 +7,8 @@ replay can never disturb a live page. One program per token; the shape of the la
 only on tensor shapes, so the write is safe inside a CUDA graph.
 """
 
+from typing import no_type_check
+
 import triton
 import triton.language as tl
 from jaxtyping import Float, Int
@@ -14,6 +16,7 @@ from torch import Tensor
 
 
 @triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _write_kernel(
     kv, cache, slots, stride_kv, stride_row, latent,
     BLOCK: tl.constexpr,

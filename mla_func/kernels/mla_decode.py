@@ -21,6 +21,7 @@ the first (warm-up) call per shape and reused, so replays see the same addresses
 
 import math
 from dataclasses import dataclass, replace
+from typing import no_type_check
 
 import torch
 import triton
@@ -52,7 +53,7 @@ def _cdiv(a: int, b: int) -> int:
 
 def plan_decode(
     num_rows: int, max_seq_len: int, num_sms: int, heads: int = 16,
-    block_h: int | None = None, block_n: int | None = None, waves: int = 1,
+    block_h: int | None = None, block_n: int | None = None, waves: int = 2,
 ) -> DecodePlan:
     """The launch shape for `num_rows` query rows (the bucket) whose keys may reach
     `max_seq_len` (the cache capacity of one sequence, not any real length): the fewest splits
@@ -61,7 +62,9 @@ def plan_decode(
     Tiles: 16 heads x 32 keys x 576 (4 warps) as in the common Triton MLA kernel, which holds
     its registers; 64 heads per program above 16 heads, so a KV tile serves 64 heads per read
     and the two head blocks of V3's 128 share it through L2. `scripts/bench_kernels.py
-    --sweep` measures the alternatives."""
+    --sweep` measures the alternatives. Two waves: on an H200 (2026-11-21, H=16, ctx 4096)
+    about 2 programs per SM were fastest at B=8, 32 and 128 (one wave left B=128 at 1.6x the
+    time of two; more than two gained nothing)."""
     if block_h is None:
         block_h = 16 if heads <= 16 else 64
     if block_n is None:
@@ -117,6 +120,7 @@ class DecodeWorkspace:
 
 
 @triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _split_kernel(
     q_lat, q_pe, cache, page_table, token_seq, positions, part_o, part_lse, out,
     sq_h, sq_t, sp_t, sp_h, s_row, s_pt, so_h, so_t,
@@ -185,6 +189,7 @@ def _split_kernel(
 
 
 @triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _merge_kernel(
     part_o, part_lse, positions, out, so_h, so_t, heads, kv_lora, num_splits,
     SPLITS_P2: tl.constexpr, BLOCK_N: tl.constexpr,

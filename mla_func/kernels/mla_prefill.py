@@ -12,6 +12,8 @@ The form and the grid come from host metadata (max_seq_len, max_query_len), so t
 eager-only: it is not part of a captured decode graph.
 """
 
+from typing import no_type_check
+
 import torch
 import triton
 import triton.language as tl
@@ -21,6 +23,7 @@ from triton.runtime.errors import OutOfResources
 
 
 @triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _mha_kernel(
     q_nope, q_pe, k_nope, lat, v, out, positions, q_start, q_len,
     sqn_t, sqn_h, sqp_t, sqp_h, sk_s, sk_l, sk_h, sl_s, sl_l, sv_s, sv_l, sv_h, so_t, so_h,

@@ -6,6 +6,8 @@ add and the norm of every decoder layer in one kernel instead of eight.
 Both are `torch.library` custom ops, so tracers see one node each.
 """
 
+from typing import no_type_check
+
 import torch
 import triton
 import triton.language as tl
@@ -13,6 +15,7 @@ from torch import Tensor
 
 
 @triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _rmsnorm_kernel(x_ptr, r_ptr, h_out_ptr, y_ptr, w_ptr, width, eps,
                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)

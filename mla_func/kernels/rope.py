@@ -6,6 +6,8 @@ ops/rope.py, torch.cat). Interleaved-pair rope (DeepSeek's checkpoint layout): p
 float32 and cos/sin scaled by YaRN's attention factor, as `ops.rope` computes it.
 """
 
+from typing import no_type_check
+
 import torch
 import triton
 import triton.language as tl
@@ -13,6 +15,7 @@ from torch import Tensor
 
 
 @triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _prologue_kernel(q_ptr, kv_ptr, w_ptr, pos_ptr, freq_ptr, q_pe_ptr, kv_out_ptr,
                      rope_scale, eps, heads, q_stride, NOPE: tl.constexpr,
                      ROPE: tl.constexpr, KV_LORA: tl.constexpr, BLOCK_H: tl.constexpr,
