@@ -160,7 +160,8 @@ def test_plan_is_a_function_of_shapes_and_fills_the_gpu():
         for heads in (16, 128):
             plan = plan_decode(rows, 16384, 132, heads)
             programs = rows * -(-heads // plan.block_h) * plan.num_splits
-            assert programs >= 0.85 * 2 * 132
+            # Two waves, unless the splits hit MAX_SPLITS (one row of 128 heads at 16k keys).
+            assert programs >= 0.85 * 2 * 132 or plan.num_splits == MAX_SPLITS
             assert plan == plan_decode(rows, 16384, 132, heads)
 
 
