@@ -29,7 +29,9 @@ FORCE_FUSED = False
 
 
 def _fused(x: Tensor) -> bool:
-    return x.is_cuda or FORCE_FUSED
+    """CUDA runs the fused kernels; so does `meta`, so that plans made there show the ops a
+    GPU captures (the custom ops' fake implementations run on meta)."""
+    return x.device.type in ("cuda", "meta") or FORCE_FUSED
 
 
 def add_norm(

@@ -40,7 +40,7 @@ def experts(
     impl: str | None = None,
 ) -> Float[Tensor, "tokens hidden"]:
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]), plus `shared(x)` when given."""
-    impl = impl or ("triton" if x.is_cuda else "sorted_torch")
+    impl = impl or ("triton" if x.device.type in ("cuda", "meta") else "sorted_torch")
     if impl == "triton":
         s_gate_up, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
         return torch.ops.mla_func.moe_experts(x, weights, ids, gate_up, down, s_gate_up, s_down)

@@ -7,9 +7,9 @@ Inputs (of this first occurrence):
     in_2: params.layers.0.input_norm: float32[64]
     in_3: params.layers.0.attn.q_proj: float32[4, 24, 64]
     in_4: params.layers.0.attn.kv_a_proj: float32[40, 64]
-    in_5: batch.positions: int32[tokens]
-    in_6: params.rope_inv_freq: float32[8]
-    in_7: params.layers.0.attn.kv_a_norm: float32[32]
+    in_5: params.layers.0.attn.kv_a_norm: float32[32]
+    in_6: batch.positions: int32[tokens]
+    in_7: params.rope_inv_freq: float32[8]
 Outputs:
     0: float32[tokens, 64] -> segment 1
     1: int tokens -> segment 1, segment 2, segment 3
@@ -21,90 +21,25 @@ Outputs:
 import torch
 
 def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7):
-    # mla_func/model.py:124 in forward: h = params.embed[batch.token_ids]
+    # mla_func/model.py:126 in forward: h = params.embed[batch.token_ids]
     index_tensor = torch.ops.aten.index.Tensor(in_0, [in_1])
-    # mla_func/ops/norm.py:13 in rmsnorm: xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    pow_tensor_scalar = torch.ops.aten.pow.Tensor_Scalar(index_tensor, 2)
-    mean_dim = torch.ops.aten.mean.dim(pow_tensor_scalar, [-1], True)
-    add_tensor = torch.ops.aten.add.Tensor(mean_dim, 1e-06)
-    rsqrt_default = torch.ops.aten.rsqrt.default(add_tensor)
-    mul_tensor = torch.ops.aten.mul.Tensor(index_tensor, rsqrt_default)
-    # mla_func/ops/norm.py:14 in rmsnorm: return weight * xf.to(x.dtype)
-    mul_tensor_1 = torch.ops.aten.mul.Tensor(in_2, mul_tensor)
-    # mla_func/model.py:57 in project_q: q = x @ attn.q_proj.flatten(0, 1).T
+    # mla_func/model.py:51 in norm: return torch.ops.mla_func.rmsnorm(x, weight, eps)
+    rmsnorm_default = torch.ops.mla_func.rmsnorm.default(index_tensor, in_2, 1e-06)
+    # mla_func/model.py:59 in project_q: q = x @ attn.q_proj.flatten(0, 1).T
     view_default = torch.ops.aten.view.default(in_3, [96, 64])
     permute_default = torch.ops.aten.permute.default(view_default, [1, 0])
-    mm_default = torch.ops.aten.mm.default(mul_tensor_1, permute_default)
-    # mla_func/model.py:61 in project_q: return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim))
+    mm_default = torch.ops.aten.mm.default(rmsnorm_default, permute_default)
+    # mla_func/model.py:63 in project_q: return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim))
     sym_size_int = torch.ops.aten.sym_size.int(in_1, 0)
     view_default_1 = torch.ops.aten.view.default(mm_default, [sym_size_int, 4, 24])
-    # mla_func/model.py:94 in attention_block: q_pe, kv_new = prologue(attn, q, x @ attn.kv_a_proj.T, batch.positions, inv_freq, cfg)
+    # mla_func/model.py:96 in attention_block: q_pe, kv_new = prologue(attn, q, x @ attn.kv_a_proj.T, batch.positions, inv_freq, cfg)
     permute_default_1 = torch.ops.aten.permute.default(in_4, [1, 0])
-    mm_default_1 = torch.ops.aten.mm.default(mul_tensor_1, permute_default_1)
-    # mla_func/ops/rope.py:17 in rope_cos_sin: angles = positions.float()[:, None] * inv_freq.float()[None, :]
-    _to_copy_default = torch.ops.aten._to_copy.default(in_5, dtype = torch.float32)
-    slice_tensor = torch.ops.aten.slice.Tensor(_to_copy_default, 0, 0, 9223372036854775807)
-    unsqueeze_default = torch.ops.aten.unsqueeze.default(slice_tensor, 1)
-    unsqueeze_default_1 = torch.ops.aten.unsqueeze.default(in_6, 0)
-    mul_tensor_2 = torch.ops.aten.mul.Tensor(unsqueeze_default, unsqueeze_default_1)
-    # mla_func/ops/rope.py:18 in rope_cos_sin: return angles.cos() * scale, angles.sin() * scale
-    cos_default = torch.ops.aten.cos.default(mul_tensor_2)
-    mul_tensor_3 = torch.ops.aten.mul.Tensor(cos_default, 1.0)
-    sin_default = torch.ops.aten.sin.default(mul_tensor_2)
-    mul_tensor_4 = torch.ops.aten.mul.Tensor(sin_default, 1.0)
-    # mla_func/model.py:78 in prologue: q_pe = apply_rope(q[..., cfg.qk_nope_head_dim :], cos, sin)
-    slice_tensor_1 = torch.ops.aten.slice.Tensor(view_default_1, 2, 16, 9223372036854775807)
-    # mla_func/ops/rope.py:28 in apply_rope: pairs = xf.unflatten(-1, (-1, 2))
-    view_default_2 = torch.ops.aten.view.default(slice_tensor_1, [sym_size_int, 4, 4, 2])
-    # mla_func/ops/rope.py:29 in apply_rope: rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-    select_int = torch.ops.aten.select.int(view_default_2, 3, 1)
-    neg_default = torch.ops.aten.neg.default(select_int)
-    select_int_1 = torch.ops.aten.select.int(view_default_2, 3, 0)
-    stack_default = torch.ops.aten.stack.default([neg_default, select_int_1], -1)
-    view_default_3 = torch.ops.aten.view.default(stack_default, [sym_size_int, 4, 8])
-    # mla_func/ops/rope.py:31 in apply_rope: cos = cos.view(cos.shape[0], *extra, cos.shape[-1])
-    sym_size_int_1 = torch.ops.aten.sym_size.int(slice_tensor, 0)
-    view_default_4 = torch.ops.aten.view.default(mul_tensor_3, [sym_size_int_1, 1, 8])
-    # mla_func/ops/rope.py:32 in apply_rope: sin = sin.view(sin.shape[0], *extra, sin.shape[-1])
-    view_default_5 = torch.ops.aten.view.default(mul_tensor_4, [sym_size_int_1, 1, 8])
-    # mla_func/ops/rope.py:33 in apply_rope: return (xf * cos + rotated * sin).to(x.dtype)
-    mul_tensor_5 = torch.ops.aten.mul.Tensor(slice_tensor_1, view_default_4)
-    mul_tensor_6 = torch.ops.aten.mul.Tensor(view_default_3, view_default_5)
-    add_tensor_1 = torch.ops.aten.add.Tensor(mul_tensor_5, mul_tensor_6)
-    # mla_func/model.py:79 in prologue: c_kv = rmsnorm(kv[:, : cfg.kv_lora_rank], attn.kv_a_norm, eps)
-    slice_tensor_2 = torch.ops.aten.slice.Tensor(mm_default_1, 0, 0, 9223372036854775807)
-    slice_tensor_3 = torch.ops.aten.slice.Tensor(slice_tensor_2, 1, 0, 32)
-    # mla_func/ops/norm.py:13 in rmsnorm: xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    pow_tensor_scalar_1 = torch.ops.aten.pow.Tensor_Scalar(slice_tensor_3, 2)
-    mean_dim_1 = torch.ops.aten.mean.dim(pow_tensor_scalar_1, [-1], True)
-    add_tensor_2 = torch.ops.aten.add.Tensor(mean_dim_1, 1e-06)
-    rsqrt_default_1 = torch.ops.aten.rsqrt.default(add_tensor_2)
-    mul_tensor_7 = torch.ops.aten.mul.Tensor(slice_tensor_3, rsqrt_default_1)
-    # mla_func/ops/norm.py:14 in rmsnorm: return weight * xf.to(x.dtype)
-    mul_tensor_8 = torch.ops.aten.mul.Tensor(in_7, mul_tensor_7)
-    # mla_func/model.py:80 in prologue: k_pe = apply_rope(kv[:, cfg.kv_lora_rank :], cos, sin)
-    slice_tensor_4 = torch.ops.aten.slice.Tensor(mm_default_1, 0, 0, 9223372036854775807)
-    slice_tensor_5 = torch.ops.aten.slice.Tensor(slice_tensor_4, 1, 32, 9223372036854775807)
-    # mla_func/ops/rope.py:28 in apply_rope: pairs = xf.unflatten(-1, (-1, 2))
-    sym_size_int_2 = torch.ops.aten.sym_size.int(slice_tensor_4, 0)
-    view_default_6 = torch.ops.aten.view.default(slice_tensor_5, [sym_size_int_2, 4, 2])
-    # mla_func/ops/rope.py:29 in apply_rope: rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-    select_int_2 = torch.ops.aten.select.int(view_default_6, 2, 1)
-    neg_default_1 = torch.ops.aten.neg.default(select_int_2)
-    select_int_3 = torch.ops.aten.select.int(view_default_6, 2, 0)
-    stack_default_1 = torch.ops.aten.stack.default([neg_default_1, select_int_3], -1)
-    view_default_7 = torch.ops.aten.view.default(stack_default_1, [sym_size_int_2, 8])
-    # mla_func/ops/rope.py:31 in apply_rope: cos = cos.view(cos.shape[0], *extra, cos.shape[-1])
-    view_default_8 = torch.ops.aten.view.default(mul_tensor_3, [sym_size_int_1, 8])
-    # mla_func/ops/rope.py:32 in apply_rope: sin = sin.view(sin.shape[0], *extra, sin.shape[-1])
-    view_default_9 = torch.ops.aten.view.default(mul_tensor_4, [sym_size_int_1, 8])
-    # mla_func/ops/rope.py:33 in apply_rope: return (xf * cos + rotated * sin).to(x.dtype)
-    mul_tensor_9 = torch.ops.aten.mul.Tensor(slice_tensor_5, view_default_8)
-    mul_tensor_10 = torch.ops.aten.mul.Tensor(view_default_7, view_default_9)
-    add_tensor_3 = torch.ops.aten.add.Tensor(mul_tensor_9, mul_tensor_10)
-    # mla_func/model.py:81 in prologue: return q_pe, torch.cat((c_kv, k_pe), dim=-1)
-    cat_default = torch.ops.aten.cat.default([mul_tensor_8, add_tensor_3], -1)
-    # mla_func/model.py:96 in attention_block: q[..., : cfg.qk_nope_head_dim], q_pe, kv_new, cache, layer, attn.w_uk, attn.w_uv,
-    slice_tensor_6 = torch.ops.aten.slice.Tensor(view_default_1, 2, 0, 16)
-    return (index_tensor, sym_size_int, add_tensor_1, cat_default, slice_tensor_6)
+    mm_default_1 = torch.ops.aten.mm.default(rmsnorm_default, permute_default_1)
+    # mla_func/model.py:77 in prologue: return torch.ops.mla_func.mla_prologue(q, kv, attn.kv_a_norm, positions, inv_freq,
+    mla_prologue_default = torch.ops.mla_func.mla_prologue.default(view_default_1, mm_default_1, in_5, in_6, in_7, 1.0, 1e-06, 16)
+    getitem = mla_prologue_default[0]
+    getitem_1 = mla_prologue_default[1]
+    # mla_func/model.py:98 in attention_block: q[..., : cfg.qk_nope_head_dim], q_pe, kv_new, cache, layer, attn.w_uk, attn.w_uv,
+    slice_tensor = torch.ops.aten.slice.Tensor(view_default_1, 2, 0, 16)
+    return (index_tensor, sym_size_int, getitem, getitem_1, slice_tensor)
     

@@ -12,9 +12,9 @@ Inputs (of this first occurrence):
     in_7: params.layers.1.input_norm: float32[64]
     in_8: params.layers.1.attn.q_proj: float32[4, 24, 64]
     in_9: params.layers.1.attn.kv_a_proj: float32[40, 64]
-    in_10: batch.positions: int32[tokens]
-    in_11: params.rope_inv_freq: float32[8]
-    in_12: params.layers.1.attn.kv_a_norm: float32[32]
+    in_10: params.layers.1.attn.kv_a_norm: float32[32]
+    in_11: batch.positions: int32[tokens]
+    in_12: params.rope_inv_freq: float32[8]
 Outputs:
     0: float32[tokens, 64] -> segment 2
     1: float32[tokens, 4, 8] -> op 1
@@ -25,117 +25,46 @@ Outputs:
 import torch
 
 def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in_10, in_11, in_12):
-    # mla_func/model.py:99 in attention_block: return o.flatten(1, 2) @ attn.o_proj.flatten(1, 2).T
+    # mla_func/model.py:101 in attention_block: return o.flatten(1, 2) @ attn.o_proj.flatten(1, 2).T
     view_default = torch.ops.aten.view.default(in_0, [in_1, 64])
     view_default_1 = torch.ops.aten.view.default(in_2, [64, 64])
     permute_default = torch.ops.aten.permute.default(view_default_1, [1, 0])
     mm_default = torch.ops.aten.mm.default(view_default, permute_default)
-    # mla_func/model.py:42 in add_norm: h = h + r
-    add_tensor = torch.ops.aten.add.Tensor(in_3, mm_default)
-    # mla_func/ops/norm.py:13 in rmsnorm: xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    pow_tensor_scalar = torch.ops.aten.pow.Tensor_Scalar(add_tensor, 2)
-    mean_dim = torch.ops.aten.mean.dim(pow_tensor_scalar, [-1], True)
-    add_tensor_1 = torch.ops.aten.add.Tensor(mean_dim, 1e-06)
-    rsqrt_default = torch.ops.aten.rsqrt.default(add_tensor_1)
-    mul_tensor = torch.ops.aten.mul.Tensor(add_tensor, rsqrt_default)
-    # mla_func/ops/norm.py:14 in rmsnorm: return weight * xf.to(x.dtype)
-    mul_tensor_1 = torch.ops.aten.mul.Tensor(in_4, mul_tensor)
+    # mla_func/model.py:43 in add_norm: return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
+    add_rmsnorm_default = torch.ops.mla_func.add_rmsnorm.default(in_3, mm_default, in_4, 1e-06)
+    getitem = add_rmsnorm_default[0]
+    getitem_1 = add_rmsnorm_default[1]
     # mla_func/ops/mlp.py:13 in swiglu: gu = x @ gate_up.flatten(0, 1).T
     view_default_2 = torch.ops.aten.view.default(in_5, [256, 64])
     permute_default_1 = torch.ops.aten.permute.default(view_default_2, [1, 0])
-    mm_default_1 = torch.ops.aten.mm.default(mul_tensor_1, permute_default_1)
+    mm_default_1 = torch.ops.aten.mm.default(getitem_1, permute_default_1)
     # mla_func/ops/mlp.py:14 in swiglu: gate, up = gu.chunk(2, dim=-1)
     split_tensor = torch.ops.aten.split.Tensor(mm_default_1, 128, -1)
-    getitem = split_tensor[0]
-    getitem_1 = split_tensor[1]
+    getitem_2 = split_tensor[0]
+    getitem_3 = split_tensor[1]
     # mla_func/ops/mlp.py:15 in swiglu: return (F.silu(gate) * up) @ down.T
-    silu_default = torch.ops.aten.silu.default(getitem)
-    mul_tensor_2 = torch.ops.aten.mul.Tensor(silu_default, getitem_1)
+    silu_default = torch.ops.aten.silu.default(getitem_2)
+    mul_tensor = torch.ops.aten.mul.Tensor(silu_default, getitem_3)
     permute_default_2 = torch.ops.aten.permute.default(in_6, [1, 0])
-    mm_default_2 = torch.ops.aten.mm.default(mul_tensor_2, permute_default_2)
-    # mla_func/model.py:42 in add_norm: h = h + r
-    add_tensor_2 = torch.ops.aten.add.Tensor(add_tensor, mm_default_2)
-    # mla_func/ops/norm.py:13 in rmsnorm: xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    pow_tensor_scalar_1 = torch.ops.aten.pow.Tensor_Scalar(add_tensor_2, 2)
-    mean_dim_1 = torch.ops.aten.mean.dim(pow_tensor_scalar_1, [-1], True)
-    add_tensor_3 = torch.ops.aten.add.Tensor(mean_dim_1, 1e-06)
-    rsqrt_default_1 = torch.ops.aten.rsqrt.default(add_tensor_3)
-    mul_tensor_3 = torch.ops.aten.mul.Tensor(add_tensor_2, rsqrt_default_1)
-    # mla_func/ops/norm.py:14 in rmsnorm: return weight * xf.to(x.dtype)
-    mul_tensor_4 = torch.ops.aten.mul.Tensor(in_7, mul_tensor_3)
-    # mla_func/model.py:57 in project_q: q = x @ attn.q_proj.flatten(0, 1).T
+    mm_default_2 = torch.ops.aten.mm.default(mul_tensor, permute_default_2)
+    # mla_func/model.py:43 in add_norm: return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
+    add_rmsnorm_default_1 = torch.ops.mla_func.add_rmsnorm.default(getitem, mm_default_2, in_7, 1e-06)
+    getitem_4 = add_rmsnorm_default_1[0]
+    getitem_5 = add_rmsnorm_default_1[1]
+    # mla_func/model.py:59 in project_q: q = x @ attn.q_proj.flatten(0, 1).T
     view_default_3 = torch.ops.aten.view.default(in_8, [96, 64])
     permute_default_3 = torch.ops.aten.permute.default(view_default_3, [1, 0])
-    mm_default_3 = torch.ops.aten.mm.default(mul_tensor_4, permute_default_3)
-    # mla_func/model.py:61 in project_q: return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim))
+    mm_default_3 = torch.ops.aten.mm.default(getitem_5, permute_default_3)
+    # mla_func/model.py:63 in project_q: return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim))
     view_default_4 = torch.ops.aten.view.default(mm_default_3, [in_1, 4, 24])
-    # mla_func/model.py:94 in attention_block: q_pe, kv_new = prologue(attn, q, x @ attn.kv_a_proj.T, batch.positions, inv_freq, cfg)
+    # mla_func/model.py:96 in attention_block: q_pe, kv_new = prologue(attn, q, x @ attn.kv_a_proj.T, batch.positions, inv_freq, cfg)
     permute_default_4 = torch.ops.aten.permute.default(in_9, [1, 0])
-    mm_default_4 = torch.ops.aten.mm.default(mul_tensor_4, permute_default_4)
-    # mla_func/ops/rope.py:17 in rope_cos_sin: angles = positions.float()[:, None] * inv_freq.float()[None, :]
-    _to_copy_default = torch.ops.aten._to_copy.default(in_10, dtype = torch.float32)
-    slice_tensor = torch.ops.aten.slice.Tensor(_to_copy_default, 0, 0, 9223372036854775807)
-    unsqueeze_default = torch.ops.aten.unsqueeze.default(slice_tensor, 1)
-    unsqueeze_default_1 = torch.ops.aten.unsqueeze.default(in_11, 0)
-    mul_tensor_5 = torch.ops.aten.mul.Tensor(unsqueeze_default, unsqueeze_default_1)
-    # mla_func/ops/rope.py:18 in rope_cos_sin: return angles.cos() * scale, angles.sin() * scale
-    cos_default = torch.ops.aten.cos.default(mul_tensor_5)
-    mul_tensor_6 = torch.ops.aten.mul.Tensor(cos_default, 1.0)
-    sin_default = torch.ops.aten.sin.default(mul_tensor_5)
-    mul_tensor_7 = torch.ops.aten.mul.Tensor(sin_default, 1.0)
-    # mla_func/model.py:78 in prologue: q_pe = apply_rope(q[..., cfg.qk_nope_head_dim :], cos, sin)
-    slice_tensor_1 = torch.ops.aten.slice.Tensor(view_default_4, 2, 16, 9223372036854775807)
-    # mla_func/ops/rope.py:28 in apply_rope: pairs = xf.unflatten(-1, (-1, 2))
-    view_default_5 = torch.ops.aten.view.default(slice_tensor_1, [in_1, 4, 4, 2])
-    # mla_func/ops/rope.py:29 in apply_rope: rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-    select_int = torch.ops.aten.select.int(view_default_5, 3, 1)
-    neg_default = torch.ops.aten.neg.default(select_int)
-    select_int_1 = torch.ops.aten.select.int(view_default_5, 3, 0)
-    stack_default = torch.ops.aten.stack.default([neg_default, select_int_1], -1)
-    view_default_6 = torch.ops.aten.view.default(stack_default, [in_1, 4, 8])
-    # mla_func/ops/rope.py:31 in apply_rope: cos = cos.view(cos.shape[0], *extra, cos.shape[-1])
-    sym_size_int = torch.ops.aten.sym_size.int(slice_tensor, 0)
-    view_default_7 = torch.ops.aten.view.default(mul_tensor_6, [sym_size_int, 1, 8])
-    # mla_func/ops/rope.py:32 in apply_rope: sin = sin.view(sin.shape[0], *extra, sin.shape[-1])
-    view_default_8 = torch.ops.aten.view.default(mul_tensor_7, [sym_size_int, 1, 8])
-    # mla_func/ops/rope.py:33 in apply_rope: return (xf * cos + rotated * sin).to(x.dtype)
-    mul_tensor_8 = torch.ops.aten.mul.Tensor(slice_tensor_1, view_default_7)
-    mul_tensor_9 = torch.ops.aten.mul.Tensor(view_default_6, view_default_8)
-    add_tensor_4 = torch.ops.aten.add.Tensor(mul_tensor_8, mul_tensor_9)
-    # mla_func/model.py:79 in prologue: c_kv = rmsnorm(kv[:, : cfg.kv_lora_rank], attn.kv_a_norm, eps)
-    slice_tensor_2 = torch.ops.aten.slice.Tensor(mm_default_4, 0, 0, 9223372036854775807)
-    slice_tensor_3 = torch.ops.aten.slice.Tensor(slice_tensor_2, 1, 0, 32)
-    # mla_func/ops/norm.py:13 in rmsnorm: xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    pow_tensor_scalar_2 = torch.ops.aten.pow.Tensor_Scalar(slice_tensor_3, 2)
-    mean_dim_2 = torch.ops.aten.mean.dim(pow_tensor_scalar_2, [-1], True)
-    add_tensor_5 = torch.ops.aten.add.Tensor(mean_dim_2, 1e-06)
-    rsqrt_default_2 = torch.ops.aten.rsqrt.default(add_tensor_5)
-    mul_tensor_10 = torch.ops.aten.mul.Tensor(slice_tensor_3, rsqrt_default_2)
-    # mla_func/ops/norm.py:14 in rmsnorm: return weight * xf.to(x.dtype)
-    mul_tensor_11 = torch.ops.aten.mul.Tensor(in_12, mul_tensor_10)
-    # mla_func/model.py:80 in prologue: k_pe = apply_rope(kv[:, cfg.kv_lora_rank :], cos, sin)
-    slice_tensor_4 = torch.ops.aten.slice.Tensor(mm_default_4, 0, 0, 9223372036854775807)
-    slice_tensor_5 = torch.ops.aten.slice.Tensor(slice_tensor_4, 1, 32, 9223372036854775807)
-    # mla_func/ops/rope.py:28 in apply_rope: pairs = xf.unflatten(-1, (-1, 2))
-    sym_size_int_1 = torch.ops.aten.sym_size.int(slice_tensor_4, 0)
-    view_default_9 = torch.ops.aten.view.default(slice_tensor_5, [sym_size_int_1, 4, 2])
-    # mla_func/ops/rope.py:29 in apply_rope: rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-    select_int_2 = torch.ops.aten.select.int(view_default_9, 2, 1)
-    neg_default_1 = torch.ops.aten.neg.default(select_int_2)
-    select_int_3 = torch.ops.aten.select.int(view_default_9, 2, 0)
-    stack_default_1 = torch.ops.aten.stack.default([neg_default_1, select_int_3], -1)
-    view_default_10 = torch.ops.aten.view.default(stack_default_1, [sym_size_int_1, 8])
-    # mla_func/ops/rope.py:31 in apply_rope: cos = cos.view(cos.shape[0], *extra, cos.shape[-1])
-    view_default_11 = torch.ops.aten.view.default(mul_tensor_6, [sym_size_int, 8])
-    # mla_func/ops/rope.py:32 in apply_rope: sin = sin.view(sin.shape[0], *extra, sin.shape[-1])
-    view_default_12 = torch.ops.aten.view.default(mul_tensor_7, [sym_size_int, 8])
-    # mla_func/ops/rope.py:33 in apply_rope: return (xf * cos + rotated * sin).to(x.dtype)
-    mul_tensor_12 = torch.ops.aten.mul.Tensor(slice_tensor_5, view_default_11)
-    mul_tensor_13 = torch.ops.aten.mul.Tensor(view_default_10, view_default_12)
-    add_tensor_6 = torch.ops.aten.add.Tensor(mul_tensor_12, mul_tensor_13)
-    # mla_func/model.py:81 in prologue: return q_pe, torch.cat((c_kv, k_pe), dim=-1)
-    cat_default = torch.ops.aten.cat.default([mul_tensor_11, add_tensor_6], -1)
-    # mla_func/model.py:96 in attention_block: q[..., : cfg.qk_nope_head_dim], q_pe, kv_new, cache, layer, attn.w_uk, attn.w_uv,
-    slice_tensor_6 = torch.ops.aten.slice.Tensor(view_default_4, 2, 0, 16)
-    return (add_tensor_2, add_tensor_4, cat_default, slice_tensor_6)
+    mm_default_4 = torch.ops.aten.mm.default(getitem_5, permute_default_4)
+    # mla_func/model.py:77 in prologue: return torch.ops.mla_func.mla_prologue(q, kv, attn.kv_a_norm, positions, inv_freq,
+    mla_prologue_default = torch.ops.mla_func.mla_prologue.default(view_default_4, mm_default_4, in_10, in_11, in_12, 1.0, 1e-06, 16)
+    getitem_6 = mla_prologue_default[0]
+    getitem_7 = mla_prologue_default[1]
+    # mla_func/model.py:98 in attention_block: q[..., : cfg.qk_nope_head_dim], q_pe, kv_new, cache, layer, attn.w_uk, attn.w_uv,
+    slice_tensor = torch.ops.aten.slice.Tensor(view_default_4, 2, 0, 16)
+    return (getitem_4, getitem_6, getitem_7, slice_tensor)
     

@@ -22,184 +22,36 @@ Outputs:
 import torch
 
 def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in_10, in_11, in_12):
-    # mla_func/model.py:99 in attention_block: return o.flatten(1, 2) @ attn.o_proj.flatten(1, 2).T
+    # mla_func/model.py:101 in attention_block: return o.flatten(1, 2) @ attn.o_proj.flatten(1, 2).T
     view_default = torch.ops.aten.view.default(in_0, [in_1, 64])
     view_default_1 = torch.ops.aten.view.default(in_2, [64, 64])
     permute_default = torch.ops.aten.permute.default(view_default_1, [1, 0])
     mm_default = torch.ops.aten.mm.default(view_default, permute_default)
-    # mla_func/model.py:42 in add_norm: h = h + r
-    add_tensor = torch.ops.aten.add.Tensor(in_3, mm_default)
-    # mla_func/ops/norm.py:13 in rmsnorm: xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    pow_tensor_scalar = torch.ops.aten.pow.Tensor_Scalar(add_tensor, 2)
-    mean_dim = torch.ops.aten.mean.dim(pow_tensor_scalar, [-1], True)
-    add_tensor_1 = torch.ops.aten.add.Tensor(mean_dim, 1e-06)
-    rsqrt_default = torch.ops.aten.rsqrt.default(add_tensor_1)
-    mul_tensor = torch.ops.aten.mul.Tensor(add_tensor, rsqrt_default)
-    # mla_func/ops/norm.py:14 in rmsnorm: return weight * xf.to(x.dtype)
-    mul_tensor_1 = torch.ops.aten.mul.Tensor(in_4, mul_tensor)
+    # mla_func/model.py:43 in add_norm: return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
+    add_rmsnorm_default = torch.ops.mla_func.add_rmsnorm.default(in_3, mm_default, in_4, 1e-06)
+    getitem = add_rmsnorm_default[0]
+    getitem_1 = add_rmsnorm_default[1]
     # mla_func/ops/moe.py:31 in route: logits = x.float() @ router.float().T
     permute_default_1 = torch.ops.aten.permute.default(in_5, [1, 0])
-    mm_default_1 = torch.ops.aten.mm.default(mul_tensor_1, permute_default_1)
+    mm_default_1 = torch.ops.aten.mm.default(getitem_1, permute_default_1)
     # mla_func/ops/moe.py:43 in route: scores = logits.softmax(dim=-1)
     _softmax_default = torch.ops.aten._softmax.default(mm_default_1, -1, False)
     # mla_func/ops/moe.py:47 in route: weights, ids = scores.topk(k, dim=-1, sorted=False)
     topk_default = torch.ops.aten.topk.default(_softmax_default, 2, -1, True, False)
-    getitem = topk_default[0]
-    getitem_1 = topk_default[1]
+    getitem_2 = topk_default[0]
+    getitem_3 = topk_default[1]
     # mla_func/ops/moe.py:50 in route: return weights * cfg.routed_scaling_factor, ids
-    mul_tensor_2 = torch.ops.aten.mul.Tensor(getitem, 1.0)
-    # mla_func/kernels/moe_align.py:52 in pair_experts: return ids.flatten()
-    mul = in_1 * 2
-    sym_numel_default = torch.ops.aten.sym_numel.default(getitem_1)
-    view_default_2 = torch.ops.aten.view.default(getitem_1, [mul])
-    sym_size_int = torch.ops.aten.sym_size.int(view_default_2, 0)
-    add = sym_size_int + 120
-    floordiv = add // 16
-    # mla_func/kernels/moe_align.py:65 in align_torch: counts = torch.zeros(n_exp, dtype=torch.int64, device=flat.device)
-    zeros_default = torch.ops.aten.zeros.default([8], dtype = torch.int64, device = device(type='meta'), pin_memory = False)
-    # mla_func/kernels/moe_align.py:66 in align_torch: counts.scatter_add_(0, flat, torch.ones_like(flat))
-    ones_like_default = torch.ops.aten.ones_like.default(view_default_2, pin_memory = False)
-    scatter_add__default = torch.ops.aten.scatter_add_.default(zeros_default, 0, view_default_2, ones_like_default)
-    # mla_func/kernels/moe_align.py:67 in align_torch: padded = (counts + block_m - 1) // block_m * block_m
-    add_tensor_2 = torch.ops.aten.add.Tensor(scatter_add__default, 16)
-    sub_tensor = torch.ops.aten.sub.Tensor(add_tensor_2, 1)
-    floor_divide_default = torch.ops.aten.floor_divide.default(sub_tensor, 16)
-    mul_tensor_3 = torch.ops.aten.mul.Tensor(floor_divide_default, 16)
-    # mla_func/kernels/moe_align.py:68 in align_torch: ends = padded.cumsum(0)
-    cumsum_default = torch.ops.aten.cumsum.default(mul_tensor_3, 0)
-    # mla_func/kernels/moe_align.py:69 in align_torch: starts = ends - padded
-    sub_tensor_1 = torch.ops.aten.sub.Tensor(cumsum_default, mul_tensor_3)
-    # mla_func/kernels/moe_align.py:70 in align_torch: order = flat.argsort(stable=True)
-    sort_stable = torch.ops.aten.sort.stable(view_default_2, stable = True)
-    getitem_2 = sort_stable[0]
-    getitem_3 = sort_stable[1]
-    # mla_func/kernels/moe_align.py:71 in align_torch: sorted_exp = flat[order]
-    index_tensor = torch.ops.aten.index.Tensor(view_default_2, [getitem_3])
-    # mla_func/kernels/moe_align.py:72 in align_torch: rank = torch.arange(n, device=flat.device) - (counts.cumsum(0) - counts)[sorted_exp]
-    arange_default = torch.ops.aten.arange.default(sym_size_int, device = device(type='meta'), pin_memory = False)
-    cumsum_default_1 = torch.ops.aten.cumsum.default(scatter_add__default, 0)
-    sub_tensor_2 = torch.ops.aten.sub.Tensor(cumsum_default_1, scatter_add__default)
-    index_tensor_1 = torch.ops.aten.index.Tensor(sub_tensor_2, [index_tensor])
-    sub_tensor_3 = torch.ops.aten.sub.Tensor(arange_default, index_tensor_1)
-    mul_1 = floordiv * 16
-    # mla_func/kernels/moe_align.py:73 in align_torch: sorted_pairs = torch.full((nb * block_m,), n, dtype=torch.int32, device=flat.device)
-    full_default = torch.ops.aten.full.default([mul_1], sym_size_int, dtype = torch.int32, device = device(type='meta'), pin_memory = False)
-    # mla_func/kernels/moe_align.py:74 in align_torch: sorted_pairs.scatter_(0, starts[sorted_exp] + rank, order.to(torch.int32))
-    index_tensor_2 = torch.ops.aten.index.Tensor(sub_tensor_1, [index_tensor])
-    add_tensor_3 = torch.ops.aten.add.Tensor(index_tensor_2, sub_tensor_3)
-    _to_copy_default = torch.ops.aten._to_copy.default(getitem_3, dtype = torch.int32)
-    scatter__src = torch.ops.aten.scatter_.src(full_default, 0, add_tensor_3, _to_copy_default)
-    # mla_func/kernels/moe_align.py:75 in align_torch: row0 = torch.arange(nb, device=flat.device) * block_m
-    arange_default_1 = torch.ops.aten.arange.default(floordiv, device = device(type='meta'), pin_memory = False)
-    mul_tensor_4 = torch.ops.aten.mul.Tensor(arange_default_1, 16)
-    # mla_func/kernels/moe_align.py:76 in align_torch: block_expert = torch.searchsorted(ends, row0, right=True)
-    searchsorted_tensor = torch.ops.aten.searchsorted.Tensor(cumsum_default, mul_tensor_4, right = True)
-    # mla_func/kernels/moe_align.py:77 in align_torch: used = block_expert < n_exp
-    lt_scalar = torch.ops.aten.lt.Scalar(searchsorted_tensor, 8)
-    # mla_func/kernels/moe_align.py:78 in align_torch: e = block_expert.clamp(max=n_exp - 1)
-    clamp_default = torch.ops.aten.clamp.default(searchsorted_tensor, None, 7)
-    # mla_func/kernels/moe_align.py:79 in align_torch: rows = (counts[e] - (row0 - starts[e])).clamp(0, block_m) * used
-    index_tensor_3 = torch.ops.aten.index.Tensor(scatter_add__default, [clamp_default])
-    index_tensor_4 = torch.ops.aten.index.Tensor(sub_tensor_1, [clamp_default])
-    sub_tensor_4 = torch.ops.aten.sub.Tensor(mul_tensor_4, index_tensor_4)
-    sub_tensor_5 = torch.ops.aten.sub.Tensor(index_tensor_3, sub_tensor_4)
-    clamp_default_1 = torch.ops.aten.clamp.default(sub_tensor_5, 0, 16)
-    mul_tensor_5 = torch.ops.aten.mul.Tensor(clamp_default_1, lt_scalar)
-    # mla_func/kernels/moe_align.py:80 in align_torch: block_expert = torch.where(used, block_expert, -1)
-    scalar_tensor_default = torch.ops.aten.scalar_tensor.default(-1, dtype = torch.int64, layout = torch.strided, device = device(type='meta'))
-    where_self = torch.ops.aten.where.self(lt_scalar, searchsorted_tensor, scalar_tensor_default)
-    # mla_func/kernels/moe_align.py:81 in align_torch: return sorted_pairs, block_expert.to(torch.int32), rows.to(torch.int32)
-    _to_copy_default_1 = torch.ops.aten._to_copy.default(where_self, dtype = torch.int32)
-    _to_copy_default_2 = torch.ops.aten._to_copy.default(mul_tensor_5, dtype = torch.int32)
-    add_1 = sym_numel_default + 120
-    floordiv_1 = add_1 // 16
-    # mla_func/moe.py:90 in sorted_torch: valid = torch.arange(block_m, device=x.device) < block_rows[:, None]
-    arange_default_2 = torch.ops.aten.arange.default(16, device = device(type='meta'), pin_memory = False)
-    sym_size_int_1 = torch.ops.aten.sym_size.int(arange_default_1, 0)
-    slice_tensor = torch.ops.aten.slice.Tensor(_to_copy_default_2, 0, 0, 9223372036854775807)
-    unsqueeze_default = torch.ops.aten.unsqueeze.default(slice_tensor, 1)
-    lt_tensor = torch.ops.aten.lt.Tensor(arange_default_2, unsqueeze_default)
-    # mla_func/moe.py:92 in sorted_torch: row = torch.arange(n_blocks, device=x.device)[:, None] * block_m
-    arange_default_3 = torch.ops.aten.arange.default(floordiv_1, device = device(type='meta'), pin_memory = False)
-    slice_tensor_1 = torch.ops.aten.slice.Tensor(arange_default_3, 0, 0, 9223372036854775807)
-    unsqueeze_default_1 = torch.ops.aten.unsqueeze.default(slice_tensor_1, 1)
-    mul_tensor_6 = torch.ops.aten.mul.Tensor(unsqueeze_default_1, 16)
-    # mla_func/moe.py:93 in sorted_torch: row = row + torch.arange(block_m, device=x.device)
-    arange_default_4 = torch.ops.aten.arange.default(16, device = device(type='meta'), pin_memory = False)
-    add_tensor_4 = torch.ops.aten.add.Tensor(mul_tensor_6, arange_default_4)
-    # mla_func/moe.py:94 in sorted_torch: pair = torch.where(valid, sorted_pairs[row], pairs).long()
-    index_tensor_5 = torch.ops.aten.index.Tensor(scatter__src, [add_tensor_4])
-    scalar_tensor_default_1 = torch.ops.aten.scalar_tensor.default(sym_numel_default, dtype = torch.int32, layout = torch.strided, device = device(type='meta'))
-    where_self_1 = torch.ops.aten.where.self(lt_tensor, index_tensor_5, scalar_tensor_default_1)
-    _to_copy_default_3 = torch.ops.aten._to_copy.default(where_self_1, dtype = torch.int64)
-    sub = sym_numel_default - 1
-    # mla_func/moe.py:95 in sorted_torch: xa = x[pair.clamp(max=pairs - 1) // topk]
-    clamp_default_2 = torch.ops.aten.clamp.default(_to_copy_default_3, None, sub)
-    floor_divide_default_1 = torch.ops.aten.floor_divide.default(clamp_default_2, 2)
-    index_tensor_6 = torch.ops.aten.index.Tensor(mul_tensor_1, [floor_divide_default_1])
-    # mla_func/moe.py:96 in sorted_torch: e = block_expert.clamp(min=0).long()
-    clamp_default_3 = torch.ops.aten.clamp.default(_to_copy_default_1, 0)
-    _to_copy_default_4 = torch.ops.aten._to_copy.default(clamp_default_3, dtype = torch.int64)
-    # mla_func/moe.py:97 in sorted_torch: gu = torch.bmm(xa, gate_up[e].flatten(1, 2).transpose(1, 2))
-    index_tensor_7 = torch.ops.aten.index.Tensor(in_6, [_to_copy_default_4])
-    view_default_3 = torch.ops.aten.view.default(index_tensor_7, [sym_size_int_1, 64, 64])
-    transpose_int = torch.ops.aten.transpose.int(view_default_3, 1, 2)
-    bmm_default = torch.ops.aten.bmm.default(index_tensor_6, transpose_int)
-    # mla_func/moe.py:98 in sorted_torch: gate, up = gu.chunk(2, dim=-1)
-    split_tensor = torch.ops.aten.split.Tensor(bmm_default, 32, -1)
-    getitem_4 = split_tensor[0]
-    getitem_5 = split_tensor[1]
-    # mla_func/moe.py:99 in sorted_torch: y = torch.bmm(F.silu(gate) * up, down[e].transpose(1, 2))
-    silu_default = torch.ops.aten.silu.default(getitem_4)
-    mul_tensor_7 = torch.ops.aten.mul.Tensor(silu_default, getitem_5)
-    index_tensor_8 = torch.ops.aten.index.Tensor(in_7, [_to_copy_default_4])
-    transpose_int_1 = torch.ops.aten.transpose.int(index_tensor_8, 1, 2)
-    bmm_default_1 = torch.ops.aten.bmm.default(mul_tensor_7, transpose_int_1)
-    # mla_func/moe.py:100 in sorted_torch: w = F.pad(weights.flatten(), (0, 1))[pair]
-    mul_2 = in_1 * 2
-    view_default_4 = torch.ops.aten.view.default(mul_tensor_2, [mul_2])
-    constant_pad_nd_default = torch.ops.aten.constant_pad_nd.default(view_default_4, [0, 1], 0.0)
-    index_tensor_9 = torch.ops.aten.index.Tensor(constant_pad_nd_default, [_to_copy_default_3])
-    add_2 = sym_numel_default + 1
-    # mla_func/moe.py:101 in sorted_torch: buf = torch.zeros(pairs + 1, x.shape[1], dtype=torch.float32, device=x.device)
-    zeros_default_1 = torch.ops.aten.zeros.default([add_2, 64], dtype = torch.float32, device = device(type='meta'), pin_memory = False)
-    # mla_func/moe.py:102 in sorted_torch: buf.index_put_((pair,), w[..., None] * y.float())  # pads all land on the dump row
-    unsqueeze_default_2 = torch.ops.aten.unsqueeze.default(index_tensor_9, 2)
-    mul_tensor_8 = torch.ops.aten.mul.Tensor(unsqueeze_default_2, bmm_default_1)
-    index_put__default = torch.ops.aten.index_put_.default(zeros_default_1, [_to_copy_default_3], mul_tensor_8)
-    # mla_func/moe.py:103 in sorted_torch: return buf[:pairs].view(tokens, topk, -1).sum(1).to(x.dtype)
-    slice_tensor_2 = torch.ops.aten.slice.Tensor(index_put__default, 0, 0, sym_numel_default)
-    view_default_5 = torch.ops.aten.view.default(slice_tensor_2, [in_1, 2, -1])
-    sum_dim_int_list = torch.ops.aten.sum.dim_IntList(view_default_5, [1])
-    # mla_func/ops/mlp.py:13 in swiglu: gu = x @ gate_up.flatten(0, 1).T
-    view_default_6 = torch.ops.aten.view.default(in_8, [64, 64])
-    permute_default_2 = torch.ops.aten.permute.default(view_default_6, [1, 0])
-    mm_default_2 = torch.ops.aten.mm.default(mul_tensor_1, permute_default_2)
-    # mla_func/ops/mlp.py:14 in swiglu: gate, up = gu.chunk(2, dim=-1)
-    split_tensor_1 = torch.ops.aten.split.Tensor(mm_default_2, 32, -1)
-    getitem_6 = split_tensor_1[0]
-    getitem_7 = split_tensor_1[1]
-    # mla_func/ops/mlp.py:15 in swiglu: return (F.silu(gate) * up) @ down.T
-    silu_default_1 = torch.ops.aten.silu.default(getitem_6)
-    mul_tensor_9 = torch.ops.aten.mul.Tensor(silu_default_1, getitem_7)
-    permute_default_3 = torch.ops.aten.permute.default(in_9, [1, 0])
-    mm_default_3 = torch.ops.aten.mm.default(mul_tensor_9, permute_default_3)
-    # mla_func/moe.py:54 in experts: out = out + swiglu(x, shared.gate_up, shared.down)
-    add_tensor_5 = torch.ops.aten.add.Tensor(sum_dim_int_list, mm_default_3)
-    # mla_func/model.py:133 in forward: last = norm(h[rows] + m[rows], params.norm, eps)
-    index_tensor_10 = torch.ops.aten.index.Tensor(add_tensor, [in_10])
-    index_tensor_11 = torch.ops.aten.index.Tensor(add_tensor_5, [in_10])
-    add_tensor_6 = torch.ops.aten.add.Tensor(index_tensor_10, index_tensor_11)
-    # mla_func/ops/norm.py:13 in rmsnorm: xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    pow_tensor_scalar_1 = torch.ops.aten.pow.Tensor_Scalar(add_tensor_6, 2)
-    mean_dim_1 = torch.ops.aten.mean.dim(pow_tensor_scalar_1, [-1], True)
-    add_tensor_7 = torch.ops.aten.add.Tensor(mean_dim_1, 1e-06)
-    rsqrt_default_1 = torch.ops.aten.rsqrt.default(add_tensor_7)
-    mul_tensor_10 = torch.ops.aten.mul.Tensor(add_tensor_6, rsqrt_default_1)
-    # mla_func/ops/norm.py:14 in rmsnorm: return weight * xf.to(x.dtype)
-    mul_tensor_11 = torch.ops.aten.mul.Tensor(in_11, mul_tensor_10)
-    # mla_func/model.py:134 in forward: return (last @ params.lm_head.T).float(), state
-    permute_default_4 = torch.ops.aten.permute.default(in_12, [1, 0])
-    mm_default_4 = torch.ops.aten.mm.default(mul_tensor_11, permute_default_4)
-    return (mm_default_4,)
+    mul_tensor = torch.ops.aten.mul.Tensor(getitem_2, 1.0)
+    # mla_func/moe.py:46 in experts: return torch.ops.mla_func.moe_experts(x, weights, ids, gate_up, down, s_gate_up, s_down)
+    moe_experts_default = torch.ops.mla_func.moe_experts.default(getitem_1, mul_tensor, getitem_3, in_6, in_7, in_8, in_9)
+    # mla_func/model.py:135 in forward: last = norm(h[rows] + m[rows], params.norm, eps)
+    index_tensor = torch.ops.aten.index.Tensor(getitem, [in_10])
+    index_tensor_1 = torch.ops.aten.index.Tensor(moe_experts_default, [in_10])
+    add_tensor = torch.ops.aten.add.Tensor(index_tensor, index_tensor_1)
+    # mla_func/model.py:51 in norm: return torch.ops.mla_func.rmsnorm(x, weight, eps)
+    rmsnorm_default = torch.ops.mla_func.rmsnorm.default(add_tensor, in_11, 1e-06)
+    # mla_func/model.py:136 in forward: return (last @ params.lm_head.T).float(), state
+    permute_default_2 = torch.ops.aten.permute.default(in_12, [1, 0])
+    mm_default_2 = torch.ops.aten.mm.default(rmsnorm_default, permute_default_2)
+    return (mm_default_2,)
     
