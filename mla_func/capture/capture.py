@@ -127,8 +127,16 @@ def narrow_to(t: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
     return t
 
 
+def sizes_at(plan: CapturePlan, size: int) -> dict[str, int]:
+    """Each dynamic dim's size at bucket `size`: the bucket, capped at the dim's own maximum.
+    A dim with a smaller range (`seqs` <= 512 beside `tokens` <= 8192) is never padded past
+    it, so what depends on it alone (logits rows) stays that small in every graph."""
+    dims = plan.signature.dims
+    return {n: min(size, dims[n].max_size or size) for n in plan.traced.symbols}
+
+
 def shape_at(plan: CapturePlan, val: Any, size: "int | dict[str, int]") -> list[int]:
-    sizes = size if isinstance(size, dict) else dict.fromkeys(plan.traced.symbols, size)
+    sizes = size if isinstance(size, dict) else sizes_at(plan, size)
     return [plan.traced.evaluate(s, sizes) for s in val.shape]
 
 
@@ -137,8 +145,8 @@ def allocate(plan: CapturePlan, leaves: Sequence[torch.Tensor], top: int) -> Buf
     for spec, t in zip(plan.signature.leaves, leaves, strict=True):
         if spec.dynamic and not spec.host:
             shape = list(spec.shape)
-            for axis, _ in spec.dynamic:
-                shape[axis] = top
+            for axis, name in spec.dynamic:
+                shape[axis] = sizes_at(plan, top)[name]
             b = torch.empty(shape, dtype=spec.dtype, device=t.device)
             b.fill_(spec.pad if spec.pad is not None else 0)
             buf.leaves[spec.index] = b
@@ -192,7 +200,7 @@ def segment_inputs(plan: CapturePlan, seg_index: int, size: int, leaves: Sequenc
         elif n.op == "get_attr":
             out.append(getattr(plan.traced.gm, n.target))
         elif isinstance(val, torch.SymInt):
-            out.append(plan.traced.evaluate(val, dict.fromkeys(plan.traced.symbols, size)))
+            out.append(plan.traced.evaluate(val, sizes_at(plan, size)))
         elif n in produced:
             out.append(produced[n])
         else:

@@ -3,8 +3,9 @@
 Per call: FULL when the mode has full graphs, the caller's predicate says the step has the
 shape they were captured for (e.g. uniform single-token decode), and the padded size fits a
 bucket; else PIECEWISE when it fits a piecewise bucket; else eager, with identical results
-(same function, same kernels, no padding). Every dynamic dim is padded to the same bucket size;
-real rows come first, padded rows get the fields' "pad" values. Splitting ops run eagerly on the
+(same function, same kernels, no padding). Every dynamic dim is padded to the bucket size,
+capped at its own maximum (`capture.sizes_at`); a dim beyond its maximum runs eagerly. Real rows
+come first, padded rows get the fields' "pad" values. Splitting ops run eagerly on the
 real rows only. Host leaves are passed live to the eager splitting ops (full graphs froze the
 capture-time values: that is what the graph-support level of the ops vouches for).
 
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from mla_func.capture.capture import Buffers, FullBucket, PiecewiseBucket, narrow_to
+from mla_func.capture.capture import Buffers, FullBucket, PiecewiseBucket, narrow_to, sizes_at
 from mla_func.capture.errors import BindingError
 from mla_func.capture.plan import CapturePlan
 from mla_func.capture.tree import TreeDef, unflatten
@@ -121,6 +122,10 @@ class CompiledStep:
         n = max(sizes.values())
         from mla_func.capture.buckets import pad_to
 
+        dims = self.plan.signature.dims
+        if any(v > (dims[k].max_size or v) for k, v in sizes.items()):
+            return "eager", 0  # a dim beyond its own range: no graph holds it
+
         if self.full and self.full_when is not None and self.full_when(*full_args):
             size = pad_to(n, self.plan.buckets["full"])
             if size in self.full:
@@ -184,13 +189,15 @@ class CompiledStep:
             if only is not None and i not in only:
                 continue
             spec, t = self.plan.signature.leaves[i], leaves[i]
-            target = narrow_to(buf, [size if any(a == ax for ax, _ in spec.dynamic) else s
+            at = sizes_at(self.plan, size)
+            names = dict(spec.dynamic)
+            target = narrow_to(buf, [at[names[a]] if a in names else s
                                      for a, s in enumerate(buf.shape)])
             narrow_to(target, t.shape).copy_(t)
-            for axis, _ in spec.dynamic:
+            for axis, name in spec.dynamic:
                 n = t.shape[axis]
-                if n < size:
-                    target.narrow(axis, n, size - n).fill_(spec.pad or 0)
+                if n < at[name]:
+                    target.narrow(axis, n, at[name] - n).fill_(spec.pad or 0)
 
     def _real(self, node: fx.Node, t: torch.Tensor, real: dict[str, int]) -> torch.Tensor:
         val = node.meta.get("val")

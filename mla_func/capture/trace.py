@@ -217,7 +217,7 @@ def _check_specialisation(sig: Signature, env: ShapeEnv, symbols: dict[str, symp
                 pinned = " (pins a dynamic dim to a constant)" if "Eq(" in text else ""
                 raise CaptureError(
                     f"the traced code assumes {text}{pinned}, which fails when every dynamic "
-                    f"dim is {size} (captured buckets pad them all to one size)",
+                    f"dim is {size} (full buckets pad them all to one size)",
                     where=_guard_where(guard) or None)
         assumptions.append(text)
     return tuple(sorted(set(assumptions)))
