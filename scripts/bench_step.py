@@ -60,8 +60,10 @@ def step_floor(params: mf.Params, distinct: list[int], batch: int, ctx: int,
             "gflop": flops / 1e9}
 
 
-def decode_batch(state: mf.KVState, batch: int, ctx: int, backend: str, seed: int) -> mf.Batch:
-    """`batch` sequences with `ctx` cached tokens each (pages taken from the allocator)."""
+def decode_batch(state: mf.KVState, batch: int, ctx: int, backend: str, seed: int,
+                 max_pages: int | None = None) -> mf.Batch:
+    """`batch` sequences with `ctx` cached tokens each (pages taken from the allocator), page
+    tables `max_pages` wide (a compiled step needs the width it was captured with)."""
     alloc = state.allocator
     for seq in list(alloc.pages):
         alloc.release(seq)
@@ -71,7 +73,7 @@ def decode_batch(state: mf.KVState, batch: int, ctx: int, backend: str, seed: in
         pages = alloc.reserve(i, ctx + 1)
         tok = int(torch.randint(0, 100000, (1,), generator=g))
         work.append(mf.SeqWork([tok], ctx, pages))
-    max_pages = math.ceil((max(ctx, 1) + 1) / state.page_size)
+    max_pages = max_pages or math.ceil((max(ctx, 1) + 1) / state.page_size)
     return mf.make_batch(work, state.page_size, max_pages, device=state.cache.device,
                          backend=backend)
 
@@ -102,13 +104,14 @@ def bench_decode(params, state, ceil, args) -> list[dict]:
     for mode in ("piecewise", "full"):
         t0 = time.perf_counter()
         steps[mode] = compile_step(params, state, mode=mode, max_tokens=args.max_tokens,
-                                   max_seqs=max(args.batches), backend=args.backend,
-                                   progress=False)
+                                   max_seqs=max(args.batches), max_pages=args.max_pages,
+                                   backend=args.backend, progress=False)
         print(f"compiled {mode} in {time.perf_counter() - t0:.1f} s", flush=True)
     rows = []
     for ctx in args.contexts:
         for bsz in args.batches:
-            batch = decode_batch(state, bsz, ctx, args.backend, seed=bsz * 7 + ctx)
+            batch = decode_batch(state, bsz, ctx, args.backend, seed=bsz * 7 + ctx,
+                                 max_pages=args.max_pages)
             distinct = count_distinct_experts(params, state, batch)
             row = {"ctx": ctx, "batch": bsz, **step_floor(params, distinct, bsz, ctx, ceil),
                    "distinct_experts": sum(distinct) / max(len(distinct), 1)}
@@ -124,7 +127,8 @@ def bench_prefill(params, state, args) -> list[dict]:
     from mla_func.compile_step import compile_step
 
     piecewise = compile_step(params, state, mode="piecewise", max_tokens=args.max_tokens,
-                             max_seqs=max(args.batches), backend=args.backend, progress=False)
+                             max_seqs=max(args.batches), max_pages=args.max_pages,
+                             backend=args.backend, progress=False)
     rows = []
     for n in args.prefill_tokens:
         alloc = state.allocator
@@ -132,9 +136,8 @@ def bench_prefill(params, state, args) -> list[dict]:
             alloc.release(seq)
         pages = alloc.reserve(0, n)
         toks = torch.randint(0, 100000, (n,)).tolist()
-        batch = mf.make_batch([mf.SeqWork(toks, 0, pages)], state.page_size,
-                              math.ceil(n / state.page_size), device=state.cache.device,
-                              backend=args.backend)
+        batch = mf.make_batch([mf.SeqWork(toks, 0, pages)], state.page_size, args.max_pages,
+                              device=state.cache.device, backend=args.backend)
         eager = cuda_time_ms(lambda b=batch: mf.forward(params, state, b), reps=5)
         piece = cuda_time_ms(lambda b=batch: piecewise(state, b), reps=5)
         rows.append({"tokens": n, "eager_ms": eager, "piecewise_ms": piece,
@@ -244,6 +247,7 @@ def run(args) -> dict:
     params = mf.init_params(cfg, seed=0, device="cuda", dtype=torch.bfloat16)
     max_ctx = max(args.contexts + [max(args.prefill_tokens, default=0)])
     pages_per_seq = math.ceil((max_ctx + 1) / args.page_size)
+    args.max_pages = pages_per_seq
     num_pages = max(args.batches) * pages_per_seq + 2
     state = mf.init_state(cfg, num_pages, args.page_size, device="cuda", dtype=torch.bfloat16)
     state.cache.normal_()

@@ -273,4 +273,6 @@ def test_cuda_modes_match_eager_torch(mode, backend):
     got = mf.generate(cfg, params, PROMPTS, NEW, mode=mode, attention_backend=backend, **kw)
     assert got.tokens == want.tokens
     for a, b in zip(got.logits, want.logits, strict=True):
-        torch.testing.assert_close(a, b, atol=2e-3, rtol=2e-3)
+        # The triton backend's float32 dots run as tf32 on the GPU.
+        tol = 1e-2 if backend == "triton" else 2e-3
+        torch.testing.assert_close(a, b, atol=tol, rtol=tol)
