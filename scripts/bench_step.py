@@ -214,12 +214,13 @@ def plot(rows: list[dict], path: Path, gpu: str) -> None:
     for ax, ctx in zip(axes[0], contexts, strict=True):
         sub = [r for r in rows if r["ctx"] == ctx]
         xs = [r["batch"] for r in sub]
-        for key, label in (("eager_ms", "eager"), ("piecewise_ms", "piecewise"),
-                           ("full_ms", "full"), ("hf_grouped_mm_ms", "HF grouped_mm"),
-                           ("floor_ms", "floor")):
+        for key, label, color in (("eager_ms", "eager", "C0"), ("piecewise_ms", "piecewise", "C1"),
+                                  ("full_ms", "full", "C2"),
+                                  ("hf_grouped_mm_ms", "HF grouped_mm", "C3"),
+                                  ("floor_ms", "floor", "k")):
             ys = [r.get(key) for r in sub]
             if all(y is not None for y in ys):
-                ax.plot(xs, ys, marker="o", label=label,
+                ax.plot(xs, ys, marker="o", label=label, color=color,
                         linestyle="--" if key == "floor_ms" else "-")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
