@@ -1,4 +1,4 @@
-"""HF checkpoint I/O: a safetensors directory (config.json + weights) <-> `(MLAConfig, Params)`.
+"""HF checkpoint loading: a safetensors directory (config.json + weights) -> `(MLAConfig, Params)`.
 
 Names follow HF transformers' DeepseekV2/V3ForCausalLM. Two expert layouts are read: DeepSeek's
 original one tensor per expert projection (`mlp.experts.{e}.gate_proj.weight`, what the hub
@@ -18,20 +18,20 @@ result, memory holds about one checkpoint tensor. The layout we map into is para
 import json
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import Tensor
 
+# Writing lives in checkpoint_write.py; re-exported so that one import serves both directions.
+from mla_func.checkpoint_write import INDEX_FILE, hf_tensors, save_hf
 from mla_func.config import MLAConfig
 from mla_func.params import Attention, DenseMLP, Layer, MoE, Params, yarn_inv_freq
 
-INDEX_FILE = "model.safetensors.index.json"
 SCALE_SUFFIX = "_scale_inv"  # block-FP8: `<name>.weight_scale_inv` next to `<name>.weight`
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -285,83 +285,4 @@ def _build(cfg: MLAConfig, reader: _Reader, device: torch.device, dtype: torch.d
         rope_inv_freq=yarn_inv_freq(c).to(device))
 
 
-def hf_tensors(params: Params) -> Iterator[tuple[str, Tensor]]:
-    """(name, tensor) in DeepSeek's original per-expert naming, one tensor at a time."""
-    c = params.cfg
-
-    def mlp(prefix: str, gate_up: Tensor, down: Tensor) -> Iterator[tuple[str, Tensor]]:
-        yield prefix + "gate_proj.weight", gate_up[0]
-        yield prefix + "up_proj.weight", gate_up[1]
-        yield prefix + "down_proj.weight", down
-
-    yield "model.embed_tokens.weight", params.embed
-    for i, layer in enumerate(params.layers):
-        p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-        at = layer.attn
-        yield p + "input_layernorm.weight", layer.input_norm
-        yield p + "post_attention_layernorm.weight", layer.post_attn_norm
-        if at.q_proj is not None:
-            yield a + "q_proj.weight", at.q_proj.flatten(0, 1)
-        else:
-            yield a + "q_a_proj.weight", at.q_a_proj
-            yield a + "q_a_layernorm.weight", at.q_a_norm
-            yield a + "q_b_proj.weight", at.q_b_proj.flatten(0, 1)
-        yield a + "kv_a_proj_with_mqa.weight", at.kv_a_proj
-        yield a + "kv_a_layernorm.weight", at.kv_a_norm
-        yield a + "kv_b_proj.weight", torch.cat((at.w_uk, at.w_uv), dim=1).flatten(0, 1)
-        yield a + "o_proj.weight", at.o_proj.flatten(1, 2)
-        if isinstance(layer.mlp, DenseMLP):
-            yield from mlp(m, layer.mlp.gate_up, layer.mlp.down)
-            continue
-        yield m + "gate.weight", layer.mlp.router
-        if layer.mlp.score_bias is not None:
-            yield m + "gate.e_score_correction_bias", layer.mlp.score_bias
-        for j in range(layer.mlp.gate_up.shape[0]):
-            yield from mlp(f"{m}experts.{j}.", layer.mlp.gate_up[j], layer.mlp.down[j])
-        if layer.mlp.shared is not None:
-            yield from mlp(m + "shared_experts.", layer.mlp.shared.gate_up,
-                           layer.mlp.shared.down)
-    yield "model.norm.weight", params.norm
-    if not c.tie_word_embeddings:
-        yield "lm_head.weight", params.lm_head
-
-
-def save_hf(cfg: MLAConfig, params: Params, directory: "str | Path",
-            max_shard_bytes: int | None = None) -> None:
-    """Write config.json and safetensors weights in DeepSeek's per-expert naming (what the hub
-    ships); with `max_shard_bytes`, as shards plus `model.safetensors.index.json`."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    hf = cfg.to_hf_dict()
-    hf["dtype"] = str(params.dtype).removeprefix("torch.")
-    (directory / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
-    # Each shard is written once full (bounded memory) and renamed for the final count.
-    limit = math.inf if max_shard_bytes is None else max_shard_bytes
-    shard: dict[str, Tensor] = {}
-    parts: list[list[str]] = []
-    size = total = 0
-
-    def flush() -> None:
-        save_file(shard, str(directory / f"part-{len(parts):05d}.tmp"), metadata={"format": "pt"})
-        parts.append(list(shard))
-        shard.clear()
-
-    for name, t in hf_tensors(params):
-        nbytes = t.numel() * t.element_size()
-        if shard and size + nbytes > limit:
-            flush()
-            size = 0
-        # Own contiguous CPU copies: safetensors refuses tensors that share storage.
-        shard[name] = t.detach().to("cpu", copy=True).contiguous()
-        size, total = size + nbytes, total + nbytes
-    flush()
-    if max_shard_bytes is None:
-        (directory / "part-00000.tmp").rename(directory / "model.safetensors")
-        return
-    weight_map = {}
-    for n, names in enumerate(parts):
-        fname = f"model-{n + 1:05d}-of-{len(parts):05d}.safetensors"
-        (directory / f"part-{n:05d}.tmp").rename(directory / fname)
-        weight_map.update(dict.fromkeys(names, fname))
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+__all__ = ["CheckpointError", "INDEX_FILE", "expected_shapes", "hf_tensors", "load_hf", "save_hf"]
