@@ -27,14 +27,15 @@ Errors, all found on the host before any state changes:
 - A full cache is not an error: a request that fits an empty cache waits for pages.
 - Graph modes without CUDA raise the compiler's `CudaRequiredError` (a ValueError and a
   RuntimeError) before anything is allocated.
+
+Request validation and the request errors live in `mla_func.validation`, the progress bar in
+`mla_func.progress`; the public names are re-exported here.
 """
 
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from numbers import Integral
 from typing import Literal
 
 import torch
@@ -46,26 +47,26 @@ from mla_func.attention import get_backend
 from mla_func.batch import SeqWork, make_batch
 from mla_func.config import MLAConfig
 from mla_func.params import Params
+from mla_func.progress import AUTO_PROGRESS_DELAY_S, Progress
 from mla_func.state import KVState, init_state
+from mla_func.validation import (
+    MODES,
+    EmptyPromptError,
+    Prompt,
+    PromptTooLongError,
+    RequestError,
+    TokenIdError,
+    check_mode,
+    check_prompt,
+    positive_int,
+    seq_limit,
+)
 
-MODES = ("eager", "piecewise", "full", "full_and_piecewise")
-AUTO_PROGRESS_DELAY_S = 2.0  # progress=None shows a bar only for runs longer than this
-
-
-class RequestError(ValueError):
-    """A request the engine cannot serve; the message names the problem."""
-
-
-class TokenIdError(RequestError):
-    """A token id that is not an int in [0, vocab_size)."""
-
-
-class EmptyPromptError(RequestError):
-    """A prompt with no tokens."""
-
-
-class PromptTooLongError(RequestError):
-    """prompt + max_new_tokens - 1 tokens that the cache or the positions can never hold."""
+__all__ = [
+    "AUTO_PROGRESS_DELAY_S", "MODES", "EmptyPromptError", "Engine", "GenerateOutput", "Prompt",
+    "PromptTooLongError", "Request", "RequestError", "TokenIdError", "check_mode", "check_prompt",
+    "generate", "seq_limit",
+]
 
 
 @dataclass(frozen=True)
@@ -113,106 +114,6 @@ class Request:
         return self.tokens[self.cached - len(self.prompt):]
 
 
-def _positive_int(name: str, value: object, least: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        why = " (page 0 is scratch)" if name == "num_pages" else ""
-        raise ValueError(f"{name} must be an int >= {least}{why}, got {value!r}")
-    return value
-
-
-def check_mode(mode: str, params: Params) -> None:
-    """Raise before any work if `mode` is unknown or needs CUDA that is not there."""
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; known: {MODES}")
-    why = None
-    if mode != "eager" and not torch.cuda.is_available():
-        why = f"CUDA is not available on this machine (torch {torch.__version__})"
-    elif mode != "eager" and params.device.type != "cuda":
-        why = f"the parameters are on {params.device}"
-    if why:
-        from mla_func.capture.errors import CudaRequiredError  # the compiler's own error
-
-        raise CudaRequiredError(f"mode {mode!r} replays CUDA graphs, but {why}; "
-                                "use mode='eager' or CUDA parameters")
-
-
-def seq_limit(cfg: MLAConfig, num_pages: int | None, page_size: int) -> tuple[int, str]:
-    """The most tokens one sequence can ever hold, and what sets it."""
-    limit = (cfg.max_position_embeddings, f"max_position_embeddings={cfg.max_position_embeddings}")
-    if num_pages is not None:
-        cap = (_positive_int("num_pages", num_pages, 2) - 1) * page_size
-        if cap < limit[0]:
-            limit = (cap, f"a cache of {num_pages} pages of {page_size} (page 0 is scratch)")
-    return limit
-
-
-# Prompts are typed loosely on purpose: check_prompt's errors name a bad token id; a type
-# checker would only sample one element and fail with a less useful message.
-Prompt = Sequence[object] | Tensor
-
-
-def check_prompt(
-    prompt: Prompt, max_new_tokens: int, vocab_size: int, max_len: int, limit: str = "the limit"
-) -> list[int]:
-    """The prompt as a list of ints, or a RequestError naming what is wrong with it."""
-    if isinstance(prompt, Tensor):
-        if prompt.dim() != 1 or prompt.is_floating_point() or prompt.dtype == torch.bool:
-            raise TokenIdError(f"a prompt tensor must be 1-D integer, got {prompt.dtype} "
-                               f"{tuple(prompt.shape)}")
-        prompt = prompt.tolist()
-    if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
-        raise TokenIdError(f"a prompt must be a sequence of token ids, got {type(prompt)}")
-    ids = [int(t) if isinstance(t, Integral) and not isinstance(t, bool) else t
-           for t in prompt]
-    if not ids:
-        raise EmptyPromptError("empty prompt: a prompt needs at least one token")
-    bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int)
-           or not 0 <= t < vocab_size]
-    if bad:
-        raise TokenIdError(f"token id(s) {bad[:5]} outside the vocabulary [0, {vocab_size})")
-    need = len(ids) + max_new_tokens - 1
-    if need > max_len:
-        raise PromptTooLongError(
-            f"prompt of {len(ids)} tokens + max_new_tokens={max_new_tokens} needs {need} cache "
-            f"positions; {limit} allows at most {max_len}")
-    return ids
-
-
-class _Progress:
-    """tqdm when installed, else one stderr line; enabled=None shows it only after
-    AUTO_PROGRESS_DELAY_S seconds, so short runs print nothing."""
-
-    def __init__(self, total: int, enabled: bool | None) -> None:
-        self.on, self.delay = enabled is not False, 0.0 if enabled else AUTO_PROGRESS_DELAY_S
-        self.n, self.start, self.last, self.bar = 0, time.perf_counter(), 0.0, None
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            tqdm = None
-        if self.on and tqdm is not None:
-            self.bar = tqdm(total=total, unit="tok", desc="generate", delay=self.delay)
-
-    def update(self, n: int, total: int) -> None:
-        self.n += n
-        if not self.on:
-            return
-        if self.bar is not None:
-            self.bar.total = total
-            self.bar.update(n)
-            return
-        now = time.perf_counter() - self.start
-        if now >= self.delay and (not self.last or now - self.last >= 0.5):
-            self.last = now
-            print(f"\rgenerate: {self.n}/{total} tokens, {self.n / max(now, 1e-9):.1f} tok/s",
-                  end="", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        elif self.last:  # end the \r line
-            print(file=sys.stderr)
-
-
 def _step_function(params: Params, state: KVState, mode: str, backend: str, max_tokens: int,
                    max_seqs: int, max_pages: int, progress: bool | None) -> Callable:
     """`step(state, batch) -> (logits, state)`: forward itself, or its compiled form."""
@@ -243,11 +144,11 @@ class Engine:
         get_backend(attention_backend)
         for name, value in (("page_size", page_size), ("max_batch_tokens", max_batch_tokens),
                             ("max_seqs", max_seqs)):
-            _positive_int(name, value)
-        _positive_int("num_pages", num_pages, 2)
+            positive_int(name, value)
+        positive_int("num_pages", num_pages, 2)
         self.max_seq_len, self.limit = seq_limit(cfg, num_pages, page_size)
         if max_seq_len is not None and max_seq_len < self.max_seq_len:
-            self.max_seq_len = _positive_int("max_seq_len", max_seq_len)
+            self.max_seq_len = positive_int("max_seq_len", max_seq_len)
             self.limit = f"this engine's max_seq_len={max_seq_len}"
         self.max_pages = -(-self.max_seq_len // page_size)
         self.cfg, self.params, self.backend = cfg, params, attention_backend
@@ -264,7 +165,7 @@ class Engine:
 
     def submit(self, prompt: Prompt, max_new_tokens: int) -> int:
         """Queue one request and return its id; a bad one raises and changes nothing."""
-        _positive_int("max_new_tokens", max_new_tokens)
+        positive_int("max_new_tokens", max_new_tokens)
         ids = check_prompt(prompt, max_new_tokens, self.cfg.vocab_size, self.max_seq_len,
                            self.limit)
         req = Request(len(self._requests), ids, max_new_tokens)
@@ -333,7 +234,7 @@ class Engine:
     def run(self, progress: bool | None = None) -> None:
         """Step until every submitted request has finished."""
         reqs = [r for r in self._requests.values() if r.status in ("waiting", "running")]
-        bar = _Progress(sum(r.max_new_tokens - len(r.tokens) for r in reqs), progress)
+        bar = Progress(sum(r.max_new_tokens - len(r.tokens) for r in reqs), progress)
         try:
             while self.has_work:
                 n = self.step()
@@ -360,8 +261,8 @@ def generate(
     "config" means cfg.eos_token_id, None disables it; progress None shows a bar only on runs
     longer than a couple of seconds."""
     check_mode(mode, params)
-    _positive_int("max_new_tokens", max_new_tokens)
-    _positive_int("page_size", page_size)
+    positive_int("max_new_tokens", max_new_tokens)
+    positive_int("page_size", page_size)
     if on_error not in ("raise", "record"):
         raise ValueError(f"on_error must be 'raise' or 'record', got {on_error!r}")
     max_len, limit = seq_limit(cfg, num_pages, page_size)
