@@ -79,6 +79,9 @@ def torch_attention(
     extends, the MHA form when the step holds a long prompt (host metadata decides)."""
     layer_cache = cache[layer]
     ref.write_cache(layer_cache, kv_new, slot_mapping)
+    # Gather only the page-table columns the longest sequence reaches (host metadata).
+    pages_used = -(-int(host[3]) // cache.shape[2])
+    page_table = page_table[:, :pages_used]
     max_query_len = int(host[4])
     form = ref.attend_mha if max_query_len >= MHA_MIN_QUERY else ref.attend_absorbed
     return form(q_nope, q_pe, layer_cache, w_uk, w_uv, token_seq, positions, page_table, scale)
