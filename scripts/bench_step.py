@@ -149,7 +149,8 @@ def bench_prefill(params, state, args) -> list[dict]:
 def bench_generate(cfg, params, args, floor_ms: float | None) -> dict:
     prompts = torch.randint(2, 100000, (args.gen_requests, args.gen_prompt)).tolist()
     kw = dict(max_new_tokens=args.gen_new, mode="full_and_piecewise",
-              attention_backend=args.backend, eos_token_id=None, page_size=args.page_size)
+              attention_backend=args.backend, eos_token_id=None, page_size=args.page_size,
+              max_seqs=args.gen_requests, max_batch_tokens=args.max_tokens)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     out = mf.generate(cfg, params, prompts, **kw)
