@@ -4,8 +4,8 @@ DeepSeek-V2/V3 decoder (arXiv:2405.04434, arXiv:2412.19437): per layer x + attn(
 then h + ffn(rmsnorm(h)), the FFN dense for the first `first_k_dense_replace` layers and MoE
 after. Numerics follow HF transformers' DeepseekV2/V3ForCausalLM. The attention itself is one
 custom op (`mla_func::mla_attention`); everything else is static-shape torch. On CUDA the
-small element-wise steps (residual add + RMSNorm, the rope/norm prologue of attention) run as
-fused Triton kernels (`kernels/norm.py`, `kernels/rope.py`) with the reference numerics.
+small steps (residual add + RMSNorm, the rope/norm prologue of attention, the MoE router) run
+as fused Triton kernels (`kernels/norm.py`, `rope.py`, `router.py`) with the reference numerics.
 """
 
 import torch
@@ -17,6 +17,7 @@ import mla_func.kernels.rope  # noqa: F401  (registers mla_prologue)
 from mla_func.attention import attend
 from mla_func.batch import Batch
 from mla_func.config import MLAConfig
+from mla_func.kernels.router import route_fused
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import route
 from mla_func.ops.norm import rmsnorm
@@ -105,7 +106,7 @@ def moe_block(moe: MoE, x: Float[Tensor, "tokens hidden"], cfg: MLAConfig
               ) -> Float[Tensor, "tokens hidden"]:
     from mla_func.moe import experts
 
-    weights, ids = route(x, moe.router, moe.score_bias, cfg)
+    weights, ids = (route_fused if _fused(x) else route)(x, moe.router, moe.score_bias, cfg)
     # The experts implementation adds the shared experts itself (fused on CUDA).
     return experts(x, weights, ids, moe.gate_up, moe.down, moe.shared)
 

@@ -22,36 +22,29 @@ Outputs:
 import torch
 
 def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in_10, in_11, in_12):
-    # mla_func/model.py:101 in attention_block: return o.flatten(1, 2) @ attn.o_proj.flatten(1, 2).T
+    # mla_func/model.py:102 in attention_block: return o.flatten(1, 2) @ attn.o_proj.flatten(1, 2).T
     view_default = torch.ops.aten.view.default(in_0, [in_1, 64])
     view_default_1 = torch.ops.aten.view.default(in_2, [64, 64])
     permute_default = torch.ops.aten.permute.default(view_default_1, [1, 0])
     mm_default = torch.ops.aten.mm.default(view_default, permute_default)
-    # mla_func/model.py:43 in add_norm: return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
+    # mla_func/model.py:44 in add_norm: return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
     add_rmsnorm_default = torch.ops.mla_func.add_rmsnorm.default(in_3, mm_default, in_4, 1e-06)
     getitem = add_rmsnorm_default[0]
     getitem_1 = add_rmsnorm_default[1]
-    # mla_func/ops/moe.py:31 in route: logits = x.float() @ router.float().T
-    permute_default_1 = torch.ops.aten.permute.default(in_5, [1, 0])
-    mm_default_1 = torch.ops.aten.mm.default(getitem_1, permute_default_1)
-    # mla_func/ops/moe.py:43 in route: scores = logits.softmax(dim=-1)
-    _softmax_default = torch.ops.aten._softmax.default(mm_default_1, -1, False)
-    # mla_func/ops/moe.py:47 in route: weights, ids = scores.topk(k, dim=-1, sorted=False)
-    topk_default = torch.ops.aten.topk.default(_softmax_default, 2, -1, True, False)
-    getitem_2 = topk_default[0]
-    getitem_3 = topk_default[1]
-    # mla_func/ops/moe.py:50 in route: return weights * cfg.routed_scaling_factor, ids
-    mul_tensor = torch.ops.aten.mul.Tensor(getitem_2, 1.0)
+    # mla_func/kernels/router.py:272 in route_fused: return torch.ops.mla_func.moe_route(
+    moe_route_default = torch.ops.mla_func.moe_route.default(getitem_1, in_5, None, 2, 1, 1, 'greedy', False, 1.0)
+    getitem_2 = moe_route_default[0]
+    getitem_3 = moe_route_default[1]
     # mla_func/moe.py:46 in experts: return torch.ops.mla_func.moe_experts(x, weights, ids, gate_up, down, s_gate_up, s_down)
-    moe_experts_default = torch.ops.mla_func.moe_experts.default(getitem_1, mul_tensor, getitem_3, in_6, in_7, in_8, in_9)
-    # mla_func/model.py:135 in forward: last = norm(h[rows] + m[rows], params.norm, eps)
+    moe_experts_default = torch.ops.mla_func.moe_experts.default(getitem_1, getitem_2, getitem_3, in_6, in_7, in_8, in_9)
+    # mla_func/model.py:136 in forward: last = norm(h[rows] + m[rows], params.norm, eps)
     index_tensor = torch.ops.aten.index.Tensor(getitem, [in_10])
     index_tensor_1 = torch.ops.aten.index.Tensor(moe_experts_default, [in_10])
     add_tensor = torch.ops.aten.add.Tensor(index_tensor, index_tensor_1)
-    # mla_func/model.py:51 in norm: return torch.ops.mla_func.rmsnorm(x, weight, eps)
+    # mla_func/model.py:52 in norm: return torch.ops.mla_func.rmsnorm(x, weight, eps)
     rmsnorm_default = torch.ops.mla_func.rmsnorm.default(add_tensor, in_11, 1e-06)
-    # mla_func/model.py:136 in forward: return (last @ params.lm_head.T).float(), state
-    permute_default_2 = torch.ops.aten.permute.default(in_12, [1, 0])
-    mm_default_2 = torch.ops.aten.mm.default(rmsnorm_default, permute_default_2)
-    return (mm_default_2,)
+    # mla_func/model.py:137 in forward: return (last @ params.lm_head.T).float(), state
+    permute_default_1 = torch.ops.aten.permute.default(in_12, [1, 0])
+    mm_default_1 = torch.ops.aten.mm.default(rmsnorm_default, permute_default_1)
+    return (mm_default_1,)
     

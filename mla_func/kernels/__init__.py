@@ -6,4 +6,5 @@
 - backend: registers the "triton" attention backend (imported lazily by get_backend).
 - norm, rope: fused RMSNorm and the MLA prologue (rope, c_kv norm, cache row).
 - moe_align, fused_moe: static-shape expert alignment and the fused MoE grouped GEMM.
+- router: the fused MoE router (logits, scoring, group mask, top-k in one launch).
 """
