@@ -2,7 +2,10 @@
 
 Real CUDA graphs, tiny preset in float32 with small bucket ranges (every bucket is checked).
 Piecewise graphs run matmuls at the padded size, so kernels may differ from eager: a tight
-tolerance; eager fallback (above the largest bucket) must be bitwise equal.
+tolerance. Full graphs froze the worst-case host metadata at capture, and the torch attention
+backend gathers as many page-table columns as that says (eager gathers only what the longest
+real sequence reaches): the same math over a longer masked row, equal within the tolerance but
+not bitwise. Eager fallback (beyond the captured ranges) must be bitwise equal.
 """
 
 import dataclasses
@@ -38,9 +41,8 @@ def _check(params, state, step, work, kind):
     want, _ = mf.forward(params, twin, batch)
     got, out_state = step(state, batch)
     assert out_state is state
-    n = max(batch.num_tokens, batch.num_seqs)
-    if kind == "eager" or (kind == "full" and n in step.full):
-        # Same kernels at the same shapes (a full graph of exactly this size): bitwise.
+    if kind == "eager":
+        # The same function on the same batch: bitwise.
         assert torch.equal(got, want) and torch.equal(state.cache[:, 1:], twin.cache[:, 1:])
     else:
         torch.testing.assert_close(got, want, **TOL)
@@ -80,7 +82,10 @@ def test_mixed_batch_and_above_largest_bucket(setup):
     big = [mf.SeqWork(list(range(40)), 0, pages[0]), mf.SeqWork(list(range(30)), 0, pages[1])]
     _check(params, state, step, big, "eager")  # 70 tokens > 64
     many = [mf.SeqWork([3], 2, p) for p in _pages(20, 3, first=100)]
-    _check(params, state, step, many, "piecewise")  # 20 decodes > 16 full seqs
+    _check(params, state, step, many, "eager")  # 20 sequences > max_seqs 16: no graph holds them
+    fewer = [mf.SeqWork([3], 2, p) for p in _pages(12, 3, first=100)]
+    fewer.append(mf.SeqWork(list(range(9)), 0, _pages(1, 9, first=200)[0]))
+    _check(params, state, step, fewer, "piecewise")  # 21 tokens, 13 sequences: piecewise
 
 
 def test_decode_loop_reuses_state(setup):
