@@ -186,7 +186,7 @@ class FullBucket:
 
 
 def segment_inputs(plan: CapturePlan, seg_index: int, size: int, leaves: Sequence[torch.Tensor],
-                   buf: Buffers, produced: dict[fx.Node, torch.Tensor]) -> list[Any]:
+                   buf: Buffers, produced: dict[fx.Node, Any]) -> list[Any]:
     """The tensors a segment's graph reads at bucket `size`."""
     seg = plan.segments[seg_index]
     placeholders = plan.placeholder_index()
@@ -214,9 +214,11 @@ def capture_piecewise(plan: CapturePlan, leaves: Sequence[torch.Tensor], buf: Bu
                       emulate: bool = False) -> dict[int, PiecewiseBucket]:
     needed = {a for op in plan.ops for a in op.node.all_input_nodes}
     needed |= set(plan.output_node().all_input_nodes)
+    last_read = {n: seg.index for seg in plan.segments for n in seg.inputs}
     buckets: dict[int, PiecewiseBucket] = {}
     for size in sorted(sizes, reverse=True):
-        produced: dict[fx.Node, torch.Tensor] = {}
+        produced: dict[fx.Node, Any] = {}
+        values: dict[fx.Node, torch.Tensor] = {}
         graphs = []
         for seg in plan.segments:
             inputs = segment_inputs(plan, seg.index, size, leaves, buf, produced)
@@ -229,10 +231,17 @@ def capture_piecewise(plan: CapturePlan, leaves: Sequence[torch.Tensor], buf: Bu
             g.replay()  # real values for the next segment's warm-up
             graphs.append(g)
             produced.update(zip(seg.outputs, outs, strict=True))
+            # Let go of what no later piece reads: the pool hands that memory to later pieces,
+            # which replay only after its readers (this piece's splitting op, the next piece)
+            # have run. Dispatch keeps a weak alias (vLLM's weak-ref outputs, per piece).
+            for n in [n for n in produced if last_read.get(n, -1) <= seg.index]:
+                if n in needed:
+                    values[n] = weak_ref(produced[n])
+                del produced[n]
             progress.step(f"piecewise {plan.mode_dims['piecewise']}={size}")
         if not emulate:
             torch.cuda.synchronize()
-        values = {n: weak_ref(t) for n, t in produced.items() if n in needed}
+        values.update({n: weak_ref(t) for n, t in produced.items() if n in needed})
         buckets[size] = PiecewiseBucket(graphs, values)
         del produced
     return buckets
