@@ -85,6 +85,7 @@ class CompiledStep:
     report: dict[str, Any] = field(default_factory=dict)
     capture_leaves: list[torch.Tensor] = field(default_factory=list)  # the args' leaves
     bound_leaves: dict[int, list[torch.Tensor]] | None = None
+    unbound_specs: list | None = field(default=None, repr=False)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("eager", "piecewise", "full"), 0))
 
@@ -168,7 +169,12 @@ class CompiledStep:
                     "captured with: a compiled step is bound to one state (compile again)")
 
     def _check_static(self, leaves: Sequence[torch.Tensor]) -> None:
-        for spec, t in zip(self.plan.signature.leaves, leaves, strict=True):
+        # The bound arguments' leaves are the compiled step's own: check only the caller's.
+        if self.unbound_specs is None:
+            self.unbound_specs = [sp for sp in self.plan.signature.leaves
+                                  if sp.arg not in self.bound]
+        for spec in self.unbound_specs:
+            t = leaves[spec.index]
             dyn = dict(spec.dynamic)
             for axis, (want, got) in enumerate(zip(spec.shape, t.shape, strict=True)):
                 if axis not in dyn and want != got:
