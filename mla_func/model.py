@@ -9,7 +9,6 @@ as fused Triton kernels (`kernels/norm.py`, `rope.py`, `router.py`) with the ref
 """
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
@@ -19,7 +18,6 @@ from mla_func.attention import attend
 from mla_func.batch import Batch
 from mla_func.config import MLAConfig
 from mla_func.kernels.router import route_fused
-from mla_func.kernels.skinny_gemm import linear as skinny_linear
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import route
 from mla_func.ops.norm import rmsnorm
@@ -48,13 +46,6 @@ def add_norm(
     return h, rmsnorm(h, weight, eps)
 
 
-def matmul_t(x: Float[Tensor, "tokens k"], w: Float[Tensor, "n k"]) -> Float[Tensor, "tokens n"]:
-    """x @ w.T; on CUDA a weight-streaming Triton kernel at decode sizes (cuBLAS above)."""
-    if _fused(x):
-        return skinny_linear(x, w)
-    return x @ w.T
-
-
 def norm(x: Float[Tensor, "tokens width"], weight: Float[Tensor, " width"], eps: float
          ) -> Float[Tensor, "tokens width"]:
     if _fused(x):
@@ -66,10 +57,10 @@ def project_q(
     attn: Attention, x: Float[Tensor, "tokens hidden"], cfg: MLAConfig
 ) -> Float[Tensor, "tokens heads qk_head"]:
     if attn.q_proj is not None:
-        q = matmul_t(x, attn.q_proj.flatten(0, 1))
+        q = x @ attn.q_proj.flatten(0, 1).T
     else:
-        q_a = norm(matmul_t(x, attn.q_a_proj), attn.q_a_norm, cfg.rms_norm_eps)
-        q = matmul_t(q_a, attn.q_b_proj.flatten(0, 1))
+        q_a = norm(x @ attn.q_a_proj.T, attn.q_a_norm, cfg.rms_norm_eps)
+        q = q_a @ attn.q_b_proj.flatten(0, 1).T
     return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim))
 
 
@@ -103,13 +94,12 @@ def attention_block(
     cfg: MLAConfig,
 ) -> Float[Tensor, "tokens hidden"]:
     q = project_q(attn, x, cfg)
-    q_pe, kv_new = prologue(attn, q, matmul_t(x, attn.kv_a_proj), batch.positions, inv_freq,
-                            cfg)
+    q_pe, kv_new = prologue(attn, q, x @ attn.kv_a_proj.T, batch.positions, inv_freq, cfg)
     o = attend(
         q[..., : cfg.qk_nope_head_dim], q_pe, kv_new, cache, layer, attn.w_uk, attn.w_uv,
         batch.slot_mapping, batch.token_seq, batch.positions, batch.page_table,
         batch.seq_lens, batch.host, cfg.softmax_scale, batch.backend)
-    return matmul_t(o.flatten(1, 2), attn.o_proj.flatten(1, 2))
+    return o.flatten(1, 2) @ attn.o_proj.flatten(1, 2).T
 
 
 def moe_block(moe: MoE, x: Float[Tensor, "tokens hidden"], cfg: MLAConfig
@@ -125,9 +115,6 @@ def ffn(mlp: DenseMLP | MoE, x: Float[Tensor, "tokens hidden"], cfg: MLAConfig
         ) -> Float[Tensor, "tokens hidden"]:
     if isinstance(mlp, MoE):
         return moe_block(mlp, x, cfg)
-    if _fused(x):
-        gate, up = matmul_t(x, mlp.gate_up.flatten(0, 1)).chunk(2, dim=-1)
-        return matmul_t(F.silu(gate) * up, mlp.down)
     return swiglu(x, mlp.gate_up, mlp.down)
 
 
@@ -147,5 +134,5 @@ def forward(
             h, x = add_norm(h, m, layers[i + 1].input_norm, eps)
     rows = batch.logits_index
     last = norm(h[rows] + m[rows], params.norm, eps)
-    return matmul_t(last, params.lm_head).float(), state
+    return (last @ params.lm_head.T).float(), state
 

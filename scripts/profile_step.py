@@ -46,13 +46,7 @@ def main() -> None:
     p.add_argument("--ctx", type=int, default=1024)
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--backend", default="triton")
-    p.add_argument("--skinny-max-tokens", type=int, default=None,
-                   help="override the skinny GEMM's token limit (0: cuBLAS everywhere)")
     args = p.parse_args()
-    if args.skinny_max_tokens is not None:
-        import mla_func.kernels.skinny_gemm as skinny
-
-        skinny.MAX_TOKENS = args.skinny_max_tokens
     from scripts.bench_common import measure_ceilings
 
     ceil = measure_ceilings()

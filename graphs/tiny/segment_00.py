@@ -21,24 +21,25 @@ Outputs:
 import torch
 
 def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7):
-    # mla_func/model.py:140 in forward: h = params.embed[batch.token_ids]
+    # mla_func/model.py:127 in forward: h = params.embed[batch.token_ids]
     index_tensor = torch.ops.aten.index.Tensor(in_0, [in_1])
-    # mla_func/model.py:61 in norm: return torch.ops.mla_func.rmsnorm(x, weight, eps)
+    # mla_func/model.py:52 in norm: return torch.ops.mla_func.rmsnorm(x, weight, eps)
     rmsnorm_default = torch.ops.mla_func.rmsnorm.default(index_tensor, in_2, 1e-06)
-    # mla_func/model.py:69 in project_q: q = matmul_t(x, attn.q_proj.flatten(0, 1))
+    # mla_func/model.py:60 in project_q: q = x @ attn.q_proj.flatten(0, 1).T
     view_default = torch.ops.aten.view.default(in_3, [96, 64])
-    # mla_func/kernels/skinny_gemm.py:165 in linear: return torch.ops.mla_func.skinny_linear(x, weight)
-    skinny_linear_default = torch.ops.mla_func.skinny_linear.default(rmsnorm_default, view_default)
-    # mla_func/model.py:73 in project_q: return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim))
+    permute_default = torch.ops.aten.permute.default(view_default, [1, 0])
+    mm_default = torch.ops.aten.mm.default(rmsnorm_default, permute_default)
+    # mla_func/model.py:64 in project_q: return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim))
     sym_size_int = torch.ops.aten.sym_size.int(in_1, 0)
-    view_default_1 = torch.ops.aten.view.default(skinny_linear_default, [sym_size_int, 4, 24])
-    # mla_func/kernels/skinny_gemm.py:165 in linear: return torch.ops.mla_func.skinny_linear(x, weight)
-    skinny_linear_default_1 = torch.ops.mla_func.skinny_linear.default(rmsnorm_default, in_4)
-    # mla_func/model.py:87 in prologue: return torch.ops.mla_func.mla_prologue(q, kv, attn.kv_a_norm, positions, inv_freq,
-    mla_prologue_default = torch.ops.mla_func.mla_prologue.default(view_default_1, skinny_linear_default_1, in_5, in_6, in_7, 1.0, 1e-06, 16)
+    view_default_1 = torch.ops.aten.view.default(mm_default, [sym_size_int, 4, 24])
+    # mla_func/model.py:97 in attention_block: q_pe, kv_new = prologue(attn, q, x @ attn.kv_a_proj.T, batch.positions, inv_freq, cfg)
+    permute_default_1 = torch.ops.aten.permute.default(in_4, [1, 0])
+    mm_default_1 = torch.ops.aten.mm.default(rmsnorm_default, permute_default_1)
+    # mla_func/model.py:78 in prologue: return torch.ops.mla_func.mla_prologue(q, kv, attn.kv_a_norm, positions, inv_freq,
+    mla_prologue_default = torch.ops.mla_func.mla_prologue.default(view_default_1, mm_default_1, in_5, in_6, in_7, 1.0, 1e-06, 16)
     getitem = mla_prologue_default[0]
     getitem_1 = mla_prologue_default[1]
-    # mla_func/model.py:109 in attention_block: q[..., : cfg.qk_nope_head_dim], q_pe, kv_new, cache, layer, attn.w_uk, attn.w_uv,
+    # mla_func/model.py:99 in attention_block: q[..., : cfg.qk_nope_head_dim], q_pe, kv_new, cache, layer, attn.w_uk, attn.w_uv,
     slice_tensor = torch.ops.aten.slice.Tensor(view_default_1, 2, 0, 16)
     return (index_tensor, sym_size_int, getitem, getitem_1, slice_tensor)
     

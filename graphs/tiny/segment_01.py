@@ -25,45 +25,46 @@ Outputs:
 import torch
 
 def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in_10, in_11, in_12):
-    # mla_func/model.py:112 in attention_block: return matmul_t(o.flatten(1, 2), attn.o_proj.flatten(1, 2))
+    # mla_func/model.py:102 in attention_block: return o.flatten(1, 2) @ attn.o_proj.flatten(1, 2).T
     view_default = torch.ops.aten.view.default(in_0, [in_1, 64])
     view_default_1 = torch.ops.aten.view.default(in_2, [64, 64])
-    # mla_func/kernels/skinny_gemm.py:165 in linear: return torch.ops.mla_func.skinny_linear(x, weight)
-    skinny_linear_default = torch.ops.mla_func.skinny_linear.default(view_default, view_default_1)
-    # mla_func/model.py:46 in add_norm: return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
-    add_rmsnorm_default = torch.ops.mla_func.add_rmsnorm.default(in_3, skinny_linear_default, in_4, 1e-06)
+    permute_default = torch.ops.aten.permute.default(view_default_1, [1, 0])
+    mm_default = torch.ops.aten.mm.default(view_default, permute_default)
+    # mla_func/model.py:44 in add_norm: return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
+    add_rmsnorm_default = torch.ops.mla_func.add_rmsnorm.default(in_3, mm_default, in_4, 1e-06)
     getitem = add_rmsnorm_default[0]
     getitem_1 = add_rmsnorm_default[1]
-    # mla_func/model.py:129 in ffn: gate, up = matmul_t(x, mlp.gate_up.flatten(0, 1)).chunk(2, dim=-1)
+    # mla_func/ops/mlp.py:13 in swiglu: gu = x @ gate_up.flatten(0, 1).T
     view_default_2 = torch.ops.aten.view.default(in_5, [256, 64])
-    # mla_func/kernels/skinny_gemm.py:165 in linear: return torch.ops.mla_func.skinny_linear(x, weight)
-    skinny_linear_default_1 = torch.ops.mla_func.skinny_linear.default(getitem_1, view_default_2)
-    # mla_func/model.py:129 in ffn: gate, up = matmul_t(x, mlp.gate_up.flatten(0, 1)).chunk(2, dim=-1)
-    split_tensor = torch.ops.aten.split.Tensor(skinny_linear_default_1, 128, -1)
+    permute_default_1 = torch.ops.aten.permute.default(view_default_2, [1, 0])
+    mm_default_1 = torch.ops.aten.mm.default(getitem_1, permute_default_1)
+    # mla_func/ops/mlp.py:14 in swiglu: gate, up = gu.chunk(2, dim=-1)
+    split_tensor = torch.ops.aten.split.Tensor(mm_default_1, 128, -1)
     getitem_2 = split_tensor[0]
     getitem_3 = split_tensor[1]
-    # mla_func/model.py:130 in ffn: return matmul_t(F.silu(gate) * up, mlp.down)
+    # mla_func/ops/mlp.py:15 in swiglu: return (F.silu(gate) * up) @ down.T
     silu_default = torch.ops.aten.silu.default(getitem_2)
     mul_tensor = torch.ops.aten.mul.Tensor(silu_default, getitem_3)
-    # mla_func/kernels/skinny_gemm.py:165 in linear: return torch.ops.mla_func.skinny_linear(x, weight)
-    skinny_linear_default_2 = torch.ops.mla_func.skinny_linear.default(mul_tensor, in_6)
-    # mla_func/model.py:46 in add_norm: return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
-    add_rmsnorm_default_1 = torch.ops.mla_func.add_rmsnorm.default(getitem, skinny_linear_default_2, in_7, 1e-06)
+    permute_default_2 = torch.ops.aten.permute.default(in_6, [1, 0])
+    mm_default_2 = torch.ops.aten.mm.default(mul_tensor, permute_default_2)
+    # mla_func/model.py:44 in add_norm: return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
+    add_rmsnorm_default_1 = torch.ops.mla_func.add_rmsnorm.default(getitem, mm_default_2, in_7, 1e-06)
     getitem_4 = add_rmsnorm_default_1[0]
     getitem_5 = add_rmsnorm_default_1[1]
-    # mla_func/model.py:69 in project_q: q = matmul_t(x, attn.q_proj.flatten(0, 1))
+    # mla_func/model.py:60 in project_q: q = x @ attn.q_proj.flatten(0, 1).T
     view_default_3 = torch.ops.aten.view.default(in_8, [96, 64])
-    # mla_func/kernels/skinny_gemm.py:165 in linear: return torch.ops.mla_func.skinny_linear(x, weight)
-    skinny_linear_default_3 = torch.ops.mla_func.skinny_linear.default(getitem_5, view_default_3)
-    # mla_func/model.py:73 in project_q: return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim))
-    view_default_4 = torch.ops.aten.view.default(skinny_linear_default_3, [in_1, 4, 24])
-    # mla_func/kernels/skinny_gemm.py:165 in linear: return torch.ops.mla_func.skinny_linear(x, weight)
-    skinny_linear_default_4 = torch.ops.mla_func.skinny_linear.default(getitem_5, in_9)
-    # mla_func/model.py:87 in prologue: return torch.ops.mla_func.mla_prologue(q, kv, attn.kv_a_norm, positions, inv_freq,
-    mla_prologue_default = torch.ops.mla_func.mla_prologue.default(view_default_4, skinny_linear_default_4, in_10, in_11, in_12, 1.0, 1e-06, 16)
+    permute_default_3 = torch.ops.aten.permute.default(view_default_3, [1, 0])
+    mm_default_3 = torch.ops.aten.mm.default(getitem_5, permute_default_3)
+    # mla_func/model.py:64 in project_q: return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim))
+    view_default_4 = torch.ops.aten.view.default(mm_default_3, [in_1, 4, 24])
+    # mla_func/model.py:97 in attention_block: q_pe, kv_new = prologue(attn, q, x @ attn.kv_a_proj.T, batch.positions, inv_freq, cfg)
+    permute_default_4 = torch.ops.aten.permute.default(in_9, [1, 0])
+    mm_default_4 = torch.ops.aten.mm.default(getitem_5, permute_default_4)
+    # mla_func/model.py:78 in prologue: return torch.ops.mla_func.mla_prologue(q, kv, attn.kv_a_norm, positions, inv_freq,
+    mla_prologue_default = torch.ops.mla_func.mla_prologue.default(view_default_4, mm_default_4, in_10, in_11, in_12, 1.0, 1e-06, 16)
     getitem_6 = mla_prologue_default[0]
     getitem_7 = mla_prologue_default[1]
-    # mla_func/model.py:109 in attention_block: q[..., : cfg.qk_nope_head_dim], q_pe, kv_new, cache, layer, attn.w_uk, attn.w_uv,
+    # mla_func/model.py:99 in attention_block: q[..., : cfg.qk_nope_head_dim], q_pe, kv_new, cache, layer, attn.w_uk, attn.w_uv,
     slice_tensor = torch.ops.aten.slice.Tensor(view_default_4, 2, 0, 16)
     return (getitem_4, getitem_6, getitem_7, slice_tensor)
     

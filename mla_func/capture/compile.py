@@ -42,6 +42,16 @@ def resolve_mode(plan: CapturePlan, mode: str, full_level: int) -> tuple[str, st
     return mode, None
 
 
+def _reserved_without_cache() -> int:
+    """Reserved device memory after the caching allocator gave back what nothing holds.
+    `torch.cuda.graph` empties the cache on entry, so a plain reserved-bytes difference around
+    capture could even be negative; emptying it on both sides leaves the graph pool (and any
+    buffer allocated for good during capture)."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_reserved()
+
+
 def compile_plan(
     plan: CapturePlan,
     fn: Callable[..., Any],
@@ -89,7 +99,7 @@ def compile_plan(
     step.bound_ptrs = {s.index: leaves[s.index].data_ptr() for s in plan.signature.leaves
                        if not s.dynamic and not s.host and s.index not in bound_leaves}
     sync = (lambda: None) if emulate else torch.cuda.synchronize
-    reserved = (lambda: 0) if emulate else torch.cuda.memory_reserved
+    reserved = (lambda: 0) if emulate else _reserved_without_cache
     sync()
     step.buffers = allocate(plan, leaves, top)
     sync()
