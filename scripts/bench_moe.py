@@ -9,8 +9,10 @@ weights back to back (together far beyond L2, as in a real step) and times are p
 Rows per token count: `fused` (route + mla_func.moe.experts: Triton, shared experts folded
 in), `fused_sep` (Triton routed experts, shared experts by swiglu), `grouped_mm` (the baseline
 of issue 5: argsort, scatter-add counts, cumsum offsets, gather, two grouped GEMMs, index_add,
-shared experts), and the two parts of `fused` alone: `route_only` (ops.moe.route) and
+shared experts), and the two parts of `fused` alone: `route_only` (the fused router) and
 `experts_only` (align + two GEMMs + sum; its floor is the same minus the router's bytes).
+`fused` and `route_only` route with the fused Triton router (`kernels/router.py`), as the model
+does on CUDA; the baseline routes with the torch reference.
 `err` is fused vs grouped_mm (max abs / max abs). A table of the alignment alone (one-program
 Triton kernel vs torch ops) follows: it decides `moe_align.TRITON_ALIGN_MAX_WORK`.
 
@@ -29,6 +31,7 @@ from mla_func.kernels.fused_moe import MoEConfig, fused_experts, pick_config
 from mla_func.kernels.moe_align import align_torch, align_triton
 from mla_func.moe import experts
 from mla_func.ops.mlp import swiglu
+from mla_func.kernels.router import route_fused
 from mla_func.ops.moe import route
 from mla_func.params import DenseMLP
 
@@ -62,14 +65,15 @@ def make_layers(cfg: MLAConfig, n: int) -> list[Layer]:
     e, h, i = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
     s = cfg.n_shared_experts * i
     kw = dict(device="cuda", dtype=torch.bfloat16)
-    return [Layer(torch.randn(e, h, **kw) * h**-0.5,
+    # Routers in float32, as init_params and load_hf keep them.
+    return [Layer((torch.randn(e, h, **kw) * h**-0.5).float(),
                   torch.randn(e, 2, i, h, **kw) * h**-0.5, torch.randn(e, h, i, **kw) * i**-0.5,
                   torch.randn(2, s, h, **kw) * h**-0.5, torch.randn(h, s, **kw) * s**-0.5)
             for _ in range(n)]
 
 
 def fused_layer(x, layer, cfg, config=None):
-    w, ids = route(x, layer.router, None, cfg)
+    w, ids = route_fused(x, layer.router, None, cfg)  # the model's CUDA path
     if config is not None:
         return fused_experts(x, w, ids, layer.gate_up, layer.down, layer.shared_gate_up,
                              layer.shared_down, config)
@@ -84,7 +88,7 @@ def fused_sep_layer(x, layer, cfg):
 
 
 def route_only(x, layer, cfg):
-    return route(x, layer.router, None, cfg)
+    return route_fused(x, layer.router, None, cfg)
 
 
 def make_experts_only(x, layers, cfg):
