@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from mla_func.config import MLAConfig
 from mla_func.kernels.fused_moe import MoEConfig, fused_experts, pick_config
 from mla_func.kernels.moe_align import align_torch, align_triton
+from mla_func.kernels.router import route_fused
 from mla_func.moe import experts
 from mla_func.ops.mlp import swiglu
-from mla_func.kernels.router import route_fused
 from mla_func.ops.moe import route
 from mla_func.params import DenseMLP
 
