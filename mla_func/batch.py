@@ -91,7 +91,7 @@ def make_batch(
     positions: list[int] = []
     slots: list[int] = []
     token_seq: list[int] = []
-    table = torch.full((len(work), max_pages), SCRATCH_PAGE, dtype=torch.int32)
+    table: list[list[int]] = []
     seq_lens, starts, qlens, last = [], [], [], []
     decodes, seen_prefill = 0, False
     for i, w in enumerate(work):
@@ -116,7 +116,8 @@ def make_batch(
             raise BatchError(f"sequence {i} has {len(w.pages)} pages; max_pages is {max_pages}")
         if SCRATCH_PAGE in w.pages:
             raise BatchError(f"sequence {i} uses the scratch page {SCRATCH_PAGE}")
-        table[i, : len(w.pages)] = torch.tensor(list(w.pages), dtype=torch.int32)
+        # One tensor for the whole table below: per-row tensors cost ~20 us each on the host.
+        table.append([*w.pages, *([SCRATCH_PAGE] * (max_pages - len(w.pages)))])
         starts.append(len(tokens))
         for j, tok in enumerate(w.token_ids):
             pos = w.start + j
@@ -135,7 +136,8 @@ def make_batch(
 
     return Batch(
         token_ids=dev(tokens), positions=dev(positions), slot_mapping=dev(slots),
-        token_seq=dev(token_seq), page_table=table.to(device), seq_lens=dev(seq_lens),
+        token_seq=dev(token_seq),
+        page_table=torch.tensor(table, dtype=torch.int32).to(device), seq_lens=dev(seq_lens),
         query_start=dev(starts), query_lens=dev(qlens), logits_index=dev(last), host=host,
         backend=backend,
     )
