@@ -206,6 +206,47 @@ def bench_hf(cfg: mf.MLAConfig, args) -> list[dict]:
     return rows
 
 
+def bench_hf_compile(cfg: mf.MLAConfig, args) -> list[dict]:
+    """HF with `torch.compile(mode="reduce-overhead")` and a StaticCache, decode steps after
+    an eager prefill of `--hf-ctx` random tokens; compile time reported apart."""
+    try:
+        from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+        from transformers.cache_utils import StaticCache
+    except ImportError as e:
+        print(f"HF transformers not available ({e}); skipping HF + torch.compile")
+        return []
+    hf_cfg = DeepseekV2Config(**cfg.to_hf_dict(), experts_implementation="grouped_mm")
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = DeepseekV2ForCausalLM(hf_cfg).to(torch.bfloat16).eval()
+    compiled = torch.compile(model, mode="reduce-overhead")
+    rows = []
+    for bsz in args.hf_compile_batches:
+        ctx = args.hf_ctx
+        cache = StaticCache(config=hf_cfg, max_cache_len=ctx + 16)
+        prompt = torch.randint(0, cfg.vocab_size, (bsz, ctx), device="cuda")
+        with torch.no_grad():
+            model(input_ids=prompt, past_key_values=cache, use_cache=True,
+                  cache_position=torch.arange(ctx, device="cuda"))
+        ids = torch.randint(0, cfg.vocab_size, (bsz, 1), device="cuda")
+        pos = torch.tensor([ctx], device="cuda")
+
+        def step(ids=ids, pos=pos, cache=cache):
+            with torch.no_grad():
+                compiled(input_ids=ids, past_key_values=cache, use_cache=True,
+                         cache_position=pos)
+
+        t0 = time.perf_counter()
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        compile_s = time.perf_counter() - t0
+        ms = cuda_time_ms(step, warmup=3, reps=10)
+        rows.append({"batch": bsz, "ctx": ctx, "hf_compile_ms": ms, "compile_s": compile_s})
+        print(rows[-1], flush=True)
+    return rows
+
+
 def plot(rows: list[dict], path: Path, gpu: str) -> None:
     import matplotlib
 
@@ -248,6 +289,8 @@ def run(args) -> dict:
     result: dict = {"gpu": gpu, "torch": torch.__version__, "ceilings": ceil}
     if "hf" in args.parts:
         result["hf"] = bench_hf(cfg, args)
+    if "hfcompile" in args.parts:
+        result["hf_compile"] = bench_hf_compile(cfg, args)
     params = mf.init_params(cfg, seed=0, device="cuda", dtype=torch.bfloat16)
     max_ctx = max(args.contexts + [max(args.prefill_tokens, default=0)])
     pages_per_seq = math.ceil((max_ctx + 1) / args.page_size)
@@ -284,6 +327,8 @@ def summarize(result: dict) -> None:
     print_table(result.get("decode", []), cols, "decode step (ms)")
     print_table(result.get("prefill", []), ["tokens", "eager_ms", "piecewise_ms",
                                             "eager_tok_s", "piecewise_tok_s"], "prefill")
+    print_table(result.get("hf_compile", []), ["batch", "ctx", "hf_compile_ms", "compile_s"],
+                "HF + torch.compile(reduce-overhead)")
     if result.get("generate"):
         print_table([result["generate"]], list(result["generate"]), "generate")
 
@@ -295,6 +340,7 @@ def add_arguments(p) -> None:
     p.add_argument("--prefill-tokens", type=int, nargs="+",
                    default=[128, 512, 1024, 2048, 4096, 8192])
     p.add_argument("--hf-ctx", type=int, default=1024)
+    p.add_argument("--hf-compile-batches", type=int, nargs="+", default=[1])
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=8192)
     p.add_argument("--backend", default="triton")
