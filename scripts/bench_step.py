@@ -104,7 +104,7 @@ def bench_decode(params, state, ceil, args) -> list[dict]:
     for mode in ("piecewise", "full"):
         t0 = time.perf_counter()
         steps[mode] = compile_step(params, state, mode=mode, max_tokens=args.max_tokens,
-                                   max_seqs=max(args.batches), max_pages=args.max_pages,
+                                   max_seqs=max(args.batches + [8]), max_pages=args.max_pages,
                                    backend=args.backend, progress=False)
         print(f"compiled {mode} in {time.perf_counter() - t0:.1f} s", flush=True)
     rows = []
@@ -127,7 +127,7 @@ def bench_prefill(params, state, args) -> list[dict]:
     from mla_func.compile_step import compile_step
 
     piecewise = compile_step(params, state, mode="piecewise", max_tokens=args.max_tokens,
-                             max_seqs=max(args.batches), max_pages=args.max_pages,
+                             max_seqs=max(args.batches + [8]), max_pages=args.max_pages,
                              backend=args.backend, progress=False)
     rows = []
     for n in args.prefill_tokens:
