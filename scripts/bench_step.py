@@ -166,19 +166,29 @@ def bench_generate(cfg, params, args, floor_ms: float | None) -> dict:
     return res
 
 
-def bench_hf(cfg: mf.MLAConfig, args) -> list[dict]:
-    """HF DeepseekV2ForCausalLM decode steps, experts `grouped_mm`, random bf16 weights."""
+def hf_model(cfg: mf.MLAConfig):
+    """(config, model): HF DeepseekV2ForCausalLM with `grouped_mm` experts, random bf16 weights
+    on the GPU; None when transformers is absent (the caller skips its comparison)."""
     try:
-        import transformers
         from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
-        from transformers.cache_utils import DynamicCache
     except ImportError as e:
         print(f"HF transformers not available ({e}); skipping the HF comparison")
-        return []
+        return None
     hf_cfg = DeepseekV2Config(**cfg.to_hf_dict(), experts_implementation="grouped_mm")
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = DeepseekV2ForCausalLM(hf_cfg).to(torch.bfloat16).eval()
+        return hf_cfg, DeepseekV2ForCausalLM(hf_cfg).to(torch.bfloat16).eval()
+
+
+def bench_hf(cfg: mf.MLAConfig, args) -> list[dict]:
+    """HF decode steps (eager) on a DynamicCache filled with random latents."""
+    built = hf_model(cfg)
+    if built is None:
+        return []
+    import transformers
+    from transformers.cache_utils import DynamicCache
+
+    hf_cfg, model = built
     rows = []
     for bsz in args.batches:
         ctx = args.hf_ctx
@@ -200,7 +210,7 @@ def bench_hf(cfg: mf.MLAConfig, args) -> list[dict]:
         rows.append({"batch": bsz, "ctx": ctx, "hf_grouped_mm_ms": ms,
                      "transformers": transformers.__version__})
         print(rows[-1], flush=True)
-    model = None
+    model = built = None  # let the HF weights go before our model is built
     gc.collect()
     torch.cuda.empty_cache()
     return rows
@@ -209,16 +219,12 @@ def bench_hf(cfg: mf.MLAConfig, args) -> list[dict]:
 def bench_hf_compile(cfg: mf.MLAConfig, args) -> list[dict]:
     """HF with `torch.compile(mode="reduce-overhead")` and a StaticCache, decode steps after
     an eager prefill of `--hf-ctx` random tokens; compile time reported apart."""
-    try:
-        from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
-        from transformers.cache_utils import StaticCache
-    except ImportError as e:
-        print(f"HF transformers not available ({e}); skipping HF + torch.compile")
+    built = hf_model(cfg)
+    if built is None:
         return []
-    hf_cfg = DeepseekV2Config(**cfg.to_hf_dict(), experts_implementation="grouped_mm")
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = DeepseekV2ForCausalLM(hf_cfg).to(torch.bfloat16).eval()
+    from transformers.cache_utils import StaticCache
+
+    hf_cfg, model = built
     compiled = torch.compile(model, mode="reduce-overhead")
     rows = []
     for bsz in args.hf_compile_batches:
