@@ -67,6 +67,12 @@ def test_make_batch_layout_decodes_first():
                     "max_query_len": 3}
     assert b.host.device.type == "cpu" and not b.is_pure_decode
     assert b.num_tokens == 6 and b.num_seqs == 4 and b.num_decodes == 2
+    # One buffer behind every device field, each starting 16-byte aligned and int32.
+    for name in ("token_ids", "positions", "slot_mapping", "token_seq", "page_table",
+                 "seq_lens", "query_start", "query_lens", "logits_index"):
+        t = getattr(b, name)
+        assert t.dtype == torch.int32 and t.is_contiguous(), name
+        assert t.data_ptr() % 16 == 0, name
 
 
 def test_one_token_prompt_is_a_prefill():
