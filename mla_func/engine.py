@@ -12,9 +12,17 @@ Policy, once per step:
    up front means nothing is ever preempted.
 2. Decodes first (one token each, as `make_batch` requires), then prefill chunks in arrival
    order, up to `max_batch_tokens` tokens and `max_seqs` sequences.
-3. Greedy argmax of the float32 logits. A request ends at eos (kept in its tokens) or after
-   max_new_tokens, and frees its pages at once.
+3. Greedy argmax of the float32 logits, on the device. A request ends at eos (kept in its
+   tokens) or after max_new_tokens, and frees its pages then.
 A row's math depends only on its own sequence, so batch composition never changes the tokens.
+
+One step stays in flight (the overlap of SGLang's overlap scheduler and vLLM's async
+scheduling): `step` launches step N, and only then waits for step N-1's tokens and retires
+its requests, so the host builds batches while the GPU runs. A decode whose last token is still
+in flight takes it from the previous step's device argmax (those rows come first). A request
+is never scheduled past max_new_tokens; one that stopped at eos may have run one more row,
+whose token is dropped. Its pages are freed while that row may still run: a later step that
+reuses them runs after it, in stream order.
 
 Errors, all found on the host before any state changes:
 - `generate()` validates the whole call first and raises, so nothing runs: a `RequestError`
@@ -100,18 +108,40 @@ class Request:
     max_new_tokens: int
     tokens: list[int] = field(default_factory=list)
     logits: list[Tensor] = field(default_factory=list)
-    cached: int = 0  # tokens written to the cache so far
+    cached: int = 0  # tokens written to the cache so far (or by a launched step)
     status: str = "waiting"
+    in_flight: int = 0  # tokens that launched steps generate and the host has not read yet
 
     @property
     def need(self) -> int:  # cached tokens at the end: the last generated one is never fed
         return len(self.prompt) + self.max_new_tokens - 1
 
+    @property
+    def decoding(self) -> bool:
+        return self.cached >= len(self.prompt)
+
     def pending(self) -> list[int]:
-        """Known tokens not yet in the cache: a prompt's rest, or the last generated token."""
-        if self.cached < len(self.prompt):
+        """Tokens to feed next: a prompt's rest, or the last generated token (IN_FLIGHT while
+        the step that generates it has not been read back)."""
+        if not self.decoding:
             return self.prompt[self.cached:]
-        return self.tokens[self.cached - len(self.prompt):]
+        i = self.cached - len(self.prompt)
+        return self.tokens[i:] if i < len(self.tokens) else [IN_FLIGHT]
+
+
+# The token id of a decode row whose input is still on the device (patched in before the step).
+IN_FLIGHT = 0
+
+
+@dataclass(frozen=True)
+class _Launched:
+    """A step on its way: which request gets a token from which row, and the argmax."""
+
+    rows: dict[int, int]  # request id -> row, for the requests this step generates for
+    next_ids: Tensor  # [seqs] on the device
+    host_ids: Tensor  # its copy on the host, complete once `done` has fired
+    done: "torch.cuda.Event | None"
+    logits: Tensor | None  # [seqs, vocab] float32 (return_logits only)
 
 
 def _step_function(params: Params, state: KVState, mode: str, backend: str, max_tokens: int,
@@ -161,6 +191,7 @@ class Engine:
         self._requests: dict[int, Request] = {}
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
+        self._launched: _Launched | None = None
         self.steps = 0
 
     def submit(self, prompt: Prompt, max_new_tokens: int) -> int:
@@ -175,7 +206,7 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self._waiting or self._running)
+        return bool(self._waiting or self._running or self._launched)
 
     def _admit(self) -> None:
         alloc = self.state.allocator
@@ -189,44 +220,78 @@ class Engine:
 
     def _schedule(self) -> list[tuple[Request, list[int]]]:
         budget, work = self.max_batch_tokens, []
-        decodes = [r for r in self._running if r.cached >= len(r.prompt)]
-        prefills = [r for r in self._running if r.cached < len(r.prompt)]
+        decodes = [r for r in self._running
+                   if r.decoding and len(r.tokens) + r.in_flight < r.max_new_tokens]
+        prefills = [r for r in self._running if not r.decoding]
         for req in decodes + prefills:
             if budget == 0 or len(work) == self.max_seqs:
                 break
             chunk = req.pending()[:budget]
             work.append((req, chunk))
             budget -= len(chunk)
-        # make_batch counts any 1-token step after a cached prefix as a decode: those go first.
-        work.sort(key=lambda w: not (len(w[1]) == 1 and w[0].cached > 0))
+        # make_batch counts any 1-token step after a cached prefix as a decode: those go first,
+        # and among them the ones whose token is still on the device.
+        work.sort(key=lambda w: (not (len(w[1]) == 1 and w[0].cached > 0), not w[0].in_flight))
         return work
 
     def step(self) -> int:
-        """Admit, run one step, advance the requests in it; returns the tokens generated."""
+        """Admit and launch one step, then read the previous step's tokens and retire its
+        finished requests; returns the tokens that previous step generated."""
         self._admit()
         work = self._schedule()
-        if not work:
-            if self._waiting:  # cannot happen for validated requests: an empty cache fits them
-                raise RuntimeError("no request can run and the cache is empty: engine bug")
-            return 0
+        previous = self._launched
+        if not work and previous is None and self._waiting:
+            # Cannot happen for validated requests: an empty cache fits each of them.
+            raise RuntimeError("no request can run and the cache is empty: engine bug")
+        self._launched = self._launch(work, previous) if work else None
+        return self._retire(previous) if previous is not None else 0
+
+    def _launch(self, work: list[tuple[Request, list[int]]], previous: "_Launched | None"
+                ) -> _Launched:
         alloc = self.state.allocator
         batch = make_batch(
             [SeqWork(chunk, req.cached, alloc.pages[req.rid]) for req, chunk in work],
             self.page_size, self.max_pages, self.params.device, self.backend)
+        waiting_rows = [previous.rows[req.rid] for req, _ in work if req.in_flight]
+        if waiting_rows:  # the first rows: their tokens are the previous step's argmax
+            src = torch.tensor(waiting_rows).to(previous.next_ids.device, non_blocking=True)
+            batch.token_ids[: len(waiting_rows)].copy_(previous.next_ids[src])
         logits, self.state = self._step_fn(self.state, batch)
-        next_ids = logits.argmax(-1).tolist()
-        self.steps += 1
-        generated = 0
+        next_ids = logits.argmax(-1)
+        done = None
+        if next_ids.is_cuda:
+            host_ids = next_ids.to("cpu", non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+        else:
+            host_ids = next_ids
+        rows = {}
         for row, (req, chunk) in enumerate(work):
             req.cached += len(chunk)
-            if req.cached < len(req.prompt):
-                continue  # a prefill chunk that is not the prompt's last: its logits are unused
-            req.tokens.append(next_ids[row])
+            if req.decoding:  # the prompt's last chunk or a decode: a token comes out
+                req.in_flight += 1
+                rows[req.rid] = row
+        self.steps += 1
+        # A clone: a compiled step's output buffer is overwritten by the next replay.
+        kept = logits.float().clone() if self.return_logits else None
+        return _Launched(rows, next_ids, host_ids, done, kept)
+
+    def _retire(self, launched: _Launched) -> int:
+        if launched.done is not None:
+            launched.done.synchronize()
+        ids = launched.host_ids.tolist()
+        alloc, generated = self.state.allocator, 0
+        for rid, row in launched.rows.items():
+            req = self._requests[rid]
+            req.in_flight -= 1
+            if req.status != "running":
+                continue  # stopped at eos in an earlier step: this row's token is dropped
+            req.tokens.append(ids[row])
             generated += 1
-            if self.return_logits:
-                req.logits.append(logits[row].float().cpu())
-            if next_ids[row] == self.eos or len(req.tokens) == req.max_new_tokens:
-                req.status = "eos" if next_ids[row] == self.eos else "length"
+            if launched.logits is not None:
+                req.logits.append(launched.logits[row].cpu())
+            if ids[row] == self.eos or len(req.tokens) == req.max_new_tokens:
+                req.status = "eos" if ids[row] == self.eos else "length"
                 alloc.release(req.rid)
                 self._running.remove(req)
         return generated

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session in one command: CUDA tests, the V2-Lite capture report, benchmarks; logs and
 # JSON under $OUT (default out/), short tables last. Parts: tests capture step moe kernels
-# profile (default: all but kernels). Example: bash scripts/gpu_check.sh tests step
+# profile hostprof (default: tests capture step moe profile). Example: bash scripts/gpu_check.sh tests step
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
@@ -22,6 +22,8 @@ for part in $parts; do
              tail -1 "$OUT/capture_v2lite.log"; cp /tmp/v2lite/capture_report.json "$OUT/" ;;
     step) timeout 360 python3 -m scripts.bench step --parts decode generate --out "$OUT" \
             > "$OUT/step.log" 2>&1; tail -22 "$OUT/step.log" ;;
+    hostprof) timeout 200 python3 -m scripts.profile_generate > "$OUT/profile_generate.log" 2>&1
+              head -40 "$OUT/profile_generate.log" ;;
     profile) timeout 150 python3 -m scripts.profile_step --batch 1 128 > "$OUT/profile.log" 2>&1
              tail -8 "$OUT/profile.log" ;;
     *) timeout 300 python3 -m scripts.bench "$part" --out "$OUT" > "$OUT/bench_$part.log" 2>&1

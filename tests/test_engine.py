@@ -101,6 +101,22 @@ def test_eos_stops_and_frees(model, reference):
     assert engine.state.allocator.free_pages == 15 and not engine.state.allocator.pages
 
 
+def test_one_step_in_flight(model, reference):
+    """`step` launches a step, then reads the previous one: decodes take their input token
+    from the previous step's device argmax, and nothing is scheduled past max_new_tokens."""
+    cfg, params = model
+    engine = eng.Engine(cfg, params, num_pages=16, page_size=4, eos_token_id=None)
+    rids = [engine.submit(p, 3) for p in PROMPTS[:2]]
+    assert engine.step() == 0  # the prefill is launched; nothing has been read yet
+    assert [engine.result(r).in_flight for r in rids] == [1, 1]
+    assert not any(engine.result(r).tokens for r in rids)
+    assert [engine.step() for _ in range(3)] == [2, 2, 2]  # the last one launches nothing
+    assert not engine.has_work and engine.steps == 3
+    tokens, _ = reference
+    for rid, want in zip(rids, tokens, strict=False):
+        assert engine.result(rid).tokens == want[:3] and engine.result(rid).in_flight == 0
+
+
 def test_config_eos_and_none(model):
     cfg, params = model
     assert eng.Engine(cfg, params, num_pages=4).eos == cfg.eos_token_id
