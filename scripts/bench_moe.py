@@ -14,21 +14,29 @@ shared experts), and the two parts of `fused` alone: `route_only` (the fused rou
 `fused` and `route_only` route with the fused Triton router (`kernels/router.py`), as the model
 does on CUDA; the baseline routes with the torch reference.
 `err` is fused vs grouped_mm (max abs / max abs). A table of the alignment alone (one-program
-Triton kernel vs torch ops) follows: it decides `moe_align.TRITON_ALIGN_MAX_WORK`.
+Triton kernel vs torch ops) follows: it decides `moe_align.TRITON_ALIGN_MAX_PAIRS`.
+
+`--sweep` times configs per token count (`sweep`): tiles per block_m by coordinate descent;
+up to 4 tokens also the direct path and its fused sum (DIRECT_MAX_TOKENS), from 32 to 512
+tokens also the shared experts folded vs apart (FUSE_SHARED_MAX_TOKENS). Every case is checked
+against grouped_mm. It prints the best config per token count next to the default
+(`moe_config.pick_config`) and the best of each variant side by side.
 
     python -m scripts.bench moe [--tokens 1 8 ...] [--layers 4] [--sweep]
-    python -m scripts.bench_moe --sweep --tokens 1 32   # also try tile configs, print the best
+    python -m scripts.bench_moe --sweep --tokens 1 2 4 8 32 128 256 512 4096
 """
 
 import argparse
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from mla_func.config import MLAConfig
-from mla_func.kernels.fused_moe import MoEConfig, fused_experts, pick_config
+from mla_func.kernels.fused_moe import fused_experts
 from mla_func.kernels.moe_align import align_torch, align_triton
+from mla_func.kernels.moe_config import FUSE_SHARED_MAX_TOKENS, MoEConfig, pick_config
 from mla_func.kernels.router import route_fused
 from mla_func.moe import experts
 from mla_func.ops.mlp import swiglu
@@ -41,8 +49,17 @@ except ImportError:  # `python scripts/bench_moe.py`
     from bench_common import graph_time_ms, measure_ceilings, print_table
 
 TARGETS = {1: 1.3, 8: 1.3, 32: 1.1, 128: 1.1, 4096: 1.5}
-TILES = [(32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 3), (64, 128, 4, 4), (64, 64, 4, 4),
-         (64, 256, 4, 3), (128, 64, 4, 4), (128, 64, 8, 4), (128, 128, 8, 3)]
+# Sweep candidates, bounded so that `--sweep` over 9 token counts takes ~3-4 min on an H200
+# (each new constexpr combination compiles in ~1-2 s, a case times in ~0.1-0.4 s).
+# (N, K, warps, stages) for both GEMMs; the default config's own tiles are always tried too.
+TILES = [(64, 64, 4, 4), (128, 64, 4, 4), (64, 128, 4, 3), (32, 128, 4, 4), (128, 128, 8, 3)]
+# The fused-sum down kernel runs one program per N-tile of hidden: narrow N tiles fill the GPU.
+SUM_TILES = [(16, 256, 4, 4), (16, 128, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3)]
+# block_m per (max tokens): V2-Lite gives an expert ~tokens * 6 / 64 rows (shared: tokens rows).
+BLOCK_MS = ((8, (16,)), (64, (16, 32)), (256, (16, 32, 64)), (1024, (32, 64, 128)),
+            (1 << 62, (64, 128)))
+DIRECT_SWEEP_MAX = 4  # tokens up to which the direct path is tried
+SHARED_SWEEP = (32, 512)  # token range in which shared experts folded vs apart are compared
 
 
 @dataclass(frozen=True)
@@ -144,24 +161,84 @@ def time_layer_us(fn, x, layers, cfg) -> float | None:
     return ms * 1e3 / len(layers)
 
 
-def sweep(x, layers, cfg) -> list[dict]:
-    """Time tile configs for this token count (gate_up tile, then down tile, per block_m)."""
-    rows, t = [], x.shape[0]
+def sweep(x, layers, cfg, ref, floor) -> list[dict]:
+    """Time configs at this token count; every case is checked against `ref`."""
+    t, rows, seen = x.shape[0], [], {}
     base = pick_config(t)
-    other = base.block_m * 2 if base.block_m < 128 else base.block_m // 2
-    for bm in sorted({base.block_m, other}):
-        best = MoEConfig(bm, base.gate_up, base.down)
-        for which in ("gate_up", "down"):
-            for tile in TILES:
-                c = MoEConfig(bm, tile if which == "gate_up" else best.gate_up,
-                              tile if which == "down" else best.down)
-                us = time_layer_us(lambda x, lay, cf, c=c: fused_layer(x, lay, cf, c), x,
-                                   layers, cfg)
-                if us is not None:
-                    rows.append({"tokens": t, "config": c, "us": us})
-                    ok = [r for r in rows if r["config"].block_m == bm]
-                    best = min(ok, key=lambda r: r["us"])["config"]
+
+    def timed(c: MoEConfig) -> float | None:
+        if c not in seen:
+            fn = lambda x, lay, cf, c=c: fused_layer(x, lay, cf, c)  # noqa: E731
+            fn.__name__ = _short(c)  # names the case in time_layer_us's error line
+            us = time_layer_us(fn, x, layers, cfg)
+            err = None
+            if us is not None:
+                got = fn(x, layers[0], cfg).float()
+                err = ((got - ref.float()).abs().max() / ref.float().abs().max()).item()
+                if not err < 0.05:  # also NaN
+                    print(f"  WRONG (err {err:.3g}): {_short(c)}")
+                    us = None
+            rows.append({"tokens": t, "variant": _variant(c, t), "config": c, "us": us,
+                         "x_floor": None if us is None else us / floor, "err": err})
+            seen[c] = us
+        return seen[c]
+
+    def descend(start: MoEConfig, passes) -> MoEConfig:
+        """Coordinate descent: each pass tries tiles for one GEMM, keeps the fastest."""
+        best = start
+        for field, tiles in passes:
+            tiles = dict.fromkeys([getattr(best, field), *tiles])  # the start's own tile first
+            cands = [replace(best, **{field: tile}) for tile in tiles]
+            ok = {c: us for c in cands if (us := timed(c)) is not None}
+            best = min(ok, key=ok.get) if ok else best
+        return best
+
+    start = time.perf_counter()
+    timed(base)
+    both = (("gate_up", TILES), ("down", TILES))
+    if t <= DIRECT_SWEEP_MAX:  # the same GEMMs either way: tiles found for one serve both
+        timed(replace(base, direct=not base.direct, fused_sum=False))
+        best = descend(replace(base, direct=True, fused_sum=False), both)
+        descend(replace(best, fused_sum=True, down=SUM_TILES[0]), (("down", SUM_TILES),))
+    else:
+        bms = next(bms for bound, bms in BLOCK_MS if t <= bound)
+        for bm in sorted({*bms, base.block_m}):
+            descend(replace(base, block_m=bm), both)
+    if SHARED_SWEEP[0] <= t <= SHARED_SWEEP[1]:
+        best = min((c for c, us in seen.items() if us is not None), key=seen.get)
+        fold = t > FUSE_SHARED_MAX_TOKENS  # the opposite of the default
+        for bm in dict.fromkeys([best.block_m, min(128, 2 * best.block_m)]):
+            timed(replace(best, block_m=bm, fuse_shared=fold))
+    print(f"  tokens {t}: {len(rows)} cases in {time.perf_counter() - start:.0f} s")
     return rows
+
+
+def _variant(c: MoEConfig, t: int) -> str:
+    path = "direct+sum" if c.fused_sum else "direct" if c.direct else "aligned"
+    fold = t <= FUSE_SHARED_MAX_TOKENS if c.fuse_shared is None else c.fuse_shared
+    return f"{path}, shared {'folded' if fold else 'apart'}"
+
+
+def print_sweep(sweeps: list[dict], tokens: list[int]) -> None:
+    """The best case per token count next to the default, then the best of each variant."""
+    best, per_variant = [], []
+    for t in tokens:
+        ok = [r for r in sweeps if r["tokens"] == t and r["us"] is not None]
+        if not ok:
+            continue
+        default = next((r for r in ok if r["config"] == pick_config(t)), None)
+        win = min(ok, key=lambda r: r["us"])
+        best.append({"tokens": t, "default_us": default and default["us"],
+                     "best_us": win["us"], "x_floor": win["x_floor"],
+                     "gain": default and default["us"] / win["us"],
+                     "default": _short(pick_config(t)), "best": _short(win["config"])})
+        for v in dict.fromkeys(r["variant"] for r in ok):
+            r = min((r for r in ok if r["variant"] == v), key=lambda r: r["us"])
+            per_variant.append({**r, "config": _short(r["config"])})
+    print_table(per_variant, ["tokens", "variant", "us", "x_floor", "err", "config"],
+                "best swept config of each variant")
+    print_table(best, ["tokens", "default_us", "best_us", "gain", "x_floor", "default", "best"],
+                "best swept config vs the default (moe_config.pick_config)")
 
 
 def align_rows(t: int, cfg: MLAConfig) -> list[dict]:
@@ -190,7 +267,7 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
     for t in args.tokens:
         x = torch.randn(t, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
         floor, distinct = floor_us(x, layers, cfg, ceil)
-        got = fused_layer(x, layers[0], cfg)
+        got, ref = fused_layer(x, layers[0], cfg), None
         try:
             ref = grouped_mm_layer(x, layers[0], cfg)
             err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
@@ -211,27 +288,23 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
                 else "", "err": err if name == "fused" else None, **ceil})
         aligns += align_rows(t, cfg)
         if args.sweep:
-            found = sweep(x, layers, cfg)
-            sweeps += found
-            best = min(found, key=lambda r: r["us"])
-            print(f"  tokens {t}: best {_short(best['config'])} {best['us']:.1f} us "
-                  f"({best['us'] / floor:.2f}x floor)")
+            sweeps += sweep(x, layers, cfg, got if ref is None else ref, floor)
     print_table(rows, ["tokens", "impl", "us", "floor_us", "x_floor", "target", "vs_baseline",
                        "experts_hit", "err", "config"], f"MoE layer ({args.preset}, bf16)")
     print_table(aligns, ["tokens", "impl", "us"], "expert alignment alone")
     if sweeps:
-        best = [min((r for r in sweeps if r["tokens"] == t), key=lambda r: r["us"])
-                for t in args.tokens]
-        print_table([{**r, "config": _short(r["config"])} for r in best],
-                    ["tokens", "us", "config"], "best swept configs")
+        print_sweep(sweeps, args.tokens)
     for r in sweeps:
         r["config"] = _short(r["config"])
     return rows + aligns + [{"sweep": True, **r} for r in sweeps]
 
 
 def _short(c: MoEConfig) -> str:
-    """`MoEConfig(block_m, (n, k, warps, stages), (...))`, pasteable into fused_moe.CONFIGS."""
-    return f"MoEConfig({c.block_m}, {c.gate_up}, {c.down})"
+    """`MoEConfig(block_m, (n, k, warps, stages), (...), ...)`, pasteable into moe_config."""
+    flags = "".join(f", {k}={getattr(c, k)}" for k, v in
+                    (("direct", False), ("fused_sum", False), ("fuse_shared", None))
+                    if getattr(c, k) != v)
+    return f"MoEConfig({c.block_m}, {c.gate_up}, {c.down}{flags})"
 
 
 def main(argv: list[str] | None = None) -> None:

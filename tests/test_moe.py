@@ -1,4 +1,5 @@
-"""mla_func.moe, kernels/moe_align.py and kernels/fused_moe.py against ops.moe.experts_reference.
+"""mla_func.moe and kernels/moe_align.py, moe_config.py, fused_moe.py against
+ops.moe.experts_reference.
 
 CPU: Triton under TRITON_INTERPRET=1 (conftest sets it without a GPU) at small sizes, float32
 (the 3.9 interpreter's bf16 tl.dot is wrong, so bf16 runs under `-m cuda` only). GPU: real
@@ -6,13 +7,17 @@ V2-Lite / V3 shapes in bf16, plus CUDA-graph capture and replay.
 """
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from mla_func.config import MLAConfig
-from mla_func.kernels.fused_moe import MoEConfig, fused_experts
+from mla_func.kernels.fused_moe import fused_experts
 from mla_func.kernels.moe_align import align_torch, align_triton, pair_experts
+from mla_func.kernels.moe_config import CONFIGS, DIRECT_MAX_TOKENS, MoEConfig, pick_config
 from mla_func.moe import experts
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import experts_reference, route
@@ -20,6 +25,8 @@ from mla_func.params import DenseMLP
 
 # Tiles for the interpreter: one N-tile per GEMM at these sizes keeps the program count low.
 SMALL = MoEConfig(16, (32, 64, 4, 1), (64, 32, 4, 1))
+DIRECT = dataclasses.replace(SMALL, direct=True)
+DIRECT_SUM = dataclasses.replace(SMALL, direct=True, fused_sum=True)
 
 
 def make(tokens, topk, n_exp, hidden, inter, shared, dtype=torch.float32, device="cpu",
@@ -92,6 +99,38 @@ def test_fused_matches_reference(tokens, topk, n_exp, hidden, inter, shared, ske
     close(experts(x, w, ids, gu, dn, mlp, impl="sorted_torch"), want, 1e-5)
 
 
+@pytest.mark.parametrize("tokens,topk,n_exp,hidden,inter,shared,fuse_shared", [
+    (1, 6, 64, 64, 32, 2, None),   # decode: no expert read twice
+    (2, 2, 8, 64, 32, 1, None),
+    (3, 6, 64, 64, 32, 0, None),   # no shared experts
+    (4, 6, 8, 48, 24, 2, None),    # experts repeated across tokens; K, N not tile multiples
+    (4, 2, 8, 64, 32, 1, False),   # shared MLP apart: added in the (fused) sum
+])
+def test_direct_matches_reference_and_aligned(tokens, topk, n_exp, hidden, inter, shared,
+                                              fuse_shared):
+    x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, hidden, inter, shared, seed=tokens)
+    s_gu, s_dn = (None, None) if mlp is None else (mlp.gate_up, mlp.down)
+    want = reference(x, w, ids, gu, dn, mlp)
+    aligned = fused_experts(x, w, ids, gu, dn, s_gu, s_dn,
+                            dataclasses.replace(SMALL, fuse_shared=fuse_shared))
+    close(aligned, want, 1e-5)
+    for cfg in (DIRECT, DIRECT_SUM):
+        got = fused_experts(x, w, ids, gu, dn, s_gu, s_dn,
+                            dataclasses.replace(cfg, fuse_shared=fuse_shared))
+        close(got, want, 1e-5)
+        # Same tiles, same order of the fp32 sums: the paths agree bit for bit.
+        assert torch.equal(got, aligned), cfg
+
+
+def test_direct_config_checks():
+    assert pick_config(DIRECT_MAX_TOKENS).direct and not pick_config(DIRECT_MAX_TOKENS + 1).direct
+    x, w, ids, gu, dn, _ = make(17, 2, 8, 32, 16, 0)
+    with pytest.raises(ValueError, match="at most 16 tokens"):
+        fused_experts(x, w, ids, gu, dn, config=DIRECT)
+    with pytest.raises(ValueError, match="fused_sum needs the direct layout"):
+        fused_experts(x, w, ids, gu, dn, config=dataclasses.replace(SMALL, fused_sum=True))
+
+
 @pytest.mark.parametrize("method", ["greedy", "group_limited_greedy", "noaux_tc"])
 def test_routing_methods(method):
     cfg = dataclasses.replace(
@@ -138,6 +177,48 @@ def test_traces_with_symbolic_tokens():
         close(ep.module()(x, w, ids), reference(x, w, ids, gu, dn, mlp), 1e-5)
 
 
+_AOT = """
+import re, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
+from mla_func.kernels.fused_moe import _down_kernel, _down_sum_kernel, _gate_up_kernel
+ptrs = dict(weights_ptr="*fp32", ids_ptr="*i64", sorted_ptr="*i32", block_expert_ptr="*i32",
+            block_rows_ptr="*i32")
+for fn, (bn, bk, warps, stages), const in [
+        (_gate_up_kernel, (32, 128, 4, 4), dict(DIRECT=False)),
+        (_gate_up_kernel, (32, 128, 4, 4), dict(DIRECT=True)),
+        (_down_kernel, (64, 128, 4, 4), dict(DIRECT=False)),
+        (_down_kernel, (64, 128, 4, 4), dict(DIRECT=True)),
+        (_down_sum_kernel, (16, 256, 4, 4), dict(HAS_EXTRA=False))]:
+    const = dict(PAIRS_PER_TOKEN=8, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32",
+                 EVEN_K=(1408 if fn is not _gate_up_kernel else 2048) % bk == 0, **const)
+    sig = {n: "constexpr" if n in const else ptrs.get(n, "*bf16") if n.endswith("_ptr")
+           else "i32" for n in fn.arg_names}
+    # What a launch at V2-Lite sizes specialises on: aligned pointers, strides and dims.
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n][0] == "*" or n.startswith(("stride", "n_inter", "n_hidden"))}
+    kernel = triton.compile(
+        triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(kernel.asm["ptx"])
+        f.flush()
+        out = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", f.name,
+                              "-o", f.name + ".cubin"], capture_output=True, text=True)
+    spills = int(re.search(r"(\\d+) bytes spill stores", out.stderr).group(1))
+    assert spills == 0, out.stderr
+"""
+
+
+def test_compiles_for_sm90_at_v2_lite_sizes():
+    """Ahead-of-time sm90 compile (no GPU needed) of both layouts and the fused sum."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    out = subprocess.run([sys.executable, "-c", _AOT], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 # ---- GPU: real sizes, bf16 ------------------------------------------------------------------
 
 V2_LITE = dict(topk=6, n_exp=64, hidden=2048, inter=1408, shared=2)
@@ -165,11 +246,32 @@ def test_cuda_real_sizes(shape, tokens, skew):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("tokens", [1, 8, 128, 4096])
-def test_cuda_graph_replay_matches_eager(tokens):
+@pytest.mark.parametrize("tokens", [1, 2, 4])
+def test_cuda_direct_matches_aligned(tokens):
+    x, w, ids, gu, dn, mlp = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda")
+    aligned = CONFIGS[0][1]  # the smallest aligned row: the direct path's default tiles
+    want = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, aligned)
+    close(want, reference(x, w, ids, gu, dn, mlp), 0.05)
+    for fused_sum in (False, True):
+        cfg = dataclasses.replace(aligned, direct=True, fused_sum=fused_sum)
+        got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg)
+        assert torch.equal(got, want), fused_sum
+
+
+DIRECT_SUM_V2 = MoEConfig(16, (32, 128, 4, 4), (16, 256, 4, 4), direct=True, fused_sum=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens,config", [
+    (1, None), (8, None), (128, None), (4096, None), (1, DIRECT_SUM_V2), (4, DIRECT_SUM_V2)])
+def test_cuda_graph_replay_matches_eager(tokens, config):
     x, w, ids, gu, dn, mlp = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda")
     static = [t.clone() for t in (x, w, ids)]
-    fn = lambda: experts(*static, gu, dn, mlp)  # noqa: E731
+    if config is None:
+        run = lambda *a: experts(*a, gu, dn, mlp)  # noqa: E731
+    else:
+        run = lambda *a: fused_experts(*a, gu, dn, mlp.gate_up, mlp.down, config)  # noqa: E731
+    fn = lambda: run(*static)  # noqa: E731
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -184,4 +286,4 @@ def test_cuda_graph_replay_matches_eager(tokens):
         for dst, src in zip(static, (x2, w2, ids2), strict=True):
             dst.copy_(src)
         graph.replay()
-        torch.testing.assert_close(out, experts(x2, w2, ids2, gu, dn, mlp), rtol=0, atol=0)
+        torch.testing.assert_close(out, run(x2, w2, ids2), rtol=0, atol=0)

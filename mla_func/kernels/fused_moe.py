@@ -16,8 +16,14 @@ that every token routes to with weight 1, so the whole MoE FFN is these four lau
 
 Every expert's weights are read once per M-tile of its rows; at small token counts an expert's
 rows fit one tile (`block_m` from the config table), so weights are read once and the grid over
-(M-tiles x N-tiles) gives enough programs to fill the GPU. Tiles are picked per static token
-count (`CONFIGS`), never autotuned at run time (graph capture).
+(M-tiles x N-tiles) gives enough programs to fill the GPU. Tiles and path are picked per static
+token count (`moe_config.pick_config`), never autotuned at run time (graph capture).
+
+Direct path (`MoEConfig.direct`, decode at a few tokens): the M-tiles are read off `ids` in the
+kernels (`moe_align.direct_tile`: one routed pair per tile, one tile per shared expert), so step
+1 is gone; at 2+ tokens an expert that two tokens pick is read twice. With `fused_sum`, step 4
+goes too: `_down_sum_kernel` (one program per N-tile of `hidden`) runs every M-tile in a fixed
+order and sums each token's pairs as `_sum_kernel` does: the same bits, two launches in all.
 
 Padding rows (tokens added to reach a capture bucket) are ordinary tokens here: their pairs are
 computed and discarded by the caller, never mixed into real tokens' rows, so they cannot change
@@ -25,7 +31,6 @@ real results; they cost expert work: each padded token adds `topk` routed rows (
 an expert no real token uses, i.e. one more expert's weights read at small token counts).
 """
 
-from dataclasses import dataclass
 from typing import no_type_check
 
 import torch
@@ -34,41 +39,14 @@ import triton.language as tl
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mla_func.kernels.moe_align import align
-from mla_func.ops.mlp import swiglu
-
-
-@dataclass(frozen=True)
-class MoEConfig:
-    """Tile sizes: one M-tile for both GEMMs; (N, K, warps, stages) per GEMM."""
-
-    block_m: int
-    gate_up: tuple[int, int, int, int]
-    down: tuple[int, int, int, int]
-
-
-# (max tokens, config): the first row whose bound is >= the step's static token count.
-# Up to ~1k tokens V2-Lite is weight-read bound: block_m is sized so that an expert's rows
-# (about tokens * topk / experts, plus spread) fit one M-tile and its weights are read once.
-# Rows for 1-32, 512 and 4096 tokens are the best of `scripts/bench_moe.py --sweep` on an H200
-# (docs/perf/2026-11-21-h200-run1/bench_moe.log); the others are interpolated guesses.
-CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
-    (4, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 4))),
-    (16, MoEConfig(16, (32, 256, 4, 3), (64, 128, 4, 3))),
-    (64, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 3))),
-    (256, MoEConfig(32, (64, 64, 4, 4), (64, 64, 4, 4))),
-    (1024, MoEConfig(64, (64, 64, 4, 4), (128, 64, 8, 4))),
-    (1 << 62, MoEConfig(128, (128, 64, 8, 4), (128, 64, 8, 4))),
+from mla_func.kernels.moe_align import align, direct_tile
+from mla_func.kernels.moe_config import (
+    DIRECT_BLOCK_M,
+    FUSE_SHARED_MAX_TOKENS,
+    MoEConfig,
+    pick_config,
 )
-
-# Shared experts ride in the routed launches only up to this many tokens: past it their
-# `tokens` rows span several M-tiles, each re-reading the shared weights, and a separate
-# swiglu (one dense GEMM) is faster (H200: 365 vs 427 us at 128 tokens).
-FUSE_SHARED_MAX_TOKENS = 64
-
-
-def pick_config(tokens: int) -> MoEConfig:
-    return next(cfg for bound, cfg in CONFIGS if tokens <= bound)
+from mla_func.ops.mlp import swiglu
 
 
 @triton.jit
@@ -84,25 +62,42 @@ def _expert_base(w_ptr, ws_ptr, e, n_routed, stride_e, stride_se):
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, n_tokens, topk, n_routed,
+          PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, DIRECT: tl.constexpr):
+    """(expert, pair per row, real rows) of M-tile `pid_m`. Its activations live in rows
+    pid_m * BLOCK_M.. of `act` in both layouts: affine rows keep the down GEMM's A loads cheap
+    (gathered rows cost it ~100 registers on sm90)."""
+    if DIRECT:
+        e, pair, row_ok = direct_tile(pid_m, ids_ptr, n_tokens, topk, n_routed,
+                                      PAIRS_PER_TOKEN, BLOCK_M)
+    else:
+        rows = tl.arange(0, BLOCK_M)
+        e = tl.load(block_expert_ptr + pid_m)
+        row_ok = rows < tl.load(block_rows_ptr + pid_m)
+        pair = tl.load(sorted_ptr + pid_m * BLOCK_M + rows, mask=row_ok, other=0)
+    return e, pair, row_ok
+
+
+# The token count only sizes the direct layout: not specialised, one compile serves every bucket.
+@triton.jit(do_not_specialize=["n_tokens"])
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _gate_up_kernel(
-    x_ptr, w_ptr, ws_ptr, act_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
-    n_inter, n_hidden, n_routed, stride_x,
+    x_ptr, w_ptr, ws_ptr, act_ptr, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
+    n_tokens, topk, n_inter, n_hidden, n_routed, stride_x,
     stride_we, stride_wg, stride_wn, stride_se, stride_sg, stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    e = tl.load(block_expert_ptr + pid_m)
+    e, pair, row_ok = _tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
+                            n_tokens, topk, n_routed, PAIRS_PER_TOKEN, BLOCK_M, DIRECT)
     if e < 0:
         return
     shared = e >= n_routed
     base = _expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
     stride_g = tl.where(shared, stride_sg, stride_wg)
     stride_n = tl.where(shared, stride_sn, stride_wn)
-    rows = tl.arange(0, BLOCK_M)
-    row_ok = rows < tl.load(block_rows_ptr + pid_m)
-    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + rows, mask=row_ok, other=0)
     tok = (pair // PAIRS_PER_TOKEN).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < n_inter
@@ -129,35 +124,25 @@ def _gate_up_kernel(
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
     act = acc_g * tl.sigmoid(acc_g) * acc_u
-    out_rows = (pid_m * BLOCK_M + rows).to(tl.int64)
-    act_ptrs = act_ptr + out_rows[:, None] * n_inter + offs_n[None, :]
+    act_rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    act_ptrs = act_ptr + act_rows[:, None] * n_inter + offs_n[None, :]
     tl.store(act_ptrs, act.to(act_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _down_kernel(
-    act_ptr, w_ptr, ws_ptr, out_ptr, weights_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
-    n_hidden, n_inter, n_routed, topk,
-    stride_we, stride_wn, stride_se, stride_sn,
+def _down_tile(
+    act_ptr, w_ptr, ws_ptr, weights_ptr, m_tile, e, pair, row_ok, offs_n, n_ok,
+    n_inter, n_routed, topk, stride_we, stride_wn, stride_se, stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    e = tl.load(block_expert_ptr + pid_m)
-    if e < 0:
-        return
-    shared = e >= n_routed
+    """(act W_down^T) * routing weight of one M-tile and N-tile, fp32 (0 in padding rows)."""
     base = _expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
-    stride_n = tl.where(shared, stride_sn, stride_wn)
-    rows = tl.arange(0, BLOCK_M)
-    row_ok = rows < tl.load(block_rows_ptr + pid_m)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < n_hidden
+    stride_n = tl.where(e >= n_routed, stride_sn, stride_wn)
     offs_k = tl.arange(0, BLOCK_K)
-    in_rows = (pid_m * BLOCK_M + rows).to(tl.int64)
-    a_ptrs = act_ptr + in_rows[:, None] * n_inter + offs_k[None, :]
+    act_rows = (m_tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    a_ptrs = act_ptr + act_rows[:, None] * n_inter + offs_k[None, :]
     b_ptrs = base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, n_inter, BLOCK_K):
@@ -173,14 +158,68 @@ def _down_kernel(
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
-    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + rows, mask=row_ok, other=0)
     j = pair % PAIRS_PER_TOKEN
     routed = row_ok & (j < topk)
     w = tl.load(weights_ptr + (pair // PAIRS_PER_TOKEN) * topk + j, mask=routed, other=1.0)
     # Round to the model dtype first, as the reference does, then weight in fp32.
-    y = acc.to(out_ptr.dtype.element_ty).to(tl.float32) * w[:, None]
+    return acc.to(act_ptr.dtype.element_ty).to(tl.float32) * w[:, None]
+
+
+@triton.jit(do_not_specialize=["n_tokens"])
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _down_kernel(
+    act_ptr, w_ptr, ws_ptr, out_ptr, weights_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
+    block_rows_ptr, n_tokens, topk, n_hidden, n_inter, n_routed,
+    stride_we, stride_wn, stride_se, stride_sn,
+    PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Each pair's weighted expert output to its own row of `out` ([pairs, hidden])."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e, pair, row_ok = _tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
+                            n_tokens, topk, n_routed, PAIRS_PER_TOKEN, BLOCK_M, DIRECT)
+    if e < 0:
+        return
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < n_hidden
+    y = _down_tile(act_ptr, w_ptr, ws_ptr, weights_ptr, pid_m, e, pair, row_ok, offs_n,
+                   n_ok, n_inter, n_routed, topk, stride_we, stride_wn, stride_se, stride_sn,
+                   PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION)
     out_ptrs = out_ptr + pair.to(tl.int64)[:, None] * n_hidden + offs_n[None, :]
     tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["n_tokens", "n_tiles"])
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _down_sum_kernel(
+    act_ptr, w_ptr, ws_ptr, out_ptr, extra_ptr, weights_ptr, ids_ptr,
+    n_tokens, topk, n_tiles, n_hidden, n_inter, n_routed,
+    stride_we, stride_wn, stride_se, stride_sn,
+    PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_EXTRA: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Direct layout only: one program per N-tile runs every M-tile in order and sums the
+    tokens' rows (row r is token r in every tile; other rows add exact zeros), in the order
+    and the rounding of `_sum_kernel`: same result, no [pairs, hidden] buffer, one launch."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < n_hidden
+    rows = tl.arange(0, BLOCK_M)
+    out_offs = rows.to(tl.int64)[:, None] * n_hidden + offs_n[None, :]
+    out_ok = (rows < n_tokens)[:, None] & n_ok[None, :]
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if HAS_EXTRA:  # the shared experts' output, when computed apart
+        total += tl.load(extra_ptr + out_offs, mask=out_ok, other=0.0).to(tl.float32)
+    for q in range(0, n_tiles):
+        e, pair, row_ok = direct_tile(q, ids_ptr, n_tokens, topk, n_routed, PAIRS_PER_TOKEN,
+                                      BLOCK_M)
+        y = _down_tile(act_ptr, w_ptr, ws_ptr, weights_ptr, q, e, pair, row_ok,
+                       offs_n, n_ok, n_inter, n_routed, topk,
+                       stride_we, stride_wn, stride_se, stride_sn,
+                       PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION)
+        total += y.to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=out_ok)
 
 
 @triton.jit
@@ -232,13 +271,14 @@ def fused_experts(
     config: MoEConfig | None = None,
 ) -> Float[Tensor, "tokens hidden"]:
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) (+ the shared MLP when given: folded
-    into the launches up to FUSE_SHARED_MAX_TOKENS tokens, else one swiglu added in the sum)."""
+    into the launches up to FUSE_SHARED_MAX_TOKENS tokens, else one swiglu added in the sum).
+    `config` (default `pick_config(tokens)`) picks the tiles and the path."""
     tokens, topk = ids.shape
     n_routed, _, n_inter, n_hidden = gate_up.shape
     cfg = config or pick_config(tokens)
+    fold = tokens <= FUSE_SHARED_MAX_TOKENS if cfg.fuse_shared is None else cfg.fuse_shared
     extra = None
-    if shared_gate_up is not None and (tokens > FUSE_SHARED_MAX_TOKENS
-                                       or shared_down.shape[1] % n_inter):
+    if shared_gate_up is not None and (not fold or shared_down.shape[1] % n_inter):
         extra = swiglu(x, shared_gate_up, shared_down).contiguous()
         shared_gate_up = shared_down = None
     if shared_gate_up is None:
@@ -249,33 +289,47 @@ def fused_experts(
     for w in (gate_up, down, s_gate_up, s_down):
         if w.stride(-1) != 1:
             raise ValueError("expert weights must be contiguous along their last axis")
-    x = x.contiguous()
+    x, ids, weights = x.contiguous(), ids.contiguous(), weights.contiguous()
     pairs_per_token = topk + n_shared
-    bm = cfg.block_m
-    sorted_pairs, block_expert, block_rows = align(ids, n_routed, n_shared, bm)
-    n_blocks = block_expert.shape[0]
-    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    if cfg.direct:
+        if tokens > DIRECT_BLOCK_M:
+            raise ValueError(f"the direct path takes at most {DIRECT_BLOCK_M} tokens")
+        bm, n_tiles = DIRECT_BLOCK_M, tokens * topk + n_shared
+        layout = (ids, ids, ids)  # no alignment: the kernels read the tiles off `ids`
+    else:
+        if cfg.fused_sum:
+            raise ValueError("fused_sum needs the direct layout (MoEConfig.direct)")
+        bm = cfg.block_m
+        layout = align(ids, n_routed, n_shared, bm)
+        n_tiles = layout[1].shape[0]
+    tiles = (ids, *layout, tokens, topk)
+    common = dict(PAIRS_PER_TOKEN=pairs_per_token, BLOCK_M=bm,
+                  PRECISION="ieee" if x.dtype == torch.float32 else "tf32")
 
-    act = torch.empty(n_blocks * bm, n_inter, dtype=x.dtype, device=x.device)
+    act = torch.empty(n_tiles * bm, n_inter, dtype=x.dtype, device=x.device)
     bn, bk, warps, stages = _fit(cfg.gate_up, n_inter, n_hidden)
-    _gate_up_kernel[(n_blocks, triton.cdiv(n_inter, bn))](
-        x, gate_up, s_gate_up, act, sorted_pairs, block_expert, block_rows,
-        n_inter, n_hidden, n_routed, x.stride(0),
+    _gate_up_kernel[(n_tiles, triton.cdiv(n_inter, bn))](
+        x, gate_up, s_gate_up, act, *tiles, n_inter, n_hidden, n_routed, x.stride(0),
         gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
         s_gate_up.stride(0), s_gate_up.stride(1), s_gate_up.stride(2),
-        PAIRS_PER_TOKEN=pairs_per_token, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        EVEN_K=n_hidden % bk == 0, PRECISION=precision, num_warps=warps, num_stages=stages)
-
-    buf = torch.empty(tokens * pairs_per_token, n_hidden, dtype=x.dtype, device=x.device)
-    bn, bk, warps, stages = _fit(cfg.down, n_hidden, n_inter)
-    _down_kernel[(n_blocks, triton.cdiv(n_hidden, bn))](
-        act, down, s_down, buf, weights.contiguous(), sorted_pairs, block_expert, block_rows,
-        n_hidden, n_inter, n_routed, topk,
-        down.stride(0), down.stride(1), s_down.stride(0), s_down.stride(1),
-        PAIRS_PER_TOKEN=pairs_per_token, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        EVEN_K=n_inter % bk == 0, PRECISION=precision, num_warps=warps, num_stages=stages)
+        BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_hidden % bk == 0, DIRECT=cfg.direct, **common,
+        num_warps=warps, num_stages=stages)
 
     out = torch.empty_like(x)
+    bn, bk, warps, stages = _fit(cfg.down, n_hidden, n_inter)
+    strides = (down.stride(0), down.stride(1), s_down.stride(0), s_down.stride(1))
+    if cfg.fused_sum:
+        _down_sum_kernel[(triton.cdiv(n_hidden, bn),)](
+            act, down, s_down, out, out if extra is None else extra, weights, ids,
+            tokens, topk, n_tiles, n_hidden, n_inter, n_routed, *strides,
+            BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0, HAS_EXTRA=extra is not None,
+            **common, num_warps=warps, num_stages=stages)
+        return out
+    buf = torch.empty(tokens * pairs_per_token, n_hidden, dtype=x.dtype, device=x.device)
+    _down_kernel[(n_tiles, triton.cdiv(n_hidden, bn))](
+        act, down, s_down, buf, weights, *tiles, n_hidden, n_inter, n_routed, *strides,
+        BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0, DIRECT=cfg.direct, **common,
+        num_warps=warps, num_stages=stages)
     block = min(1024, triton.next_power_of_2(n_hidden))
     _sum_kernel[(tokens, triton.cdiv(n_hidden, block))](
         buf, buf if extra is None else extra, out, n_hidden, PAIRS_PER_TOKEN=pairs_per_token,

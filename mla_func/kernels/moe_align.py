@@ -21,6 +21,12 @@ static shapes, traceable on fake tensors) and `align_triton`, one program (histo
 atomic row claims): one launch instead of ~15, which matters inside a graph at small token
 counts. Both give the same tiles; inside an expert's run the kernel's row order follows atomic
 timing on a GPU, which changes no result (every row of the GEMMs is computed independently).
+
+The direct layout (`direct_tile`, at a few tokens) needs no alignment launch: M-tile
+`q < tokens * topk` holds routed pair q alone, M-tile `tokens * topk + s` shared expert s for
+every token; row r of every tile is token r (so `tokens <= block_m`). A token's top-k experts
+are distinct, so at 1 token no weight is read twice; at 2+ tokens an expert two tokens share is
+read once per token (the shared experts stay one tile each).
 """
 
 from typing import no_type_check
@@ -90,6 +96,23 @@ def _pair_expert(ids_ptr, p, n_pairs, topk, n_routed, PAIRS_PER_TOKEN: tl.conste
     e = tl.load(ids_ptr + tok * topk + j, mask=routed, other=0).to(tl.int32)
     e = tl.where(j < topk, e, n_routed + j - topk)
     return tl.where(p < n_pairs, e, -1)
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def direct_tile(q, ids_ptr, n_tokens, topk, n_routed, PAIRS_PER_TOKEN: tl.constexpr,
+                BLOCK_M: tl.constexpr):
+    """(expert, pair per row, real rows) of M-tile `q` of the direct layout (docstring)."""
+    rows = tl.arange(0, BLOCK_M)
+    n_pairs = n_tokens * topk
+    routed = q < n_pairs
+    t = q // topk
+    e = tl.load(ids_ptr + tl.minimum(q, n_pairs - 1)).to(tl.int32)
+    e = tl.where(routed, e, n_routed + q - n_pairs)
+    one = t * PAIRS_PER_TOKEN + q - t * topk
+    pair = tl.where(routed, one + rows * 0, rows * PAIRS_PER_TOKEN + topk + q - n_pairs)
+    row_ok = tl.where(routed, rows == t, rows < n_tokens)
+    return e, pair, row_ok
 
 
 # Sizes that change with the token count are not specialised: one compile serves every bucket.
