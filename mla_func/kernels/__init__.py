@@ -5,6 +5,8 @@
 - mla_prefill: MHA-form causal prefill/extend (expanded K/V, flash attention).
 - backend: registers the "triton" attention backend (imported lazily by get_backend).
 - norm, rope: fused RMSNorm and the MLA prologue (rope, c_kv norm, cache row).
-- moe_align, fused_moe: static-shape expert alignment and the fused MoE grouped GEMM.
-- router: the fused MoE router (logits, scoring, group mask, top-k in one launch).
+- moe_align, moe_config, fused_moe: expert alignment (or the direct layout), the tile table,
+  and the fused MoE grouped GEMM.
+- router, router_select: the fused MoE router (logits, then scoring, group mask, top-k) in
+  one launch.
 """

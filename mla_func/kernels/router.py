@@ -1,25 +1,33 @@
-"""Fused MoE router: logits, scoring, group masking, top-k, normalisation in one launch.
+"""Fused MoE router: logits, scoring, group mask, top-k, normalisation in one launch.
 
 Implements `ops.moe.route` (DeepSeek-V2 greedy / group_limited_greedy, DeepSeek-V3 noaux_tc;
-arXiv:2405.04434, arXiv:2412.19437) for decode-sized steps, where the reference's six small
-kernels (fp32 cast, GEMV, softmax, topk, ...) cost far more than their arithmetic.
+arXiv:2405.04434, arXiv:2412.19437) for any number of tokens, where the reference's six small
+kernels (fp32 cast, GEMM, softmax, topk, ...) cost far more than their arithmetic. The
+selection lives in `router_select.py`; this module owns the logits and the launch.
 
-Grid (token blocks, hidden splits). Program (b, s) computes, for each of the BLOCK_T tokens of
-block b, the partial logits x[t, chunk s] . router[:, chunk s]^T in float32 (x upcast from the
-model dtype); the router chunk is read from DRAM once per block and from cache for the other
-tokens. With one split the program selects directly. Otherwise it stores its partials, and the
+Grid (token blocks, hidden splits). Program (b, s) computes the partial logits of the BLOCK_T
+tokens of block b over hidden chunk s with `tl.dot` on [BLOCK_T, BLOCK_H] x [BLOCK_H, BLOCK_E]
+tiles, so a router chunk is read once per block, not once per token. The products keep
+float32 accuracy on TF32 tensor cores (plain TF32 would flip near-tied experts against the
+float32 reference): a bf16/fp16 x is exact in TF32, so the router is split into a TF32 head
+and tail, two products; a float32 x takes tf32x3. Every program stores its partials; the
 last program of the block to arrive (an acq_rel counter, reset by that program so the buffer
 is zero again for the next launch) sums them in split order -- deterministic whatever the
-arrival order -- and selects. Top-k is k rounds of argmax, the lowest index on ties.
+arrival order -- and selects, SEL_T tokens at a time. With one split there is no counter: the
+program reads its own partials back.
 
-The counter buffer is cached per device, allocated on the first call: run the op once
-eagerly before a CUDA-graph capture (warm-up does), and do not run two router launches at
-once on different streams of one device. Above `KERNEL_MAX_TOKENS` tokens the op runs the
-torch reference (`route`), which reads the router once instead of once per token block.
+`launch_config` picks the block and the split from the static shapes only, with a small cost
+model: many splits spread the router read over the SMs (decode), but the last program reads
+every split's partials, so large steps use fewer splits and bigger token blocks (prefill).
+
+Graph capture: the counters are allocated once per device, at a fixed size, on the first
+call: run the op once eagerly before a CUDA-graph capture (warm-up does), and do not
+run two router launches at once on different streams of one device. More than `MAX_EXPERTS`
+experts run the torch reference (`route`); every token count runs the kernel.
 """
 
 import functools
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import no_type_check
 
 import torch
@@ -29,172 +37,209 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.config import MLAConfig
+from mla_func.kernels.router_select import expert_of, select_experts
 from mla_func.ops.moe import route
 
 METHODS = {"greedy": 0, "group_limited_greedy": 1, "noaux_tc": 2}
-# Prefill-sized steps go to the reference: the kernel's router traffic grows with the tokens.
-KERNEL_MAX_TOKENS = 64
 MAX_EXPERTS = 256
-# Router elements per (experts x hidden) tile: 32 KiB fp32, 16 per thread at 16 warps (the
-# many warps keep enough loads in flight; AOT sm90: 64-118 registers, no spills).
-_TILE = 8192
-_NUM_WARPS = 16
-_TARGET_PROGRAMS = 128  # about one program per SM on H100/H200 (132 SMs)
-_MAX_SPLIT = 64
-_MAX_BLOCK_T = 8  # tokens sharing one read of a router chunk
+# Hidden per dot step. mma.sync keeps whole dot operands in registers, up to three copies
+# each (value, TF32 head, TF32 tail): a deeper step spills (AOT sm90: 231+ registers at 128).
+_BLOCK_H = 32
+_ACC_TILE = 8192  # BLOCK_T x BLOCK_E logits per program (AOT sm90: 64 x 256 spills)
+_SELECT_TILE = 4096  # tokens x experts selected at once (its temporaries live in registers)
+_TAIL_TILE = 2048  # partials per step of the last program's sum (pipelined through smem)
+_NUM_WARPS = 8  # 16 at more than 128 experts: 8 hold 168 registers a thread (AOT sm90)
+_NUM_STAGES = 4  # 3 router tiles in flight per program (8 KiB each at 64 experts)
+_BLOCK_TS = (16, 32, 64, 128)  # tl.dot wants at least 16 rows
+_MAX_SPLIT = 128
+_COUNTER_SLOTS = 256  # token blocks a split launch may have (larger steps run unsplit)
+# Cost model of one launch on an H100/H200 (132 SMs), per SM, in ns; only ratios matter.
+_SMS = 132
+_BYTES_PER_NS = 100.0  # an SM's share of L2 bandwidth
+_MACS_PER_NS = 400.0  # fp32 multiply-adds, two or three TF32 MMAs each
+_SPLIT_NS = 1000.0  # store partials, acq_rel atomic, re-read by the last program
+_TRIP_NS = 150.0  # one step of the last program's sum: an L2 latency over 2 in flight
+_STEP_NS = 250.0  # one dot step: a DRAM latency over the (num_stages - 1) loads in flight
+_RESIDENT = 2  # programs per SM hiding each other's latency
+_SELECT_NS = 1500.0  # one selection step (about fifteen reductions)
 _COUNTERS: dict[torch.device, Tensor] = {}
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Static launch parameters of `_router_kernel` (a pure function of the shapes)."""
+
+    block_t: int  # tokens per program: the rows of the dot
+    block_e: int
+    block_h: int  # hidden per dot step
+    chunk: int  # hidden per split, a multiple of block_h
+    n_split: int
+    blocks: int  # token blocks
+    sel_t: int  # tokens per selection step of the last program
+    block_s: int  # splits summed per step of the last program
+    num_warps: int = _NUM_WARPS
+    num_stages: int = _NUM_STAGES  # 3 at more than 128 experts (32 KiB router tiles)
+
+
+def _group_block(experts: int, n_group: int) -> tuple[int, int]:
+    """(BLOCK_G, BLOCK_GS): the padded [groups, slots] layout of the experts in selection."""
+    if n_group <= 1:
+        return 1, max(triton.next_power_of_2(experts), 16)
+    return triton.next_power_of_2(n_group), triton.next_power_of_2(experts // n_group)
+
+
+@functools.lru_cache(maxsize=256)
+def launch_config(tokens: int, experts: int, hidden: int, n_group: int = 1) -> LaunchConfig:
+    """The cheapest (token block, split) by the cost model above (pure; the sm90 AOT test
+    uses it too). Per SM: the router chunk and x tile it reads (or its multiply-adds, if
+    more), scaled by the programs sharing an SM, plus the latency of its dot steps; then one
+    block's last program: the sync, the partials it reads, its L2 round trips and its
+    selection steps."""
+    tokens = max(tokens, 1)
+    block_e = max(triton.next_power_of_2(experts), 16)
+    block_h = _BLOCK_H
+    block_g, block_gs = _group_block(experts, n_group)
+    block_p = block_g * block_gs
+    tiles = triton.cdiv(hidden, block_h)
+    best = None
+    for block_t in _BLOCK_TS:
+        if block_t > max(triton.next_power_of_2(tokens), 16) or block_t * block_e > _ACC_TILE:
+            continue
+        blocks = -(-tokens // block_t)
+        rows = min(tokens, block_t)
+        sel_t = min(block_t, triton.next_power_of_2(rows), max(_SELECT_TILE // block_p, 1))
+        steps = -(-rows // sel_t)
+        for n_split in range(1, min(tiles, _MAX_SPLIT) + 1):
+            per = -(-tiles // n_split)  # dot steps per split
+            if -(-tiles // per) != n_split or (n_split > 1 and blocks > _COUNTER_SLOTS):
+                continue  # a split count no chunk size gives, or no counter for it
+            chunk = per * block_h
+            block_s = min(max(_TAIL_TILE // (sel_t * block_p), 1),
+                          triton.next_power_of_2(n_split))
+            share = max(1.0, blocks * n_split / _SMS)
+            main = (share * max(chunk * (block_e * 4 + block_t * 2) / _BYTES_PER_NS,
+                                block_t * block_e * chunk / _MACS_PER_NS)
+                    + max(1.0, share / _RESIDENT) * per * _STEP_NS)
+            tail = (steps * (_SELECT_NS + -(-n_split // block_s) * _TRIP_NS)
+                    + rows * n_split * block_p * 4 / _BYTES_PER_NS
+                    + (_SPLIT_NS if n_split > 1 else 0.0))
+            if best is None or main + tail < best[0]:
+                best = (main + tail, (block_t, chunk, n_split, blocks, sel_t, block_s))
+    block_t, chunk, n_split, blocks, sel_t, block_s = best[1]
+    return LaunchConfig(block_t, block_e, block_h, chunk, n_split, blocks, sel_t, block_s,
+                        num_warps=_NUM_WARPS if block_e <= 128 else 16,
+                        num_stages=_NUM_STAGES if block_e <= 128 else 3)
 
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _select(logits, rows, e, T, bias_ptr, w_out, id_out, scale, E: tl.constexpr,
-            BLOCK_E: tl.constexpr, BLOCK_T: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
-            METHOD: tl.constexpr, N_GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-            TOPK_GROUP: tl.constexpr, GROUP_SIZE: tl.constexpr, NORMALIZE: tl.constexpr,
-            HAS_BIAS: tl.constexpr):
-    """Scores, group mask, top-k and normalisation of logits [BLOCK_T, BLOCK_E], all tokens
-    of the block at once (each reduction is paid once per block, not once per token)."""
-    valid = (e < E)[None, :]
-    neg_inf = float("-inf")
-    logits = tl.where(valid, logits, neg_inf)
-    if METHOD == 2:
-        scores = tl.sigmoid(logits)
-        choice = scores
-        if HAS_BIAS:
-            bias = tl.load(bias_ptr + e, mask=e < E, other=0.0).to(tl.float32)
-            choice = scores + bias[None, :]
-        choice = tl.where(valid, choice, neg_inf)
-    else:
-        p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
-        scores = p / tl.sum(p, axis=1)[:, None]
-        choice = scores
-    if METHOD != 0:
-        g = tl.arange(0, BLOCK_G)[None, :]
-        gscore = tl.full([BLOCK_T, BLOCK_G], neg_inf, tl.float32)
-        for gi in tl.static_range(N_GROUP):
-            vals = tl.where(((e // GROUP_SIZE) == gi)[None, :], choice, neg_inf)
-            top1 = tl.max(vals, axis=1)
-            if METHOD == 2:  # sum of the group's top-2: drop one copy of the max
-                first = tl.min(tl.where(vals == top1[:, None], e[None, :], BLOCK_E), axis=1)
-                top1 += tl.max(tl.where(e[None, :] == first[:, None], neg_inf, vals), axis=1)
-            gscore = tl.where(g == gi, top1[:, None], gscore)
-        keep = g < 0
-        for _ in tl.static_range(TOPK_GROUP):
-            gm = tl.max(gscore, axis=1)
-            best = tl.min(tl.where(gscore == gm[:, None], g, BLOCK_G), axis=1)
-            keep = keep | (g == best[:, None])
-            gscore = tl.where(g == best[:, None], neg_inf, gscore)
-        # keep[t, group of e], as a sum over the (few) groups.
-        kept = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.int32)
-        for gi in tl.static_range(N_GROUP):
-            kg = tl.sum(tl.where(g == gi, keep.to(tl.int32), 0), axis=1)
-            kept += tl.where(((e // GROUP_SIZE) == gi)[None, :], kg[:, None], 0)
-        if METHOD == 2:
-            choice = tl.where(kept > 0, choice, neg_inf)
-        else:
-            choice = tl.where(kept > 0, choice, 0.0)
-        choice = tl.where(valid, choice, neg_inf)
-    kk = tl.arange(0, BLOCK_K)[None, :]
-    weights = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-    ids = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int64)
-    for i in tl.static_range(K):
-        cm = tl.max(choice, axis=1)
-        idx = tl.min(tl.where(choice == cm[:, None], e[None, :], BLOCK_E), axis=1)
-        hit = e[None, :] == idx[:, None]
-        if METHOD == 2:
-            wi = tl.sum(tl.where(hit, scores, 0.0), axis=1)
-        else:
-            wi = cm
-        weights = tl.where(kk == i, wi[:, None], weights)
-        ids = tl.where(kk == i, idx.to(tl.int64)[:, None], ids)
-        choice = tl.where(hit, neg_inf, choice)
-    if NORMALIZE:
-        weights = weights / (tl.sum(weights, axis=1)[:, None] + 1e-20)
-    weights = weights * scale
-    # (kk < K) & (rows < T), written so that the interpreter accepts it.
-    kmask = (kk + tl.where(rows < T, 0, K)[:, None]) < K
-    tl.store(w_out + rows[:, None] * K + kk, weights, mask=kmask)
-    tl.store(id_out + rows[:, None] * K + kk, ids, mask=kmask)
+def _sum_and_select(part_ptr, b, T, n_split, bias_ptr, w_out, id_out, scale, E: tl.constexpr,
+                    BLOCK_E: tl.constexpr, BLOCK_T: tl.constexpr, SEL_T: tl.constexpr,
+                    BLOCK_S: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
+                    METHOD: tl.constexpr, N_GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+                    TOPK_GROUP: tl.constexpr, GROUP_SIZE: tl.constexpr,
+                    BLOCK_GS: tl.constexpr, NORMALIZE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Block b's logits: its partials summed in split order, SEL_T tokens at a time, read
+    straight into the (group, slot) layout of `select_experts`."""
+    p = tl.arange(0, BLOCK_G * BLOCK_GS)
+    eid = expert_of(p, BLOCK_GS, GROUP_SIZE)
+    pmask = ((p % BLOCK_GS < GROUP_SIZE) & (eid < E))[None, None, :]
+    js = tl.arange(0, BLOCK_S)
+    # Partials are [block, split, BLOCK_T, BLOCK_E]: constant strides inside the tile.
+    block_part = part_ptr + b.to(tl.int64) * n_split * BLOCK_T * BLOCK_E
+    for r0 in range(0, tl.minimum(T - b.to(tl.int64) * BLOCK_T, BLOCK_T), SEL_T):
+        r = r0 + tl.arange(0, SEL_T)
+        rows = b.to(tl.int64) * BLOCK_T + r
+        live = (rows < T)[:, None, None]
+        logits = tl.zeros([SEL_T, BLOCK_G * BLOCK_GS], dtype=tl.float32)
+        for j0 in tl.range(0, n_split, BLOCK_S, num_stages=3):
+            ptrs = (block_part + j0 * BLOCK_T * BLOCK_E + js[None, :, None] * BLOCK_T * BLOCK_E
+                    + r[:, None, None] * BLOCK_E + eid[None, None, :])
+            mask = live & (j0 + js < n_split)[None, :, None] & pmask
+            # .cg: other SMs wrote these, read them from L2. (Triton may stage them through
+            # an L1-allocating cp.async; no L1 holds a stale line: nothing reads a block's
+            # partials before its last program does, and L1 starts clean every launch.)
+            logits += tl.sum(tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg"), axis=1)
+        select_experts(logits, rows, T, bias_ptr, w_out, id_out, scale, E, SEL_T, K, BLOCK_K,
+                       METHOD, N_GROUP, BLOCK_G, TOPK_GROUP, GROUP_SIZE, BLOCK_GS, NORMALIZE,
+                       HAS_BIAS)
 
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _router_kernel(x_ptr, r_ptr, bias_ptr, part_ptr, cnt_ptr, w_out, id_out, T, hidden,
                    x_stride, chunk, n_split, scale, E: tl.constexpr, BLOCK_E: tl.constexpr,
-                   BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr,
-                   K: tl.constexpr, BLOCK_K: tl.constexpr, METHOD: tl.constexpr,
-                   N_GROUP: tl.constexpr, BLOCK_G: tl.constexpr, TOPK_GROUP: tl.constexpr,
-                   GROUP_SIZE: tl.constexpr, NORMALIZE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   REDUCE: tl.constexpr):
+                   BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, SEL_T: tl.constexpr,
+                   BLOCK_S: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
+                   METHOD: tl.constexpr, N_GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+                   TOPK_GROUP: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_GS: tl.constexpr,
+                   NORMALIZE: tl.constexpr, HAS_BIAS: tl.constexpr, REDUCE: tl.constexpr,
+                   X_EXACT: tl.constexpr):
     b = tl.program_id(0)
     s = tl.program_id(1)
-    e = tl.arange(0, BLOCK_E)
-    emask = e < E
     rows = b.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    live = rows < T
+    e = tl.arange(0, BLOCK_E)
     h_lo = s * chunk
     h_hi = tl.minimum(h_lo + chunk, hidden)
-    logits = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
-    for i in range(BLOCK_T):
-        t = b.to(tl.int64) * BLOCK_T + i
-        acc = tl.zeros([BLOCK_E, BLOCK_H], dtype=tl.float32)
-        t_hi = tl.where(t < T, h_hi, h_lo)  # padding tokens of the last block: no loads
-        for h0 in range(h_lo, t_hi, BLOCK_H):
-            h = h0 + tl.arange(0, BLOCK_H)
-            hmask = h < t_hi
-            xv = tl.load(x_ptr + t * x_stride + h, mask=hmask, other=0.0)
-            w = tl.load(r_ptr + e[:, None] * hidden + h[None, :],
-                        mask=emask[:, None] & hmask[None, :], other=0.0)
-            acc += w * xv.to(tl.float32)[None, :]
-        if REDUCE:
-            tl.store(part_ptr + (t * n_split + s) * BLOCK_E + e, tl.sum(acc, axis=1))
+    acc = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
+    for h0 in range(h_lo, h_hi, BLOCK_H):
+        h = h0 + tl.arange(0, BLOCK_H)
+        hmask = h < h_hi
+        xt = tl.load(x_ptr + rows[:, None] * x_stride + h[None, :],
+                     mask=live[:, None] & hmask[None, :], other=0.0)
+        wt = tl.load(r_ptr + e[None, :] * hidden + h[:, None],
+                     mask=hmask[:, None] & (e < E)[None, :], other=0.0)
+        if X_EXACT:
+            # x (bf16/fp16) is exact in TF32; so is the router's head (its top 11 significant
+            # bits), and its tail is kept to 2^-21 relative: two TF32 products.
+            w_hi = (wt.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+            acc = tl.dot(xt.to(tl.float32), wt - w_hi, acc, input_precision="tf32")
+            acc = tl.dot(xt.to(tl.float32), w_hi, acc, input_precision="tf32")
         else:
-            logits = tl.where((rows == t)[:, None], tl.sum(acc, axis=1)[None, :], logits)
+            acc = tl.dot(xt.to(tl.float32), wt, acc, input_precision="tf32x3")
+    t = tl.arange(0, BLOCK_T)
+    tl.store(part_ptr + (b.to(tl.int64) * n_split + s) * BLOCK_T * BLOCK_E
+             + t[:, None] * BLOCK_E + e[None, :], acc, mask=live[:, None])
+    # Every thread's partial stores happen-before the counter's release (or, with one
+    # split, before this program's own threads read them back).
+    tl.debug_barrier()
     if REDUCE:
-        # Every thread's partial stores happen-before the release of the counter increment.
-        tl.debug_barrier()
         arrived = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel", scope="gpu")
         if arrived == n_split - 1:
-            # Sum the partials in split order: deterministic whatever the arrival order.
-            js = tl.arange(0, BLOCK_S)
-            for j0 in range(0, n_split, BLOCK_S):
-                ptrs = (part_ptr + (rows[:, None, None] * n_split + j0 + js[None, :, None])
-                        * BLOCK_E + e[None, None, :])
-                jmask = (j0 + js < n_split)[None, :, None]
-                # .cg: other SMs wrote these; read them from L2, never a stale L1 line.
-                logits += tl.sum(tl.load(ptrs, mask=jmask, other=0.0, cache_modifier=".cg"),
-                                 axis=1)
+            _sum_and_select(part_ptr, b, T, n_split, bias_ptr, w_out, id_out, scale, E,
+                            BLOCK_E, BLOCK_T, SEL_T, BLOCK_S, K, BLOCK_K, METHOD, N_GROUP,
+                            BLOCK_G, TOPK_GROUP, GROUP_SIZE, BLOCK_GS, NORMALIZE, HAS_BIAS)
             tl.store(cnt_ptr + b, 0)
-            _select(logits, rows, e, T, bias_ptr, w_out, id_out, scale, E, BLOCK_E, BLOCK_T,
-                    K, BLOCK_K, METHOD, N_GROUP, BLOCK_G, TOPK_GROUP, GROUP_SIZE, NORMALIZE,
-                    HAS_BIAS)
     else:
-        _select(logits, rows, e, T, bias_ptr, w_out, id_out, scale, E, BLOCK_E, BLOCK_T, K,
-                BLOCK_K, METHOD, N_GROUP, BLOCK_G, TOPK_GROUP, GROUP_SIZE, NORMALIZE, HAS_BIAS)
+        _sum_and_select(part_ptr, b, T, n_split, bias_ptr, w_out, id_out, scale, E, BLOCK_E,
+                        BLOCK_T, SEL_T, BLOCK_S, K, BLOCK_K, METHOD, N_GROUP, BLOCK_G,
+                        TOPK_GROUP, GROUP_SIZE, BLOCK_GS, NORMALIZE, HAS_BIAS)
 
 
-def launch_config(tokens: int, experts: int, hidden: int) -> dict[str, int]:
-    """Block sizes and the hidden split of a launch (pure; the sm90 AOT test uses it too).
-    The split spreads the router read over about `_TARGET_PROGRAMS` programs, capped at
-    `_MAX_SPLIT` so that the last program's sum over the partials stays short."""
-    block_e = max(triton.next_power_of_2(experts), 16)
-    block_h = min(max(_TILE // block_e, 16), max(triton.next_power_of_2(hidden), 16))
-    block_t = min(triton.next_power_of_2(max(tokens, 1)), _MAX_BLOCK_T)
-    blocks = triton.cdiv(max(tokens, 1), block_t)
-    tiles = triton.cdiv(hidden, block_h)
-    want = min(tiles, _MAX_SPLIT, max(1, _TARGET_PROGRAMS // blocks))
-    per_split = triton.cdiv(tiles, want)
-    n_split = triton.cdiv(tiles, per_split)
-    block_s = min(max(1, _TILE // (block_t * block_e)), triton.next_power_of_2(n_split))
-    return dict(BLOCK_E=block_e, BLOCK_H=block_h, BLOCK_T=block_t, BLOCK_S=block_s,
-                num_warps=_NUM_WARPS, blocks=blocks, chunk=per_split * block_h, n_split=n_split)
+def kernel_constants(cfg: LaunchConfig, x_dtype: torch.dtype, experts: int, top_k: int,
+                     n_group: int, topk_group: int, method: str, normalize: bool,
+                     has_bias: bool) -> dict[str, object]:
+    """The constexpr arguments of `_router_kernel` (shared with the sm90 AOT test)."""
+    grouped = method != "greedy"
+    block_g, block_gs = _group_block(experts, n_group if grouped else 1)
+    return dict(E=experts, BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_T=cfg.block_t,
+                SEL_T=cfg.sel_t, BLOCK_S=cfg.block_s, K=top_k,
+                BLOCK_K=triton.next_power_of_2(top_k), METHOD=METHODS[method],
+                N_GROUP=n_group if grouped else 1, BLOCK_G=block_g,
+                TOPK_GROUP=topk_group if grouped else 1,
+                GROUP_SIZE=experts // n_group if grouped else experts, BLOCK_GS=block_gs,
+                NORMALIZE=normalize, HAS_BIAS=has_bias, REDUCE=cfg.n_split > 1,
+                X_EXACT=x_dtype in (torch.bfloat16, torch.float16))
 
 
-def _counters(device: torch.device, blocks: int) -> Tensor:
+def _counters(device: torch.device) -> Tensor:
     buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < blocks:
+    if buf is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("mla_func::moe_route: run it once before CUDA-graph capture")
-        buf = _COUNTERS[device] = torch.zeros(max(blocks, KERNEL_MAX_TOKENS), dtype=torch.int32,
+        # Fixed size, never reallocated: captured graphs keep its address.
+        buf = _COUNTERS[device] = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32,
                                               device=device)
     return buf
 
@@ -211,21 +256,16 @@ def _launch(x: Tensor, router: Tensor, score_bias: Tensor | None, top_k: int, n_
     x = x.contiguous()
     router = router.float().contiguous()
     bias = score_bias.float().contiguous() if score_bias is not None else router
-    cfg = launch_config(tokens, experts, hidden)
-    reduce = cfg["n_split"] > 1
-    part = (torch.empty(cfg["blocks"] * cfg["BLOCK_T"] * cfg["n_split"] * cfg["BLOCK_E"],
-                        dtype=torch.float32, device=x.device) if reduce else weights)
-    counters = _counters(x.device, cfg["blocks"]) if reduce else weights
     grouped = method != "greedy"
-    _router_kernel[(cfg["blocks"], cfg["n_split"])](
-        x, router, bias, part, counters, weights, ids, tokens, hidden, x.stride(0),
-        cfg["chunk"], cfg["n_split"], scale, E=experts, BLOCK_E=cfg["BLOCK_E"],
-        BLOCK_H=cfg["BLOCK_H"], BLOCK_T=cfg["BLOCK_T"], BLOCK_S=cfg["BLOCK_S"], K=top_k,
-        BLOCK_K=triton.next_power_of_2(top_k), METHOD=METHODS[method],
-        N_GROUP=n_group if grouped else 1, BLOCK_G=triton.next_power_of_2(n_group or 1),
-        TOPK_GROUP=topk_group if grouped else 1,
-        GROUP_SIZE=experts // n_group if grouped else experts, NORMALIZE=normalize,
-        HAS_BIAS=score_bias is not None, REDUCE=reduce, num_warps=cfg["num_warps"])
+    cfg = launch_config(tokens, experts, hidden, n_group if grouped else 1)
+    part = torch.empty(cfg.blocks * cfg.n_split * cfg.block_t * cfg.block_e,
+                       dtype=torch.float32, device=x.device)
+    counters = _counters(x.device)
+    const = kernel_constants(cfg, x.dtype, experts, top_k, n_group, topk_group, method, normalize,
+                             score_bias is not None)
+    _router_kernel[(cfg.blocks, cfg.n_split)](
+        x, router, bias, part, counters, weights, ids, tokens, hidden, x.stride(0), cfg.chunk,
+        cfg.n_split, scale, **const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return weights, ids
 
 
@@ -245,7 +285,7 @@ def moe_route(x: Tensor, router: Tensor, score_bias: Tensor | None, top_k: int, 
               ) -> tuple[Tensor, Tensor]:
     """x [tokens, hidden], router fp32 [experts, hidden] -> (weights fp32, ids int64)
     [tokens, top_k]: `route` with the settings passed as plain values."""
-    if x.shape[0] <= KERNEL_MAX_TOKENS and router.shape[0] <= MAX_EXPERTS:
+    if router.shape[0] <= MAX_EXPERTS:
         return _launch(x, router, score_bias, top_k, n_group, topk_group, method, normalize,
                        scale)
     cfg = _reference_cfg(router.shape[0], top_k, n_group, topk_group, method, normalize, scale)
@@ -266,7 +306,7 @@ def route_fused(
     score_bias: Float[Tensor, " experts"] | None,
     cfg: MLAConfig,
 ) -> tuple[Float[Tensor, "tokens topk"], Int[Tensor, "tokens topk"]]:
-    """`ops.moe.route` as one custom op (one Triton launch for decode-sized steps)."""
+    """`ops.moe.route` as one custom op (one Triton launch at up to MAX_EXPERTS experts)."""
     method = cfg.topk_method
     normalize = cfg.norm_topk_prob and (method == "noaux_tc" or cfg.model_type == "deepseek_v3")
     return torch.ops.mla_func.moe_route(
