@@ -5,23 +5,33 @@ model"), both ceilings measured in this run. Times are medians of `triton.testin
 over CUDA-graph replays; do_bench flushes L2 before every replay, so small cases are not served
 from cache. Decode rows time the latent kernel (split + merge, `us`) and the whole absorbed
 form with both W_UK/W_UV products (`full_us`); `ref_us` is mla_func.ops.attention's reference
-(skipped where its fp32 gather would be too large).
+(skipped where its fp32 gather would be too large); `legacy_us` is `us` as the first kernel
+version ran the same launch shape (`legacy_plan`).
 
     python -m scripts.bench kernels [--quick] [--sweep] [--no-ref]   # via the lead's bench.py
     python -m scripts.bench_kernels --quick          # a few rows
-    python -m scripts.bench_kernels --sweep          # also time other decode tilings/splits
+    python -m scripts.bench_kernels --sweep          # also tune decode plans on SWEEP_CASES
+    python -m scripts.bench_kernels --sweep-only     # just the tuning (a few minutes)
+
+The sweep tunes one plan field at a time (`sweep_case`), then prints per case the default,
+legacy and best plans: what to make `plan_decode`'s default.
 """
 
 import argparse
 import itertools
+import math
+import time
 from dataclasses import replace
 
 import torch
 
 from mla_func.kernels.mla_decode import (
+    MAX_SPLITS,
+    DecodePlan,
     DecodeWorkspace,
     attend_absorbed,
     effective_plan,
+    legacy_plan,
     mla_decode,
     plan_decode,
 )
@@ -51,7 +61,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page", type=int, nargs="+", default=[1, 64])
     p.add_argument("--prompt", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     p.add_argument("--quick", action="store_true", help="H 16/128, B 1/128, ctx 1024/4096")
-    p.add_argument("--sweep", action="store_true", help="also time other decode tilings")
+    p.add_argument("--sweep", action="store_true", help="also tune decode plans")
+    p.add_argument("--sweep-only", action="store_true", help="only the decode plan sweep")
+    p.add_argument("--sweep-seconds", type=float, default=210.0,
+                   help="time limit of the descent over all sweep cases (compiles included)")
     p.add_argument("--no-ref", action="store_true", help="skip the torch reference")
 
 
@@ -70,7 +83,8 @@ def bench_us(fn) -> float:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             fn()
-    except RuntimeError:
+    except RuntimeError as err:
+        print(f"  (not capturable, timed eagerly: {str(err)[:60]})")
         return triton.testing.do_bench(fn, return_mode="median") * 1e3
     return triton.testing.do_bench(graph.replay, return_mode="median") * 1e3
 
@@ -108,45 +122,64 @@ def _args(p: dict) -> tuple:
             p["positions"], p["page_table"], p["scale"])
 
 
-def decode_row(heads, batch, ctx, page, ceil, no_ref, plan=None) -> dict:
-    """One decode case; with an explicit `plan` (the sweep) only the latent kernel is timed."""
-    p = decode_inputs(heads, batch, ctx, page)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    explicit = plan is not None
-    plan = plan or plan_decode(batch, p["page_table"].shape[1] * page, sms, heads)
+def plan_label(plan: DecodePlan) -> str:
+    """Short name of a plan: tiling, addressing (pt: page tiles, g: gather; +pf: prefetch),
+    merge (tile heads x columns per program, serial, fused; +pdl: dependent launch)."""
+    cols = plan.merge_cols or "auto"
+    merge = plan.merge if plan.merge != "tile" else f"tile{plan.merge_heads}x{cols}"
+    return (f"h{plan.block_h}n{plan.block_n}w{plan.num_warps}s{plan.num_stages}"
+            f"{'pt' if plan.page_tiles else 'g'}{'+pf' if plan.prefetch else ''} {merge}"
+            f"{'+pdl' if plan.pdl else ''}")
+
+
+def time_plan(p: dict, plan: DecodePlan, strict: bool = False) -> float:
+    """Median µs of the latent kernel (split + merge) under `plan` on inputs `p`; strict: inf
+    if the plan ran out of resources and shrank (`effective_plan`)."""
+    batch, heads = p["q_nope"].shape[:2]
     ws = DecodeWorkspace()
     q_lat, o_lat, part_o, part_lse = ws.get(torch.device("cuda"), torch.bfloat16, batch, heads,
                                             KV_LORA, plan.num_splits)
+    counters = ws.counters(torch.device("cuda"), batch * heads)  # enough for any head block
     q_lat.copy_(torch.einsum("thn,hnc->htc", p["q_nope"], p["w_uk"]))
 
     def kernel():
         mla_decode(q_lat, p["q_pe"], p["cache"], p["page_table"], p["token_seq"],
-                   p["positions"], p["scale"], plan, o_lat, part_o, part_lse)
+                   p["positions"], p["scale"], plan, o_lat, part_o, part_lse, counters)
 
     us = bench_us(kernel)
-    full_us = None if explicit else bench_us(lambda: attend_absorbed(*_args(p), ws, plan))
-    used = effective_plan(plan)
+    return us if effective_plan(plan) == plan or not strict else math.inf
+
+
+def floors(heads: int, batch: int, ctx: int, ceil: dict) -> tuple[int, float]:
+    """(bytes moved, floor µs) of one decode case."""
     kv_bytes = batch * ctx * LATENT * 2
     io_bytes = batch * heads * (2 * KV_LORA + ROPE) * 2
     flops = 2 * batch * heads * ctx * (LATENT + KV_LORA)
-    floor_us = max((kv_bytes + io_bytes) / ceil["copy_GBps"] / 1e3,
-                   flops / ceil["matmul_TFLOPs"] / 1e6)
+    return kv_bytes + io_bytes, max((kv_bytes + io_bytes) / ceil["copy_GBps"] / 1e3,
+                                    flops / ceil["matmul_TFLOPs"] / 1e6)
+
+
+def decode_row(heads, batch, ctx, page, ceil, no_ref) -> dict:
+    """One decode case under `plan_decode`'s plan, its legacy twin, the full absorbed form and
+    the torch reference."""
+    p = decode_inputs(heads, batch, ctx, page)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    plan = plan_decode(batch, p["page_table"].shape[1] * page, sms, heads)
+    us, legacy_us = time_plan(p, plan), time_plan(p, legacy_plan(plan))
+    full_us = bench_us(lambda: attend_absorbed(*_args(p), DecodeWorkspace(), plan))
+    moved, floor_us = floors(heads, batch, ctx, ceil)
     row = {
         "kind": "decode", "heads": heads, "batch": batch, "ctx": ctx, "page": page,
-        "splits": plan.num_splits, "config": f"h{used.block_h}n{used.block_n}w{used.num_warps}"
-        f"s{used.num_stages}", "us": us, "full_us": full_us,
-        "GBps": (kv_bytes + io_bytes) / us / 1e3, "TFLOPs": flops / us / 1e6,
+        "splits": plan.num_splits, "config": plan_label(effective_plan(plan)), "us": us,
+        "legacy_us": legacy_us, "full_us": full_us, "GBps": moved / us / 1e3,
+        "TFLOPs": 2 * batch * heads * ctx * (LATENT + KV_LORA) / us / 1e6,
         "floor_us": floor_us, "x_floor": us / floor_us,
-        "pct_copy": 100 * (kv_bytes + io_bytes) / us / 1e3 / ceil["copy_GBps"],
-        "ref_us": None, "note": "",
+        "pct_copy": 100 * moved / us / 1e3 / ceil["copy_GBps"], "ref_us": None, "note": "",
     }
-    if no_ref:
-        row["note"] = "ref skipped (--no-ref)"
-    elif batch * ctx > REF_MAX_KEYS:
-        row["note"] = "ref skipped (size)"
+    if no_ref or batch * ctx > REF_MAX_KEYS:
+        row["note"] = "ref skipped (--no-ref)" if no_ref else "ref skipped (size)"
     else:
         row["ref_us"] = bench_us(lambda: ref.attend_absorbed(*_args(p)))
-
     torch.cuda.empty_cache()
     return row
 
@@ -170,26 +203,94 @@ def prefill_row(heads: int, prompt: int, ceil: dict, no_ref: bool) -> dict:
     return row
 
 
-SWEEP_CASES = ((16, 1, 1024), (16, 8, 4096), (16, 32, 4096), (16, 128, 4096), (16, 128, 1024),
-               (128, 1, 1024), (128, 32, 4096), (128, 128, 4096))  # (heads, batch, ctx), page 64
+# (heads, batch, ctx) at page 64: the cases the plan defaults are tuned on.
+SWEEP_CASES = ((16, 1, 1024), (16, 1, 4096), (16, 32, 1024), (16, 32, 4096), (16, 128, 1024),
+               (16, 128, 4096), (128, 1, 4096), (128, 128, 4096))
+# (merge, merge_heads, merge_cols); merge_cols 0: every split in one tile.
+MERGE_CHOICES = (("tile", 1, 0), ("tile", 1, 512), ("tile", 1, 64), ("tile", 4, 0),
+                 ("tile", 16, 0), ("serial", 1, 0), ("fused", 1, 0))
 
 
-def sweep_plans(batch: int, ctx: int, page: int, heads: int):
-    """Tilings and split counts around the default plan, for tuning on the GPU at hand."""
+def sweep_axes(heads: int, splits: int, capacity: int) -> list[list[dict]]:
+    """Values per plan field (fields that move together form one axis), tried one axis at a
+    time around the best plan so far; pipelining first, the merge last."""
+    most = max(1, min(MAX_SPLITS, capacity // 16))
+    near = sorted({max(1, min(most, int(splits * f))) for f in (0.25, 0.5, 1, 2, 4)})
+    axes = [
+        [dict(page_tiles=a, prefetch=b) for a, b in ((False, False), (True, False), (True, True))],
+        [dict(num_stages=s) for s in (2, 3, 4)],
+        [dict(num_splits=s) for s in near],
+        [dict(block_n=n) for n in (16, 32, 64)],
+        [dict(num_warps=w) for w in (4, 8)],
+    ]
+    if heads > 16:
+        axes.append([dict(block_h=b) for b in (16, 32, 64)])
+    axes.append([dict(merge=m, merge_heads=h, merge_cols=c) for m, h, c in MERGE_CHOICES])
+    axes.append([dict(pdl=False), dict(pdl=True)])
+    # The fused merge's last program reads every split alone: it can only pay at few splits.
+    return axes + [[dict(merge="fused", num_splits=s) for s in (2, 4, 8) if s <= most]]
+
+
+def canonical(plan: DecodePlan) -> DecodePlan:
+    """One representative per launch: merge fields do nothing without splits, nor merge
+    tiles without the tile merge."""
+    if plan.num_splits == 1:
+        plan = replace(plan, merge="tile", pdl=False)
+    if plan.merge != "tile":
+        plan = replace(plan, merge_heads=1, merge_cols=0, pdl=False)
+    return plan
+
+
+def sweep_case(heads: int, batch: int, ctx: int, ceil: dict, seconds: float) -> list[dict]:
+    """Coordinate descent over plan fields (two rounds, or until `seconds` run out), from the
+    default plan made to double-buffer (page tiles, prefetch, 3 stages; see mla_decode); one
+    row per timed plan (kind "sweep") and a summary row (kind "sweep-best")."""
+    page, deadline = 64, time.monotonic() + seconds
+    p = decode_inputs(heads, batch, ctx, page)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cap = -(-ctx // page) * page
-    base = plan_decode(batch, cap, sms, heads)
-    most = max(1, min(128, cap // 32))
-    split_choices = sorted({s for s in (base.num_splits, 1, 2, 4, 8, 16, 32, 64) if s <= most})
-    if heads <= 16:
-        for bn, warps, stages, splits in itertools.product((32, 64), (4, 8), (2, 3),
-                                                           split_choices):
-            yield replace(base, block_n=bn, num_warps=warps, num_stages=stages,
-                          num_splits=splits)
-    else:
-        for bh, bn, warps, splits in itertools.product((64, 128), (32, 64), (4, 8),
-                                                       split_choices):
-            yield replace(base, block_h=bh, block_n=bn, num_warps=warps, num_splits=splits)
+    capacity = p["page_table"].shape[1] * page
+    default = plan_decode(batch, capacity, sms, heads)
+    seen: dict[DecodePlan, float] = {}
+    rows: list[dict] = []
+
+    def timed(plan: DecodePlan) -> float:
+        plan = canonical(plan)
+        if plan not in seen:
+            try:
+                seen[plan] = time_plan(p, plan, strict=True)
+                note = "" if seen[plan] < math.inf else f"shrank to {effective_plan(plan)}"
+            except Exception as err:  # a tiling this GPU cannot compile or run
+                seen[plan], note = math.inf, f"{type(err).__name__}: {str(err)[:80]}"
+            rows.append(dict(kind="sweep", heads=heads, batch=batch, ctx=ctx, page=page,
+                             splits=plan.num_splits, config=plan_label(plan), us=seen[plan],
+                             plan=plan, note=note))
+            print(f"  sweep H={heads} B={batch} ctx={ctx} s={plan.num_splits:3d} "
+                  f"{plan_label(plan):34s} {seen[plan]:9.1f} us {note}", flush=True)
+        return seen[plan]
+
+    legacy_us, default_us = timed(legacy_plan(default)), timed(default)
+    best = replace(default, page_tiles=True, prefetch=True, num_stages=3)
+    best_us = timed(best)
+    for _ in range(2):
+        start = best
+        for axis in sweep_axes(heads, default.num_splits, capacity):
+            for fields in axis:
+                if time.monotonic() > deadline:
+                    break
+                us = timed(replace(best, **fields))
+                if us < best_us * 0.99:  # 1%: do not chase timing noise
+                    best, best_us = replace(best, **fields), us
+        if best == start:
+            break
+    best, best_us = min(seen.items(), key=lambda item: item[1])
+    moved, floor_us = floors(heads, batch, ctx, ceil)
+    rows.append(dict(
+        kind="sweep-best", heads=heads, batch=batch, ctx=ctx, page=page, timed=len(seen),
+        default=f"s{default.num_splits} {plan_label(default)}", default_us=default_us,
+        legacy_us=legacy_us, best=f"s{best.num_splits} {plan_label(best)}", best_us=best_us,
+        speedup=default_us / best_us, pct_copy=100 * moved / best_us / 1e3 / ceil["copy_GBps"],
+        x_floor=best_us / floor_us, plan=best))
+    return rows
 
 
 def run(args: "argparse.Namespace | list[str] | None" = None) -> list[dict]:
@@ -200,8 +301,6 @@ def run(args: "argparse.Namespace | list[str] | None" = None) -> list[dict]:
         args = parse_args(list(args or []))
     if not torch.cuda.is_available():
         raise RuntimeError("bench_kernels needs a CUDA GPU")
-    from triton.runtime.errors import OutOfResources
-
     quick = getattr(args, "quick", False)
     heads_list = getattr(args, "heads", [16, 128])
     batches = [1, 128] if quick else getattr(args, "batch", [1, 8, 32, 128])
@@ -213,31 +312,39 @@ def run(args: "argparse.Namespace | list[str] | None" = None) -> list[dict]:
     rows: list[dict] = [dict(kind="ceilings", **ceil)]
     print(f"copy {ceil['copy_GBps']:.0f} GB/s, bf16 matmul {ceil['matmul_TFLOPs']:.0f} TFLOP/s "
           f"({torch.cuda.get_device_name()})")
-    for heads, batch, ctx, page in itertools.product(heads_list, batches, ctxs, pages):
-        rows.append(decode_row(heads, batch, ctx, page, ceil, no_ref))
-        _print(rows[-1])
-    if getattr(args, "sweep", False):
-        for heads, batch, ctx in SWEEP_CASES:
-            for plan in sweep_plans(batch, ctx, 64, heads):
-                try:
-                    rows.append(decode_row(heads, batch, ctx, 64, ceil, True, plan))
-                except (OutOfResources, RuntimeError) as err:  # a tiling this GPU cannot run
-                    print(f"sweep H={heads} B={batch} ctx={ctx} {plan}: {type(err).__name__}")
-                    continue
-                rows[-1]["kind"] = "sweep"
-                _print(rows[-1])
-    for heads, prompt in itertools.product(heads_list, prompts):
-        rows.append(prefill_row(heads, prompt, ceil, no_ref))
-        _print(rows[-1])
-    print_table([r for r in rows if r["kind"] in ("decode", "sweep")], DECODE_COLUMNS,
-                f"MLA decode ({torch.cuda.get_device_name()}, copy {ceil['copy_GBps']:.0f} GB/s,"
-                f" matmul {ceil['matmul_TFLOPs']:.0f} TFLOP/s)")
-    print_table([r for r in rows if r["kind"] == "prefill"], PREFILL_COLUMNS, "MLA prefill")
+    sweep_only = getattr(args, "sweep_only", False)
+    if not sweep_only:
+        for heads, batch, ctx, page in itertools.product(heads_list, batches, ctxs, pages):
+            rows.append(decode_row(heads, batch, ctx, page, ceil, no_ref))
+            _print(rows[-1])
+    if sweep_only or getattr(args, "sweep", False):
+        end = time.monotonic() + getattr(args, "sweep_seconds", 210.0)
+        for i, (heads, batch, ctx) in enumerate(SWEEP_CASES):
+            share = (end - time.monotonic()) / (len(SWEEP_CASES) - i)  # unused time carries
+            rows += sweep_case(heads, batch, ctx, ceil, share)
+            torch.cuda.empty_cache()
+    if not sweep_only:
+        for heads, prompt in itertools.product(heads_list, prompts):
+            rows.append(prefill_row(heads, prompt, ceil, no_ref))
+            _print(rows[-1])
+        print_table([r for r in rows if r["kind"] == "decode"], DECODE_COLUMNS,
+                    f"MLA decode ({torch.cuda.get_device_name()}, copy "
+                    f"{ceil['copy_GBps']:.0f} GB/s, matmul {ceil['matmul_TFLOPs']:.0f} TFLOP/s)")
+        print_table([r for r in rows if r["kind"] == "prefill"], PREFILL_COLUMNS,
+                    "MLA prefill")
+    best = [r for r in rows if r["kind"] == "sweep-best"]
+    if best:
+        print_table(best, SWEEP_COLUMNS, "Decode plan sweep: default vs legacy vs best (page 64;"
+                    " us = split + merge kernels)")
+        for r in best:
+            print(f"best H={r['heads']} B={r['batch']} ctx={r['ctx']}: {r['plan']}")
     return rows
 
 
-DECODE_COLUMNS = ["kind", "heads", "batch", "ctx", "page", "splits", "config", "us", "full_us",
-                  "GBps", "pct_copy", "floor_us", "x_floor", "ref_us", "note"]
+DECODE_COLUMNS = ["kind", "heads", "batch", "ctx", "page", "splits", "config", "us", "legacy_us",
+                  "full_us", "GBps", "pct_copy", "floor_us", "x_floor", "ref_us", "note"]
+SWEEP_COLUMNS = ["heads", "batch", "ctx", "timed", "default", "default_us", "legacy_us", "best",
+                 "best_us", "speedup", "pct_copy", "x_floor"]
 PREFILL_COLUMNS = ["heads", "ctx", "us", "TFLOPs", "pct_matmul", "ref_us", "note"]
 
 

@@ -5,6 +5,8 @@ bf16. Inputs are fresh random values, outputs and workspaces are NaN-poisoned be
 """
 
 import os
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -15,11 +17,13 @@ if not torch.cuda.is_available():  # before any @triton.jit kernel is defined (C
 
 from mla_func.attention import get_backend  # noqa: E402
 from mla_func.batch import SeqWork, make_batch  # noqa: E402
+from mla_func.kernels import mla_merge  # noqa: E402
 from mla_func.kernels.cache_write import reference_write, write_cache  # noqa: E402
 from mla_func.kernels.mla_decode import (  # noqa: E402
     MAX_SPLITS,
     DecodeWorkspace,
     attend_absorbed,
+    legacy_plan,
     mla_decode,
     num_sms,
     plan_decode,
@@ -120,19 +124,24 @@ def test_decode_matches_reference(page_size, splits):
     assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < TOL
 
 
-def test_decode_kernel_writes_every_output_row():
+@pytest.mark.parametrize("merge", ["tile", "serial", "fused"])
+def test_decode_kernel_writes_every_output_row(merge):
     """Poisoned out / partials: every (head, row) comes back finite and equal to the reference
-    latent output, including a head count (20) that is not a multiple of the head block."""
+    latent output, including a head count (20) that is not a multiple of the head block (nor
+    of the tile merge's 8 heads per program)."""
     dims = dict(SMALL, heads=20)
     p = make_problem([0, 16, 33], [1, 1, 1], 4, dims, seed=3)
     t, h = p["q_nope"].shape[:2]
     q_lat = torch.einsum("thn,hnc->htc", p["q_nope"], p["w_uk"])
-    plan = replace(plan_decode(t, 64, 4, h), num_splits=4, block_n=16)
+    plan = replace(plan_decode(t, 64, 4, h), num_splits=4, block_n=16, merge=merge,
+                   merge_heads=8)
     out = torch.full((h, t, 32), NAN, device=DEV)
     part_o = torch.full((t, h, 4, 32), NAN, device=DEV)
     part_lse = torch.full((t, h, 4), NAN, device=DEV)
+    counters = torch.zeros(t * 2, dtype=torch.int32, device=DEV)  # 2 head blocks of 16
     mla_decode(q_lat, p["q_pe"], p["cache"], p["page_table"], p["token_seq"], p["positions"],
-               p["scale"], plan, out, part_o, part_lse)
+               p["scale"], plan, out, part_o, part_lse, counters)
+    assert not counters.any()
     eye = torch.eye(32, device=DEV).expand(h, 32, 32)
     want = ref.attend_absorbed(p["q_nope"], p["q_pe"], p["cache"], p["w_uk"], eye,
                                p["token_seq"], p["positions"], p["page_table"], p["scale"])
@@ -147,6 +156,180 @@ def test_decode_sixteen_heads_one_head_block():
     got = attend_absorbed(*ref_args(p), poisoned_workspace(p, 2),
                           replace(plan_decode(2, 96, 4, 16), num_splits=2, block_n=32))
     assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < TOL
+
+
+def with_padded_row(p):
+    """`p` plus one padded row as a captured bucket pads: position 0 of a sequence whose page
+    table row is all zeros (the scratch page)."""
+    p = dict(p)
+    seqs = p["page_table"].shape[0]
+    p["page_table"] = torch.cat([p["page_table"], torch.zeros_like(p["page_table"][:1])])
+    for name, value in (("token_seq", seqs), ("positions", 0)):
+        p[name] = torch.cat([p[name], p[name].new_full((1,), value)])
+    for name in ("q_nope", "q_pe"):
+        p[name] = torch.cat([p[name], torch.randn_like(p[name][:1])])
+    return p
+
+
+# id: (page_size, heads, plan fields). Page 64 with block_n dividing it takes one page-table
+# entry per tile; pages 1 and 16 below block_n gather per key; split counts include more
+# splits than the short rows have chunks (16 for keys 1 and 37).
+VARIANTS = {
+    "pt64-n16-prefetch-tile": (64, 4, dict(block_n=16, page_tiles=True, prefetch=True,
+                                           num_splits=3)),
+    "pt64-n32-tile-h2c16": (64, 4, dict(block_n=32, page_tiles=True, num_splits=5,
+                                        merge_heads=2, merge_cols=16)),
+    "pt64-n64-prefetch-serial": (64, 4, dict(block_n=64, page_tiles=True, prefetch=True,
+                                             num_splits=2, merge="serial")),
+    "pt64-n32-prefetch-onesplit": (64, 4, dict(block_n=32, page_tiles=True, prefetch=True,
+                                               num_splits=1)),
+    "pt64-n32-prefetch-tile16": (64, 4, dict(block_n=32, page_tiles=True, prefetch=True,
+                                             num_splits=16)),
+    "pt16-n16-prefetch-fused": (16, 4, dict(block_n=16, page_tiles=True, prefetch=True,
+                                            num_splits=4, merge="fused")),
+    "p16-n32-prefetch-tile-h4": (16, 4, dict(block_n=32, page_tiles=True, prefetch=True,
+                                             num_splits=3, merge_heads=4)),
+    "p1-n16-prefetch-tile": (1, 4, dict(block_n=16, prefetch=True, num_splits=7)),
+    "p1-n32-fused": (1, 4, dict(block_n=32, num_splits=2, merge="fused")),
+    "h128-pt64-h64-prefetch-tile": (64, 128, dict(block_h=64, block_n=32, page_tiles=True,
+                                                  prefetch=True, num_splits=3,
+                                                  merge_heads=16)),
+    "h128-pt16-h32-fused": (16, 128, dict(block_h=32, block_n=16, page_tiles=True,
+                                          num_splits=2, merge="fused")),
+}
+
+
+def run_variant(p, plan, ws):
+    """attend_absorbed on a NaN-poisoned workspace; fused merges must leave counters at 0."""
+    t, h = p["q_nope"].shape[:2]
+    for buf in ws.get(p["q_nope"].device, p["cache"].dtype, t, h, p["w_uk"].shape[-1],
+                      plan.num_splits):
+        buf.fill_(NAN)
+    got = attend_absorbed(*ref_args(p), ws, plan)
+    if plan.merge == "fused":
+        assert not ws.counters(p["q_nope"].device, t * -(-h // plan.block_h)).any()
+    return got
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_decode_variants_match_reference(variant):
+    page, heads, fields = VARIANTS[variant]
+    lens = [1, 37, 100]  # length 1; not multiples of the page or block size
+    dims = dict(SMALL, heads=heads)
+    p = with_padded_row(make_problem([n - 1 for n in lens], [1] * 3, page, dims, seed=page))
+    plan = replace(plan_decode(4, p["page_table"].shape[1] * page, 4, heads), **fields)
+    ws = DecodeWorkspace()
+    got = run_variant(p, plan, ws)
+    assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < TOL
+    if variant == "pt16-n16-prefetch-fused":  # counters were reset: a second launch agrees
+        assert torch.equal(run_variant(p, plan, ws), got)
+
+
+@pytest.mark.parametrize("merge", ["tile", "fused"])
+def test_merge_in_split_chunks_matches_reference(merge, monkeypatch):
+    """A tile budget below the splits: the merge loops over chunks of splits."""
+    monkeypatch.setattr(mla_merge, "MERGE_TILE", 64)  # 2 splits of 32 columns per chunk
+    p = make_problem([0, 40, 99], [1] * 3, 4, SMALL, seed=7)
+    plan = replace(plan_decode(3, 128, 4, 4), num_splits=7, block_n=16, merge=merge,
+                   page_tiles=True, prefetch=True)
+    got = run_variant(p, plan, DecodeWorkspace())
+    assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < TOL
+
+
+def test_legacy_plan_matches_reference():
+    p = make_problem([0, 40, 99], [1] * 3, 16, SMALL, seed=9)
+    plan = legacy_plan(replace(plan_decode(3, 128, 4, 4), num_splits=5, block_n=16,
+                               page_tiles=True, prefetch=True))
+    assert (plan.page_tiles, plan.prefetch, plan.merge) == (False, False, "serial")
+    got = run_variant(p, plan, DecodeWorkspace())
+    assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < TOL
+
+
+_SM90 = r"""
+import re, subprocess, tempfile
+from dataclasses import replace
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
+from mla_func.kernels import mla_decode as md, mla_merge as mm
+
+TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
+
+def compile_sm90(kernel, args, kwargs):
+    # As a launch specialises: 16-byte aligned pointers and multiples of 16 get the
+    # divisibility hint (without it nothing is pipelined); other ints equal to 1 are constants.
+    names = kernel.arg_names
+    keep = {names[i] if isinstance(i, int) else i for i in kernel.do_not_specialize or ()}
+    opts = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "launch_pdl") if k in kwargs}
+    sig, attrs, const = {}, {}, dict(kwargs)
+    for i, (name, v) in enumerate(zip(names, args)):
+        if torch.is_tensor(v):
+            sig[name], div = TYPES[v.dtype], v.data_ptr() % 16 == 0
+        elif isinstance(v, int):
+            if v == 1 and name not in keep:
+                const[name] = 1
+            sig[name], div = "i32", v % 16 == 0 and name not in keep
+        else:
+            sig[name], div = "fp32", False
+        if div:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    sig = {n: "constexpr" if n in const else sig[n] for n in names}
+    k = triton.compile(triton.compiler.ASTSource(kernel, sig, const, attrs),
+                       target=GPUTarget("cuda", 90, 32), options=opts)
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(k.asm["ptx"])
+        f.flush()
+        out = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", f.name, "-o",
+                              f.name + ".cubin"], capture_output=True, text=True)
+    regs = int(re.search(r"Used (\d+) registers", out.stderr).group(1))
+    spills = int(re.search(r"(\d+) bytes spill stores", out.stderr).group(1))
+    buffers = re.findall(r"local_alloc : \(\) -> !ttg.memdesc<(\d+)x\d+x512", k.asm["ttgir"])
+    return regs, spills, k.metadata.shared, int(buffers[0]) if buffers else 0
+
+def tensors(heads, rows, ctx, page, splits):
+    bf, i32 = torch.bfloat16, torch.int32
+    return (torch.empty(heads, rows, 512, dtype=bf), torch.empty(rows, heads, 64, dtype=bf),
+            torch.empty(rows * ctx // page + 1, page, 576, dtype=bf),
+            torch.empty(rows, ctx // page, dtype=i32), torch.empty(rows, dtype=i32),
+            torch.empty(rows, dtype=i32), 0.07, torch.empty(heads, rows, 512, dtype=bf),
+            torch.empty(rows, heads, splits, 512), torch.empty(rows, heads, splits),
+            torch.zeros(rows * heads, dtype=i32))
+
+# (heads, page, plan fields, spill-free, KV buffers: 2 = the next tile loads during this one)
+for heads, page, fields, clean, buffers in [
+        (16, 64, {}, True, None),
+        (16, 64, dict(page_tiles=True, prefetch=True, num_stages=3, merge="fused"), True, 2),
+        (16, 64, dict(page_tiles=True, prefetch=True, num_stages=3, pdl=True), True, 2),
+        (16, 16, dict(prefetch=True, num_stages=3), True, 2),
+        (128, 64, dict(page_tiles=True, prefetch=True), False, None)]:
+    plan = replace(md.plan_decode(32, 4096, 132, heads), num_splits=4, **fields)
+    args = tensors(heads, 32, 4096, page, 4)
+    _, call, kwargs = md.split_launch(*args[:7], plan, *args[7:])
+    kwargs["PDL"] = plan.pdl  # split_launch turns it off off CUDA
+    regs, spills, smem, bufs = compile_sm90(md._split_kernel, call, kwargs)
+    print("split", heads, page, fields, "regs", regs, "spills", spills, "smem", smem, bufs)
+    assert spills == 0 or not clean
+    assert buffers is None or bufs == buffers
+for mh, mc, pdl in ((1, 0, True), (16, 64, False)):  # all splits in one tile; split chunks
+    mh, mc, chunk = mm.merge_shape(16, 512, 32, mh, mc)
+    po, pl = torch.empty(8, 16, 32, 512), torch.empty(8, 16, 32)
+    out = torch.empty(16, 8, 512, dtype=torch.bfloat16)
+    regs, spills, _, _ = compile_sm90(mm._merge_kernel, (po, pl, out, 4096, 512, 16, 512, 32),
+                                      dict(MERGE_H=mh, MERGE_C=mc, SPLITS_P2=32, CHUNK=chunk,
+                                           PDL=pdl, launch_pdl=pdl, num_warps=4))
+    print("merge", mh, mc, chunk, "regs", regs, "spills", spills)
+    assert spills == 0
+"""
+
+
+def test_decode_compiles_for_sm90():
+    """Ahead-of-time sm90 compile at V2-Lite / V3 sizes (no GPU needed): the variants compile,
+    the 16-head ones without spills, and prefetching the page entries lets the pipeliner
+    double-buffer the KV tile (one buffer without: the tile load waits on the table load)."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    out = subprocess.run([sys.executable, "-c", _SM90], env=env, capture_output=True,
+                         text=True, timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_plan_is_a_function_of_shapes_and_fills_the_gpu():
@@ -174,6 +357,9 @@ def test_workspace_shares_one_allocation_and_only_grows():
     bigger = ws.get(torch.device("cpu"), torch.float32, 16, 4, 32, 3)
     assert bigger[0].data_ptr() != big[0].data_ptr()
     assert ws.get(torch.device("cpu"), torch.float32, 8, 4, 32, 1)[2].numel() == 0
+    counters = ws.counters(torch.device("cpu"), 8)  # the fused merge's: zeros, only grow
+    assert counters.dtype == torch.int32 and not counters.any()
+    assert ws.counters(torch.device("cpu"), 4).data_ptr() == counters.data_ptr()
 
 
 # ---------------------------------------------------------------- prefill / extend
@@ -301,16 +487,35 @@ V2_LITE = {"heads": 16, "nope": 128, "rope": 64, "v": 128, "kv_lora": 512}
 V3 = dict(V2_LITE, heads=128)
 
 
+# Plan variants the GPU tests run besides plan_decode's own (see the sweep in
+# scripts/bench_kernels.py): the first version, and the double-buffered ones.
+CUDA_VARIANTS = {
+    "default": {},
+    "legacy": None,
+    "pages-prefetch-s3": dict(page_tiles=True, prefetch=True, num_stages=3),
+    "pages-prefetch-s3-n16-fused": dict(page_tiles=True, prefetch=True, num_stages=3,
+                                        block_n=16, merge="fused"),
+    "tile-merge-h4c128": dict(prefetch=True, num_stages=4, merge_heads=4, merge_cols=128),
+    "pages-prefetch-s3-pdl": dict(page_tiles=True, prefetch=True, num_stages=3, pdl=True),
+}
+
+
+def cuda_plan(variant, rows, capacity, heads):
+    plan = plan_decode(rows, capacity, num_sms(torch.device("cuda")), heads)
+    fields = CUDA_VARIANTS[variant]
+    return legacy_plan(plan) if fields is None else replace(plan, **fields)
+
+
 @pytest.mark.cuda
+@pytest.mark.parametrize("variant", list(CUDA_VARIANTS))
 @pytest.mark.parametrize("heads", [16, 128])
 @pytest.mark.parametrize("page_size", [1, 16, 64])
-def test_cuda_decode_real_sizes(heads, page_size):
+def test_cuda_decode_real_sizes(heads, page_size, variant):
     dims = dict(V2_LITE, heads=heads)
     lens = [1, 1000, 4097, 16384 - 3] if heads == 16 else [1, 777, 16384]
     p = make_problem([n - 1 for n in lens], [1] * len(lens), page_size, dims, "cuda",
                      torch.bfloat16, max_pages=16384 // page_size + 1)
-    plan = plan_decode(len(lens), p["page_table"].shape[1] * page_size, num_sms(p["cache"].device),
-                       heads)
+    plan = cuda_plan(variant, len(lens), p["page_table"].shape[1] * page_size, heads)
     got = attend_absorbed(*ref_args(p), poisoned_workspace(p, plan.num_splits), plan)
     fp32 = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v)
             for k, v in p.items()}
@@ -330,25 +535,29 @@ def test_cuda_prefill_real_sizes(heads):
 
 
 @pytest.mark.cuda
-def test_cuda_decode_graph_replay_matches_eager():
+@pytest.mark.parametrize("variant", ["default", "pages-prefetch-s3-n16-fused",
+                                     "pages-prefetch-s3-pdl"])
+def test_cuda_decode_graph_replay_matches_eager(variant):
     """Capture one decode bucket (plan from bucket + capacity), then replay it on new lengths
-    and contents: same result as eager on the same inputs."""
+    and contents: same result as eager on the same inputs (the fused merge's counters are
+    back at zero after every replay; the programmatic dependent merge waits for the split)."""
     dims = V2_LITE
     lens = [1, 300, 2049, 64]
     p = make_problem([n - 1 for n in lens], [1] * 4, 16, dims, "cuda", torch.bfloat16,
                      max_pages=4096 // 16)
+    plan = cuda_plan(variant, 4, 4096, 16) if variant != "default" else None
     ws = DecodeWorkspace()
     args = ref_args(p)
-    attend_absorbed(*args, ws)  # warm-up: compiles and allocates the workspace
+    attend_absorbed(*args, ws, plan)  # warm-up: compiles and allocates the workspace
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = attend_absorbed(*args, ws)
+        out = attend_absorbed(*args, ws, plan)
     for trial in range(2):
         p["positions"].copy_(torch.tensor([1500, 0, 3, 2047 - trial], device="cuda"))
         p["q_nope"].normal_()
         p["cache"].normal_()
         graph.replay()
-        eager = attend_absorbed(*args, DecodeWorkspace())
+        eager = attend_absorbed(*args, DecodeWorkspace(), plan)
         assert torch.equal(out, eager)
 
 

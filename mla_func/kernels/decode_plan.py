@@ -1,0 +1,132 @@
+"""Launch plans and workspace of the absorbed MLA decode (`mla_decode`): host-side, shapes only.
+
+`plan_decode` picks a `DecodePlan` (split count, tiling, kernel variants) from static shapes --
+rows in the bucket, page-table capacity, SM count -- never from host-read lengths, so a CUDA
+graph captured with one plan replays for any lengths. `DecodeWorkspace` owns the buffers the
+decode writes besides its output: allocated at the first (warm-up) call per shape, only ever
+grown, so captured graphs keep valid addresses (DESIGN.md, "capture").
+"""
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+# Splits never exceed this (workspace and merge cost grow with it).
+MAX_SPLITS = 128
+# A launch grid is "full" when it keeps this share of the SMs busy in its last wave.
+FILL = 0.85
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """Launch shape of one decode bucket: fixed at capture, reused at every replay."""
+
+    num_splits: int
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    page_tiles: bool = False  # one page-table entry per key tile (page_size % block_n == 0)
+    prefetch: bool = False  # page entries of the next key tile loaded one iteration ahead
+    merge: str = "tile"  # "tile" (vectorised), "serial" (first version) or "fused"
+    merge_heads: int = 1  # "tile": heads per merge program
+    merge_cols: int = 0  # "tile": latent columns per merge program (0: all splits in one tile)
+    pdl: bool = False  # "tile": launch the merge as a programmatic dependent of the split (sm90)
+
+
+MERGES = ("tile", "serial", "fused")
+
+
+def legacy_plan(plan: DecodePlan) -> DecodePlan:
+    """`plan` as the first version ran it: per-key page gather, no prefetch, serial merge."""
+    return replace(plan, page_tiles=False, prefetch=False, merge="serial", pdl=False)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def plan_decode(
+    num_rows: int, max_seq_len: int, num_sms: int, heads: int = 16,
+    block_h: int | None = None, block_n: int | None = None, waves: int = 2,
+) -> DecodePlan:
+    """The launch shape for `num_rows` query rows (the bucket) whose keys may reach
+    `max_seq_len` (the cache capacity of one sequence, not any real length): the fewest splits
+    that keep `waves` programs per SM busy, at most one per key block of the capacity.
+
+    Tiles: 16 heads x 32 keys x 576 (4 warps) as in the common Triton MLA kernel, which holds
+    its registers; 64 heads per program above 16 heads, so a KV tile serves 64 heads per read
+    and the two head blocks of V3's 128 share it through L2. `scripts/bench_kernels.py
+    --sweep` measures the alternatives. Two waves: on an H200 (2026-11-21, H=16, ctx 4096)
+    about 2 programs per SM were fastest at B=8, 32 and 128 (one wave left B=128 at 1.6x the
+    time of two; more than two gained nothing). Kernel variants stay at the first version's
+    (gather, no prefetch, 2 stages: one KV buffer, no load/compute overlap in a program) until
+    the sweep has measured the others; only the merge is the vectorised one."""
+    if block_h is None:
+        block_h = 16 if heads <= 16 else 64
+    if block_n is None:
+        block_n = 32
+    num_warps = 4 if block_h <= 16 else 8
+    base = max(1, num_rows) * _cdiv(heads, block_h)
+    most = max(1, min(MAX_SPLITS, _cdiv(max(1, max_seq_len), block_n)))
+    slots = num_sms * waves
+    splits = most
+    for s in range(1, most + 1):
+        programs = base * s
+        if programs / (_cdiv(programs, slots) * slots) >= FILL:
+            splits = s
+            break
+    return DecodePlan(splits, block_h, block_n, num_warps, num_stages=2)
+
+
+class DecodeWorkspace:
+    """Buffers for the absorbed query, the latent output and the split partials.
+
+    Owned by a backend object (not per-step data). Every launch shape takes a view at offset 0
+    of one flat buffer per role, so captured buckets share one allocation per role, the size
+    of the largest (capture largest first, as vLLM and nano-vllm do). A buffer is only ever
+    replaced by a larger one and the old one is kept alive, so a graph captured on it stays
+    valid. The first call for a shape is the warm-up before capture. (One buffer per role, not
+    one for all: the Triton interpreter copies each argument's whole storage back.)
+    """
+
+    def __init__(self) -> None:
+        self._flat: dict[tuple[str, str, torch.dtype], Tensor] = {}
+        self._retired: list[Tensor] = []
+
+    def _take(self, role: str, device: torch.device, dtype: torch.dtype, shape: tuple,
+              zero: bool = False) -> Tensor:
+        key = (role, str(device), dtype)
+        numel = math.prod(shape)
+        flat = self._flat.get(key)
+        if flat is None or flat.numel() < numel:
+            if flat is not None:
+                self._retired.append(flat)
+            make = torch.zeros if zero else torch.empty
+            flat = self._flat[key] = make(numel, device=device, dtype=dtype)
+        return flat[:numel].view(shape)
+
+    def get(self, device: torch.device, dtype: torch.dtype, rows: int, heads: int,
+            kv_lora: int, splits: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(q_lat [heads, rows, kv_lora], o_lat [heads, rows, kv_lora] in `dtype`,
+        part_o [rows, heads, splits, kv_lora] and part_lse [rows, heads, splits] in fp32)."""
+        parts = splits if splits > 1 else 0  # one split writes straight to o_lat
+        f32 = torch.float32
+        return (self._take("q_lat", device, dtype, (heads, rows, kv_lora)),
+                self._take("o_lat", device, dtype, (heads, rows, kv_lora)),
+                self._take("part_o", device, f32, (rows, heads, parts, kv_lora)),
+                self._take("part_lse", device, f32, (rows, heads, parts)))
+
+    def counters(self, device: torch.device, n: int) -> Tensor:
+        """n arrival counters for the fused merge, zero at allocation; each launch leaves them
+        zero (the last program of a (row, head block) resets its own)."""
+        return self._take("counters", device, torch.int32, (n,), zero=True)
+
+
+def num_sms(device: torch.device) -> int:
+    """SMs of a CUDA device; a small stand-in elsewhere (the interpreter has no SMs)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4

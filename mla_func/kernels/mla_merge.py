@@ -1,0 +1,151 @@
+"""LSE merge of the split-KV partials of the absorbed MLA decode (`mla_decode`).
+
+Split s of row t wrote, per head, its normalised output o_s = softmax_s . c_kv over its keys
+and lse_s = log2 of its softmax denominator (scores already in log2 units). The row's output
+is sum_s 2^(lse_s - top) o_s / sum_s 2^(lse_s - top), top = max_s lse_s (FlashDecoding, Dao
+et al. 2023; FlashMLA). Splits past the row's real length wrote lse = -inf and no o_s: they
+weigh 0, and their o_s (anything, NaN included) is never multiplied in.
+
+`merge_tile` vectorises over splits: it loads [heads, splits, columns] tiles (one tile when
+the splits fit the tile budget, else a chunk of splits at a time) instead of one 512-wide row
+per split in a dependent loop, and needs no row length, so lse and o_s load together.
+`_merge_kernel` runs it with one program per (row, block of heads, block of columns); the split
+kernel runs it in its last-arriving program (plan.merge "fused"). `_serial_merge_kernel` is the
+first version (reads positions, then one split at a time), kept for side-by-side timing. Every
+variant sums in split order within one program: deterministic.
+"""
+
+from typing import no_type_check
+
+import triton
+import triton.language as tl
+from torch import Tensor
+
+# fp32 elements of one [heads, splits, columns] tile a merge program holds (64 per thread at
+# 4 warps): bounds registers whatever the split count.
+MERGE_TILE = 8192
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def split_chunk(kv_len, num_splits, BLOCK_N: tl.constexpr):
+    """Keys per split of a row of `kv_len` keys: a multiple of BLOCK_N (so a key tile never
+    straddles two splits, nor a page when page_size is a multiple of BLOCK_N)."""
+    return tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def merge_tile(
+    part_o, part_lse, out, t, h, hm, c, cm, so_h, so_t, heads, kv_lora, num_splits, active,
+    MERGE_H: tl.constexpr, MERGE_C: tl.constexpr, SPLITS_P2: tl.constexpr,
+    CHUNK: tl.constexpr, CACHE: tl.constexpr,
+):
+    """out[h, t, c] = the LSE merge of the first `active` splits, for MERGE_H heads `h` and
+    MERGE_C columns `c` of row t. CACHE ".cg" reads from L2 (partials other SMs just wrote)."""
+    # where(w > 0, ...), not w * o: an empty split's o_s is never written and may be NaN.
+    base = (t * heads + h) * num_splits  # [MERGE_H]
+    s = tl.arange(0, SPLITS_P2)
+    lse = tl.load(part_lse + base[:, None] + s[None, :],
+                  mask=hm[:, None] & (s < active)[None, :], other=float("-inf"),
+                  cache_modifier=CACHE)
+    top = tl.max(lse, 1)
+    top = tl.where(top > float("-inf"), top, 0.0)  # heads past `heads`: no NaN from -inf - -inf
+    w = tl.exp2(lse - top[:, None])  # [MERGE_H, SPLITS_P2]; masked splits weigh 0
+    total = tl.sum(w, 1)
+    hcm = hm[:, None, None] & cm[None, None, :]
+    if CHUNK >= SPLITS_P2:  # every split in one tile
+        po = tl.load(part_o + (base[:, None, None] + s[None, :, None]) * kv_lora
+                     + c[None, None, :], mask=hcm & (s < active)[None, :, None], other=0.0,
+                     cache_modifier=CACHE)
+        acc = tl.sum(tl.where(w[:, :, None] > 0, w[:, :, None] * po, 0.0), 1)
+    else:
+        acc = tl.zeros([MERGE_H, MERGE_C], tl.float32)
+        for s0 in range(0, active, CHUNK):
+            sc = s0 + tl.arange(0, CHUNK)
+            live = (sc < active)[None, :]
+            lc = tl.load(part_lse + base[:, None] + sc[None, :], mask=hm[:, None] & live,
+                         other=float("-inf"), cache_modifier=CACHE)
+            po = tl.load(part_o + (base[:, None, None] + sc[None, :, None]) * kv_lora
+                         + c[None, None, :], mask=hcm & live[:, :, None], other=0.0,
+                         cache_modifier=CACHE)
+            wc = tl.exp2(lc - top[:, None])[:, :, None]
+            acc += tl.sum(tl.where(wc > 0, wc * po, 0.0), 1)
+    safe = tl.where(total > 0, total, 1.0)
+    tl.store(out + h[:, None] * so_h + t * so_t + c[None, :],
+             (acc / safe[:, None]).to(out.dtype.element_ty), mask=hm[:, None] & cm[None, :])
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _merge_kernel(
+    part_o, part_lse, out, so_h, so_t, heads, kv_lora, num_splits,
+    MERGE_H: tl.constexpr, MERGE_C: tl.constexpr, SPLITS_P2: tl.constexpr,
+    CHUNK: tl.constexpr, PDL: tl.constexpr,
+):
+    if PDL:  # launched early (programmatic dependent launch): wait for the split kernel
+        tl.extra.cuda.gdc_wait()
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * MERGE_H + tl.arange(0, MERGE_H)
+    c = tl.program_id(2) * MERGE_C + tl.arange(0, MERGE_C)
+    merge_tile(part_o, part_lse, out, t, h, h < heads, c, c < kv_lora, so_h, so_t, heads,
+               kv_lora, num_splits, num_splits, MERGE_H, MERGE_C, SPLITS_P2, CHUNK, "")
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _serial_merge_kernel(
+    part_o, part_lse, positions, out, so_h, so_t, heads, kv_lora, num_splits,
+    SPLITS_P2: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    kv_len = tl.load(positions + t).to(tl.int32) + 1
+    active = tl.cdiv(kv_len, split_chunk(kv_len, num_splits, BLOCK_N))
+    base = (t * heads + h) * num_splits
+    sidx = tl.arange(0, SPLITS_P2)
+    lse = tl.load(part_lse + base + sidx, mask=sidx < active, other=float("-inf"))
+    top = tl.max(lse, 0)
+    total = tl.sum(tl.exp2(lse - top), 0)
+    c = tl.arange(0, BLOCK_C)
+    cm = c < kv_lora
+    acc = tl.zeros([BLOCK_C], tl.float32)
+    for s in range(0, active):
+        w = tl.exp2(tl.load(part_lse + base + s) - top)
+        acc += w * tl.load(part_o + (base + s) * kv_lora + c, mask=cm, other=0.0)
+    tl.store(out + h * so_h + t * so_t + c, (acc / total).to(out.dtype.element_ty), mask=cm)
+
+
+def merge_shape(heads: int, kv_lora: int, splits: int, merge_heads: int,
+                merge_cols: int) -> tuple[int, int, int]:
+    """(MERGE_H, MERGE_C, CHUNK) of a merge tile. `merge_cols` 0: the widest column block
+    (at least 32) whose tile holds every split, so each program loads once; the split chunk
+    is what the tile budget leaves, at most all splits."""
+    p2 = triton.next_power_of_2(splits)
+    mh = min(triton.next_power_of_2(max(1, merge_heads)), triton.next_power_of_2(heads))
+    mc = merge_cols or max(32, MERGE_TILE // (mh * p2))
+    mc = min(triton.next_power_of_2(mc), triton.next_power_of_2(kv_lora))
+    return mh, mc, min(p2, max(1, MERGE_TILE // (mh * mc)))
+
+
+def launch_merge(merge: str, merge_heads: int, merge_cols: int, block_n: int,
+                 part_o: Tensor, part_lse: Tensor, positions: Tensor, out: Tensor,
+                 pdl: bool = False) -> None:
+    """Merge the partials [tokens, heads, splits, kv_lora] into out [heads, tokens, kv_lora]
+    with the "tile" or "serial" kernel (`block_n`: the split kernel's key block, which the
+    serial merge needs to find a row's active splits). `pdl`: launch the tile merge as a
+    programmatic dependent of the split kernel (sm90; it triggers it)."""
+    tokens, heads, splits, kv_lora = part_o.shape
+    p2 = triton.next_power_of_2(splits)
+    if merge == "serial":
+        _serial_merge_kernel[(tokens, heads)](
+            part_o, part_lse, positions, out, out.stride(0), out.stride(1), heads, kv_lora,
+            splits, SPLITS_P2=p2, BLOCK_N=block_n, BLOCK_C=triton.next_power_of_2(kv_lora),
+            num_warps=4)
+        return
+    assert merge == "tile", merge
+    mh, mc, chunk = merge_shape(heads, kv_lora, splits, merge_heads, merge_cols)
+    _merge_kernel[(tokens, triton.cdiv(heads, mh), triton.cdiv(kv_lora, mc))](
+        part_o, part_lse, out, out.stride(0), out.stride(1), heads, kv_lora, splits,
+        MERGE_H=mh, MERGE_C=mc, SPLITS_P2=p2, CHUNK=chunk, PDL=pdl, num_warps=4,
+        **({"launch_pdl": True} if pdl else {}))
