@@ -56,21 +56,21 @@ def plan_decode(
     `max_seq_len` (the cache capacity of one sequence, not any real length): the fewest splits
     that keep `waves` programs per SM busy, at most one per key block of the capacity.
 
-    Tiles: 16 heads x 32 keys x 576 (4 warps) as in the common Triton MLA kernel, which holds
-    its registers; 64 heads per program above 16 heads, so a KV tile serves 64 heads per read
-    and the two head blocks of V3's 128 share it through L2. `scripts/bench_kernels.py
-    --sweep` measures the alternatives. Two waves: on an H200 (2026-11-21, H=16, ctx 4096)
-    about 2 programs per SM were fastest at B=8, 32 and 128 (one wave left B=128 at 1.6x the
-    time of two; more than two gained nothing). Kernel variants stay at the first version's
-    (gather, no prefetch, 2 stages: one KV buffer, no load/compute overlap in a program) until
-    the sweep has measured the others; only the merge is the vectorised one."""
+    Tiles: 16 heads x 32 keys x 576 (4 warps); 64 heads per program (8 warps) above 16 heads,
+    so a KV tile serves 64 heads per read and the two head blocks of V3's 128 share it through
+    L2. Two waves: on an H200 (2026-11-21, H=16, ctx 4096) about 2 programs per SM were
+    fastest at B=8, 32 and 128. Variants, from the H200 sweep of 2026-11-22
+    (`scripts/bench_kernels.py --sweep-only`, docs/PERF.md): one page entry per tile with the
+    next tile's entry prefetched (a dependent load per tile otherwise stalls each iteration;
+    split kernel 1.3-1.4x faster), 3 stages, and 64-key tiles at 2 stages where a split may
+    cover 2048 keys or more (H=16, B=128, ctx 4096: 165 vs 172 us; shorter splits lose with
+    64). The tile merge launches as a programmatic dependent of the split kernel (sm90+):
+    about 1 us less at B=1, the same elsewhere."""
     if block_h is None:
         block_h = 16 if heads <= 16 else 64
-    if block_n is None:
-        block_n = 32
     num_warps = 4 if block_h <= 16 else 8
     base = max(1, num_rows) * _cdiv(heads, block_h)
-    most = max(1, min(MAX_SPLITS, _cdiv(max(1, max_seq_len), block_n)))
+    most = max(1, min(MAX_SPLITS, _cdiv(max(1, max_seq_len), block_n or 32)))
     slots = num_sms * waves
     splits = most
     for s in range(1, most + 1):
@@ -78,7 +78,14 @@ def plan_decode(
         if programs / (_cdiv(programs, slots) * slots) >= FILL:
             splits = s
             break
-    return DecodePlan(splits, block_h, block_n, num_warps, num_stages=2)
+    long_splits = block_h <= 16 and max_seq_len / splits >= 2048
+    if block_n is None:
+        block_n = 64 if long_splits else 32
+    stages = 2 if block_n >= 64 else 3
+    if block_h > 16:  # H=128 sweep: 4 stages 654 us, 3 stages 660 us (B=128, ctx 4096)
+        stages = 3
+    return DecodePlan(splits, block_h, block_n, num_warps, num_stages=stages, page_tiles=True,
+                      prefetch=True, merge="tile", pdl=True)
 
 
 class DecodeWorkspace:

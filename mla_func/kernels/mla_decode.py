@@ -228,8 +228,9 @@ def mla_decode(
 
 def pdl(plan: DecodePlan, device: torch.device) -> bool:
     """Programmatic dependent launch of the tile merge: CUDA only (the interpreter has no
-    grid dependency control), and only where a separate merge follows."""
-    return plan.pdl and plan.merge == "tile" and plan.num_splits > 1 and device.type == "cuda"
+    grid dependency control) from sm90 on, and only where a separate merge follows."""
+    return (plan.pdl and plan.merge == "tile" and plan.num_splits > 1 and device.type == "cuda"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def split_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, out,
