@@ -17,7 +17,7 @@ import torch
 from mla_func.config import MLAConfig
 from mla_func.kernels.fused_moe import fused_experts
 from mla_func.kernels.moe_align import align_torch, align_triton, pair_experts
-from mla_func.kernels.moe_config import CONFIGS, DIRECT_MAX_TOKENS, MoEConfig, pick_config
+from mla_func.kernels.moe_config import DIRECT_MAX_TOKENS, MoEConfig, pick_config
 from mla_func.moe import experts
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import experts_reference, route
@@ -82,19 +82,21 @@ def test_align_kernel_matches_torch(tokens, topk, n_exp, shared, block_m, skew):
     assert all(torch.equal(u, v) for u, v in zip(a, c, strict=True))
 
 
-@pytest.mark.parametrize("tokens,topk,n_exp,hidden,inter,shared,skew", [
-    (1, 6, 64, 64, 32, 2, False),   # most experts get no token
-    (7, 2, 8, 64, 32, 1, False),
-    (33, 2, 8, 32, 16, 0, False),   # several M-tiles per expert
-    (24, 6, 64, 64, 32, 0, True),   # skewed: every token to expert 0
-    (2, 8, 256, 32, 16, 1, False),  # V3 expert count, tiny dims
-    (5, 2, 8, 48, 24, 1, False),    # K and N not multiples of the tiles
-    (70, 2, 8, 32, 16, 1, False),   # past FUSE_SHARED_MAX_TOKENS: shared MLP added in the sum
+@pytest.mark.parametrize("tokens,topk,n_exp,hidden,inter,shared,skew,fold", [
+    (1, 6, 64, 64, 32, 2, False, None),   # most experts get no token
+    (7, 2, 8, 64, 32, 1, False, None),
+    (33, 2, 8, 32, 16, 0, False, None),   # several M-tiles per expert
+    (24, 6, 64, 64, 32, 0, True, None),   # skewed: every token to expert 0
+    (2, 8, 256, 32, 16, 1, False, None),  # V3 expert count, tiny dims
+    (5, 2, 8, 48, 24, 1, False, None),    # K and N not multiples of the tiles
+    (70, 2, 8, 32, 16, 1, False, False),  # shared MLP apart: added in the final sum
+    (70, 2, 8, 32, 16, 1, False, True),   # shared experts folded over several M-tiles
 ])
-def test_fused_matches_reference(tokens, topk, n_exp, hidden, inter, shared, skew):
+def test_fused_matches_reference(tokens, topk, n_exp, hidden, inter, shared, skew, fold):
     x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, hidden, inter, shared, skew=skew)
     want = reference(x, w, ids, gu, dn, mlp)
-    got = fused_experts(x, w, ids, gu, dn, mlp and mlp.gate_up, mlp and mlp.down, SMALL)
+    cfg = dataclasses.replace(SMALL, fuse_shared=fold)
+    got = fused_experts(x, w, ids, gu, dn, mlp and mlp.gate_up, mlp and mlp.down, cfg)
     close(got, want, 1e-5)
     close(experts(x, w, ids, gu, dn, mlp, impl="sorted_torch"), want, 1e-5)
 
@@ -249,7 +251,7 @@ def test_cuda_real_sizes(shape, tokens, skew):
 @pytest.mark.parametrize("tokens", [1, 2, 4])
 def test_cuda_direct_matches_aligned(tokens):
     x, w, ids, gu, dn, mlp = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda")
-    aligned = CONFIGS[0][1]  # the smallest aligned row: the direct path's default tiles
+    aligned = dataclasses.replace(pick_config(tokens), direct=False)  # the same tiles
     want = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, aligned)
     close(want, reference(x, w, ids, gu, dn, mlp), 0.05)
     for fused_sum in (False, True):
