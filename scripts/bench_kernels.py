@@ -164,7 +164,7 @@ def decode_row(heads, batch, ctx, page, ceil, no_ref) -> dict:
     the torch reference."""
     p = decode_inputs(heads, batch, ctx, page)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    plan = plan_decode(batch, p["page_table"].shape[1] * page, sms, heads)
+    plan = plan_decode(batch, p["page_table"].shape[1] * page, sms, heads, page_size=page)
     us, legacy_us = time_plan(p, plan), time_plan(p, legacy_plan(plan))
     full_us = bench_us(lambda: attend_absorbed(*_args(p), DecodeWorkspace(), plan))
     moved, floor_us = floors(heads, batch, ctx, ceil)

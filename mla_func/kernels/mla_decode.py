@@ -283,7 +283,8 @@ def attend_absorbed(
     kv_lora = w_uk.shape[-1]
     if plan is None:
         capacity = page_table.shape[1] * cache.shape[1]
-        plan = plan_decode(tokens, capacity, num_sms(q_nope.device), heads)
+        plan = plan_decode(tokens, capacity, num_sms(q_nope.device), heads,
+                           page_size=cache.shape[1])
     dtype = cache.dtype
     q_lat, o_lat, part_o, part_lse = workspace.get(
         q_nope.device, dtype, tokens, heads, kv_lora, plan.num_splits)
