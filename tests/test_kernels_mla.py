@@ -1,12 +1,11 @@
 """Triton MLA kernels (mla_func/kernels) against the torch reference (mla_func/ops/attention).
 
-CPU runs use the Triton interpreter at small sizes; `cuda` tests use real V2-Lite/V3 sizes in
-bf16. Inputs are fresh random values, outputs and workspaces are NaN-poisoned before each run.
+CPU runs use the Triton interpreter at small sizes (real V2-Lite/V3 sizes in bf16 on a GPU:
+test_kernels_mla_cuda.py; the ahead-of-time sm90 compile: test_kernels_mla_sm90.py). Inputs
+are fresh random values, outputs and workspaces are NaN-poisoned before each run.
 """
 
 import os
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
@@ -14,6 +13,17 @@ import torch
 
 if not torch.cuda.is_available():  # before any @triton.jit kernel is defined (CPU only)
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from mla_helpers import (  # noqa: E402
+    DEV,
+    NAN,
+    SMALL,
+    TOL,
+    make_problem,
+    poisoned_workspace,
+    ref_args,
+    rel_err,
+)
 
 from mla_func.attention import get_backend  # noqa: E402
 from mla_func.batch import SeqWork, make_batch  # noqa: E402
@@ -25,70 +35,10 @@ from mla_func.kernels.mla_decode import (  # noqa: E402
     attend_absorbed,
     legacy_plan,
     mla_decode,
-    num_sms,
     plan_decode,
 )
 from mla_func.kernels.mla_prefill import mha_prefill  # noqa: E402
 from mla_func.ops import attention as ref  # noqa: E402
-
-SMALL = {"heads": 4, "nope": 16, "rope": 16, "v": 16, "kv_lora": 32}
-NAN = float("nan")
-# Small cases run on the GPU too when there is one, where fp32 dots use tf32.
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = 1e-5 if DEV == "cpu" else 5e-3
-
-
-def make_problem(ctx_lens, query_lens, page_size, dims, device=DEV, dtype=torch.float32,
-                 seed=0, max_pages=None):
-    """Random cache, shuffled pages, and per-token (token_seq, positions) for sequences that
-    hold ctx cached tokens and bring q new ones."""
-    g = torch.Generator().manual_seed(seed)
-    h, latent = dims["heads"], dims["kv_lora"] + dims["rope"]
-    need = [-(-(c + q) // page_size) for c, q in zip(ctx_lens, query_lens, strict=True)]
-    num_pages = sum(need) + 3
-    max_pages = max_pages or max(need) + 1
-    cache = torch.randn(num_pages, page_size, latent, generator=g).to(device, dtype)
-    order = torch.randperm(num_pages - 1, generator=g) + 1  # page 0 is scratch
-    table = torch.zeros(len(need), max_pages, dtype=torch.int32)
-    token_seq, positions, used = [], [], 0
-    for i, (c, q) in enumerate(zip(ctx_lens, query_lens, strict=True)):
-        table[i, : need[i]] = order[used: used + need[i]].to(torch.int32)
-        used += need[i]
-        token_seq += [i] * q
-        positions += list(range(c, c + q))
-    t = len(token_seq)
-
-    def rnd(*shape, s=1.0):
-        return (torch.randn(*shape, generator=g) * s).to(device, dtype)
-
-    return {
-        "q_nope": rnd(t, h, dims["nope"]), "q_pe": rnd(t, h, dims["rope"]), "cache": cache,
-        "w_uk": rnd(h, dims["nope"], dims["kv_lora"], s=dims["nope"] ** -0.5),
-        "w_uv": rnd(h, dims["v"], dims["kv_lora"], s=dims["kv_lora"] ** -0.5),
-        "token_seq": torch.tensor(token_seq, dtype=torch.int32, device=device),
-        "positions": torch.tensor(positions, dtype=torch.int32, device=device),
-        "page_table": table.to(device),
-        "scale": (dims["nope"] + dims["rope"]) ** -0.5,
-    }
-
-
-def ref_args(p):
-    return (p["q_nope"], p["q_pe"], p["cache"], p["w_uk"], p["w_uv"], p["token_seq"],
-            p["positions"], p["page_table"], p["scale"])
-
-
-def poisoned_workspace(p, splits):
-    ws = DecodeWorkspace()
-    t, h = p["q_nope"].shape[:2]
-    for buf in ws.get(p["q_nope"].device, p["cache"].dtype, t, h, p["w_uk"].shape[-1], splits):
-        buf.fill_(NAN)
-    return ws
-
-
-def rel_err(got, want):
-    assert torch.isfinite(got).all()
-    return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
-
 
 # ---------------------------------------------------------------- cache write
 
@@ -245,93 +195,6 @@ def test_legacy_plan_matches_reference():
     assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < TOL
 
 
-_SM90 = r"""
-import re, subprocess, tempfile
-from dataclasses import replace
-import torch, triton
-from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import get_ptxas
-from mla_func.kernels import mla_decode as md, mla_merge as mm
-
-TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
-
-def compile_sm90(kernel, args, kwargs):
-    # As a launch specialises: 16-byte aligned pointers and multiples of 16 get the
-    # divisibility hint (without it nothing is pipelined); other ints equal to 1 are constants.
-    names = kernel.arg_names
-    keep = {names[i] if isinstance(i, int) else i for i in kernel.do_not_specialize or ()}
-    opts = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "launch_pdl") if k in kwargs}
-    sig, attrs, const = {}, {}, dict(kwargs)
-    for i, (name, v) in enumerate(zip(names, args)):
-        if torch.is_tensor(v):
-            sig[name], div = TYPES[v.dtype], v.data_ptr() % 16 == 0
-        elif isinstance(v, int):
-            if v == 1 and name not in keep:
-                const[name] = 1
-            sig[name], div = "i32", v % 16 == 0 and name not in keep
-        else:
-            sig[name], div = "fp32", False
-        if div:
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    sig = {n: "constexpr" if n in const else sig[n] for n in names}
-    k = triton.compile(triton.compiler.ASTSource(kernel, sig, const, attrs),
-                       target=GPUTarget("cuda", 90, 32), options=opts)
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(k.asm["ptx"])
-        f.flush()
-        out = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", f.name, "-o",
-                              f.name + ".cubin"], capture_output=True, text=True)
-    regs = int(re.search(r"Used (\d+) registers", out.stderr).group(1))
-    spills = int(re.search(r"(\d+) bytes spill stores", out.stderr).group(1))
-    buffers = re.findall(r"local_alloc : \(\) -> !ttg.memdesc<(\d+)x\d+x512", k.asm["ttgir"])
-    return regs, spills, k.metadata.shared, int(buffers[0]) if buffers else 0
-
-def tensors(heads, rows, ctx, page, splits):
-    bf, i32 = torch.bfloat16, torch.int32
-    return (torch.empty(heads, rows, 512, dtype=bf), torch.empty(rows, heads, 64, dtype=bf),
-            torch.empty(rows * ctx // page + 1, page, 576, dtype=bf),
-            torch.empty(rows, ctx // page, dtype=i32), torch.empty(rows, dtype=i32),
-            torch.empty(rows, dtype=i32), 0.07, torch.empty(heads, rows, 512, dtype=bf),
-            torch.empty(rows, heads, splits, 512), torch.empty(rows, heads, splits),
-            torch.zeros(rows * heads, dtype=i32))
-
-# (heads, page, plan fields, spill-free, KV buffers: 2 = the next tile loads during this one)
-for heads, page, fields, clean, buffers in [
-        (16, 64, {}, True, None),
-        (16, 64, dict(page_tiles=True, prefetch=True, num_stages=3, merge="fused"), True, 2),
-        (16, 64, dict(page_tiles=True, prefetch=True, num_stages=3, pdl=True), True, 2),
-        (16, 16, dict(prefetch=True, num_stages=3), True, 2),
-        (128, 64, dict(page_tiles=True, prefetch=True), False, None)]:
-    plan = replace(md.plan_decode(32, 4096, 132, heads), num_splits=4, **fields)
-    args = tensors(heads, 32, 4096, page, 4)
-    _, call, kwargs = md.split_launch(*args[:7], plan, *args[7:])
-    kwargs["PDL"] = plan.pdl  # split_launch turns it off off CUDA
-    regs, spills, smem, bufs = compile_sm90(md._split_kernel, call, kwargs)
-    print("split", heads, page, fields, "regs", regs, "spills", spills, "smem", smem, bufs)
-    assert spills == 0 or not clean
-    assert buffers is None or bufs == buffers
-for mh, mc, pdl in ((1, 0, True), (16, 64, False)):  # all splits in one tile; split chunks
-    mh, mc, chunk = mm.merge_shape(16, 512, 32, mh, mc)
-    po, pl = torch.empty(8, 16, 32, 512), torch.empty(8, 16, 32)
-    out = torch.empty(16, 8, 512, dtype=torch.bfloat16)
-    regs, spills, _, _ = compile_sm90(mm._merge_kernel, (po, pl, out, 4096, 512, 16, 512, 32),
-                                      dict(MERGE_H=mh, MERGE_C=mc, SPLITS_P2=32, CHUNK=chunk,
-                                           PDL=pdl, launch_pdl=pdl, num_warps=4))
-    print("merge", mh, mc, chunk, "regs", regs, "spills", spills)
-    assert spills == 0
-"""
-
-
-def test_decode_compiles_for_sm90():
-    """Ahead-of-time sm90 compile at V2-Lite / V3 sizes (no GPU needed): the variants compile,
-    the 16-head ones without spills, and prefetching the page entries lets the pipeliner
-    double-buffer the KV tile (one buffer without: the tile load waits on the table load)."""
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    out = subprocess.run([sys.executable, "-c", _SM90], env=env, capture_output=True,
-                         text=True, timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)))
-    assert out.returncode == 0, out.stdout + out.stderr
-
-
 def test_plan_is_a_function_of_shapes_and_fills_the_gpu():
     assert plan_decode(1, 1024, 132, 16).num_splits == 1024 // 32  # capacity-bound
     assert plan_decode(1, 1 << 20, 132, 16).num_splits >= 0.85 * 132
@@ -479,129 +342,3 @@ def test_model_forward_triton_backend_matches_torch():
             batch = make_batch(work, 4, max_pages=20, device=DEV, backend=name)
             logits[name], states[name] = mf.forward(params, state, batch)
         assert rel_err(logits["triton"], logits["torch"]) < max(TOL, 1e-4)
-
-
-# ---------------------------------------------------------------- GPU, real sizes
-
-V2_LITE = {"heads": 16, "nope": 128, "rope": 64, "v": 128, "kv_lora": 512}
-V3 = dict(V2_LITE, heads=128)
-
-
-# Plan variants the GPU tests run besides plan_decode's own (see the sweep in
-# scripts/bench_kernels.py): the first version, and the double-buffered ones.
-CUDA_VARIANTS = {
-    "default": {},
-    "legacy": None,
-    "pages-prefetch-s3": dict(page_tiles=True, prefetch=True, num_stages=3),
-    "pages-prefetch-s3-n16-fused": dict(page_tiles=True, prefetch=True, num_stages=3,
-                                        block_n=16, merge="fused"),
-    "tile-merge-h4c128": dict(prefetch=True, num_stages=4, merge_heads=4, merge_cols=128),
-    "pages-prefetch-s3-pdl": dict(page_tiles=True, prefetch=True, num_stages=3, pdl=True),
-}
-
-
-def cuda_plan(variant, rows, capacity, heads):
-    plan = plan_decode(rows, capacity, num_sms(torch.device("cuda")), heads)
-    fields = CUDA_VARIANTS[variant]
-    return legacy_plan(plan) if fields is None else replace(plan, **fields)
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("variant", list(CUDA_VARIANTS))
-@pytest.mark.parametrize("heads", [16, 128])
-@pytest.mark.parametrize("page_size", [1, 16, 64])
-def test_cuda_decode_real_sizes(heads, page_size, variant):
-    dims = dict(V2_LITE, heads=heads)
-    lens = [1, 1000, 4097, 16384 - 3] if heads == 16 else [1, 777, 16384]
-    p = make_problem([n - 1 for n in lens], [1] * len(lens), page_size, dims, "cuda",
-                     torch.bfloat16, max_pages=16384 // page_size + 1)
-    plan = cuda_plan(variant, len(lens), p["page_table"].shape[1] * page_size, heads)
-    got = attend_absorbed(*ref_args(p), poisoned_workspace(p, plan.num_splits), plan)
-    fp32 = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v)
-            for k, v in p.items()}
-    assert rel_err(got, ref.attend_absorbed(*ref_args(fp32), chunk=1)) < 2e-2
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("heads", [16, 128])
-def test_cuda_prefill_real_sizes(heads):
-    dims = dict(V2_LITE, heads=heads)
-    ctx, q = [0, 300, 0], [1000, 77, 129]
-    p = make_problem(ctx, q, 16, dims, "cuda", torch.bfloat16)
-    got = mha_prefill(*ref_args(p), max(c + n for c, n in zip(ctx, q, strict=True)), max(q))
-    fp32 = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v)
-            for k, v in p.items()}
-    assert rel_err(got, ref.attend_mha(*ref_args(fp32), chunk=32)) < 2e-2
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("variant", ["default", "pages-prefetch-s3-n16-fused",
-                                     "pages-prefetch-s3-pdl"])
-def test_cuda_decode_graph_replay_matches_eager(variant):
-    """Capture one decode bucket (plan from bucket + capacity), then replay it on new lengths
-    and contents: same result as eager on the same inputs (the fused merge's counters are
-    back at zero after every replay; the programmatic dependent merge waits for the split)."""
-    dims = V2_LITE
-    lens = [1, 300, 2049, 64]
-    p = make_problem([n - 1 for n in lens], [1] * 4, 16, dims, "cuda", torch.bfloat16,
-                     max_pages=4096 // 16)
-    plan = cuda_plan(variant, 4, 4096, 16) if variant != "default" else None
-    ws = DecodeWorkspace()
-    args = ref_args(p)
-    attend_absorbed(*args, ws, plan)  # warm-up: compiles and allocates the workspace
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = attend_absorbed(*args, ws, plan)
-    for trial in range(2):
-        p["positions"].copy_(torch.tensor([1500, 0, 3, 2047 - trial], device="cuda"))
-        p["q_nope"].normal_()
-        p["cache"].normal_()
-        graph.replay()
-        eager = attend_absorbed(*args, DecodeWorkspace(), plan)
-        assert torch.equal(out, eager)
-
-
-@pytest.mark.cuda
-def test_cuda_backend_decode_step_in_graph_matches_eager():
-    """The whole op (cache write + absorbed decode) captured for a decode bucket with a padded
-    row, replayed on the next step's inputs: same output and cache as an eager call."""
-    h, n, r, v, c = (V2_LITE[k] for k in ("heads", "nope", "rope", "v", "kv_lora"))
-    g = torch.Generator().manual_seed(0)
-    work = [SeqWork([1], start, list(range(1 + 8 * i, 9 + 8 * i)))
-            for i, start in enumerate([5, 100, 17])]
-    batch = make_batch(work, 16, max_pages=8, device="cuda", backend="triton")
-    pad = {"slot_mapping": -1, "token_seq": 3, "positions": 0}
-    cols = {k: torch.cat([getattr(batch, k), torch.tensor([x], dtype=torch.int32,
-                                                          device="cuda")])
-            for k, x in pad.items()}
-    table = torch.cat([batch.page_table, torch.zeros_like(batch.page_table[:1])])
-    seq_lens = torch.cat([batch.seq_lens, torch.ones_like(batch.seq_lens[:1])])
-
-    def rnd(*shape, s=1.0):
-        return (torch.randn(*shape, generator=g) * s).to("cuda", torch.bfloat16)
-
-    q_nope, q_pe, kv_new = rnd(4, h, n), rnd(4, h, r), rnd(4, c + r)
-    cache = rnd(2, 30, 16, c + r)
-    w_uk, w_uv = rnd(h, n, c, s=n**-0.5), rnd(h, v, c, s=c**-0.5)
-
-    def step():
-        return torch.ops.mla_func.mla_attention(
-            q_nope, q_pe, kv_new, cache, 1, w_uk, w_uv, cols["slot_mapping"],
-            cols["token_seq"], cols["positions"], table, seq_lens, batch.host, 0.07, "triton")
-
-    step()  # warm-up: compile, allocate the workspace
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-    for _ in range(2):  # the next decode steps: one more token per sequence
-        cols["positions"][:3] += 1
-        cols["slot_mapping"][:3] += 1
-        seq_lens[:3] += 1
-        for x in (q_nope, q_pe, kv_new):
-            x.normal_()
-        before = cache.clone()
-        graph.replay()
-        got, got_cache = out.clone(), cache.clone()
-        cache.copy_(before)
-        assert torch.equal(step(), got)
-        assert torch.equal(cache, got_cache)
