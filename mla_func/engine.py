@@ -36,14 +36,15 @@ Errors, all found on the host before any state changes:
 - Graph modes without CUDA raise the compiler's `CudaRequiredError` (a ValueError and a
   RuntimeError) before anything is allocated.
 
-Request validation and the request errors live in `mla_func.validation`, the progress bar in
-`mla_func.progress`; the public names are re-exported here.
+Request validation and the request errors live in `mla_func.validation`, the request record
+and the launched-step record in `mla_func.request`, the progress bar in `mla_func.progress`;
+the public names are re-exported here.
 """
 
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -56,6 +57,7 @@ from mla_func.batch import SeqWork, make_batch
 from mla_func.config import MLAConfig
 from mla_func.params import Params
 from mla_func.progress import AUTO_PROGRESS_DELAY_S, Progress
+from mla_func.request import Launched, Request
 from mla_func.state import KVState, init_state
 from mla_func.validation import (
     MODES,
@@ -97,51 +99,6 @@ class GenerateOutput:
     def tokens_per_s(self) -> float:
         """Output tokens per second of wall time."""
         return self.output_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
-
-
-@dataclass(eq=False)
-class Request:
-    """One request's progress; `Engine.result(rid)` returns it."""
-
-    rid: int
-    prompt: list[int]
-    max_new_tokens: int
-    tokens: list[int] = field(default_factory=list)
-    logits: list[Tensor] = field(default_factory=list)
-    cached: int = 0  # tokens written to the cache so far (or by a launched step)
-    status: str = "waiting"
-    in_flight: int = 0  # tokens that launched steps generate and the host has not read yet
-
-    @property
-    def need(self) -> int:  # cached tokens at the end: the last generated one is never fed
-        return len(self.prompt) + self.max_new_tokens - 1
-
-    @property
-    def decoding(self) -> bool:
-        return self.cached >= len(self.prompt)
-
-    def pending(self) -> list[int]:
-        """Tokens to feed next: a prompt's rest, or the last generated token (IN_FLIGHT while
-        the step that generates it has not been read back)."""
-        if not self.decoding:
-            return self.prompt[self.cached:]
-        i = self.cached - len(self.prompt)
-        return self.tokens[i:] if i < len(self.tokens) else [IN_FLIGHT]
-
-
-# The token id of a decode row whose input is still on the device (patched in before the step).
-IN_FLIGHT = 0
-
-
-@dataclass(frozen=True)
-class _Launched:
-    """A step on its way: which request gets a token from which row, and the argmax."""
-
-    rows: dict[int, int]  # request id -> row, for the requests this step generates for
-    next_ids: Tensor  # [seqs] on the device
-    host_ids: Tensor  # its copy on the host, complete once `done` has fired
-    done: "torch.cuda.Event | None"
-    logits: Tensor | None  # [seqs, vocab] float32 (return_logits only)
 
 
 def _step_function(params: Params, state: KVState, mode: str, backend: str, max_tokens: int,
@@ -191,7 +148,7 @@ class Engine:
         self._requests: dict[int, Request] = {}
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
-        self._launched: _Launched | None = None
+        self._launched: Launched | None = None
         self.steps = 0
 
     def submit(self, prompt: Prompt, max_new_tokens: int) -> int:
@@ -246,8 +203,8 @@ class Engine:
         self._launched = self._launch(work, previous) if work else None
         return self._retire(previous) if previous is not None else 0
 
-    def _launch(self, work: list[tuple[Request, list[int]]], previous: "_Launched | None"
-                ) -> _Launched:
+    def _launch(self, work: list[tuple[Request, list[int]]], previous: "Launched | None"
+                ) -> Launched:
         alloc = self.state.allocator
         batch = make_batch(
             [SeqWork(chunk, req.cached, alloc.pages[req.rid]) for req, chunk in work],
@@ -274,9 +231,9 @@ class Engine:
         self.steps += 1
         # A clone: a compiled step's output buffer is overwritten by the next replay.
         kept = logits.float().clone() if self.return_logits else None
-        return _Launched(rows, next_ids, host_ids, done, kept)
+        return Launched(rows, next_ids, host_ids, done, kept)
 
-    def _retire(self, launched: _Launched) -> int:
+    def _retire(self, launched: Launched) -> int:
         if launched.done is not None:
             launched.done.synchronize()
         ids = launched.host_ids.tolist()
