@@ -29,7 +29,6 @@ against grouped_mm. It prints the best config per token count next to the defaul
 import argparse
 import time
 from dataclasses import dataclass, replace
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -275,9 +274,7 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
         except Exception:  # noqa: BLE001  (no grouped_mm here: no baseline)
             err = None
         base_us = time_layer_us(grouped_mm_layer, x, layers, cfg)
-        no_pdl = replace(pick_config(t), pdl=False)
-        for name, fn in (("fused", fused_layer), ("fused_no_pdl", partial(
-                             fused_layer, config=no_pdl)), ("fused_sep", fused_sep_layer),
+        for name, fn in (("fused", fused_layer), ("fused_sep", fused_sep_layer),
                          ("grouped_mm", grouped_mm_layer), ("route_only", route_only),
                          ("experts_only", make_experts_only(x, layers, cfg))):
             us = base_us if name == "grouped_mm" else time_layer_us(fn, x, layers, cfg)

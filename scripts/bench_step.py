@@ -11,7 +11,6 @@ import gc
 import json
 import math
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -208,12 +207,6 @@ def run(args) -> dict:
     print("ceilings", ceil, flush=True)
     cfg = mf.MLAConfig.preset("v2-lite")
     result: dict = {"gpu": gpu, "torch": torch.__version__, "ceilings": ceil}
-    if args.moe_no_pdl:  # for a side-by-side run: the MoE launches without PDL chaining
-        import mla_func.kernels.fused_moe as fused_moe
-
-        pick = fused_moe.pick_config
-        fused_moe.pick_config = lambda tokens: replace(pick(tokens), pdl=False)
-        result["moe_pdl"] = False
     if "hf" in args.parts:
         result["hf"] = bench_hf(cfg, args)
     if "hfcompile" in args.parts:
@@ -269,8 +262,6 @@ def add_arguments(p) -> None:
     p.add_argument("--hf-ctx", type=int, default=1024)
     p.add_argument("--hf-compile-batches", type=int, nargs="+", default=[1])
     p.add_argument("--page-size", type=int, default=64)
-    p.add_argument("--moe-no-pdl", action="store_true",
-                   help="MoE kernels without programmatic dependent launch (to compare)")
     p.add_argument("--max-tokens", type=int, default=8192)
     p.add_argument("--backend", default="triton")
     p.add_argument("--gen-requests", type=int, default=128)

@@ -194,7 +194,7 @@ for fn, (bn, bk, warps, stages), const in [
         (_down_kernel, (64, 128, 4, 4), dict(DIRECT=True)),
         (_down_sum_kernel, (16, 256, 4, 4), dict(HAS_EXTRA=False))]:
     const = dict(PAIRS_PER_TOKEN=8, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32",
-                 PDL=True, EVEN_K=(1408 if fn is not _gate_up_kernel else 2048) % bk == 0, **const)
+                 EVEN_K=(1408 if fn is not _gate_up_kernel else 2048) % bk == 0, **const)
     sig = {n: "constexpr" if n in const else ptrs.get(n, "*bf16") if n.endswith("_ptr")
            else "i32" for n in fn.arg_names}
     # What a launch at V2-Lite sizes specialises on: aligned pointers, strides and dims.
@@ -214,8 +214,7 @@ for fn, (bn, bk, warps, stages), const in [
 
 
 def test_compiles_for_sm90_at_v2_lite_sizes():
-    """Ahead-of-time sm90 compile (no GPU needed) of both layouts and the fused sum, with the
-    programmatic-dependent-launch waits in."""
+    """Ahead-of-time sm90 compile (no GPU needed) of both layouts and the fused sum."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     out = subprocess.run([sys.executable, "-c", _AOT], env=env, capture_output=True, text=True,
                          timeout=300)
@@ -290,18 +289,3 @@ def test_cuda_graph_replay_matches_eager(tokens, config):
             dst.copy_(src)
         graph.replay()
         torch.testing.assert_close(out, run(x2, w2, ids2), rtol=0, atol=0)
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("tokens", [1, 4, 32, 128, 4096])
-def test_cuda_pdl_chain_matches_plain_launches(tokens):
-    """The launches chained by programmatic dependent launch give the same bits as plain
-    launches (each kernel waits for its predecessor before it reads anything)."""
-    x, w, ids, gu, dn, mlp = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda")
-    cfg = pick_config(tokens)
-    assert cfg.pdl
-    want = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
-                         dataclasses.replace(cfg, pdl=False))
-    for _ in range(3):
-        got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg)
-        assert torch.equal(got, want)

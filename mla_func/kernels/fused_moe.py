@@ -79,17 +79,6 @@ def _tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, n_tokens
 
 
 # The token count only sizes the direct layout: not specialised, one compile serves every bucket.
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _chain(PDL: tl.constexpr):
-    """Programmatic dependent launch (sm90+): this kernel was launched before the previous one
-    finished, so wait for its end (and its writes) before reading anything; then let the next
-    kernel of the chain launch early too."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-
-
 @triton.jit(do_not_specialize=["n_tokens"])
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _gate_up_kernel(
@@ -98,9 +87,7 @@ def _gate_up_kernel(
     stride_we, stride_wg, stride_wn, stride_se, stride_sg, stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    _chain(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e, pair, row_ok = _tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
@@ -186,10 +173,8 @@ def _down_kernel(
     stride_we, stride_wn, stride_se, stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     """Each pair's weighted expert output to its own row of `out` ([pairs, hidden])."""
-    _chain(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e, pair, row_ok = _tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
@@ -213,12 +198,11 @@ def _down_sum_kernel(
     stride_we, stride_wn, stride_se, stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_EXTRA: tl.constexpr,
-    PRECISION: tl.constexpr, PDL: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """Direct layout only: one program per N-tile runs every M-tile in order and sums the
     tokens' rows (row r is token r in every tile; other rows add exact zeros), in the order
     and the rounding of `_sum_kernel`: same result, no [pairs, hidden] buffer, one launch."""
-    _chain(PDL)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < n_hidden
     rows = tl.arange(0, BLOCK_M)
@@ -241,8 +225,7 @@ def _down_sum_kernel(
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _sum_kernel(buf_ptr, extra_ptr, out_ptr, n_hidden, PAIRS_PER_TOKEN: tl.constexpr,
-                HAS_EXTRA: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    _chain(PDL)
+                HAS_EXTRA: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n_hidden
@@ -275,13 +258,6 @@ def shared_as_experts(
     gate_up = shared_gate_up.view(2, n, moe_inter, hidden).transpose(0, 1)
     down = shared_down.view(hidden, n, moe_inter).transpose(0, 1)
     return gate_up, down
-
-
-def _pdl(cfg: MoEConfig, device: torch.device) -> bool:
-    """Chain the launches with programmatic dependent launch: CUDA sm90+ only (the interpreter
-    has no grid dependency control)."""
-    return (cfg.pdl and device.type == "cuda"
-            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def fused_experts(
@@ -327,10 +303,8 @@ def fused_experts(
         layout = align(ids, n_routed, n_shared, bm)
         n_tiles = layout[1].shape[0]
     tiles = (ids, *layout, tokens, topk)
-    pdl = _pdl(cfg, x.device)
-    common = dict(PAIRS_PER_TOKEN=pairs_per_token, BLOCK_M=bm, PDL=pdl,
+    common = dict(PAIRS_PER_TOKEN=pairs_per_token, BLOCK_M=bm,
                   PRECISION="ieee" if x.dtype == torch.float32 else "tf32")
-    launch = {"launch_pdl": True} if pdl else {}
 
     act = torch.empty(n_tiles * bm, n_inter, dtype=x.dtype, device=x.device)
     bn, bk, warps, stages = _fit(cfg.gate_up, n_inter, n_hidden)
@@ -339,7 +313,7 @@ def fused_experts(
         gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
         s_gate_up.stride(0), s_gate_up.stride(1), s_gate_up.stride(2),
         BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_hidden % bk == 0, DIRECT=cfg.direct, **common,
-        num_warps=warps, num_stages=stages, **launch)
+        num_warps=warps, num_stages=stages)
 
     out = torch.empty_like(x)
     bn, bk, warps, stages = _fit(cfg.down, n_hidden, n_inter)
@@ -349,15 +323,15 @@ def fused_experts(
             act, down, s_down, out, out if extra is None else extra, weights, ids,
             tokens, topk, n_tiles, n_hidden, n_inter, n_routed, *strides,
             BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0, HAS_EXTRA=extra is not None,
-            **common, num_warps=warps, num_stages=stages, **launch)
+            **common, num_warps=warps, num_stages=stages)
         return out
     buf = torch.empty(tokens * pairs_per_token, n_hidden, dtype=x.dtype, device=x.device)
     _down_kernel[(n_tiles, triton.cdiv(n_hidden, bn))](
         act, down, s_down, buf, weights, *tiles, n_hidden, n_inter, n_routed, *strides,
         BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0, DIRECT=cfg.direct, **common,
-        num_warps=warps, num_stages=stages, **launch)
+        num_warps=warps, num_stages=stages)
     block = min(1024, triton.next_power_of_2(n_hidden))
     _sum_kernel[(tokens, triton.cdiv(n_hidden, block))](
         buf, buf if extra is None else extra, out, n_hidden, PAIRS_PER_TOKEN=pairs_per_token,
-        HAS_EXTRA=extra is not None, BLOCK=block, PDL=pdl, num_warps=4, **launch)
+        HAS_EXTRA=extra is not None, BLOCK=block, num_warps=4)
     return out

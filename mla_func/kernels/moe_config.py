@@ -14,8 +14,7 @@ class MoEConfig:
     `direct`: the direct layout (no alignment launch; block_m unused, DIRECT_BLOCK_M rows).
     `fused_sum` (direct only): the down kernel also sums each token's pairs, one program per
     N-tile of hidden (so narrow N tiles). `fuse_shared`: shared experts folded in as experts
-    (None: up to FUSE_SHARED_MAX_TOKENS tokens). `pdl` (sm90+): each launch is a programmatic
-    dependent of the kernel before it, so it launches during that kernel's tail."""
+    (None: up to FUSE_SHARED_MAX_TOKENS tokens)."""
 
     block_m: int
     gate_up: tuple[int, int, int, int]
@@ -23,7 +22,6 @@ class MoEConfig:
     direct: bool = False
     fused_sum: bool = False
     fuse_shared: bool | None = None
-    pdl: bool = True
 
 
 # (max tokens, config): the first row whose bound is >= the step's static token count.
