@@ -294,5 +294,8 @@ def attend_absorbed(
     torch.bmm(q_nope.transpose(0, 1).to(dtype), w_uk.to(dtype), out=q_lat)
     mla_decode(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, o_lat,
                part_o, part_lse, counters)
-    o = torch.bmm(o_lat, w_uv.to(dtype).transpose(1, 2))
-    return o.transpose(0, 1).to(q_nope.dtype).contiguous()
+    # Written straight in [tokens, heads, v_head] order (cuBLAS takes the strided output), so
+    # o_proj reads it without a transposing copy.
+    o = torch.empty(tokens, heads, w_uv.shape[1], dtype=dtype, device=q_nope.device)
+    torch.bmm(o_lat, w_uv.to(dtype).transpose(1, 2), out=o.transpose(0, 1))
+    return o.to(q_nope.dtype)
