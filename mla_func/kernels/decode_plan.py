@@ -63,7 +63,7 @@ def plan_decode(
     fastest at B=8, 32 and 128. Variants, from the H200 sweep of 2026-11-22
     (`scripts/bench_kernels.py --sweep-only`, docs/PERF.md): one page entry per tile with the
     next tile's entry prefetched (a dependent load per tile otherwise stalls each iteration;
-    split kernel 1.3-1.4x faster), 3 stages, and 64-key tiles at 2 stages where a split may
+    split kernel 1.25-1.4x faster), 3 stages, and 64-key tiles at 2 stages where a split may
     cover 2048 keys or more (H=16, B=128, ctx 4096: 165 vs 172 us; shorter splits lose with
     64, and so do pages under 64 keys, where tiles gather per key: page 1, H=16, B=128, ctx
     4096: 232 us with 64-key tiles, 194 us with the first version's 32-key plan). The tile
