@@ -7,14 +7,17 @@ selection lives in `router_select.py`; this module owns the logits and the launc
 
 Grid (token blocks, hidden splits). Program (b, s) computes the partial logits of the BLOCK_T
 tokens of block b over hidden chunk s with `tl.dot` on [BLOCK_T, BLOCK_H] x [BLOCK_H, BLOCK_E]
-tiles, so a router chunk is read once per block, not once per token. The products keep
-float32 accuracy on TF32 tensor cores (plain TF32 would flip near-tied experts against the
-float32 reference): a bf16/fp16 x is exact in TF32, so the router is split into a TF32 head
-and tail, two products; a float32 x takes tf32x3. Every program stores its partials; the
-last program of the block to arrive (an acq_rel counter, reset by that program so the buffer
-is zero again for the next launch) sums them in split order -- deterministic whatever the
-arrival order -- and selects, SEL_T tokens at a time. With one split there is no counter: the
-program reads its own partials back.
+tiles, so a router chunk is read once per block, not once per token. The products come
+close to float32 accuracy on TF32 tensor cores (plain TF32 would flip near-tied experts
+against the float32 reference): a bf16/fp16 x is exact in TF32, so the router is split into a
+TF32 head and tail, two products (~2^-21 relative); a float32 x takes tf32x3. A tie closer
+than that can still fall the other way than in cuBLAS's float32 GEMM (one token in 4096 at
+V3 size, H200, 2026-11-22), as it can between any two float32 summation orders.
+
+Every program stores its partials; the last program of the block to arrive (an acq_rel
+counter, reset by that program so the buffer is zero again for the next launch) sums them in
+split order -- deterministic whatever the arrival order -- and selects, SEL_T tokens at a
+time. With one split there is no counter: the program reads its own partials back.
 
 `launch_config` picks the block and the split from the static shapes only, with a small cost
 model: many splits spread the router read over the SMs (decode), but the last program reads
