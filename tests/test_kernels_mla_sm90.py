@@ -1,16 +1,14 @@
 """Ahead-of-time sm90 compile of the MLA decode and merge kernels (no GPU needed): register
 use, spills and the number of KV buffers the pipeliner allocates, at V2-Lite / V3 sizes."""
 
-import os
-import subprocess
-import sys
+from sm90_ptxas import run_compile_script
 
 _SM90 = r"""
-import re, subprocess, tempfile
+import re
 from dataclasses import replace
 import torch, triton
 from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import get_ptxas
+from sm90_ptxas import ptxas_usage
 from mla_func.kernels import mla_decode as md, mla_merge as mm
 
 TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
@@ -36,13 +34,7 @@ def compile_sm90(kernel, args, kwargs):
     sig = {n: "constexpr" if n in const else sig[n] for n in names}
     k = triton.compile(triton.compiler.ASTSource(kernel, sig, const, attrs),
                        target=GPUTarget("cuda", 90, 32), options=opts)
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(k.asm["ptx"])
-        f.flush()
-        out = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", f.name, "-o",
-                              f.name + ".cubin"], capture_output=True, text=True)
-    regs = int(re.search(r"Used (\d+) registers", out.stderr).group(1))
-    spills = int(re.search(r"(\d+) bytes spill stores", out.stderr).group(1))
+    regs, spills, _ = ptxas_usage(k)
     buffers = re.findall(r"local_alloc : \(\) -> !ttg.memdesc<(\d+)x\d+x512", k.asm["ttgir"])
     return regs, spills, k.metadata.shared, int(buffers[0]) if buffers else 0
 
@@ -86,7 +78,5 @@ def test_decode_compiles_for_sm90():
     """Ahead-of-time sm90 compile at V2-Lite / V3 sizes (no GPU needed): the variants compile,
     the 16-head ones without spills, and prefetching the page entries lets the pipeliner
     double-buffer the KV tile (one buffer without: the tile load waits on the table load)."""
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    out = subprocess.run([sys.executable, "-c", _SM90], env=env, capture_output=True,
-                         text=True, timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)))
+    out = run_compile_script(_SM90, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr

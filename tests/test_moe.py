@@ -7,12 +7,10 @@ V2-Lite / V3 shapes in bf16, plus CUDA-graph capture and replay.
 """
 
 import dataclasses
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from sm90_ptxas import run_compile_script
 
 from mla_func.config import MLAConfig
 from mla_func.kernels.fused_moe import fused_experts
@@ -180,10 +178,9 @@ def test_traces_with_symbolic_tokens():
 
 
 _AOT = """
-import re, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import get_ptxas
+from sm90_ptxas import ptxas_usage
 from mla_func.kernels.fused_moe import _down_kernel, _down_sum_kernel, _gate_up_kernel
 ptrs = dict(weights_ptr="*fp32", ids_ptr="*i64", sorted_ptr="*i32", block_expert_ptr="*i32",
             block_rows_ptr="*i32")
@@ -203,21 +200,14 @@ for fn, (bn, bk, warps, stages), const in [
     kernel = triton.compile(
         triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
         target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(kernel.asm["ptx"])
-        f.flush()
-        out = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", f.name,
-                              "-o", f.name + ".cubin"], capture_output=True, text=True)
-    spills = int(re.search(r"(\\d+) bytes spill stores", out.stderr).group(1))
-    assert spills == 0, out.stderr
+    _, spills, report = ptxas_usage(kernel)
+    assert spills == 0, report
 """
 
 
 def test_compiles_for_sm90_at_v2_lite_sizes():
     """Ahead-of-time sm90 compile (no GPU needed) of both layouts and the fused sum."""
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    out = subprocess.run([sys.executable, "-c", _AOT], env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = run_compile_script(_AOT, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
 
 

@@ -7,13 +7,11 @@ and the weights, matched by expert id, within 1e-5. The sm90 AOT compile checks 
 spills at real sizes; the `cuda` tests check the TF32 products against float32 on a GPU.
 """
 
-import os
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
 import torch
+from sm90_ptxas import run_compile_script
 
 from mla_func.config import MLAConfig
 from mla_func.kernels import router as fused
@@ -184,10 +182,9 @@ def test_traces_as_one_op_with_symbolic_tokens():
 
 
 _AOT = """
-import re, subprocess, tempfile
 import torch, triton
 from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import get_ptxas
+from sm90_ptxas import ptxas_usage
 from mla_func.kernels.router import _router_kernel, kernel_constants, launch_config
 bf16, fp32 = torch.bfloat16, torch.float32
 for tokens, e, h, k, method, g, tg, xdt in [
@@ -206,23 +203,15 @@ for tokens, e, h, k, method, g, tg, xdt in [
         triton.compiler.ASTSource(fn=_router_kernel, signature=sig, constexprs=const),
         target=GPUTarget("cuda", 90, 32),
         options=dict(num_warps=c.num_warps, num_stages=c.num_stages))
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(kernel.asm["ptx"])
-        f.flush()
-        out = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", f.name,
-                              "-o", f.name + ".cubin"], capture_output=True, text=True)
-    regs = int(re.search(r"Used (\\d+) registers", out.stderr).group(1))
-    spills = int(re.search(r"(\\d+) bytes spill stores", out.stderr).group(1))
+    regs, spills, report = ptxas_usage(kernel)
     print(tokens, e, h, c, "registers", regs, "spills", spills, "smem", kernel.metadata.shared)
-    assert spills == 0 and kernel.metadata.shared <= 160 * 1024, out.stderr
+    assert spills == 0 and kernel.metadata.shared <= 160 * 1024, report
 """
 
 
 def test_compiles_for_sm90_at_real_sizes():
     """Ahead-of-time sm90 compile (no GPU needed) at V2-Lite and V3 sizes, decode to prefill."""
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    out = subprocess.run([sys.executable, "-c", _AOT], env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = run_compile_script(_AOT, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
