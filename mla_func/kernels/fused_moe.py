@@ -79,6 +79,19 @@ def _tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, n_tokens
 
 
 # The token count only sizes the direct layout: not specialised, one compile serves every bucket.
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _k_masks(row_ok, n_ok, k_ok, EVEN_K: tl.constexpr):
+    """Load masks of one K step: A [rows, K] and B [K, N] (K needs none when tiles divide it)."""
+    if EVEN_K:
+        a_mask = row_ok[:, None]
+        b_mask = n_ok[None, :]
+    else:
+        a_mask = row_ok[:, None] & k_ok[None, :]
+        b_mask = k_ok[:, None] & n_ok[None, :]
+    return a_mask, b_mask
+
+
 @triton.jit(do_not_specialize=["n_tokens"])
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _gate_up_kernel(
@@ -108,13 +121,7 @@ def _gate_up_kernel(
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, n_hidden, BLOCK_K):
-        if EVEN_K:
-            a_mask = row_ok[:, None]
-            b_mask = n_ok[None, :]
-        else:
-            k_ok = offs_k + k < n_hidden
-            a_mask = row_ok[:, None] & k_ok[None, :]
-            b_mask = k_ok[:, None] & n_ok[None, :]
+        a_mask, b_mask = _k_masks(row_ok, n_ok, offs_k + k < n_hidden, EVEN_K)
         a = tl.load(a_ptrs, mask=a_mask, other=0.0)
         g = tl.load(g_ptrs, mask=b_mask, other=0.0)
         u = tl.load(u_ptrs, mask=b_mask, other=0.0)
@@ -146,13 +153,7 @@ def _down_tile(
     b_ptrs = base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, n_inter, BLOCK_K):
-        if EVEN_K:
-            a_mask = row_ok[:, None]
-            b_mask = n_ok[None, :]
-        else:
-            k_ok = offs_k + k < n_inter
-            a_mask = row_ok[:, None] & k_ok[None, :]
-            b_mask = k_ok[:, None] & n_ok[None, :]
+        a_mask, b_mask = _k_masks(row_ok, n_ok, offs_k + k < n_inter, EVEN_K)
         a = tl.load(a_ptrs, mask=a_mask, other=0.0)
         b = tl.load(b_ptrs, mask=b_mask, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
