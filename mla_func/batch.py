@@ -148,7 +148,7 @@ def make_batch(
         flat = flat.pin_memory().to(device, non_blocking=True)
     else:  # a copy: `flat` borrows the memory of `buf`
         flat = flat.to(device, copy=True)
-    parts = [flat[at:at + len(f)] for at, f in zip(offsets, fields, strict=False)]
+    parts = [flat[at:at + len(f)] for at, f in zip(offsets, fields, strict=True)]
     return Batch(
         token_ids=parts[0], positions=parts[1], slot_mapping=parts[2], token_seq=parts[3],
         page_table=parts[8].view(len(table), max_pages), seq_lens=parts[4],

@@ -84,9 +84,8 @@ def plan_decode(
     long_splits = block_h <= 16 and max_seq_len / splits >= 2048 and page_size % 64 == 0
     if block_n is None:
         block_n = 64 if long_splits else 32
-    stages = 2 if block_n >= 64 else 3
-    if block_h > 16:  # H=128 sweep: 4 stages 654 us, 3 stages 660 us (B=128, ctx 4096)
-        stages = 3
+    # H=128 keeps 3 stages (sweep, B=128, ctx 4096: 4 stages 654 us, 3 stages 660 us).
+    stages = 3 if block_h > 16 or block_n < 64 else 2
     return DecodePlan(splits, block_h, block_n, num_warps, num_stages=stages, page_tiles=True,
                       prefetch=True, merge="tile", pdl=True)
 
