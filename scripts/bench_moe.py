@@ -197,7 +197,7 @@ def sweep(x, layers, cfg, ref, floor) -> list[dict]:
     timed(base)
     both = (("gate_up", TILES), ("down", TILES))
     if t <= DIRECT_SWEEP_MAX:  # the same GEMMs either way: tiles found for one serve both
-        timed(replace(base, direct=not base.direct, fused_sum=False))
+        timed(replace(base, direct=not base.direct, fused_sum=False, pdl=False))
         best = descend(replace(base, direct=True, fused_sum=False), both)
         descend(replace(best, fused_sum=True, down=SUM_TILES[0]), (("down", SUM_TILES),))
     else:

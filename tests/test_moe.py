@@ -16,6 +16,7 @@ from mla_func.config import MLAConfig
 from mla_func.kernels.fused_moe import fused_experts
 from mla_func.kernels.moe_align import align_torch, align_triton, pair_experts
 from mla_func.kernels.moe_config import DIRECT_MAX_TOKENS, MoEConfig, pick_config
+from mla_func.kernels.router import route_fused
 from mla_func.moe import experts
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import experts_reference, route
@@ -63,15 +64,14 @@ def close(a, b, tol):
 
 @pytest.mark.parametrize("tokens,topk,n_exp,shared,block_m,skew", [
     (1, 6, 64, 2, 16, False), (5, 2, 8, 1, 4, False), (33, 6, 64, 0, 16, False),
-    (17, 8, 256, 1, 16, False), (9, 2, 8, 0, 1, False), (40, 6, 64, 2, 16, True)])
+    (17, 8, 256, 1, 16, False), (9, 2, 8, 0, 1, False), (40, 6, 64, 2, 16, True),
+    (300, 6, 64, 2, 16, False)])  # 2400 pairs: 38 programs, 3 chunks of counts each
 def test_align_kernel_matches_torch(tokens, topk, n_exp, shared, block_m, skew):
     ids = make(tokens, topk, n_exp, 8, 8, 0, skew=skew)[2]
     a, b = align_torch(ids, n_exp, shared, block_m), align_triton(ids, n_exp, shared, block_m)
     assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
     real = (torch.arange(block_m)[None] < a[2][:, None]).flatten()
-    # Same pairs in each tile (the kernel's order inside a run follows atomics on a GPU).
-    tiles = lambda s: torch.where(real, s, -1).view(-1, block_m).sort(-1).values  # noqa: E731
-    assert torch.equal(tiles(a[0]), tiles(b[0]))
+    assert torch.equal(a[0][real], b[0][real])  # the same rows, in the same (stable) order
     rows = a[0][real].long()
     assert sorted(rows.tolist()) == list(range(tokens * (topk + shared)))
     expert_of_row = a[1].repeat_interleave(block_m)[real].long()
@@ -127,8 +127,9 @@ def test_direct_config_checks():
     x, w, ids, gu, dn, _ = make(17, 2, 8, 32, 16, 0)
     with pytest.raises(ValueError, match="at most 16 tokens"):
         fused_experts(x, w, ids, gu, dn, config=DIRECT)
-    with pytest.raises(ValueError, match="fused_sum needs the direct layout"):
-        fused_experts(x, w, ids, gu, dn, config=dataclasses.replace(SMALL, fused_sum=True))
+    for flag in ("fused_sum", "pdl"):
+        with pytest.raises(ValueError, match="need the direct layout"):
+            fused_experts(x, w, ids, gu, dn, config=dataclasses.replace(SMALL, **{flag: True}))
 
 
 @pytest.mark.parametrize("method", ["greedy", "group_limited_greedy", "noaux_tc"])
@@ -185,8 +186,8 @@ from mla_func.kernels.fused_moe import _down_kernel, _down_sum_kernel, _gate_up_
 ptrs = dict(weights_ptr="*fp32", ids_ptr="*i64", sorted_ptr="*i32", block_expert_ptr="*i32",
             block_rows_ptr="*i32")
 for fn, (bn, bk, warps, stages), const in [
-        (_gate_up_kernel, (32, 128, 4, 4), dict(DIRECT=False)),
-        (_gate_up_kernel, (32, 128, 4, 4), dict(DIRECT=True)),
+        (_gate_up_kernel, (32, 128, 4, 4), dict(DIRECT=False, PDL=False)),
+        (_gate_up_kernel, (32, 128, 4, 4), dict(DIRECT=True, PDL=True)),
         (_down_kernel, (64, 128, 4, 4), dict(DIRECT=False)),
         (_down_kernel, (64, 128, 4, 4), dict(DIRECT=True)),
         (_down_sum_kernel, (16, 256, 4, 4), dict(HAS_EXTRA=False))]:
@@ -235,19 +236,51 @@ def test_cuda_real_sizes(shape, tokens, skew):
     close(got, want, 0.05)
     a, b = align_torch(ids, shape["n_exp"], 1, 16), align_triton(ids, shape["n_exp"], 1, 16)
     assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
+    real = (torch.arange(16, device="cuda")[None] < a[2][:, None]).flatten()
+    assert torch.equal(a[0][real], b[0][real])
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("tokens", [1, 2, 4])
 def test_cuda_direct_matches_aligned(tokens):
     x, w, ids, gu, dn, mlp = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda")
-    aligned = dataclasses.replace(pick_config(tokens), direct=False)  # the same tiles
+    aligned = dataclasses.replace(pick_config(tokens), direct=False, pdl=False)  # same tiles
     want = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, aligned)
     close(want, reference(x, w, ids, gu, dn, mlp), 0.05)
-    for fused_sum in (False, True):
-        cfg = dataclasses.replace(aligned, direct=True, fused_sum=fused_sum)
+    for fused_sum, pdl in ((False, False), (True, False), (False, True)):
+        cfg = dataclasses.replace(aligned, direct=True, fused_sum=fused_sum, pdl=pdl)
         got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg)
-        assert torch.equal(got, want), fused_sum
+        assert torch.equal(got, want), (fused_sum, pdl)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_cuda_pdl_behind_router_matches(tokens):
+    """The gate_up kernel launched while the router runs (`pdl`: shared tiles start early,
+    routed tiles wait for the ids) gives the bits of the plain launch, eagerly and replayed.
+    The inputs alternate, so a tile that read the ids too early would read the other input's."""
+    cfg = MLAConfig.preset("v2-lite")
+    router = torch.randn(64, 2048, device="cuda") * 2048**-0.5
+    inputs = [make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda", seed=seed)
+              for seed in (5, 6)]
+    gu, dn, mlp = inputs[0][3:]
+
+    def layer(x, pdl):
+        w, ids = route_fused(x, router, None, cfg)
+        config = dataclasses.replace(pick_config(tokens), pdl=pdl)
+        return fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, config)
+
+    wants = [layer(inp[0], False) for inp in inputs]
+    for i in range(20):
+        assert torch.equal(layer(inputs[i % 2][0], True), wants[i % 2]), i
+    static = inputs[0][0].clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer(static, True)
+    for i in range(20):
+        static.copy_(inputs[i % 2][0])
+        graph.replay()
+        assert torch.equal(out, wants[i % 2]), i
 
 
 DIRECT_SUM_V2 = MoEConfig(16, (32, 128, 4, 4), (16, 256, 4, 4), direct=True, fused_sum=True)

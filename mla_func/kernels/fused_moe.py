@@ -21,9 +21,13 @@ token count (`moe_config.pick_config`), never autotuned at run time (graph captu
 
 Direct path (`MoEConfig.direct`, decode at a few tokens): the M-tiles are read off `ids` in the
 kernels (`moe_align.direct_tile`: one routed pair per tile, one tile per shared expert), so step
-1 is gone; at 2+ tokens an expert that two tokens pick is read twice. With `fused_sum`, step 4
-goes too: `_down_sum_kernel` (one program per N-tile of `hidden`) runs every M-tile in a fixed
-order and sums each token's pairs as `_sum_kernel` does: the same bits, two launches in all.
+1 is gone; at 2+ tokens an expert that two tokens pick is read twice. With `pdl` (sm90+) the
+gate_up kernel is a programmatic dependent of the router: its shared-expert tiles (which need
+no routing) load and multiply while the router runs and wait for the router's end only to
+store; the routed tiles wait first. The router is the only kernel that triggers early, and it
+writes neither `x` nor the weights those tiles read. With `fused_sum`, step 4 goes too:
+`_down_sum_kernel` (one program per N-tile of `hidden`) runs every M-tile in a fixed order and
+sums each token's pairs as `_sum_kernel` does: the same bits, two launches in all.
 
 Padding rows (tokens added to reach a capture bucket) are ordinary tokens here: their pairs are
 computed and discarded by the caller, never mixed into real tokens' rows, so they cannot change
@@ -46,6 +50,7 @@ from mla_func.kernels.moe_config import (
     MoEConfig,
     pick_config,
 )
+from mla_func.kernels.pdl import supported as pdl_supported
 from mla_func.ops.mlp import swiglu
 
 
@@ -100,9 +105,13 @@ def _gate_up_kernel(
     stride_we, stride_wg, stride_wn, stride_se, stride_sg, stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    if PDL:  # launched while the router runs (direct layout): routed tiles need its ids
+        if pid_m < n_tokens * topk:
+            tl.extra.cuda.gdc_wait()
     e, pair, row_ok = _tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
                             n_tokens, topk, n_routed, PAIRS_PER_TOKEN, BLOCK_M, DIRECT)
     if e < 0:
@@ -133,6 +142,8 @@ def _gate_up_kernel(
     act = acc_g * tl.sigmoid(acc_g) * acc_u
     act_rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     act_ptrs = act_ptr + act_rows[:, None] * n_inter + offs_n[None, :]
+    if PDL:  # shared tiles too: `act` may reuse memory the router still uses (its partials)
+        tl.extra.cuda.gdc_wait()
     tl.store(act_ptrs, act.to(act_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
@@ -298,8 +309,8 @@ def fused_experts(
         bm, n_tiles = DIRECT_BLOCK_M, tokens * topk + n_shared
         layout = (ids, ids, ids)  # no alignment: the kernels read the tiles off `ids`
     else:
-        if cfg.fused_sum:
-            raise ValueError("fused_sum needs the direct layout (MoEConfig.direct)")
+        if cfg.fused_sum or cfg.pdl:
+            raise ValueError("fused_sum and pdl need the direct layout (MoEConfig.direct)")
         bm = cfg.block_m
         layout = align(ids, n_routed, n_shared, bm)
         n_tiles = layout[1].shape[0]
@@ -309,12 +320,13 @@ def fused_experts(
 
     act = torch.empty(n_tiles * bm, n_inter, dtype=x.dtype, device=x.device)
     bn, bk, warps, stages = _fit(cfg.gate_up, n_inter, n_hidden)
+    pdl = cfg.pdl and pdl_supported(x.device)
     _gate_up_kernel[(n_tiles, triton.cdiv(n_inter, bn))](
         x, gate_up, s_gate_up, act, *tiles, n_inter, n_hidden, n_routed, x.stride(0),
         gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
         s_gate_up.stride(0), s_gate_up.stride(1), s_gate_up.stride(2),
         BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_hidden % bk == 0, DIRECT=cfg.direct, **common,
-        num_warps=warps, num_stages=stages)
+        PDL=pdl, num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl else {}))
 
     out = torch.empty_like(x)
     bn, bk, warps, stages = _fit(cfg.down, n_hidden, n_inter)

@@ -48,6 +48,7 @@ from mla_func.kernels.decode_plan import (
     plan_decode,
 )
 from mla_func.kernels.mla_merge import launch_merge, merge_shape, merge_tile, split_chunk
+from mla_func.kernels.pdl import supported as pdl_supported
 
 __all__ = ["MAX_SPLITS", "MERGES", "DecodePlan", "DecodeWorkspace", "attend_absorbed",
            "effective_plan", "legacy_plan", "mla_decode", "num_sms", "plan_decode"]
@@ -227,10 +228,9 @@ def mla_decode(
 
 
 def pdl(plan: DecodePlan, device: torch.device) -> bool:
-    """Programmatic dependent launch of the tile merge: CUDA only (the interpreter has no
-    grid dependency control) from sm90 on, and only where a separate merge follows."""
-    return (plan.pdl and plan.merge == "tile" and plan.num_splits > 1 and device.type == "cuda"
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+    """Programmatic dependent launch of the tile merge (sm90+), only where a separate merge
+    follows."""
+    return plan.pdl and plan.merge == "tile" and plan.num_splits > 1 and pdl_supported(device)
 
 
 def split_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, out,

@@ -17,10 +17,11 @@ sum_e ceil(c_e / block_m) <= (pairs + min(experts, pairs) * (block_m - 1)) / blo
 the whole layout can live in a CUDA graph; unused tiles cost one early-exiting program each.
 
 Two implementations: `align_torch` (stable argsort, scatter-add counts, cumsum, searchsorted;
-static shapes, traceable on fake tensors) and `align_triton`, one program (histogram counts, then
-atomic row claims): one launch instead of ~15, which matters inside a graph at small token
-counts. Both give the same tiles; inside an expert's run the kernel's row order follows atomic
-timing on a GPU, which changes no result (every row of the GEMMs is computed independently).
+static shapes, traceable on fake tensors) and `align_triton`, one launch instead of ~15 (which
+matters inside a graph at small token counts): each program recounts the experts of all pairs
+(a few KB of ids), places a slice of the pairs and writes a share of the tile table, so the
+programs share nothing and need no atomics. Both give the same layout, bit for bit: inside an
+expert's run the pairs keep their order.
 
 The direct layout (`direct_tile`, at a few tokens) needs no alignment launch: M-tile
 `q < tokens * topk` holds routed pair q alone, M-tile `tokens * topk + s` shared expert s for
@@ -37,10 +38,11 @@ import triton.language as tl
 from jaxtyping import Int
 from torch import Tensor
 
-# align() uses the one-program kernel up to this many pairs: it takes pairs / 1024 histogram
-# and atomic steps per pass on one SM, against ~15 small launches for the torch ops.
-# `scripts/bench_moe.py` times both per token count (V2-Lite: 8 pairs per token).
+# align() uses the kernel up to this many pairs: every program recounts all pairs, so its cost
+# grows with pairs^2 / ALIGN_SLICE. `scripts/bench_moe.py` times both per token count (V2-Lite:
+# 8 pairs per token).
 TRITON_ALIGN_MAX_PAIRS = 8192
+ALIGN_SLICE = 64  # pairs placed per program
 
 
 def max_blocks(pairs: int | torch.SymInt, experts: int, block_m: int) -> int | torch.SymInt:
@@ -107,7 +109,7 @@ def direct_tile(q, ids_ptr, n_tokens, topk, n_routed, PAIRS_PER_TOKEN: tl.conste
     n_pairs = n_tokens * topk
     routed = q < n_pairs
     t = q // topk
-    e = tl.load(ids_ptr + tl.minimum(q, n_pairs - 1)).to(tl.int32)
+    e = tl.load(ids_ptr + q, mask=routed, other=0).to(tl.int32)  # no ids read for shared
     e = tl.where(routed, e, n_routed + q - n_pairs)
     one = t * PAIRS_PER_TOKEN + q - t * topk
     pair = tl.where(routed, one + rows * 0, rows * PAIRS_PER_TOKEN + topk + q - n_pairs)
@@ -119,25 +121,35 @@ def direct_tile(q, ids_ptr, n_tokens, topk, n_routed, PAIRS_PER_TOKEN: tl.conste
 @triton.jit(do_not_specialize=["n_pairs", "n_blocks"])
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _align_kernel(
-    ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, cursor_ptr,
+    ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
     n_pairs, n_blocks, topk, n_routed,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, E_P2: tl.constexpr,
-    CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr,
+    CHUNK: tl.constexpr, SLICE: tl.constexpr, BLOCK_CHUNK: tl.constexpr,
 ):
+    """Program `pid` places pairs pid * SLICE.. (its slice) and a share of the tile table."""
+    pid = tl.program_id(0)
+    first = pid * SLICE
     ex = tl.arange(0, E_P2)
     lanes = tl.arange(0, CHUNK)
-    # Pass 1: per-expert counts (lanes past the end land in the spare last bin).
+    # Per-expert counts of all pairs and of the pairs before this slice, recounted by every
+    # program (a few KB of ids from L2): no communication between programs, no atomics.
+    # Lanes past the end (or not before the slice) land in the spare last bin.
     counts = tl.zeros([E_P2], dtype=tl.int32)
+    before = tl.zeros([E_P2], dtype=tl.int32)
     for start in range(0, n_pairs, CHUNK):
-        e = _pair_expert(ids_ptr, start + lanes, n_pairs, topk, n_routed, PAIRS_PER_TOKEN)
-        counts += tl.histogram(tl.where(e < 0, E_P2 - 1, e), E_P2)
+        p = start + lanes
+        e = _pair_expert(ids_ptr, p, n_pairs, topk, n_routed, PAIRS_PER_TOKEN)
+        e = tl.where(e < 0, E_P2 - 1, e)
+        counts += tl.histogram(e, E_P2)
+        before += tl.histogram(tl.where(p < first, e, E_P2 - 1), E_P2)
     counts = tl.where(ex == E_P2 - 1, 0, counts)
+    before = tl.where(ex == E_P2 - 1, 0, before)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, axis=0)
     starts = ends - padded
-    # The expert and real-row count of every M-tile.
+    # This program's share of the tile table: the expert and real-row count of each M-tile.
     blanes = tl.arange(0, BLOCK_CHUNK)
-    for b0 in range(0, n_blocks, BLOCK_CHUNK):
+    for b0 in range(pid * BLOCK_CHUNK, n_blocks, tl.num_programs(0) * BLOCK_CHUNK):
         blk = b0 + blanes
         row0 = blk * BLOCK_M
         inside = ((row0[:, None] >= starts[None, :]) & (row0[:, None] < ends[None, :]))
@@ -148,21 +160,22 @@ def _align_kernel(
         rows = tl.minimum(rows, BLOCK_M)
         tl.store(block_expert_ptr + blk, expert, mask=blk < n_blocks)
         tl.store(block_rows_ptr + blk, rows, mask=blk < n_blocks)
-    # Pass 2: each pair takes the next free row of its expert. The order of the rows inside
-    # an expert's run depends on atomic timing; results do not (every row is independent).
-    tl.store(cursor_ptr + ex, starts)
-    tl.debug_barrier()
-    for start in range(0, n_pairs, CHUNK):
-        p = start + lanes
-        e = _pair_expert(ids_ptr, p, n_pairs, topk, n_routed, PAIRS_PER_TOKEN)
-        dest = tl.atomic_add(cursor_ptr + e, 1, mask=p < n_pairs, sem="relaxed")
-        tl.store(sorted_ptr + dest, p, mask=p < n_pairs)
+    # The slice's pairs: row = start of the expert's run + its pairs before the slice + its
+    # pairs earlier in the slice. Pair order is kept inside every run (a stable sort).
+    s = tl.arange(0, SLICE)
+    p = first + s
+    e = _pair_expert(ids_ptr, p, n_pairs, topk, n_routed, PAIRS_PER_TOKEN)
+    earlier = (e[:, None] == e[None, :]) & (s[None, :] < s[:, None])
+    rank = tl.sum(earlier.to(tl.int32), axis=1)
+    base = tl.sum(tl.where(e[:, None] == ex[None, :], (starts + before)[None, :], 0), axis=1)
+    tl.store(sorted_ptr + base + rank, p, mask=p < n_pairs)
 
 
 def align_triton(
     ids: Int[Tensor, "tokens topk"], experts: int, shared: int, block_m: int
 ) -> tuple[Int[Tensor, " rows"], Int[Tensor, " blocks"], Int[Tensor, " blocks"]]:
-    """Same result as `align_torch` (padding rows of `sorted_pairs` left unset), one launch."""
+    """Same result as `align_torch` (padding rows of `sorted_pairs` left unset), one launch of
+    ceil(pairs / ALIGN_SLICE) programs."""
     tokens, topk = ids.shape
     n, n_exp = tokens * (topk + shared), experts + shared
     nb = max_blocks(n, n_exp, block_m)
@@ -170,11 +183,11 @@ def align_triton(
     block_expert = torch.empty(nb, dtype=torch.int32, device=ids.device)
     block_rows = torch.empty(nb, dtype=torch.int32, device=ids.device)
     e_p2 = triton.next_power_of_2(n_exp + 1)  # one spare bin
-    cursor = torch.empty(e_p2, dtype=torch.int32, device=ids.device)
-    _align_kernel[(1,)](
-        ids.contiguous(), sorted_pairs, block_expert, block_rows, cursor, n, nb, topk, experts,
+    programs = triton.cdiv(n, ALIGN_SLICE)
+    _align_kernel[(programs,)](
+        ids.contiguous(), sorted_pairs, block_expert, block_rows, n, nb, topk, experts,
         PAIRS_PER_TOKEN=topk + shared, BLOCK_M=block_m, E_P2=e_p2, CHUNK=1024,
-        BLOCK_CHUNK=max(16, 8192 // e_p2), num_warps=8)
+        SLICE=ALIGN_SLICE, BLOCK_CHUNK=max(16, 2048 // e_p2), num_warps=4)
     return sorted_pairs, block_expert, block_rows
 
 

@@ -14,7 +14,8 @@ class MoEConfig:
     `direct`: the direct layout (no alignment launch; block_m unused, DIRECT_BLOCK_M rows).
     `fused_sum` (direct only): the down kernel also sums each token's pairs, one program per
     N-tile of hidden (so narrow N tiles). `fuse_shared`: shared experts folded in as experts
-    (None: up to FUSE_SHARED_MAX_TOKENS tokens)."""
+    (None: up to FUSE_SHARED_MAX_TOKENS tokens). `pdl` (direct only, sm90+): the gate_up
+    kernel launches while the router runs, its shared-expert tiles start at once."""
 
     block_m: int
     gate_up: tuple[int, int, int, int]
@@ -22,6 +23,7 @@ class MoEConfig:
     direct: bool = False
     fused_sum: bool = False
     fuse_shared: bool | None = None
+    pdl: bool = False
 
 
 # (max tokens, config): the first row whose bound is >= the step's static token count.
@@ -34,9 +36,9 @@ class MoEConfig:
 # 71 vs 80 at 2, 108 vs 111 at 4. It re-reads an expert once per token that picks it, so past
 # a few tokens the aligned layout wins.
 CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
-    (1, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 4), direct=True)),
-    (2, MoEConfig(16, (32, 128, 4, 4), (128, 64, 4, 4), direct=True)),
-    (4, MoEConfig(16, (32, 128, 4, 4), (64, 64, 4, 4), direct=True)),
+    (1, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 4), direct=True, pdl=True)),
+    (2, MoEConfig(16, (32, 128, 4, 4), (128, 64, 4, 4), direct=True, pdl=True)),
+    (4, MoEConfig(16, (32, 128, 4, 4), (64, 64, 4, 4), direct=True, pdl=True)),
     (16, MoEConfig(16, (32, 256, 4, 3), (64, 128, 4, 3))),
     (64, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 3))),
     (128, MoEConfig(16, (32, 128, 4, 4), (128, 128, 8, 3))),

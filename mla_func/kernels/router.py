@@ -23,6 +23,10 @@ time. With one split there is no counter: the program reads its own partials bac
 model: many splits spread the router read over the SMs (decode), but the last program reads
 every split's partials, so large steps use fewer splits and bigger token blocks (prefill).
 
+On sm90+ every program first lets its dependants launch (PDL, `kernels/pdl.py`): the experts'
+gate_up kernel starts its shared-expert tiles while the router runs (`fused_moe`, direct
+layout); a kernel launched without PDL still waits for the router's end.
+
 Graph capture: the counters are allocated once per device, at a fixed size, on the first
 call: run the op once eagerly before a CUDA-graph capture (warm-up does), and do not
 run two router launches at once on different streams of one device. More than `MAX_EXPERTS`
@@ -40,6 +44,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.config import MLAConfig
+from mla_func.kernels.pdl import supported as pdl_supported
 from mla_func.kernels.router_select import expert_of, select_experts
 from mla_func.ops.moe import route
 
@@ -177,7 +182,9 @@ def _router_kernel(x_ptr, r_ptr, bias_ptr, part_ptr, cnt_ptr, w_out, id_out, T, 
                    METHOD: tl.constexpr, N_GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
                    TOPK_GROUP: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_GS: tl.constexpr,
                    NORMALIZE: tl.constexpr, HAS_BIAS: tl.constexpr, REDUCE: tl.constexpr,
-                   X_EXACT: tl.constexpr):
+                   X_EXACT: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # the experts' GEMM may launch now: its shared-expert tiles need no routing
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     s = tl.program_id(1)
     rows = b.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -222,7 +229,7 @@ def _router_kernel(x_ptr, r_ptr, bias_ptr, part_ptr, cnt_ptr, w_out, id_out, T, 
 
 def kernel_constants(cfg: LaunchConfig, x_dtype: torch.dtype, experts: int, top_k: int,
                      n_group: int, topk_group: int, method: str, normalize: bool,
-                     has_bias: bool) -> dict[str, object]:
+                     has_bias: bool, pdl: bool = False) -> dict[str, object]:
     """The constexpr arguments of `_router_kernel` (shared with the sm90 AOT test)."""
     grouped = method != "greedy"
     block_g, block_gs = _group_block(experts, n_group if grouped else 1)
@@ -233,7 +240,7 @@ def kernel_constants(cfg: LaunchConfig, x_dtype: torch.dtype, experts: int, top_
                 TOPK_GROUP=topk_group if grouped else 1,
                 GROUP_SIZE=experts // n_group if grouped else experts, BLOCK_GS=block_gs,
                 NORMALIZE=normalize, HAS_BIAS=has_bias, REDUCE=cfg.n_split > 1,
-                X_EXACT=x_dtype in (torch.bfloat16, torch.float16))
+                X_EXACT=x_dtype in (torch.bfloat16, torch.float16), PDL=pdl)
 
 
 def _counters(device: torch.device) -> Tensor:
@@ -265,7 +272,7 @@ def _launch(x: Tensor, router: Tensor, score_bias: Tensor | None, top_k: int, n_
                        dtype=torch.float32, device=x.device)
     counters = _counters(x.device)
     const = kernel_constants(cfg, x.dtype, experts, top_k, n_group, topk_group, method, normalize,
-                             score_bias is not None)
+                             score_bias is not None, pdl_supported(x.device))
     _router_kernel[(cfg.blocks, cfg.n_split)](
         x, router, bias, part, counters, weights, ids, tokens, hidden, x.stride(0), cfg.chunk,
         cfg.n_split, scale, **const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
