@@ -259,14 +259,13 @@ def _build(cfg: MLAConfig, reader: _Reader, device: torch.device, dtype: torch.d
         nope, v = c.qk_nope_head_dim, c.v_head_dim
         kv_b = get(a + "kv_b_proj.weight").view(heads, nope + v, c.kv_lora_rank)
         lora = c.q_lora_rank is not None
+        q = get(a + "q_a_proj.weight") if lora else rope_rows(get(a + "q_proj.weight"), heads)
+        kv_a = rope_rows(get(a + "kv_a_proj_with_mqa.weight"), 1)
         return Attention(
             kv_a_norm=get(a + "kv_a_layernorm.weight"),
             w_uk=kv_b[:, :nope].contiguous(), w_uv=kv_b[:, nope:].contiguous(),
-            kv_a_proj=rope_rows(get(a + "kv_a_proj_with_mqa.weight"), 1),
+            qkv_a_proj=torch.cat((q, kv_a)),
             o_proj=get(a + "o_proj.weight").view(c.hidden_size, heads, v),
-            q_proj=None if lora else rope_rows(get(a + "q_proj.weight"), heads).view(
-                heads, c.qk_head_dim, -1),
-            q_a_proj=get(a + "q_a_proj.weight") if lora else None,
             q_a_norm=get(a + "q_a_layernorm.weight") if lora else None,
             q_b_proj=rope_rows(get(a + "q_b_proj.weight"), heads).view(
                 heads, c.qk_head_dim, -1) if lora else None)

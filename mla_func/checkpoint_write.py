@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from mla_func.config import MLAConfig
-from mla_func.params import DenseMLP, Params
+from mla_func.params import DenseMLP, Params, split_qkv_a
 
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -33,13 +33,14 @@ def hf_tensors(params: Params) -> Iterator[tuple[str, Tensor]]:
         at = layer.attn
         yield p + "input_layernorm.weight", layer.input_norm
         yield p + "post_attention_layernorm.weight", layer.post_attn_norm
-        if at.q_proj is not None:
-            yield a + "q_proj.weight", at.q_proj.flatten(0, 1)
+        q, kv_a = split_qkv_a(at, params.cfg)
+        if at.q_b_proj is None:
+            yield a + "q_proj.weight", q
         else:
-            yield a + "q_a_proj.weight", at.q_a_proj
+            yield a + "q_a_proj.weight", q
             yield a + "q_a_layernorm.weight", at.q_a_norm
             yield a + "q_b_proj.weight", at.q_b_proj.flatten(0, 1)
-        yield a + "kv_a_proj_with_mqa.weight", at.kv_a_proj
+        yield a + "kv_a_proj_with_mqa.weight", kv_a
         yield a + "kv_a_layernorm.weight", at.kv_a_norm
         yield a + "kv_b_proj.weight", torch.cat((at.w_uk, at.w_uv), dim=1).flatten(0, 1)
         yield a + "o_proj.weight", at.o_proj.flatten(1, 2)

@@ -35,6 +35,7 @@ STATIC_BINDINGS: dict[str, Callable[[MLAConfig], int]] = {
     "kv_lora": lambda c: c.kv_lora_rank,
     "q_lora": lambda c: c.q_lora_rank or 0,
     "latent": lambda c: c.latent_dim,
+    "qkv_a": lambda c: (c.q_lora_rank or c.num_attention_heads * c.qk_head_dim) + c.latent_dim,
     "experts": lambda c: c.n_routed_experts or 0,
     "topk": lambda c: c.num_experts_per_tok or 0,
     "moe_inter": lambda c: c.moe_intermediate_size,
@@ -58,6 +59,9 @@ VOCABULARY: dict[str, DimSpec] = {
     "kv_lora": DimSpec("kv_lora", "static", "compressed KV width (c_kv)"),
     "q_lora": DimSpec("q_lora", "static", "compressed query width"),
     "latent": DimSpec("latent", "static", "cached values per token per layer: kv_lora + qk_rope"),
+    "qkv_a": DimSpec("qkv_a", "static",
+                     "rows of the fused input projection: the query's (heads x qk_head, or "
+                     "q_lora) then latent"),
     "experts": DimSpec("experts", "static", "routed experts"),
     "topk": DimSpec("topk", "static", "experts per token"),
     "moe_inter": DimSpec("moe_inter", "static", "expert MLP width"),

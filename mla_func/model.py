@@ -53,15 +53,15 @@ def norm(x: Float[Tensor, "tokens width"], weight: Float[Tensor, " width"], eps:
     return rmsnorm(x, weight, eps)
 
 
-def project_q(
+def project_qkv_a(
     attn: Attention, x: Float[Tensor, "tokens hidden"], cfg: MLAConfig
-) -> Float[Tensor, "tokens heads qk_head"]:
-    if attn.q_proj is not None:
-        q = x @ attn.q_proj.flatten(0, 1).T
-    else:
-        q_a = norm(x @ attn.q_a_proj.T, attn.q_a_norm, cfg.rms_norm_eps)
-        q = q_a @ attn.q_b_proj.flatten(0, 1).T
-    return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim))
+) -> tuple[Float[Tensor, "tokens heads qk_head"], Float[Tensor, "tokens latent"]]:
+    """(q, kv_a_proj(x)): both projections of x in one GEMM (`Attention.qkv_a_proj`)."""
+    qkv = x @ attn.qkv_a_proj.T
+    q, kv = qkv.split((qkv.shape[1] - cfg.latent_dim, cfg.latent_dim), dim=1)
+    if attn.q_b_proj is not None:
+        q = norm(q, attn.q_a_norm, cfg.rms_norm_eps) @ attn.q_b_proj.flatten(0, 1).T
+    return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim)), kv
 
 
 def prologue(
@@ -93,8 +93,8 @@ def attention_block(
     inv_freq: Float[Tensor, " qk_rope"],
     cfg: MLAConfig,
 ) -> Float[Tensor, "tokens hidden"]:
-    q = project_q(attn, x, cfg)
-    q_pe, kv_new = prologue(attn, q, x @ attn.kv_a_proj.T, batch.positions, inv_freq, cfg)
+    q, kv = project_qkv_a(attn, x, cfg)
+    q_pe, kv_new = prologue(attn, q, kv, batch.positions, inv_freq, cfg)
     o = attend(
         q[..., : cfg.qk_nope_head_dim], q_pe, kv_new, cache, layer, attn.w_uk, attn.w_uv,
         batch.slot_mapping, batch.token_seq, batch.positions, batch.page_table,

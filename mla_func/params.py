@@ -14,20 +14,31 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mla_func.config import MLAConfig
+from mla_func.dims import static_sizes
 
 
 @dataclass(frozen=True)
 class Attention:
+    """`qkv_a_proj` stacks the two projections of the layer input: the query's (HF `q_proj`,
+    or `q_a_proj` with q_lora) over `kv_a_proj_with_mqa`, so that they are one GEMM (one
+    launch, one read of x). `split_qkv_a` gives the two parts back."""
+
     kv_a_norm: Float[Tensor, " kv_lora"]
     w_uk: Float[Tensor, "heads qk_nope kv_lora"]
     w_uv: Float[Tensor, "heads v_head kv_lora"]
-    kv_a_proj: Float[Tensor, "latent hidden"]
+    qkv_a_proj: Float[Tensor, "qkv_a hidden"]
     o_proj: Float[Tensor, "hidden heads v_head"]
-    # Either q_proj (no q_lora) or q_a_proj + q_a_norm + q_b_proj.
-    q_proj: Float[Tensor, "heads qk_head hidden"] | None
-    q_a_proj: Float[Tensor, "q_lora hidden"] | None
+    # With q_lora: the query part of qkv_a_proj is q_a_proj, then q_a_norm and q_b_proj.
     q_a_norm: Float[Tensor, " q_lora"] | None
     q_b_proj: Float[Tensor, "heads qk_head q_lora"] | None
+
+
+def split_qkv_a(attn: Attention, cfg: MLAConfig
+                ) -> tuple[Float[Tensor, "_ hidden"], Float[Tensor, "latent hidden"]]:
+    """(query part, kv_a_proj) of `qkv_a_proj`: views. The query part is HF's q_proj
+    (heads x qk_head rows, per head) or q_a_proj (q_lora rows)."""
+    q_rows = attn.qkv_a_proj.shape[0] - cfg.latent_dim
+    return attn.qkv_a_proj[:q_rows], attn.qkv_a_proj[q_rows:]
 
 
 @dataclass(frozen=True)
@@ -174,10 +185,9 @@ def init_params(
             kv_a_norm=norm(c.kv_lora_rank),
             w_uk=rand(heads, c.qk_nope_head_dim, c.kv_lora_rank, std=c.kv_lora_rank**-0.5),
             w_uv=rand(heads, c.v_head_dim, c.kv_lora_rank, std=c.kv_lora_rank**-0.5),
-            kv_a_proj=rand(c.latent_dim, h, std=h**-0.5),
+            # Every row of x's projections has the same scale: one draw for the stack.
+            qkv_a_proj=rand(static_sizes(c)["qkv_a"], h, std=h**-0.5),
             o_proj=rand(h, heads, c.v_head_dim, std=(heads * c.v_head_dim) ** -0.5),
-            q_proj=rand(heads, c.qk_head_dim, h, std=h**-0.5) if lora is None else None,
-            q_a_proj=rand(lora, h, std=h**-0.5) if lora else None,
             q_a_norm=norm(lora) if lora else None,
             q_b_proj=rand(heads, c.qk_head_dim, lora, std=lora**-0.5) if lora else None,
         )

@@ -35,8 +35,8 @@ def step_floor(params: mf.Params, distinct: list[int], batch: int, ctx: int,
     moe_layer = 0
     for layer in params.layers:
         a = layer.attn
-        attn = sum(_numel(t) for t in (a.kv_a_norm, a.w_uk, a.w_uv, a.kv_a_proj, a.o_proj,
-                                        a.q_proj, a.q_a_proj, a.q_a_norm, a.q_b_proj))
+        attn = sum(_numel(t) for t in (a.kv_a_norm, a.w_uk, a.w_uv, a.qkv_a_proj, a.o_proj,
+                                        a.q_a_norm, a.q_b_proj))
         weights += attn + 2 * _numel(layer.input_norm)
         flops_w += attn
         if isinstance(layer.mlp, DenseMLP):

@@ -28,6 +28,10 @@ def test_rmsnorm_and_add_rmsnorm(dtype, rows, width):
     h, y = add_rmsnorm(x, r, w, 1e-6)
     torch.testing.assert_close(h, x + r, **_tol(dtype))
     torch.testing.assert_close(y, rmsnorm_ref(x + r, w, 1e-6), **_tol(dtype))
+    wide = torch.randn(rows, width + 40, device=DEVICE, dtype=dtype)  # a column slice, read
+    got = rmsnorm(wide[:, :width], w, 1e-6)                           # in place (row stride)
+    torch.testing.assert_close(got, rmsnorm_ref(wide[:, :width], w, 1e-6), **_tol(dtype))
+    assert got.is_contiguous()
 
 
 @pytest.mark.parametrize("preset, heads", [("tiny", 4), ("tiny", 20)])
@@ -35,8 +39,11 @@ def test_rmsnorm_and_add_rmsnorm(dtype, rows, width):
 def test_prologue_matches_reference(preset, heads, dtype):
     cfg = mf.MLAConfig.preset(preset)
     tokens = 9
-    q = torch.randn(tokens, heads, cfg.qk_head_dim, device=DEVICE, dtype=dtype)
-    kv = torch.randn(tokens, cfg.latent_dim, device=DEVICE, dtype=dtype)
+    # Both as the model passes them: the two parts of one projection's output rows.
+    qkv = torch.randn(tokens, heads * cfg.qk_head_dim + cfg.latent_dim, device=DEVICE,
+                      dtype=dtype)
+    q = qkv[:, : heads * cfg.qk_head_dim].unflatten(1, (heads, cfg.qk_head_dim))
+    kv = qkv[:, heads * cfg.qk_head_dim :]
     w = (1 + 0.1 * torch.randn(cfg.kv_lora_rank, device=DEVICE)).to(dtype)
     pos = torch.randint(0, 5000, (tokens,), device=DEVICE, dtype=torch.int32)
     freq = yarn_inv_freq(cfg).to(DEVICE)

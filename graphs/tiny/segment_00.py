@@ -5,11 +5,10 @@ Inputs (of this first occurrence):
     in_0: params.embed: float32[256, 64]
     in_1: batch.token_ids: int32[tokens]
     in_2: params.layers.0.input_norm: float32[64]
-    in_3: params.layers.0.attn.q_proj: float32[4, 24, 64]
-    in_4: params.layers.0.attn.kv_a_proj: float32[40, 64]
-    in_5: params.layers.0.attn.kv_a_norm: float32[32]
-    in_6: batch.positions: int32[tokens]
-    in_7: params.rope_inv_freq: float32[8]
+    in_3: params.layers.0.attn.qkv_a_proj: float32[136, 64]
+    in_4: params.layers.0.attn.kv_a_norm: float32[32]
+    in_5: batch.positions: int32[tokens]
+    in_6: params.rope_inv_freq: float32[8]
 Outputs:
     0: float32[tokens, 64] -> segment 1
     1: int tokens -> segment 1, segment 2, segment 3
@@ -20,26 +19,26 @@ Outputs:
 
 import torch
 
-def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7):
+def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6):
     # mla_func/model.py:127 in forward: h = params.embed[batch.token_ids]
     index_tensor = torch.ops.aten.index.Tensor(in_0, [in_1])
     # mla_func/model.py:52 in norm: return torch.ops.mla_func.rmsnorm(x, weight, eps)
     rmsnorm_default = torch.ops.mla_func.rmsnorm.default(index_tensor, in_2, 1e-06)
-    # mla_func/model.py:60 in project_q: q = x @ attn.q_proj.flatten(0, 1).T
-    view_default = torch.ops.aten.view.default(in_3, [96, 64])
-    permute_default = torch.ops.aten.permute.default(view_default, [1, 0])
+    # mla_func/model.py:60 in project_qkv_a: qkv = x @ attn.qkv_a_proj.T
+    permute_default = torch.ops.aten.permute.default(in_3, [1, 0])
     mm_default = torch.ops.aten.mm.default(rmsnorm_default, permute_default)
-    # mla_func/model.py:64 in project_q: return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim))
+    # mla_func/model.py:61 in project_qkv_a: q, kv = qkv.split((qkv.shape[1] - cfg.latent_dim, cfg.latent_dim), dim=1)
+    split_with_sizes_default = torch.ops.aten.split_with_sizes.default(mm_default, [96, 40], 1)
+    getitem = split_with_sizes_default[0]
+    getitem_1 = split_with_sizes_default[1]
+    # mla_func/model.py:64 in project_qkv_a: return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim)), kv
     sym_size_int = torch.ops.aten.sym_size.int(in_1, 0)
-    view_default_1 = torch.ops.aten.view.default(mm_default, [sym_size_int, 4, 24])
-    # mla_func/model.py:97 in attention_block: q_pe, kv_new = prologue(attn, q, x @ attn.kv_a_proj.T, batch.positions, inv_freq, cfg)
-    permute_default_1 = torch.ops.aten.permute.default(in_4, [1, 0])
-    mm_default_1 = torch.ops.aten.mm.default(rmsnorm_default, permute_default_1)
+    view_default = torch.ops.aten.view.default(getitem, [sym_size_int, 4, 24])
     # mla_func/model.py:78 in prologue: return torch.ops.mla_func.mla_prologue(q, kv, attn.kv_a_norm, positions, inv_freq,
-    mla_prologue_default = torch.ops.mla_func.mla_prologue.default(view_default_1, mm_default_1, in_5, in_6, in_7, 1.0, 1e-06, 16)
-    getitem = mla_prologue_default[0]
-    getitem_1 = mla_prologue_default[1]
+    mla_prologue_default = torch.ops.mla_func.mla_prologue.default(view_default, getitem_1, in_4, in_5, in_6, 1.0, 1e-06, 16)
+    getitem_2 = mla_prologue_default[0]
+    getitem_3 = mla_prologue_default[1]
     # mla_func/model.py:99 in attention_block: q[..., : cfg.qk_nope_head_dim], q_pe, kv_new, cache, layer, attn.w_uk, attn.w_uv,
-    slice_tensor = torch.ops.aten.slice.Tensor(view_default_1, 2, 0, 16)
-    return (index_tensor, sym_size_int, getitem, getitem_1, slice_tensor)
+    slice_tensor = torch.ops.aten.slice.Tensor(view_default, 2, 0, 16)
+    return (index_tensor, sym_size_int, getitem_2, getitem_3, slice_tensor)
     

@@ -10,11 +10,10 @@ Inputs (of this first occurrence):
     in_5: params.layers.0.mlp.gate_up: float32[2, 128, 64]
     in_6: params.layers.0.mlp.down: float32[64, 128]
     in_7: params.layers.1.input_norm: float32[64]
-    in_8: params.layers.1.attn.q_proj: float32[4, 24, 64]
-    in_9: params.layers.1.attn.kv_a_proj: float32[40, 64]
-    in_10: params.layers.1.attn.kv_a_norm: float32[32]
-    in_11: batch.positions: int32[tokens]
-    in_12: params.rope_inv_freq: float32[8]
+    in_8: params.layers.1.attn.qkv_a_proj: float32[136, 64]
+    in_9: params.layers.1.attn.kv_a_norm: float32[32]
+    in_10: batch.positions: int32[tokens]
+    in_11: params.rope_inv_freq: float32[8]
 Outputs:
     0: float32[tokens, 64] -> segment 2
     1: float32[tokens, 4, 8] -> op 1
@@ -24,7 +23,7 @@ Outputs:
 
 import torch
 
-def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in_10, in_11, in_12):
+def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in_10, in_11):
     # mla_func/model.py:102 in attention_block: return o.flatten(1, 2) @ attn.o_proj.flatten(1, 2).T
     view_default = torch.ops.aten.view.default(in_0, [in_1, 64])
     view_default_1 = torch.ops.aten.view.default(in_2, [64, 64])
@@ -51,20 +50,20 @@ def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in
     add_rmsnorm_default_1 = torch.ops.mla_func.add_rmsnorm.default(getitem, mm_default_2, in_7, 1e-06)
     getitem_4 = add_rmsnorm_default_1[0]
     getitem_5 = add_rmsnorm_default_1[1]
-    # mla_func/model.py:60 in project_q: q = x @ attn.q_proj.flatten(0, 1).T
-    view_default_3 = torch.ops.aten.view.default(in_8, [96, 64])
-    permute_default_3 = torch.ops.aten.permute.default(view_default_3, [1, 0])
+    # mla_func/model.py:60 in project_qkv_a: qkv = x @ attn.qkv_a_proj.T
+    permute_default_3 = torch.ops.aten.permute.default(in_8, [1, 0])
     mm_default_3 = torch.ops.aten.mm.default(getitem_5, permute_default_3)
-    # mla_func/model.py:64 in project_q: return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim))
-    view_default_4 = torch.ops.aten.view.default(mm_default_3, [in_1, 4, 24])
-    # mla_func/model.py:97 in attention_block: q_pe, kv_new = prologue(attn, q, x @ attn.kv_a_proj.T, batch.positions, inv_freq, cfg)
-    permute_default_4 = torch.ops.aten.permute.default(in_9, [1, 0])
-    mm_default_4 = torch.ops.aten.mm.default(getitem_5, permute_default_4)
+    # mla_func/model.py:61 in project_qkv_a: q, kv = qkv.split((qkv.shape[1] - cfg.latent_dim, cfg.latent_dim), dim=1)
+    split_with_sizes_default = torch.ops.aten.split_with_sizes.default(mm_default_3, [96, 40], 1)
+    getitem_6 = split_with_sizes_default[0]
+    getitem_7 = split_with_sizes_default[1]
+    # mla_func/model.py:64 in project_qkv_a: return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim)), kv
+    view_default_3 = torch.ops.aten.view.default(getitem_6, [in_1, 4, 24])
     # mla_func/model.py:78 in prologue: return torch.ops.mla_func.mla_prologue(q, kv, attn.kv_a_norm, positions, inv_freq,
-    mla_prologue_default = torch.ops.mla_func.mla_prologue.default(view_default_4, mm_default_4, in_10, in_11, in_12, 1.0, 1e-06, 16)
-    getitem_6 = mla_prologue_default[0]
-    getitem_7 = mla_prologue_default[1]
+    mla_prologue_default = torch.ops.mla_func.mla_prologue.default(view_default_3, getitem_7, in_9, in_10, in_11, 1.0, 1e-06, 16)
+    getitem_8 = mla_prologue_default[0]
+    getitem_9 = mla_prologue_default[1]
     # mla_func/model.py:99 in attention_block: q[..., : cfg.qk_nope_head_dim], q_pe, kv_new, cache, layer, attn.w_uk, attn.w_uv,
-    slice_tensor = torch.ops.aten.slice.Tensor(view_default_4, 2, 0, 16)
-    return (getitem_4, getitem_6, getitem_7, slice_tensor)
+    slice_tensor = torch.ops.aten.slice.Tensor(view_default_3, 2, 0, 16)
+    return (getitem_4, getitem_8, getitem_9, slice_tensor)
     

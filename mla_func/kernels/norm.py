@@ -16,12 +16,12 @@ from torch import Tensor
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _rmsnorm_kernel(x_ptr, r_ptr, h_out_ptr, y_ptr, w_ptr, width, eps,
+def _rmsnorm_kernel(x_ptr, r_ptr, h_out_ptr, y_ptr, w_ptr, width, x_stride, eps,
                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < width
-    x = tl.load(x_ptr + row * width + cols, mask=mask, other=0.0)
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
     xf = x.to(tl.float32)
     if HAS_RESIDUAL:
         r = tl.load(r_ptr + row * width + cols, mask=mask, other=0.0).to(tl.float32)
@@ -36,13 +36,17 @@ def _rmsnorm_kernel(x_ptr, r_ptr, h_out_ptr, y_ptr, w_ptr, width, eps,
 
 
 def _launch(x: Tensor, r: Tensor | None, w: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    # A row-strided 2-D x (a column slice, e.g. the query part of the fused input projection)
+    # is read in place; outputs are contiguous.
+    strided = x.dim() == 2 and x.stride(1) == 1
+    x2 = x if strided else x.reshape(-1, x.shape[-1]).contiguous()
     rows, width = x2.shape
     y = torch.empty(x2.shape, dtype=torch.promote_types(x.dtype, w.dtype), device=x.device)
-    h = torch.empty_like(x2) if r is not None else y
+    h = torch.empty(x2.shape, dtype=x.dtype, device=x.device) if r is not None else y
     if rows:
         r2 = r.reshape(-1, width).contiguous() if r is not None else x2
-        _rmsnorm_kernel[(rows,)](x2, r2, h, y, w, width, eps, HAS_RESIDUAL=r is not None,
+        _rmsnorm_kernel[(rows,)](x2, r2, h, y, w, width, x2.stride(0), eps,
+                                 HAS_RESIDUAL=r is not None,
                                  BLOCK=triton.next_power_of_2(width), num_warps=4)
     return h.view(x.shape), y.view(x.shape)
 

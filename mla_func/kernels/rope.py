@@ -17,7 +17,7 @@ from torch import Tensor
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _prologue_kernel(q_ptr, kv_ptr, w_ptr, pos_ptr, freq_ptr, q_pe_ptr, kv_out_ptr,
-                     rope_scale, eps, heads, q_stride, NOPE: tl.constexpr,
+                     rope_scale, eps, heads, q_stride, kv_stride, NOPE: tl.constexpr,
                      ROPE: tl.constexpr, KV_LORA: tl.constexpr, BLOCK_H: tl.constexpr,
                      BLOCK_C: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
@@ -30,7 +30,7 @@ def _prologue_kernel(q_ptr, kv_ptr, w_ptr, pos_ptr, freq_ptr, q_pe_ptr, kv_out_p
     # c_kv: RMSNorm in float32, rounded to the input dtype, then scaled (as ops.norm).
     cols = tl.arange(0, BLOCK_C)
     cmask = cols < KV_LORA
-    c = tl.load(kv_ptr + t * (KV_LORA + ROPE) + cols, mask=cmask, other=0.0)
+    c = tl.load(kv_ptr + t * kv_stride + cols, mask=cmask, other=0.0)
     cf = c.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(cf * cf, axis=0) / KV_LORA + eps)
     normed = (cf * rstd).to(c.dtype).to(tl.float32)
@@ -39,7 +39,7 @@ def _prologue_kernel(q_ptr, kv_ptr, w_ptr, pos_ptr, freq_ptr, q_pe_ptr, kv_out_p
     tl.store(out_row + cols, (w * normed).to(kv_out_ptr.dtype.element_ty), mask=cmask)
 
     # k_pe: shared by all heads.
-    k_row = kv_ptr + t * (KV_LORA + ROPE) + KV_LORA
+    k_row = kv_ptr + t * kv_stride + KV_LORA
     ke = tl.load(k_row + 2 * half).to(tl.float32)
     ko = tl.load(k_row + 2 * half + 1).to(tl.float32)
     dt = kv_out_ptr.dtype.element_ty
@@ -63,7 +63,8 @@ def _prologue_kernel(q_ptr, kv_ptr, w_ptr, pos_ptr, freq_ptr, q_pe_ptr, kv_out_p
 def mla_prologue(q: Tensor, kv: Tensor, kv_norm: Tensor, positions: Tensor, inv_freq: Tensor,
                  rope_scale: float, eps: float, qk_nope: int) -> tuple[Tensor, Tensor]:
     """q [tokens, heads, qk_head], kv [tokens, latent] (kv_a_proj output) ->
-    (rotated q_pe [tokens, heads, qk_rope], cache rows [tokens, latent])."""
+    (rotated q_pe [tokens, heads, qk_rope], cache rows [tokens, latent]). q and kv may be
+    row-strided views (the two parts of the fused input projection's output)."""
     tokens, heads, qk_head = q.shape
     rope = qk_head - qk_nope
     kv_lora = kv.shape[1] - rope
@@ -72,9 +73,10 @@ def mla_prologue(q: Tensor, kv: Tensor, kv_norm: Tensor, positions: Tensor, inv_
                          device=kv.device)
     if tokens:
         assert q.stride(2) == 1 and q.stride(1) == qk_head, "q rows must be [heads, qk_head]"
+        kv = kv if kv.stride(1) == 1 else kv.contiguous()
         _prologue_kernel[(tokens,)](
-            q, kv.contiguous(), kv_norm, positions, inv_freq, q_pe, kv_out, rope_scale, eps,
-            heads, q.stride(0), NOPE=qk_nope, ROPE=rope, KV_LORA=kv_lora,
+            q, kv, kv_norm, positions, inv_freq, q_pe, kv_out, rope_scale, eps,
+            heads, q.stride(0), kv.stride(0), NOPE=qk_nope, ROPE=rope, KV_LORA=kv_lora,
             BLOCK_H=min(triton.next_power_of_2(heads), 16),
             BLOCK_C=triton.next_power_of_2(kv_lora), num_warps=4)
     return q_pe, kv_out
