@@ -10,11 +10,13 @@ Rows per token count: `fused` (route + mla_func.moe.experts: Triton, shared expe
 in), `fused_sep` (Triton routed experts, shared experts by swiglu), `grouped_mm` (the baseline
 of issue 5: argsort, scatter-add counts, cumsum offsets, gather, two grouped GEMMs, index_add,
 shared experts), and the two parts of `fused` alone: `route_only` (the fused router) and
-`experts_only` (align + two GEMMs + sum; its floor is the same minus the router's bytes).
+`experts_only` (align + two GEMMs + sum; its floor is the same minus the router's bytes);
+where the default config launches the experts behind the router by PDL (`MoEConfig.pdl`),
+`fused_no_pdl` is the same without it.
 `fused` and `route_only` route with the fused Triton router (`kernels/router.py`), as the model
 does on CUDA; the baseline routes with the torch reference.
-`err` is fused vs grouped_mm (max abs / max abs). A table of the alignment alone (one-program
-Triton kernel vs torch ops) follows: it decides `moe_align.TRITON_ALIGN_MAX_PAIRS`.
+`err` is fused vs grouped_mm (max abs / max abs). A table of the alignment alone (Triton
+kernel vs torch ops) follows: it decides `moe_align.TRITON_ALIGN_MAX_PAIRS`.
 
 `--sweep` times configs per token count (`sweep`): tiles per block_m by coordinate descent;
 up to 4 tokens also the direct path and its fused sum (DIRECT_MAX_TOKENS), from 32 to 512
@@ -274,9 +276,14 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
         except Exception:  # noqa: BLE001  (no grouped_mm here: no baseline)
             err = None
         base_us = time_layer_us(grouped_mm_layer, x, layers, cfg)
-        for name, fn in (("fused", fused_layer), ("fused_sep", fused_sep_layer),
-                         ("grouped_mm", grouped_mm_layer), ("route_only", route_only),
-                         ("experts_only", make_experts_only(x, layers, cfg))):
+        variants = [("fused", fused_layer), ("fused_sep", fused_sep_layer),
+                    ("grouped_mm", grouped_mm_layer), ("route_only", route_only),
+                    ("experts_only", make_experts_only(x, layers, cfg))]
+        if pick_config(t).pdl:  # side by side: the same launches without the early start
+            no_pdl = replace(pick_config(t), pdl=False)
+            variants.insert(1, ("fused_no_pdl",
+                                lambda x, layer, cfg, c=no_pdl: fused_layer(x, layer, cfg, c)))
+        for name, fn in variants:
             us = base_us if name == "grouped_mm" else time_layer_us(fn, x, layers, cfg)
             fl = None if name == "route_only" else floor
             rows.append({
