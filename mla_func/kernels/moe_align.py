@@ -18,10 +18,11 @@ the whole layout can live in a CUDA graph; unused tiles cost one early-exiting p
 
 Two implementations: `align_torch` (stable argsort, scatter-add counts, cumsum, searchsorted;
 static shapes, traceable on fake tensors) and `align_triton`, one launch instead of ~15 (which
-matters inside a graph at small token counts): each program recounts the experts of all pairs
-(a few KB of ids), places a slice of the pairs and writes a share of the tile table, so the
-programs share nothing and need no atomics. Both give the same layout, bit for bit: inside an
-expert's run the pairs keep their order.
+matters inside a graph at small token counts). Small steps run one program (histogram counts,
+then atomic row claims: inside an expert's run the row order follows atomic timing on a GPU,
+which changes no result, every row of the GEMMs being computed independently). Large steps
+run many programs that each recount the experts of all pairs, place a slice of the pairs and
+write a share of the tile table: no communication, no atomics, and align_torch's order.
 
 The direct layout (`direct_tile`, at a few tokens) needs no alignment launch: M-tile
 `q < tokens * topk` holds routed pair q alone, M-tile `tokens * topk + s` shared expert s for
@@ -38,11 +39,15 @@ import triton.language as tl
 from jaxtyping import Int
 from torch import Tensor
 
-# align() uses the kernel up to this many pairs: every program recounts all pairs, so its cost
-# grows with pairs^2 / ALIGN_SLICE. `scripts/bench_moe.py` times both per token count (V2-Lite:
-# 8 pairs per token).
-TRITON_ALIGN_MAX_PAIRS = 8192
-ALIGN_SLICE = 64  # pairs placed per program
+# align() uses the Triton kernels up to this many pairs (V2-Lite: 8 per token, so 4096 tokens):
+# one program (atomics) up to ONE_PROGRAM_MAX_PAIRS, then ceil(pairs / ALIGN_SLICE) programs
+# that each recount all pairs (cost ~ pairs^2 / ALIGN_SLICE). H100, 2026-11-22: one program
+# 8.5 us a launch inside the B=128 step against 13.8 us for 16 sliced programs
+# (docs/perf/2026-11-22-h100-run2); at 4096 tokens the sliced kernel 66-70 us against 145 us
+# of torch ops (run 1, run 3).
+TRITON_ALIGN_MAX_PAIRS = 32768
+ONE_PROGRAM_MAX_PAIRS = 8192
+ALIGN_SLICE = 128  # pairs placed per program of the sliced kernel
 
 
 def max_blocks(pairs: int | torch.SymInt, experts: int, block_m: int) -> int | torch.SymInt:
@@ -117,10 +122,65 @@ def direct_tile(q, ids_ptr, n_tokens, topk, n_routed, PAIRS_PER_TOKEN: tl.conste
     return e, pair, row_ok
 
 
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _tiles(block_expert_ptr, block_rows_ptr, counts, first, step, n_blocks,
+           BLOCK_M: tl.constexpr, E_P2: tl.constexpr, BLOCK_CHUNK: tl.constexpr):
+    """Run starts and ends per expert from its pair counts; writes the expert and real-row
+    count of M-tiles first, first + 1, ... (BLOCK_CHUNK at a time, every `step` tiles)."""
+    ex = tl.arange(0, E_P2)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    blanes = tl.arange(0, BLOCK_CHUNK)
+    for b0 in range(first, n_blocks, step):
+        blk = b0 + blanes
+        row0 = blk * BLOCK_M
+        inside = ((row0[:, None] >= starts[None, :]) & (row0[:, None] < ends[None, :]))
+        inside = inside.to(tl.int32)
+        used = tl.sum(inside, axis=1)
+        expert = tl.where(used > 0, tl.sum(inside * ex[None, :], axis=1), -1)
+        rows = tl.sum(inside * (counts[None, :] - (row0[:, None] - starts[None, :])), axis=1)
+        rows = tl.minimum(rows, BLOCK_M)
+        tl.store(block_expert_ptr + blk, expert, mask=blk < n_blocks)
+        tl.store(block_rows_ptr + blk, rows, mask=blk < n_blocks)
+    return starts
+
+
 # Sizes that change with the token count are not specialised: one compile serves every bucket.
 @triton.jit(do_not_specialize=["n_pairs", "n_blocks"])
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _align_kernel(
+def _align_one_kernel(
+    ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, cursor_ptr,
+    n_pairs, n_blocks, topk, n_routed,
+    PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, E_P2: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr,
+):
+    """One program: counts, the whole tile table, then atomic row claims."""
+    ex = tl.arange(0, E_P2)
+    lanes = tl.arange(0, CHUNK)
+    # Per-expert counts (lanes past the end land in the spare last bin).
+    counts = tl.zeros([E_P2], dtype=tl.int32)
+    for start in range(0, n_pairs, CHUNK):
+        e = _pair_expert(ids_ptr, start + lanes, n_pairs, topk, n_routed, PAIRS_PER_TOKEN)
+        counts += tl.histogram(tl.where(e < 0, E_P2 - 1, e), E_P2)
+    counts = tl.where(ex == E_P2 - 1, 0, counts)
+    starts = _tiles(block_expert_ptr, block_rows_ptr, counts, 0, BLOCK_CHUNK, n_blocks,
+                    BLOCK_M, E_P2, BLOCK_CHUNK)
+    # Each pair takes the next free row of its expert. The order of the rows inside an
+    # expert's run depends on atomic timing; results do not (every row is independent).
+    tl.store(cursor_ptr + ex, starts)
+    tl.debug_barrier()
+    for start in range(0, n_pairs, CHUNK):
+        p = start + lanes
+        e = _pair_expert(ids_ptr, p, n_pairs, topk, n_routed, PAIRS_PER_TOKEN)
+        dest = tl.atomic_add(cursor_ptr + e, 1, mask=p < n_pairs, sem="relaxed")
+        tl.store(sorted_ptr + dest, p, mask=p < n_pairs)
+
+
+@triton.jit(do_not_specialize=["n_pairs", "n_blocks"])
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _align_sliced_kernel(
     ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
     n_pairs, n_blocks, topk, n_routed,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, E_P2: tl.constexpr,
@@ -132,8 +192,7 @@ def _align_kernel(
     ex = tl.arange(0, E_P2)
     lanes = tl.arange(0, CHUNK)
     # Per-expert counts of all pairs and of the pairs before this slice, recounted by every
-    # program (a few KB of ids from L2): no communication between programs, no atomics.
-    # Lanes past the end (or not before the slice) land in the spare last bin.
+    # program (ids from L2): no communication between programs, no atomics.
     counts = tl.zeros([E_P2], dtype=tl.int32)
     before = tl.zeros([E_P2], dtype=tl.int32)
     for start in range(0, n_pairs, CHUNK):
@@ -144,22 +203,8 @@ def _align_kernel(
         before += tl.histogram(tl.where(p < first, e, E_P2 - 1), E_P2)
     counts = tl.where(ex == E_P2 - 1, 0, counts)
     before = tl.where(ex == E_P2 - 1, 0, before)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    ends = tl.cumsum(padded, axis=0)
-    starts = ends - padded
-    # This program's share of the tile table: the expert and real-row count of each M-tile.
-    blanes = tl.arange(0, BLOCK_CHUNK)
-    for b0 in range(pid * BLOCK_CHUNK, n_blocks, tl.num_programs(0) * BLOCK_CHUNK):
-        blk = b0 + blanes
-        row0 = blk * BLOCK_M
-        inside = ((row0[:, None] >= starts[None, :]) & (row0[:, None] < ends[None, :]))
-        inside = inside.to(tl.int32)
-        used = tl.sum(inside, axis=1)
-        expert = tl.where(used > 0, tl.sum(inside * ex[None, :], axis=1), -1)
-        rows = tl.sum(inside * (counts[None, :] - (row0[:, None] - starts[None, :])), axis=1)
-        rows = tl.minimum(rows, BLOCK_M)
-        tl.store(block_expert_ptr + blk, expert, mask=blk < n_blocks)
-        tl.store(block_rows_ptr + blk, rows, mask=blk < n_blocks)
+    starts = _tiles(block_expert_ptr, block_rows_ptr, counts, pid * BLOCK_CHUNK,
+                    tl.num_programs(0) * BLOCK_CHUNK, n_blocks, BLOCK_M, E_P2, BLOCK_CHUNK)
     # The slice's pairs: row = start of the expert's run + its pairs before the slice + its
     # pairs earlier in the slice. Pair order is kept inside every run (a stable sort).
     s = tl.arange(0, SLICE)
@@ -174,8 +219,10 @@ def _align_kernel(
 def align_triton(
     ids: Int[Tensor, "tokens topk"], experts: int, shared: int, block_m: int
 ) -> tuple[Int[Tensor, " rows"], Int[Tensor, " blocks"], Int[Tensor, " blocks"]]:
-    """Same result as `align_torch` (padding rows of `sorted_pairs` left unset), one launch of
-    ceil(pairs / ALIGN_SLICE) programs."""
+    """The layout of `align_torch` (padding rows of `sorted_pairs` left unset) in one launch:
+    up to ONE_PROGRAM_MAX_PAIRS pairs one program with atomic row claims (the order inside an
+    expert's run may differ from align_torch's), beyond that ceil(pairs / ALIGN_SLICE)
+    programs and the same order as align_torch."""
     tokens, topk = ids.shape
     n, n_exp = tokens * (topk + shared), experts + shared
     nb = max_blocks(n, n_exp, block_m)
@@ -183,18 +230,23 @@ def align_triton(
     block_expert = torch.empty(nb, dtype=torch.int32, device=ids.device)
     block_rows = torch.empty(nb, dtype=torch.int32, device=ids.device)
     e_p2 = triton.next_power_of_2(n_exp + 1)  # one spare bin
-    programs = triton.cdiv(n, ALIGN_SLICE)
-    _align_kernel[(programs,)](
-        ids.contiguous(), sorted_pairs, block_expert, block_rows, n, nb, topk, experts,
-        PAIRS_PER_TOKEN=topk + shared, BLOCK_M=block_m, E_P2=e_p2, CHUNK=1024,
-        SLICE=ALIGN_SLICE, BLOCK_CHUNK=max(16, 2048 // e_p2), num_warps=4)
+    common = dict(PAIRS_PER_TOKEN=topk + shared, BLOCK_M=block_m, E_P2=e_p2, CHUNK=1024)
+    if n <= ONE_PROGRAM_MAX_PAIRS:
+        cursor = torch.empty(e_p2, dtype=torch.int32, device=ids.device)
+        _align_one_kernel[(1,)](
+            ids.contiguous(), sorted_pairs, block_expert, block_rows, cursor, n, nb, topk,
+            experts, **common, BLOCK_CHUNK=max(16, 8192 // e_p2), num_warps=8)
+    else:
+        _align_sliced_kernel[(triton.cdiv(n, ALIGN_SLICE),)](
+            ids.contiguous(), sorted_pairs, block_expert, block_rows, n, nb, topk, experts,
+            **common, SLICE=ALIGN_SLICE, BLOCK_CHUNK=max(16, 2048 // e_p2), num_warps=4)
     return sorted_pairs, block_expert, block_rows
 
 
 def align(
     ids: Int[Tensor, "tokens topk"], experts: int, shared: int, block_m: int
 ) -> tuple[Int[Tensor, " rows"], Int[Tensor, " blocks"], Int[Tensor, " blocks"]]:
-    """The faster of the two for this (static) size: one-program kernel for small steps."""
+    """Triton up to TRITON_ALIGN_MAX_PAIRS pairs (one launch), torch ops beyond."""
     pairs = ids.shape[0] * (ids.shape[1] + shared)
     if ids.is_cuda and pairs <= TRITON_ALIGN_MAX_PAIRS:
         return align_triton(ids, experts, shared, block_m)
