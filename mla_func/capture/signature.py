@@ -8,6 +8,7 @@ axes: a `SignatureError` naming the argument path and the axis. No axis is assum
 token axis": dynamic axes are found wherever the annotation puts them.
 """
 
+import functools
 import inspect
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -62,13 +63,20 @@ class Signature:
     def dynamic(self) -> tuple[str, ...]:
         return tuple(n for n, d in self.dims.items() if d.kind == "dynamic")
 
+    @functools.cached_property
+    def _first_dynamic(self) -> tuple[tuple[str, int, int], ...]:
+        """(dim name, leaf index, axis) of the first leaf axis naming each dynamic dim."""
+        first: dict[str, tuple[int, int]] = {}
+        for spec in self.leaves:
+            for axis, name in spec.dynamic:
+                first.setdefault(name, (spec.index, axis))
+        return tuple((name, i, axis) for name, (i, axis) in first.items())
+
     def dynamic_sizes(self, tensors: Sequence[torch.Tensor]) -> dict[str, int]:
         """The real size of each dynamic dim in a flat list of leaves (first leaf naming it)."""
-        sizes: dict[str, int] = {}
-        for spec, t in zip(self.leaves, tensors, strict=True):
-            for axis, name in spec.dynamic:
-                sizes.setdefault(name, int(t.shape[axis]))
-        return sizes
+        if len(tensors) != len(self.leaves):
+            raise ValueError(f"{len(tensors)} leaves, the signature has {len(self.leaves)}")
+        return {name: int(tensors[i].shape[axis]) for name, i, axis in self._first_dynamic}
 
 
 def _axis_names(path: str, tensor: torch.Tensor, ann: Any) -> tuple[str, ...]:
