@@ -78,6 +78,13 @@ def test_align_kernel_matches_torch(tokens, topk, n_exp, shared, block_m, skew, 
     real = (torch.arange(block_m)[None] < a[2][:, None]).flatten()
     # The same rows in the same (stable) order: the interpreter's atomics go in lane order.
     assert torch.equal(a[0][real], b[0][real])
+    # The shared experts' runs first, in token order (what `shared_tile` reads off the sizes).
+    per = -(-tokens // block_m)
+    want = torch.arange(n_exp, n_exp + shared).repeat_interleave(per)
+    assert torch.equal(a[1][: shared * per], want.to(a[1].dtype))
+    pairs = torch.arange(tokens)[None] * (topk + shared) + topk + torch.arange(shared)[:, None]
+    head = a[0][: shared * per * block_m].view(shared, per * block_m)[:, :tokens]
+    assert torch.equal(head, pairs.to(head.dtype))
     rows = a[0][real].long()
     assert sorted(rows.tolist()) == list(range(tokens * (topk + shared)))
     expert_of_row = a[1].repeat_interleave(block_m)[real].long()
@@ -133,9 +140,8 @@ def test_direct_config_checks():
     x, w, ids, gu, dn, _ = make(17, 2, 8, 32, 16, 0)
     with pytest.raises(ValueError, match="at most 16 tokens"):
         fused_experts(x, w, ids, gu, dn, config=DIRECT)
-    for flag in ("fused_sum", "pdl"):
-        with pytest.raises(ValueError, match="need the direct layout"):
-            fused_experts(x, w, ids, gu, dn, config=dataclasses.replace(SMALL, **{flag: True}))
+    with pytest.raises(ValueError, match="fused_sum needs the direct layout"):
+        fused_experts(x, w, ids, gu, dn, config=dataclasses.replace(SMALL, fused_sum=True))
 
 
 @pytest.mark.parametrize("method", ["greedy", "group_limited_greedy", "noaux_tc"])
@@ -192,7 +198,7 @@ from mla_func.kernels.fused_moe import _down_kernel, _down_sum_kernel, _gate_up_
 ptrs = dict(weights_ptr="*fp32", ids_ptr="*i64", sorted_ptr="*i32", block_expert_ptr="*i32",
             block_rows_ptr="*i32")
 for fn, (bn, bk, warps, stages), const in [
-        (_gate_up_kernel, (32, 128, 4, 4), dict(DIRECT=False, PDL=False)),
+        (_gate_up_kernel, (32, 128, 4, 4), dict(DIRECT=False, PDL=True)),
         (_gate_up_kernel, (32, 128, 4, 4), dict(DIRECT=True, PDL=True)),
         (_down_kernel, (64, 128, 4, 4), dict(DIRECT=False)),
         (_down_kernel, (64, 128, 4, 4), dict(DIRECT=True)),
@@ -268,11 +274,12 @@ def test_cuda_direct_matches_aligned(tokens):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("tokens", [1, 4])
+@pytest.mark.parametrize("tokens", [1, 4, 8, 128, 1024])
 def test_cuda_pdl_behind_router_matches(tokens):
-    """The gate_up kernel launched while the router runs (`pdl`: shared tiles start early,
-    routed tiles wait for the ids) gives the bits of the plain launch, eagerly and replayed.
-    The inputs alternate, so a tile that read the ids too early would read the other input's."""
+    """The alignment and the gate_up kernel launched while the router runs (`pdl`: shared
+    tiles start early, routed tiles wait for the ids / layout) give the results of the plain
+    launches, eagerly and replayed. The inputs alternate, so a tile that read the routing too
+    early would read the other input's."""
     cfg = MLAConfig.preset("v2-lite")
     router = torch.randn(64, 2048, device="cuda") * 2048**-0.5
     inputs = [make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda", seed=seed)
@@ -285,6 +292,8 @@ def test_cuda_pdl_behind_router_matches(tokens):
         return fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, config)
 
     wants = [layer(inp[0], False) for inp in inputs]
+    # Bit-identical up to the direct layout; the aligned one's routed rows may be ordered
+    # otherwise by the alignment's atomics, which changes no bit either (rows are independent).
     for i in range(20):
         assert torch.equal(layer(inputs[i % 2][0], True), wants[i % 2]), i
     static = inputs[0][0].clone()

@@ -21,13 +21,17 @@ token count (`moe_config.pick_config`), never autotuned at run time (graph captu
 
 Direct path (`MoEConfig.direct`, decode at a few tokens): the M-tiles are read off `ids` in the
 kernels (`moe_align.direct_tile`: one routed pair per tile, one tile per shared expert), so step
-1 is gone; at 2+ tokens an expert that two tokens pick is read twice. With `pdl` (sm90+) the
-gate_up kernel is a programmatic dependent of the router: its shared-expert tiles (which need
-no routing) load and multiply while the router runs and wait for the router's end only to
-store; the routed tiles wait first. The router is the only kernel that triggers early, and it
-writes neither `x` nor the weights those tiles read. With `fused_sum`, step 4 goes too:
-`_down_sum_kernel` (one program per N-tile of `hidden`) runs every M-tile in a fixed order and
-sums each token's pairs as `_sum_kernel` does: the same bits, two launches in all.
+1 is gone; at 2+ tokens an expert that two tokens pick is read twice. With `fused_sum`, step 4
+goes too: `_down_sum_kernel` (one program per N-tile of `hidden`) runs every M-tile in a fixed
+order and sums each token's pairs as `_sum_kernel` does: the same bits, two launches in all.
+
+The shared experts' M-tiles need no routing: they sit at fixed places in both layouts (the last
+tiles of the direct layout, the first of the aligned one, `moe_align.shared_tile`). With `pdl`
+(sm90+) the alignment and the gate_up kernel are programmatic dependents of the kernel before
+them: the gate_up kernel launches while the router (and the alignment) run; its shared tiles
+load and multiply at once and wait for their predecessor's end only to store, the routed tiles
+wait first. Only the router and the alignment trigger early, and neither writes `x` nor the
+weights those tiles read.
 
 Padding rows (tokens added to reach a capture bucket) are ordinary tokens here: their pairs are
 computed and discarded by the caller, never mixed into real tokens' rows, so they cannot change
@@ -43,7 +47,7 @@ import triton.language as tl
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mla_func.kernels.moe_align import align, direct_tile
+from mla_func.kernels.moe_align import align, direct_tile, shared_tile
 from mla_func.kernels.moe_config import (
     DIRECT_BLOCK_M,
     FUSE_SHARED_MAX_TOKENS,
@@ -75,12 +79,27 @@ def _tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, n_tokens
     if DIRECT:
         e, pair, row_ok = direct_tile(pid_m, ids_ptr, n_tokens, topk, n_routed,
                                       PAIRS_PER_TOKEN, BLOCK_M)
+    elif _is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN, BLOCK_M, DIRECT):
+        e, pair, row_ok = shared_tile(pid_m, n_tokens, topk, n_routed, PAIRS_PER_TOKEN, BLOCK_M)
     else:
         rows = tl.arange(0, BLOCK_M)
         e = tl.load(block_expert_ptr + pid_m)
         row_ok = rows < tl.load(block_rows_ptr + pid_m)
         pair = tl.load(sorted_ptr + pid_m * BLOCK_M + rows, mask=row_ok, other=0)
     return e, pair, row_ok
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr,
+                    DIRECT: tl.constexpr):
+    """Whether M-tile `pid_m` is a shared expert's: found without the routing (direct layout:
+    the last tiles; aligned: the first, `moe_align.shared_tile`)."""
+    if DIRECT:
+        shared = pid_m >= n_tokens * topk
+    else:
+        shared = pid_m < (PAIRS_PER_TOKEN - topk) * tl.cdiv(n_tokens, BLOCK_M)
+    return shared
 
 
 # The token count only sizes the direct layout: not specialised, one compile serves every bucket.
@@ -109,8 +128,8 @@ def _gate_up_kernel(
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    if PDL:  # launched while the router runs (direct layout): routed tiles need its ids
-        if pid_m < n_tokens * topk:
+    if PDL:  # launched while the router (and alignment) run: routed tiles need their output
+        if not _is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN, BLOCK_M, DIRECT):
             tl.extra.cuda.gdc_wait()
     e, pair, row_ok = _tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
                             n_tokens, topk, n_routed, PAIRS_PER_TOKEN, BLOCK_M, DIRECT)
@@ -309,10 +328,10 @@ def fused_experts(
         bm, n_tiles = DIRECT_BLOCK_M, tokens * topk + n_shared
         layout = (ids, ids, ids)  # no alignment: the kernels read the tiles off `ids`
     else:
-        if cfg.fused_sum or cfg.pdl:
-            raise ValueError("fused_sum and pdl need the direct layout (MoEConfig.direct)")
+        if cfg.fused_sum:
+            raise ValueError("fused_sum needs the direct layout (MoEConfig.direct)")
         bm = cfg.block_m
-        layout = align(ids, n_routed, n_shared, bm)
+        layout = align(ids, n_routed, n_shared, bm, cfg.pdl and pdl_supported(x.device))
         n_tiles = layout[1].shape[0]
     tiles = (ids, *layout, tokens, topk)
     common = dict(PAIRS_PER_TOKEN=pairs_per_token, BLOCK_M=bm,

@@ -5,7 +5,9 @@ A step routes `tokens` tokens to `topk` experts each; DeepSeek's shared experts 
 `shared` extra pairs per token with expert ids `experts .. experts+shared-1` (weight 1). Pair
 `p = t * (topk + shared) + j` is token `t`'s j-th pair. The alignment lays the pairs out sorted
 by expert, each expert's run padded to a multiple of `block_m` rows, so that one M-tile of the
-GEMM holds rows of exactly one expert:
+GEMM holds rows of exactly one expert. The shared experts' runs come first, in token order, so
+that the GEMM finds their tiles without this layout (`shared_tile`: it can start them before the
+alignment ends); the routed experts' runs follow in expert order:
 
 - `sorted_pairs [max_blocks * block_m]`: pair index per row (rows past an expert's count are
   padding: never read, their value is unspecified),
@@ -19,10 +21,11 @@ the whole layout can live in a CUDA graph; unused tiles cost one early-exiting p
 Two implementations: `align_torch` (stable argsort, scatter-add counts, cumsum, searchsorted;
 static shapes, traceable on fake tensors) and `align_triton`, one launch instead of ~15 (which
 matters inside a graph at small token counts). Small steps run one program (histogram counts,
-then atomic row claims: inside an expert's run the row order follows atomic timing on a GPU,
-which changes no result, every row of the GEMMs being computed independently). Large steps
-run many programs that each recount the experts of all pairs, place a slice of the pairs and
-write a share of the tile table: no communication, no atomics, and align_torch's order.
+then the rows: shared pairs in token order, routed pairs by atomic row claims, so that inside a
+routed expert's run the order follows atomic timing on a GPU, which changes no result: every
+row of the GEMMs is computed independently). Large steps run many programs that each recount
+all pairs, place a slice of them and write a share of the tile table: no communication, no
+atomics, and align_torch's order.
 
 The direct layout (`direct_tile`, at a few tokens) needs no alignment launch: M-tile
 `q < tokens * topk` holds routed pair q alone, M-tile `tokens * topk + s` shared expert s for
@@ -71,7 +74,10 @@ def align_torch(
     ids: Int[Tensor, "tokens topk"], experts: int, shared: int, block_m: int
 ) -> tuple[Int[Tensor, " rows"], Int[Tensor, " blocks"], Int[Tensor, " blocks"]]:
     """`(sorted_pairs, block_expert, block_rows)`, see the module docstring."""
-    flat = pair_experts(ids, experts, shared).long()
+    experts_of_pairs = pair_experts(ids, experts, shared).long()
+    # Run keys: the shared experts' runs first (0..shared-1), then the routed experts'.
+    flat = torch.where(experts_of_pairs >= experts, experts_of_pairs - experts,
+                       experts_of_pairs + shared)
     n, n_exp = flat.shape[0], experts + shared
     nb = max_blocks(n, n_exp, block_m)
     torch._check(nb > 0)  # tells a symbolic tracer what it cannot prove through the floor div
@@ -90,19 +96,34 @@ def align_torch(
     used = block_expert < n_exp
     e = block_expert.clamp(max=n_exp - 1)
     rows = (counts[e] - (row0 - starts[e])).clamp(0, block_m) * used
-    block_expert = torch.where(used, block_expert, -1)
+    expert = torch.where(block_expert < shared, block_expert + experts, block_expert - shared)
+    block_expert = torch.where(used, expert, -1)
     return sorted_pairs, block_expert.to(torch.int32), rows.to(torch.int32)
 
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _pair_expert(ids_ptr, p, n_pairs, topk, n_routed, PAIRS_PER_TOKEN: tl.constexpr):
+def _pair_key(ids_ptr, p, n_pairs, topk, PAIRS_PER_TOKEN: tl.constexpr):
+    """Run key of pair p: j - topk for shared expert j - topk, n_shared + e for routed expert e,
+    -1 past the end."""
     tok = p // PAIRS_PER_TOKEN
     j = p % PAIRS_PER_TOKEN
     routed = (j < topk) & (p < n_pairs)
     e = tl.load(ids_ptr + tok * topk + j, mask=routed, other=0).to(tl.int32)
-    e = tl.where(j < topk, e, n_routed + j - topk)
-    return tl.where(p < n_pairs, e, -1)
+    key = tl.where(j < topk, e + PAIRS_PER_TOKEN - topk, j - topk)
+    return tl.where(p < n_pairs, key, -1)
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def shared_tile(q, n_tokens, topk, n_routed, PAIRS_PER_TOKEN: tl.constexpr,
+                BLOCK_M: tl.constexpr):
+    """(expert, pair per row, real rows) of M-tile `q` of the aligned layout when it is a
+    shared expert's (q < n_shared * cdiv(tokens, BLOCK_M)): read off the sizes alone."""
+    per = tl.cdiv(n_tokens, BLOCK_M)
+    s = q // per
+    tok = (q - s * per) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return n_routed + s, tok * PAIRS_PER_TOKEN + topk + s, tok < n_tokens
 
 
 @triton.jit
@@ -124,11 +145,11 @@ def direct_tile(q, ids_ptr, n_tokens, topk, n_routed, PAIRS_PER_TOKEN: tl.conste
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _tiles(block_expert_ptr, block_rows_ptr, counts, first, step, n_blocks,
+def _tiles(block_expert_ptr, block_rows_ptr, counts, first, step, n_blocks, n_routed, n_shared,
            BLOCK_M: tl.constexpr, E_P2: tl.constexpr, BLOCK_CHUNK: tl.constexpr):
-    """Run starts and ends per expert from its pair counts; writes the expert and real-row
-    count of M-tiles first, first + 1, ... (BLOCK_CHUNK at a time, every `step` tiles)."""
-    ex = tl.arange(0, E_P2)
+    """Run starts per key from the pair counts per key; writes the expert and real-row count
+    of M-tiles first, first + 1, ... (BLOCK_CHUNK at a time, every `step` tiles)."""
+    keys = tl.arange(0, E_P2)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, axis=0)
     starts = ends - padded
@@ -139,12 +160,33 @@ def _tiles(block_expert_ptr, block_rows_ptr, counts, first, step, n_blocks,
         inside = ((row0[:, None] >= starts[None, :]) & (row0[:, None] < ends[None, :]))
         inside = inside.to(tl.int32)
         used = tl.sum(inside, axis=1)
-        expert = tl.where(used > 0, tl.sum(inside * ex[None, :], axis=1), -1)
+        key = tl.sum(inside * keys[None, :], axis=1)
+        expert = tl.where(key < n_shared, key + n_routed, key - n_shared)
         rows = tl.sum(inside * (counts[None, :] - (row0[:, None] - starts[None, :])), axis=1)
         rows = tl.minimum(rows, BLOCK_M)
-        tl.store(block_expert_ptr + blk, expert, mask=blk < n_blocks)
+        tl.store(block_expert_ptr + blk, tl.where(used > 0, expert, -1), mask=blk < n_blocks)
         tl.store(block_rows_ptr + blk, rows, mask=blk < n_blocks)
     return starts
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _count(ids_ptr, n_pairs, topk, first, PAIRS_PER_TOKEN: tl.constexpr, E_P2: tl.constexpr,
+           CHUNK: tl.constexpr, BEFORE: tl.constexpr):
+    """Pairs per run key: of all pairs, and (BEFORE) of the pairs before pair `first`."""
+    keys = tl.arange(0, E_P2)
+    lanes = tl.arange(0, CHUNK)
+    # Lanes past the end (or not before `first`) land in the spare last bin.
+    counts = tl.zeros([E_P2], dtype=tl.int32)
+    before = tl.zeros([E_P2], dtype=tl.int32)
+    for start in range(0, n_pairs, CHUNK):
+        p = start + lanes
+        k = _pair_key(ids_ptr, p, n_pairs, topk, PAIRS_PER_TOKEN)
+        k = tl.where(k < 0, E_P2 - 1, k)
+        counts += tl.histogram(k, E_P2)
+        if BEFORE:
+            before += tl.histogram(tl.where(p < first, k, E_P2 - 1), E_P2)
+    return tl.where(keys == E_P2 - 1, 0, counts), tl.where(keys == E_P2 - 1, 0, before)
 
 
 # Sizes that change with the token count are not specialised: one compile serves every bucket.
@@ -154,27 +196,30 @@ def _align_one_kernel(
     ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, cursor_ptr,
     n_pairs, n_blocks, topk, n_routed,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, E_P2: tl.constexpr,
-    CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):
-    """One program: counts, the whole tile table, then atomic row claims."""
-    ex = tl.arange(0, E_P2)
-    lanes = tl.arange(0, CHUNK)
-    # Per-expert counts (lanes past the end land in the spare last bin).
-    counts = tl.zeros([E_P2], dtype=tl.int32)
-    for start in range(0, n_pairs, CHUNK):
-        e = _pair_expert(ids_ptr, start + lanes, n_pairs, topk, n_routed, PAIRS_PER_TOKEN)
-        counts += tl.histogram(tl.where(e < 0, E_P2 - 1, e), E_P2)
-    counts = tl.where(ex == E_P2 - 1, 0, counts)
+    """One program: counts, the whole tile table, then the rows: shared pairs in token order,
+    routed pairs by atomic row claims."""
+    if PDL:  # launched early behind the router: the experts' GEMM may launch too, then wait
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    n_shared = PAIRS_PER_TOKEN - topk
+    counts, _ = _count(ids_ptr, n_pairs, topk, 0, PAIRS_PER_TOKEN, E_P2, CHUNK, False)
     starts = _tiles(block_expert_ptr, block_rows_ptr, counts, 0, BLOCK_CHUNK, n_blocks,
-                    BLOCK_M, E_P2, BLOCK_CHUNK)
-    # Each pair takes the next free row of its expert. The order of the rows inside an
-    # expert's run depends on atomic timing; results do not (every row is independent).
-    tl.store(cursor_ptr + ex, starts)
+                    n_routed, n_shared, BLOCK_M, E_P2, BLOCK_CHUNK)
+    # A routed pair takes the next free row of its run: the order inside a routed expert's
+    # run follows atomic timing, which changes no result (every row of the GEMMs is computed
+    # independently). Shared runs start at s * cdiv(tokens, BLOCK_M) * BLOCK_M.
+    tl.store(cursor_ptr + tl.arange(0, E_P2), starts)
     tl.debug_barrier()
+    lanes = tl.arange(0, CHUNK)
+    per = tl.cdiv(n_pairs // PAIRS_PER_TOKEN, BLOCK_M) * BLOCK_M
     for start in range(0, n_pairs, CHUNK):
         p = start + lanes
-        e = _pair_expert(ids_ptr, p, n_pairs, topk, n_routed, PAIRS_PER_TOKEN)
-        dest = tl.atomic_add(cursor_ptr + e, 1, mask=p < n_pairs, sem="relaxed")
+        k = _pair_key(ids_ptr, p, n_pairs, topk, PAIRS_PER_TOKEN)
+        routed = (p < n_pairs) & (k >= n_shared)
+        dest = tl.atomic_add(cursor_ptr + k, 1, mask=routed, sem="relaxed")
+        dest = tl.where(routed, dest, k * per + p // PAIRS_PER_TOKEN)
         tl.store(sorted_ptr + dest, p, mask=p < n_pairs)
 
 
@@ -184,45 +229,39 @@ def _align_sliced_kernel(
     ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
     n_pairs, n_blocks, topk, n_routed,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, E_P2: tl.constexpr,
-    CHUNK: tl.constexpr, SLICE: tl.constexpr, BLOCK_CHUNK: tl.constexpr,
+    CHUNK: tl.constexpr, SLICE: tl.constexpr, BLOCK_CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Program `pid` places pairs pid * SLICE.. (its slice) and a share of the tile table."""
+    """Program `pid` places pairs pid * SLICE.. (its slice) and a share of the tile table;
+    every program recounts the pairs (ids from L2): no communication, no atomics."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     first = pid * SLICE
-    ex = tl.arange(0, E_P2)
-    lanes = tl.arange(0, CHUNK)
-    # Per-expert counts of all pairs and of the pairs before this slice, recounted by every
-    # program (ids from L2): no communication between programs, no atomics.
-    counts = tl.zeros([E_P2], dtype=tl.int32)
-    before = tl.zeros([E_P2], dtype=tl.int32)
-    for start in range(0, n_pairs, CHUNK):
-        p = start + lanes
-        e = _pair_expert(ids_ptr, p, n_pairs, topk, n_routed, PAIRS_PER_TOKEN)
-        e = tl.where(e < 0, E_P2 - 1, e)
-        counts += tl.histogram(e, E_P2)
-        before += tl.histogram(tl.where(p < first, e, E_P2 - 1), E_P2)
-    counts = tl.where(ex == E_P2 - 1, 0, counts)
-    before = tl.where(ex == E_P2 - 1, 0, before)
+    counts, before = _count(ids_ptr, n_pairs, topk, first, PAIRS_PER_TOKEN, E_P2, CHUNK, True)
     starts = _tiles(block_expert_ptr, block_rows_ptr, counts, pid * BLOCK_CHUNK,
-                    tl.num_programs(0) * BLOCK_CHUNK, n_blocks, BLOCK_M, E_P2, BLOCK_CHUNK)
-    # The slice's pairs: row = start of the expert's run + its pairs before the slice + its
-    # pairs earlier in the slice. Pair order is kept inside every run (a stable sort).
+                    tl.num_programs(0) * BLOCK_CHUNK, n_blocks, n_routed,
+                    PAIRS_PER_TOKEN - topk, BLOCK_M, E_P2, BLOCK_CHUNK)
+    # The slice's pairs: row = start of the run + its pairs before the slice + its pairs
+    # earlier in the slice. Pair order is kept inside every run (a stable sort).
     s = tl.arange(0, SLICE)
     p = first + s
-    e = _pair_expert(ids_ptr, p, n_pairs, topk, n_routed, PAIRS_PER_TOKEN)
-    earlier = (e[:, None] == e[None, :]) & (s[None, :] < s[:, None])
+    k = _pair_key(ids_ptr, p, n_pairs, topk, PAIRS_PER_TOKEN)
+    earlier = (k[:, None] == k[None, :]) & (s[None, :] < s[:, None])
     rank = tl.sum(earlier.to(tl.int32), axis=1)
-    base = tl.sum(tl.where(e[:, None] == ex[None, :], (starts + before)[None, :], 0), axis=1)
+    keys = tl.arange(0, E_P2)
+    base = tl.sum(tl.where(k[:, None] == keys[None, :], (starts + before)[None, :], 0), axis=1)
     tl.store(sorted_ptr + base + rank, p, mask=p < n_pairs)
 
 
 def align_triton(
-    ids: Int[Tensor, "tokens topk"], experts: int, shared: int, block_m: int
+    ids: Int[Tensor, "tokens topk"], experts: int, shared: int, block_m: int, pdl: bool = False
 ) -> tuple[Int[Tensor, " rows"], Int[Tensor, " blocks"], Int[Tensor, " blocks"]]:
     """The layout of `align_torch` (padding rows of `sorted_pairs` left unset) in one launch:
-    up to ONE_PROGRAM_MAX_PAIRS pairs one program with atomic row claims (the order inside an
-    expert's run may differ from align_torch's), beyond that ceil(pairs / ALIGN_SLICE)
-    programs and the same order as align_torch."""
+    up to ONE_PROGRAM_MAX_PAIRS pairs one program with atomic row claims (the order inside a
+    routed expert's run may differ from align_torch's), beyond that ceil(pairs / ALIGN_SLICE)
+    programs and align_torch's order. `pdl`: launched as a programmatic dependent (sm90+) of
+    the kernel before it (the router), and lets the kernel after it launch at once."""
     tokens, topk = ids.shape
     n, n_exp = tokens * (topk + shared), experts + shared
     nb = max_blocks(n, n_exp, block_m)
@@ -230,7 +269,8 @@ def align_triton(
     block_expert = torch.empty(nb, dtype=torch.int32, device=ids.device)
     block_rows = torch.empty(nb, dtype=torch.int32, device=ids.device)
     e_p2 = triton.next_power_of_2(n_exp + 1)  # one spare bin
-    common = dict(PAIRS_PER_TOKEN=topk + shared, BLOCK_M=block_m, E_P2=e_p2, CHUNK=1024)
+    common = dict(PAIRS_PER_TOKEN=topk + shared, BLOCK_M=block_m, E_P2=e_p2, CHUNK=1024,
+                  PDL=pdl, **({"launch_pdl": True} if pdl else {}))
     if n <= ONE_PROGRAM_MAX_PAIRS:
         cursor = torch.empty(e_p2, dtype=torch.int32, device=ids.device)
         _align_one_kernel[(1,)](
@@ -244,10 +284,11 @@ def align_triton(
 
 
 def align(
-    ids: Int[Tensor, "tokens topk"], experts: int, shared: int, block_m: int
+    ids: Int[Tensor, "tokens topk"], experts: int, shared: int, block_m: int, pdl: bool = False
 ) -> tuple[Int[Tensor, " rows"], Int[Tensor, " blocks"], Int[Tensor, " blocks"]]:
-    """Triton up to TRITON_ALIGN_MAX_PAIRS pairs (one launch), torch ops beyond."""
+    """Triton up to TRITON_ALIGN_MAX_PAIRS pairs (one launch; `pdl` as in align_triton),
+    torch ops beyond."""
     pairs = ids.shape[0] * (ids.shape[1] + shared)
     if ids.is_cuda and pairs <= TRITON_ALIGN_MAX_PAIRS:
-        return align_triton(ids, experts, shared, block_m)
+        return align_triton(ids, experts, shared, block_m, pdl)
     return align_torch(ids, experts, shared, block_m)

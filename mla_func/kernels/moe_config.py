@@ -14,8 +14,8 @@ class MoEConfig:
     `direct`: the direct layout (no alignment launch; block_m unused, DIRECT_BLOCK_M rows).
     `fused_sum` (direct only): the down kernel also sums each token's pairs, one program per
     N-tile of hidden (so narrow N tiles). `fuse_shared`: shared experts folded in as experts
-    (None: up to FUSE_SHARED_MAX_TOKENS tokens). `pdl` (direct only, sm90+): the gate_up
-    kernel launches while the router runs, its shared-expert tiles start at once."""
+    (None: up to FUSE_SHARED_MAX_TOKENS tokens). `pdl` (sm90+): the alignment and the gate_up
+    kernel launch while the router runs; the shared experts' gate_up tiles start at once."""
 
     block_m: int
     gate_up: tuple[int, int, int, int]
@@ -39,11 +39,11 @@ CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 4), direct=True, pdl=True)),
     (2, MoEConfig(16, (32, 128, 4, 4), (128, 64, 4, 4), direct=True, pdl=True)),
     (4, MoEConfig(16, (32, 128, 4, 4), (64, 64, 4, 4), direct=True, pdl=True)),
-    (16, MoEConfig(16, (32, 256, 4, 3), (64, 128, 4, 3))),
-    (64, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 3))),
-    (128, MoEConfig(16, (32, 128, 4, 4), (128, 128, 8, 3))),
-    (256, MoEConfig(32, (64, 64, 4, 4), (64, 128, 4, 3))),
-    (1024, MoEConfig(64, (64, 64, 4, 4), (128, 64, 8, 4))),
+    (16, MoEConfig(16, (32, 256, 4, 3), (64, 128, 4, 3), pdl=True)),
+    (64, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 3), pdl=True)),
+    (128, MoEConfig(16, (32, 128, 4, 4), (128, 128, 8, 3), pdl=True)),
+    (256, MoEConfig(32, (64, 64, 4, 4), (64, 128, 4, 3), pdl=True)),
+    (1024, MoEConfig(64, (64, 64, 4, 4), (128, 64, 8, 4), pdl=True)),
     (1 << 62, MoEConfig(128, (128, 64, 8, 4), (128, 64, 8, 4))),
 )
 
