@@ -126,8 +126,12 @@ def _gate_up_kernel(
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    if DIRECT:
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+    else:  # N-tiles fastest: the shared experts' M-tiles, the first, launch first
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
     if PDL:  # launched while the router (and alignment) run: routed tiles need their output
         if not _is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN, BLOCK_M, DIRECT):
             tl.extra.cuda.gdc_wait()
@@ -340,7 +344,8 @@ def fused_experts(
     act = torch.empty(n_tiles * bm, n_inter, dtype=x.dtype, device=x.device)
     bn, bk, warps, stages = _fit(cfg.gate_up, n_inter, n_hidden)
     pdl = cfg.pdl and pdl_supported(x.device)
-    _gate_up_kernel[(n_tiles, triton.cdiv(n_inter, bn))](
+    n_n = triton.cdiv(n_inter, bn)
+    _gate_up_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
         x, gate_up, s_gate_up, act, *tiles, n_inter, n_hidden, n_routed, x.stride(0),
         gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
         s_gate_up.stride(0), s_gate_up.stride(1), s_gate_up.stride(2),
