@@ -1,6 +1,6 @@
 """Profile one V2-Lite decode step (GPU): kernel count, top kernels, eager vs whole-step graph.
 
-    python -m scripts.profile_step [--batch 1 128] [--ctx 1024]
+    python -m scripts.profile_step [--batch 1 128] [--ctx 1024] [--graph]
 
 The whole-step graph here is a plain `torch.cuda.graph` around `forward` (no compiler): a
 check of what FULL mode should reach, and of where the time goes inside it.
@@ -16,15 +16,17 @@ from scripts.bench_common import cuda_time_ms, graph_time_ms, print_table
 from scripts.bench_step import count_distinct_experts, decode_batch, step_floor
 
 
-def profile(params, state, batch, top: int = 25) -> list[dict]:
+def profile(step, top: int = 25) -> list[dict]:
+    """Kernels of one call of `step` (an eager forward, or a graph replay: its kernels are
+    listed one by one too), by total device time."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     for _ in range(2):
-        mf.forward(params, state, batch)
+        step()
     torch.cuda.synchronize()
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-        mf.forward(params, state, batch)
+        step()
         torch.cuda.synchronize()
     rows: dict[str, dict] = {}
     for evt in prof.events():
@@ -46,6 +48,7 @@ def main() -> None:
     p.add_argument("--ctx", type=int, default=1024)
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--backend", default="triton")
+    p.add_argument("--graph", action="store_true", help="also list the kernels of a replay")
     args = p.parse_args()
     from scripts.bench_common import measure_ceilings
 
@@ -65,8 +68,14 @@ def main() -> None:
         summary.append({"batch": bsz, "ctx": args.ctx, "floor_ms": floor["floor_ms"],
                         "eager_ms": eager, "graph_ms": graph,
                         "graph_over_floor": graph / floor["floor_ms"]})
-        print_table(profile(params, state, batch), ["kernel", "count", "us"],
-                    f"B={bsz} ctx={args.ctx} kernels (eager, one step)")
+        print_table(profile(lambda b=batch: mf.forward(params, state, b)),
+                    ["kernel", "count", "us"], f"B={bsz} ctx={args.ctx} kernels (eager, one step)")
+        if args.graph:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                mf.forward(params, state, batch)
+            print_table(profile(graph.replay), ["kernel", "count", "us"],
+                        f"B={bsz} ctx={args.ctx} kernels (one whole-step graph replay)")
     print_table(summary, list(summary[0]), f"decode step, {torch.cuda.get_device_name()}")
 
 
