@@ -10,4 +10,5 @@
   and the fused MoE grouped GEMM.
 - router, router_select: the fused MoE router (logits, then scoring, group mask, top-k) in
   one launch.
+- pdl: where programmatic dependent launch (sm90+) is available, and its rules.
 """
