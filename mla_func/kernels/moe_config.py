@@ -34,7 +34,7 @@ class MoEConfig:
 # row is the best of the 2026-11-21 sweep. 1-4 tokens: the direct layout
 # (`moe_align.direct_tile`) instead of the alignment launch (~9 us): 47 vs 52 us at 1 token,
 # 71 vs 80 at 2, 108 vs 111 at 4. It re-reads an expert once per token that picks it, so past
-# a few tokens the aligned layout wins. `pdl` is on up to 1024 tokens: the layer took 1.5-11 us
+# a few tokens the aligned layout wins. `pdl` is on up to 1024 tokens: the layer took 3-13 us
 # less with it from 1 to 512 tokens on an H100 (docs/perf/2026-11-22-h100-run11, `fused_no_pdl`).
 CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 4), direct=True, pdl=True)),
