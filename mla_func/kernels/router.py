@@ -23,9 +23,9 @@ time. With one split there is no counter: the program reads its own partials bac
 model: many splits spread the router read over the SMs (decode), but the last program reads
 every split's partials, so large steps use fewer splits and bigger token blocks (prefill).
 
-On sm90+ every program first lets its dependants launch (PDL, `kernels/pdl.py`): the experts'
-gate_up kernel starts its shared-expert tiles while the router runs (`fused_moe`, direct
-layout); a kernel launched without PDL still waits for the router's end.
+On sm90+ every program first lets its dependants launch (PDL, `kernels/pdl.py`): the expert
+alignment and the experts' gate_up kernel launch while the router runs and the shared experts'
+tiles start (`fused_moe`); a kernel launched without PDL still waits for the router's end.
 
 Graph capture: the counters are allocated once per device, at a fixed size, on the first
 call: run the op once eagerly before a CUDA-graph capture (warm-up does), and do not
@@ -183,7 +183,7 @@ def _router_kernel(x_ptr, r_ptr, bias_ptr, part_ptr, cnt_ptr, w_out, id_out, T, 
                    TOPK_GROUP: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_GS: tl.constexpr,
                    NORMALIZE: tl.constexpr, HAS_BIAS: tl.constexpr, REDUCE: tl.constexpr,
                    X_EXACT: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # the experts' GEMM may launch now: its shared-expert tiles need no routing
+    if PDL:  # the alignment / experts' GEMM may launch now (shared tiles need no routing)
         tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     s = tl.program_id(1)
