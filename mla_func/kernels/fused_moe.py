@@ -326,6 +326,7 @@ def fused_experts(
             raise ValueError("expert weights must be contiguous along their last axis")
     x, ids, weights = x.contiguous(), ids.contiguous(), weights.contiguous()
     pairs_per_token = topk + n_shared
+    pdl = cfg.pdl and pdl_supported(x.device)
     if cfg.direct:
         if tokens > DIRECT_BLOCK_M:
             raise ValueError(f"the direct path takes at most {DIRECT_BLOCK_M} tokens")
@@ -335,7 +336,7 @@ def fused_experts(
         if cfg.fused_sum:
             raise ValueError("fused_sum needs the direct layout (MoEConfig.direct)")
         bm = cfg.block_m
-        layout = align(ids, n_routed, n_shared, bm, cfg.pdl and pdl_supported(x.device))
+        layout = align(ids, n_routed, n_shared, bm, pdl)
         n_tiles = layout[1].shape[0]
     tiles = (ids, *layout, tokens, topk)
     common = dict(PAIRS_PER_TOKEN=pairs_per_token, BLOCK_M=bm,
@@ -343,7 +344,6 @@ def fused_experts(
 
     act = torch.empty(n_tiles * bm, n_inter, dtype=x.dtype, device=x.device)
     bn, bk, warps, stages = _fit(cfg.gate_up, n_inter, n_hidden)
-    pdl = cfg.pdl and pdl_supported(x.device)
     n_n = triton.cdiv(n_inter, bn)
     _gate_up_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
         x, gate_up, s_gate_up, act, *tiles, n_inter, n_hidden, n_routed, x.stride(0),
