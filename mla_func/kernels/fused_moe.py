@@ -47,7 +47,7 @@ import triton.language as tl
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mla_func.kernels.moe_align import align, direct_tile, shared_tile
+from mla_func.kernels.moe_align import align, direct_tile, is_shared_tile, tile
 from mla_func.kernels.moe_config import (
     DIRECT_BLOCK_M,
     FUSE_SHARED_MAX_TOKENS,
@@ -71,40 +71,6 @@ def _expert_base(w_ptr, ws_ptr, e, n_routed, stride_e, stride_se):
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, n_tokens, topk, n_routed,
-          PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, DIRECT: tl.constexpr):
-    """(expert, pair per row, real rows) of M-tile `pid_m`. Its activations live in rows
-    pid_m * BLOCK_M.. of `act` in both layouts: affine rows keep the down GEMM's A loads cheap
-    (gathered rows cost it ~100 registers on sm90)."""
-    if DIRECT:
-        e, pair, row_ok = direct_tile(pid_m, ids_ptr, n_tokens, topk, n_routed,
-                                      PAIRS_PER_TOKEN, BLOCK_M)
-    elif _is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN, BLOCK_M, DIRECT):
-        e, pair, row_ok = shared_tile(pid_m, n_tokens, topk, n_routed, PAIRS_PER_TOKEN, BLOCK_M)
-    else:
-        rows = tl.arange(0, BLOCK_M)
-        e = tl.load(block_expert_ptr + pid_m)
-        row_ok = rows < tl.load(block_rows_ptr + pid_m)
-        pair = tl.load(sorted_ptr + pid_m * BLOCK_M + rows, mask=row_ok, other=0)
-    return e, pair, row_ok
-
-
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr,
-                    DIRECT: tl.constexpr):
-    """Whether M-tile `pid_m` is a shared expert's: found without the routing (direct layout:
-    the last tiles; aligned: the first, `moe_align.shared_tile`)."""
-    if DIRECT:
-        shared = pid_m >= n_tokens * topk
-    else:
-        shared = pid_m < (PAIRS_PER_TOKEN - topk) * tl.cdiv(n_tokens, BLOCK_M)
-    return shared
-
-
-# The token count only sizes the direct layout: not specialised, one compile serves every bucket.
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _k_masks(row_ok, n_ok, k_ok, EVEN_K: tl.constexpr):
     """Load masks of one K step: A [rows, K] and B [K, N] (K needs none when tiles divide it)."""
     if EVEN_K:
@@ -116,6 +82,7 @@ def _k_masks(row_ok, n_ok, k_ok, EVEN_K: tl.constexpr):
     return a_mask, b_mask
 
 
+# The token count only sizes the direct layout: not specialised, one compile serves every bucket.
 @triton.jit(do_not_specialize=["n_tokens"])
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _gate_up_kernel(
@@ -133,9 +100,9 @@ def _gate_up_kernel(
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
     if PDL:  # launched while the router (and alignment) run: routed tiles need their output
-        if not _is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN, BLOCK_M, DIRECT):
+        if not is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN, BLOCK_M, DIRECT):
             tl.extra.cuda.gdc_wait()
-    e, pair, row_ok = _tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
+    e, pair, row_ok = tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
                             n_tokens, topk, n_routed, PAIRS_PER_TOKEN, BLOCK_M, DIRECT)
     if e < 0:
         return
@@ -212,7 +179,7 @@ def _down_kernel(
     """Each pair's weighted expert output to its own row of `out` ([pairs, hidden])."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    e, pair, row_ok = _tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
+    e, pair, row_ok = tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
                             n_tokens, topk, n_routed, PAIRS_PER_TOKEN, BLOCK_M, DIRECT)
     if e < 0:
         return

@@ -145,6 +145,40 @@ def direct_tile(q, ids_ptr, n_tokens, topk, n_routed, PAIRS_PER_TOKEN: tl.conste
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, n_tokens, topk, n_routed,
+         PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, DIRECT: tl.constexpr):
+    """(expert, pair per row, real rows) of M-tile `pid_m` of either layout, as `fused_moe`'s
+    GEMMs read it. The tile's activations live in rows pid_m * BLOCK_M.. of `act` in both
+    layouts: affine rows keep the down GEMM's A loads cheap (gathered rows cost it ~100
+    registers on sm90)."""
+    if DIRECT:
+        e, pair, row_ok = direct_tile(pid_m, ids_ptr, n_tokens, topk, n_routed,
+                                      PAIRS_PER_TOKEN, BLOCK_M)
+    elif is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN, BLOCK_M, DIRECT):
+        e, pair, row_ok = shared_tile(pid_m, n_tokens, topk, n_routed, PAIRS_PER_TOKEN, BLOCK_M)
+    else:
+        rows = tl.arange(0, BLOCK_M)
+        e = tl.load(block_expert_ptr + pid_m)
+        row_ok = rows < tl.load(block_rows_ptr + pid_m)
+        pair = tl.load(sorted_ptr + pid_m * BLOCK_M + rows, mask=row_ok, other=0)
+    return e, pair, row_ok
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr,
+                   DIRECT: tl.constexpr):
+    """Whether M-tile `pid_m` is a shared expert's: found without the routing (direct layout:
+    the last tiles; aligned: the first, `shared_tile`)."""
+    if DIRECT:
+        shared = pid_m >= n_tokens * topk
+    else:
+        shared = pid_m < (PAIRS_PER_TOKEN - topk) * tl.cdiv(n_tokens, BLOCK_M)
+    return shared
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _tiles(block_expert_ptr, block_rows_ptr, counts, first, step, n_blocks, n_routed, n_shared,
            BLOCK_M: tl.constexpr, E_P2: tl.constexpr, BLOCK_CHUNK: tl.constexpr):
     """Run starts per key from the pair counts per key; writes the expert and real-row count
