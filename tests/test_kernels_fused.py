@@ -1,4 +1,5 @@
-"""Fused element-wise kernels vs the torch reference, fresh random inputs (CPU: interpreted)."""
+"""Fused element-wise kernels (norm, rope, swiglu) vs the torch reference, fresh random inputs
+(CPU: interpreted)."""
 
 import pytest
 import torch
@@ -6,6 +7,8 @@ import torch
 import mla_func as mf
 from mla_func.kernels.norm import add_rmsnorm, rmsnorm
 from mla_func.kernels.rope import mla_prologue
+from mla_func.kernels.swiglu import silu_mul, swiglu
+from mla_func.ops.mlp import swiglu as swiglu_ref
 from mla_func.ops.norm import rmsnorm as rmsnorm_ref
 from mla_func.ops.rope import apply_rope, rope_cos_sin
 from mla_func.params import yarn_inv_freq
@@ -56,6 +59,24 @@ def test_prologue_matches_reference(preset, heads, dtype):
     torch.testing.assert_close(rows, ref_rows, **_tol(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens, inter", [(1, 16), (5, 1100), (3, 2048)])
+def test_silu_mul_and_swiglu(dtype, tokens, inter):
+    gu = torch.randn(tokens, 2 * inter, device=DEVICE, dtype=dtype) * 3
+    gate, up = gu.chunk(2, dim=-1)
+    torch.testing.assert_close(silu_mul(gu), torch.nn.functional.silu(gate) * up, **_tol(dtype))
+    wide = torch.randn(tokens, 2 * inter + 8, device=DEVICE, dtype=dtype)[:, 8:]  # row stride
+    torch.testing.assert_close(silu_mul(wide), silu_mul(wide.contiguous()), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="unit column stride"):
+        silu_mul(gu[:, ::2])
+    if dtype == torch.float32:  # the interpreter's bf16 GEMMs are not the point here
+        x = torch.randn(tokens, 32, device=DEVICE)
+        gate_up = torch.randn(2, inter, 32, device=DEVICE) * 32**-0.5
+        down = torch.randn(32, inter, device=DEVICE) * inter**-0.5
+        torch.testing.assert_close(swiglu(x, gate_up, down), swiglu_ref(x, gate_up, down),
+                                   **_tol(dtype))
+
+
 @pytest.mark.cuda
 def test_fused_kernels_at_v2_lite_size_on_gpu():
     cfg = mf.MLAConfig.preset("v2-lite")
@@ -76,3 +97,8 @@ def test_fused_kernels_at_v2_lite_size_on_gpu():
     ref_rows = torch.cat([rmsnorm_ref(kv[:, :512], wk, 1e-6), apply_rope(kv[:, 512:], cos, sin)],
                          -1)
     torch.testing.assert_close(rows, ref_rows, rtol=2e-2, atol=2e-2)
+    gu = torch.randn(4096, 2 * 2816, device="cuda", dtype=torch.bfloat16) * 3
+    gate, up = gu.chunk(2, dim=-1)
+    # The reference's rounding (silu rounded, then the product): exact but for exp's last bit.
+    torch.testing.assert_close(silu_mul(gu), torch.nn.functional.silu(gate) * up,
+                               rtol=8e-3, atol=1e-5)

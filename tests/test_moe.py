@@ -112,6 +112,38 @@ def test_fused_matches_reference(tokens, topk, n_exp, hidden, inter, shared, ske
     close(experts(x, w, ids, gu, dn, mlp, impl="sorted_torch"), want, 1e-5)
 
 
+@pytest.mark.parametrize("tokens,topk,n_exp,hidden,inter,shared", [
+    (33, 2, 8, 32, 16, 0),   # several M-tiles per expert
+    (5, 2, 8, 48, 24, 1),    # tiles past hidden and moe_inter: TMA fills zeros, rows of the
+                             # next matrix land in masked columns
+    (40, 6, 64, 64, 32, 2),  # most experts empty
+])
+def test_tma_matches_reference_and_pointer_loads(tokens, topk, n_exp, hidden, inter, shared,
+                                                monkeypatch):
+    x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, hidden, inter, shared, seed=tokens)
+    s_gu, s_dn = (None, None) if mlp is None else (mlp.gate_up, mlp.down)
+    cfg = dataclasses.replace(SMALL, fuse_shared=False)
+    # TMA reads `act`'s padding rows, which nothing writes: new buffers start as NaN here, so
+    # any of it that reaches a real row shows.
+    empty = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    pointer = fused_experts(x, w, ids, gu, dn, s_gu, s_dn, cfg)
+    got = fused_experts(x, w, ids, gu, dn, s_gu, s_dn, dataclasses.replace(cfg, tma=True))
+    close(got, reference(x, w, ids, gu, dn, mlp), 1e-5)
+    assert torch.equal(got, pointer)
+    with pytest.raises(ValueError, match="tma needs the aligned layout and the shared"):
+        fused_experts(x, w, ids, gu, dn, s_gu, s_dn, dataclasses.replace(SMALL, tma=True,
+                      fuse_shared=True) if shared else dataclasses.replace(DIRECT, tma=True))
+    with pytest.raises(ValueError, match="tma needs contiguous expert weights"):
+        fused_experts(x, w, ids, torch.cat((gu, gu), 2)[:, :, :inter], dn,
+                      config=dataclasses.replace(cfg, tma=True))
+
+
 @pytest.mark.parametrize("tokens,topk,n_exp,hidden,inter,shared,fuse_shared", [
     (1, 6, 64, 64, 32, 2, None),   # decode: no expert read twice
     (2, 2, 8, 64, 32, 1, None),
@@ -197,16 +229,21 @@ from sm90_ptxas import ptxas_usage
 from mla_func.kernels.fused_moe import _down_kernel, _down_sum_kernel, _gate_up_kernel
 ptrs = dict(weights_ptr="*fp32", ids_ptr="*i64", sorted_ptr="*i32", block_expert_ptr="*i32",
             block_rows_ptr="*i32")
-for fn, (bn, bk, warps, stages), const in [
-        (_gate_up_kernel, (32, 128, 4, 4), dict(DIRECT=False, PDL=True)),
-        (_gate_up_kernel, (32, 128, 4, 4), dict(DIRECT=True, PDL=True)),
-        (_down_kernel, (64, 128, 4, 4), dict(DIRECT=False)),
-        (_down_kernel, (64, 128, 4, 4), dict(DIRECT=True)),
-        (_down_sum_kernel, (16, 256, 4, 4), dict(HAS_EXTRA=False))]:
-    const = dict(PAIRS_PER_TOKEN=8, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32",
+no_tma = dict(TMA=False, w_desc=None)
+for fn, (bm, bn, bk, warps, stages), const in [
+        (_gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=False, PDL=True, **no_tma)),
+        (_gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=True, PDL=True, **no_tma)),
+        (_down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=False, act_desc=None, **no_tma)),
+        (_down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=True, act_desc=None, **no_tma)),
+        (_down_sum_kernel, (16, 16, 256, 4, 4), dict(HAS_EXTRA=False)),
+        # The large-token configuration: expert weights (and act) through TMA descriptors.
+        (_gate_up_kernel, (128, 128, 64, 8, 4), dict(DIRECT=False, PDL=False, TMA=True)),
+        (_down_kernel, (128, 128, 64, 8, 4), dict(DIRECT=False, TMA=True))]:
+    const = dict(PAIRS_PER_TOKEN=8, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32",
                  EVEN_K=(1408 if fn is not _gate_up_kernel else 2048) % bk == 0, **const)
-    sig = {n: "constexpr" if n in const else ptrs.get(n, "*bf16") if n.endswith("_ptr")
-           else "i32" for n in fn.arg_names}
+    descs = dict(w_desc=f"tensordesc<bf16[{bn}, {bk}]>", act_desc=f"tensordesc<bf16[{bm}, {bk}]>")
+    sig = {n: "constexpr" if n in const else descs[n] if n in descs
+           else ptrs.get(n, "*bf16") if n.endswith("_ptr") else "i32" for n in fn.arg_names}
     # What a launch at V2-Lite sizes specialises on: aligned pointers, strides and dims.
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if sig[n][0] == "*" or n.startswith(("stride", "n_inter", "n_hidden"))}
@@ -251,6 +288,20 @@ def test_cuda_real_sizes(shape, tokens, skew):
     assert torch.equal(runs(a, 16), runs(b, 16))
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [300, 4096])
+def test_cuda_tma_matches_pointer_loads(tokens):
+    """The large-token tiles with TMA loads: the reference's result, and the pointer-load
+    kernels' bits (the same tiles and the same order of sums)."""
+    x, w, ids, gu, dn, mlp = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda")
+    cfg = MoEConfig(128, (128, 64, 8, 4), (128, 64, 8, 4), fuse_shared=False)
+    got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
+                        dataclasses.replace(cfg, tma=True))
+    want = reference(x, w, ids, gu, dn, mlp)
+    assert ((got.float() - want.float()).norm() / want.float().norm()) < 2e-2
+    assert torch.equal(got, fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg))
+
+
 def runs(layout, block_m):
     """Each real row as (expert, pair), sorted: the pairs of every expert's run, whatever their
     order inside it (the one-program kernel's follows atomic timing on a GPU)."""
@@ -274,7 +325,7 @@ def test_cuda_direct_matches_aligned(tokens):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("tokens", [1, 4, 8, 128, 1024])
+@pytest.mark.parametrize("tokens", [1, 4, 8, 128, 1024, 4096])
 def test_cuda_pdl_behind_router_matches(tokens):
     """The alignment and the gate_up kernel launched while the router runs (`pdl`: shared
     tiles start early, routed tiles wait for the ids / layout) give the results of the plain

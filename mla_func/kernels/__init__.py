@@ -10,5 +10,6 @@
   and the fused MoE grouped GEMM.
 - router, router_select: the fused MoE router (logits, then scoring, group mask, top-k) in
   one launch.
+- swiglu: the shared experts' SwiGLU apart (large steps): cuBLAS GEMMs, one fused silu * up.
 - pdl: where programmatic dependent launch (sm90+) is available, and its rules.
 """

@@ -46,6 +46,7 @@ import triton
 import triton.language as tl
 from jaxtyping import Float, Int
 from torch import Tensor
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from mla_func.kernels.moe_align import align, direct_tile, is_shared_tile, tile
 from mla_func.kernels.moe_config import (
@@ -55,7 +56,7 @@ from mla_func.kernels.moe_config import (
     pick_config,
 )
 from mla_func.kernels.pdl import supported as pdl_supported
-from mla_func.ops.mlp import swiglu
+from mla_func.kernels.swiglu import swiglu
 
 
 @triton.jit
@@ -86,12 +87,12 @@ def _k_masks(row_ok, n_ok, k_ok, EVEN_K: tl.constexpr):
 @triton.jit(do_not_specialize=["n_tokens"])
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _gate_up_kernel(
-    x_ptr, w_ptr, ws_ptr, act_ptr, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
-    n_tokens, topk, n_inter, n_hidden, n_routed, stride_x,
+    x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
+    block_rows_ptr, n_tokens, topk, n_inter, n_hidden, n_routed, stride_x,
     stride_we, stride_wg, stride_wn, stride_se, stride_sg, stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, TMA: tl.constexpr,
 ):
     if DIRECT:
         pid_m = tl.program_id(0)
@@ -117,13 +118,20 @@ def _gate_up_kernel(
     a_ptrs = x_ptr + tok[:, None] * stride_x + offs_k[None, :]
     g_ptrs = base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
     u_ptrs = g_ptrs + stride_g
+    # TMA (routed experts only): rows of the [experts * 2 * moe_inter, hidden] view. A tile
+    # past moe_inter reads the next matrix's rows into columns the store masks off.
+    row_g = e * 2 * n_inter + pid_n * BLOCK_N
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, n_hidden, BLOCK_K):
         a_mask, b_mask = _k_masks(row_ok, n_ok, offs_k + k < n_hidden, EVEN_K)
         a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-        g = tl.load(g_ptrs, mask=b_mask, other=0.0)
-        u = tl.load(u_ptrs, mask=b_mask, other=0.0)
+        if TMA:
+            g = tl.trans(w_desc.load([row_g, k]))
+            u = tl.trans(w_desc.load([row_g + n_inter, k]))
+        else:
+            g = tl.load(g_ptrs, mask=b_mask, other=0.0)
+            u = tl.load(u_ptrs, mask=b_mask, other=0.0)
         acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
         acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
         a_ptrs += BLOCK_K
@@ -140,23 +148,32 @@ def _gate_up_kernel(
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _down_tile(
-    act_ptr, w_ptr, ws_ptr, weights_ptr, m_tile, e, pair, row_ok, offs_n, n_ok,
-    n_inter, n_routed, topk, stride_we, stride_wn, stride_se, stride_sn,
+    act_ptr, w_ptr, ws_ptr, act_desc, w_desc, weights_ptr, m_tile, e, pair, row_ok, n0, n_ok,
+    n_hidden, n_inter, n_routed, topk, stride_we, stride_wn, stride_se, stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
-    """(act W_down^T) * routing weight of one M-tile and N-tile, fp32 (0 in padding rows)."""
+    """(act W_down^T) * routing weight of one M-tile and N-tile (columns n0 + BLOCK_N), fp32
+    (padding rows are dropped by the caller's store; with TMA they hold whatever `act` held)."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
     base = _expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
     stride_n = tl.where(e >= n_routed, stride_sn, stride_wn)
     offs_k = tl.arange(0, BLOCK_K)
     act_rows = (m_tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     a_ptrs = act_ptr + act_rows[:, None] * n_inter + offs_k[None, :]
     b_ptrs = base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
+    if TMA:  # rows of the [experts * hidden, moe_inter] view, and of `act`
+        row_w = e * n_hidden + n0
+        row_a = m_tile * BLOCK_M
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, n_inter, BLOCK_K):
-        a_mask, b_mask = _k_masks(row_ok, n_ok, offs_k + k < n_inter, EVEN_K)
-        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-        b = tl.load(b_ptrs, mask=b_mask, other=0.0)
+        if TMA:
+            a = act_desc.load([row_a, k])
+            b = tl.trans(w_desc.load([row_w, k]))
+        else:
+            a_mask, b_mask = _k_masks(row_ok, n_ok, offs_k + k < n_inter, EVEN_K)
+            a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+            b = tl.load(b_ptrs, mask=b_mask, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
@@ -170,24 +187,30 @@ def _down_tile(
 @triton.jit(do_not_specialize=["n_tokens"])
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _down_kernel(
-    act_ptr, w_ptr, ws_ptr, out_ptr, weights_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
-    block_rows_ptr, n_tokens, topk, n_hidden, n_inter, n_routed,
+    act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr, ids_ptr, sorted_ptr,
+    block_expert_ptr, block_rows_ptr, n_tokens, topk, n_hidden, n_inter, n_routed,
     stride_we, stride_wn, stride_se, stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """Each pair's weighted expert output to its own row of `out` ([pairs, hidden])."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    if DIRECT:
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+    else:  # N-tiles fastest: an M-tile's `act` rows are read from L2 by all its N-tiles
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
     e, pair, row_ok = tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
                             n_tokens, topk, n_routed, PAIRS_PER_TOKEN, BLOCK_M, DIRECT)
     if e < 0:
         return
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < n_hidden
-    y = _down_tile(act_ptr, w_ptr, ws_ptr, weights_ptr, pid_m, e, pair, row_ok, offs_n,
-                   n_ok, n_inter, n_routed, topk, stride_we, stride_wn, stride_se, stride_sn,
-                   PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION)
+    y = _down_tile(act_ptr, w_ptr, ws_ptr, act_desc, w_desc, weights_ptr, pid_m, e, pair,
+                   row_ok, pid_n * BLOCK_N, n_ok, n_hidden, n_inter, n_routed, topk,
+                   stride_we, stride_wn, stride_se, stride_sn,
+                   PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, TMA)
     out_ptrs = out_ptr + pair.to(tl.int64)[:, None] * n_hidden + offs_n[None, :]
     tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
@@ -205,7 +228,8 @@ def _down_sum_kernel(
     """Direct layout only: one program per N-tile runs every M-tile in order and sums the
     tokens' rows (row r is token r in every tile; other rows add exact zeros), in the order
     and the rounding of `_sum_kernel`: same result, no [pairs, hidden] buffer, one launch."""
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n0 = tl.program_id(0) * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
     n_ok = offs_n < n_hidden
     rows = tl.arange(0, BLOCK_M)
     out_offs = rows.to(tl.int64)[:, None] * n_hidden + offs_n[None, :]
@@ -216,10 +240,10 @@ def _down_sum_kernel(
     for q in range(0, n_tiles):
         e, pair, row_ok = direct_tile(q, ids_ptr, n_tokens, topk, n_routed, PAIRS_PER_TOKEN,
                                       BLOCK_M)
-        y = _down_tile(act_ptr, w_ptr, ws_ptr, weights_ptr, q, e, pair, row_ok,
-                       offs_n, n_ok, n_inter, n_routed, topk,
+        y = _down_tile(act_ptr, w_ptr, ws_ptr, None, None, weights_ptr, q, e, pair, row_ok,
+                       n0, n_ok, n_hidden, n_inter, n_routed, topk,
                        stride_we, stride_wn, stride_se, stride_sn,
-                       PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION)
+                       PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, False)
         total += y.to(out_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=out_ok)
 
@@ -245,6 +269,14 @@ def _fit(tile: tuple[int, int, int, int], n: int, k: int) -> tuple[int, int, int
     bn, bk, warps, stages = tile
     fit = lambda b, d: max(16, min(b, triton.next_power_of_2(d)))  # noqa: E731
     return fit(bn, n), fit(bk, k), warps, stages
+
+
+def _desc(w: Tensor, rows: int, cols: int) -> TensorDescriptor:
+    """A TMA descriptor of `w` seen as a matrix [everything but the last axis, last axis],
+    loading [rows, cols] tiles (zero past the matrix's edges)."""
+    if not w.is_contiguous():
+        raise ValueError("MoEConfig.tma needs contiguous expert weights")
+    return TensorDescriptor.from_tensor(w.view(-1, w.shape[-1]), [rows, cols])
 
 
 def shared_as_experts(
@@ -273,7 +305,8 @@ def fused_experts(
     config: MoEConfig | None = None,
 ) -> Float[Tensor, "tokens hidden"]:
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) (+ the shared MLP when given: folded
-    into the launches up to FUSE_SHARED_MAX_TOKENS tokens, else one swiglu added in the sum).
+    into the launches up to FUSE_SHARED_MAX_TOKENS tokens, else `kernels.swiglu.swiglu`
+    added in the sum).
     `config` (default `pick_config(tokens)`) picks the tiles and the path."""
     tokens, topk = ids.shape
     n_routed, _, n_inter, n_hidden = gate_up.shape
@@ -294,6 +327,8 @@ def fused_experts(
     x, ids, weights = x.contiguous(), ids.contiguous(), weights.contiguous()
     pairs_per_token = topk + n_shared
     pdl = cfg.pdl and pdl_supported(x.device)
+    if cfg.tma and (cfg.direct or n_shared):
+        raise ValueError("MoEConfig.tma needs the aligned layout and the shared experts apart")
     if cfg.direct:
         if tokens > DIRECT_BLOCK_M:
             raise ValueError(f"the direct path takes at most {DIRECT_BLOCK_M} tokens")
@@ -313,11 +348,13 @@ def fused_experts(
     bn, bk, warps, stages = _fit(cfg.gate_up, n_inter, n_hidden)
     n_n = triton.cdiv(n_inter, bn)
     _gate_up_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
-        x, gate_up, s_gate_up, act, *tiles, n_inter, n_hidden, n_routed, x.stride(0),
+        x, gate_up, s_gate_up, _desc(gate_up, bn, bk) if cfg.tma else None, act, *tiles,
+        n_inter, n_hidden, n_routed, x.stride(0),
         gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
         s_gate_up.stride(0), s_gate_up.stride(1), s_gate_up.stride(2),
         BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_hidden % bk == 0, DIRECT=cfg.direct, **common,
-        PDL=pdl, num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl else {}))
+        PDL=pdl, TMA=cfg.tma, num_warps=warps, num_stages=stages,
+        **({"launch_pdl": True} if pdl else {}))
 
     out = torch.empty_like(x)
     bn, bk, warps, stages = _fit(cfg.down, n_hidden, n_inter)
@@ -330,10 +367,12 @@ def fused_experts(
             **common, num_warps=warps, num_stages=stages)
         return out
     buf = torch.empty(tokens * pairs_per_token, n_hidden, dtype=x.dtype, device=x.device)
-    _down_kernel[(n_tiles, triton.cdiv(n_hidden, bn))](
-        act, down, s_down, buf, weights, *tiles, n_hidden, n_inter, n_routed, *strides,
+    descs = (_desc(act, bm, bk), _desc(down, bn, bk)) if cfg.tma else (None, None)
+    n_n = triton.cdiv(n_hidden, bn)
+    _down_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
+        act, down, s_down, *descs, buf, weights, *tiles, n_hidden, n_inter, n_routed, *strides,
         BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0, DIRECT=cfg.direct, **common,
-        num_warps=warps, num_stages=stages)
+        TMA=cfg.tma, num_warps=warps, num_stages=stages)
     block = min(1024, triton.next_power_of_2(n_hidden))
     _sum_kernel[(tokens, triton.cdiv(n_hidden, block))](
         buf, buf if extra is None else extra, out, n_hidden, PAIRS_PER_TOKEN=pairs_per_token,

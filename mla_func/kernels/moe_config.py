@@ -15,7 +15,9 @@ class MoEConfig:
     `fused_sum` (direct only): the down kernel also sums each token's pairs, one program per
     N-tile of hidden (so narrow N tiles). `fuse_shared`: shared experts folded in as experts
     (None: up to FUSE_SHARED_MAX_TOKENS tokens). `pdl` (sm90+): the alignment and the gate_up
-    kernel launch while the router runs; the shared experts' gate_up tiles start at once."""
+    kernel launch while the router runs; the shared experts' gate_up tiles start at once.
+    `tma` (aligned layout, shared experts apart): the expert weights, and `act` in the down
+    GEMM, are read through TMA tensor descriptors instead of pointer loads."""
 
     block_m: int
     gate_up: tuple[int, int, int, int]
@@ -24,14 +26,18 @@ class MoEConfig:
     fused_sum: bool = False
     fuse_shared: bool | None = None
     pdl: bool = False
+    tma: bool = False
 
 
 # (max tokens, config): the first row whose bound is >= the step's static token count.
 # Up to ~1k tokens V2-Lite is weight-read bound: block_m is sized so that an expert's rows
 # (about tokens * topk / experts, plus spread) fit one M-tile and its weights are read once.
-# Every row up to 1024 tokens is the best of `scripts/bench_moe.py --sweep` at its bound (and
-# at 8 / 32 / 512 tokens) on an H200, 2026-11-22 (docs/perf/2026-11-22-h200-run3); the 4096
-# row is the best of the 2026-11-21 sweep. 1-4 tokens: the direct layout
+# Every row up to 512 tokens is the best of `scripts/bench_moe.py --sweep` at its bound (and
+# at 8 / 32 tokens) on an H200, 2026-11-22 (docs/perf/2026-11-22-h200-run3). The 1024 and the
+# last row are the best of the large-tile candidates of docs/perf/2026-11-22-run12/exp_moe.py
+# on an H100 (docs/perf/2026-11-22-h100-run13), timed at 1024 and 4096 tokens: 128-row tiles,
+# TMA loads, shared experts apart (558 against 592 us at 1024, 1304 against 1438 at 4096;
+# between 513 and 1023 tokens this choice is not measured). 1-4 tokens: the direct layout
 # (`moe_align.direct_tile`) instead of the alignment launch (~9 us): 47 vs 52 us at 1 token,
 # 71 vs 80 at 2, 108 vs 111 at 4. It re-reads an expert once per token that picks it, so past
 # a few tokens the aligned layout wins. `pdl` is on up to 1024 tokens: the layer took 3-13 us
@@ -44,8 +50,9 @@ CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (64, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 3), pdl=True)),
     (128, MoEConfig(16, (32, 128, 4, 4), (128, 128, 8, 3), pdl=True)),
     (256, MoEConfig(32, (64, 64, 4, 4), (64, 128, 4, 3), pdl=True)),
-    (1024, MoEConfig(64, (64, 64, 4, 4), (128, 64, 8, 4), pdl=True)),
-    (1 << 62, MoEConfig(128, (128, 64, 8, 4), (128, 64, 8, 4))),
+    (512, MoEConfig(64, (64, 64, 4, 4), (128, 64, 8, 4), pdl=True)),
+    (1024, MoEConfig(128, (128, 64, 8, 3), (128, 64, 8, 3), pdl=True, tma=True)),
+    (1 << 62, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 3), pdl=True, tma=True)),
 )
 
 DIRECT_MAX_TOKENS = max(bound for bound, cfg in CONFIGS if cfg.direct)
@@ -53,9 +60,10 @@ DIRECT_BLOCK_M = 16  # tl.dot's smallest M; also the most tokens the direct layo
 
 # Shared experts ride in the routed launches up to this many tokens (as extra experts every
 # token routes to); past it their `tokens` rows span many M-tiles, each re-reading the shared
-# weights, and a separate swiglu (one dense GEMM) is used. H200, 2026-11-22: folded 305 / 323
-# / 342 us against apart 307 / 331 / 363 us at 128 / 256 / 512 tokens; 4096 not compared.
-FUSE_SHARED_MAX_TOKENS = 1024
+# weights, and `kernels.swiglu` (cuBLAS GEMMs) runs them apart. H200, 2026-11-22: folded 305 /
+# 323 / 342 us against apart 307 / 331 / 363 us at 128 / 256 / 512 tokens. H100 (run 13), with
+# the 128-row TMA tiles: apart 558 us against folded 564 at 1024 tokens.
+FUSE_SHARED_MAX_TOKENS = 512
 
 
 def pick_config(tokens: int) -> MoEConfig:
