@@ -10,14 +10,23 @@ import sys
 from pathlib import Path
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    """(this parser's and the step benchmark's options, the rest for the other benchmarks).
+    No abbreviations: `--batch` (kernels) must not be taken for the step's `--batches`, nor
+    `--page` (kernels) for `--page-size`."""
     from scripts import bench_step
 
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     parser.add_argument("what", choices=["step", "kernels", "moe", "capture", "all"])
     parser.add_argument("--out", default="out/bench")
     bench_step.add_arguments(parser)
-    args, rest = parser.parse_known_args(argv)
+    return parser.parse_known_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from scripts import bench_step
+
+    args, rest = parse(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     results = {}
     for name in (["kernels", "moe", "capture", "step"] if args.what == "all" else [args.what]):
