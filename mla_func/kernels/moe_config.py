@@ -40,8 +40,9 @@ class MoEConfig:
 # between 513 and 1023 tokens this choice is not measured). 1-4 tokens: the direct layout
 # (`moe_align.direct_tile`) instead of the alignment launch (~9 us): 47 vs 52 us at 1 token,
 # 71 vs 80 at 2, 108 vs 111 at 4. It re-reads an expert once per token that picks it, so past
-# a few tokens the aligned layout wins. `pdl` is on up to 1024 tokens: the layer took 3-13 us
-# less with it from 1 to 512 tokens on an H100 (docs/perf/2026-11-22-h100-run11, `fused_no_pdl`).
+# a few tokens the aligned layout wins. `pdl` is on in every row: the layer took 3-13 us less
+# with it from 1 to 512 tokens on an H100 (docs/perf/2026-11-22-h100-run11, `fused_no_pdl`),
+# 1 us less at 1024 and 19 us at 4096 (run 14).
 CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 4), direct=True, pdl=True)),
     (2, MoEConfig(16, (32, 128, 4, 4), (128, 64, 4, 4), direct=True, pdl=True)),
@@ -62,7 +63,7 @@ DIRECT_BLOCK_M = 16  # tl.dot's smallest M; also the most tokens the direct layo
 # token routes to); past it their `tokens` rows span many M-tiles, each re-reading the shared
 # weights, and `kernels.swiglu` (cuBLAS GEMMs) runs them apart. H200, 2026-11-22: folded 305 /
 # 323 / 342 us against apart 307 / 331 / 363 us at 128 / 256 / 512 tokens. H100 (run 13), with
-# the 128-row TMA tiles: apart 558 us against folded 564 at 1024 tokens.
+# 128-row tiles: apart 561 us (558 with TMA) against folded 564 at 1024 tokens.
 FUSE_SHARED_MAX_TOKENS = 512
 
 
