@@ -6,7 +6,7 @@ export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl
 export PYTHONPATH=.:/tmp/site
-D=docs/perf/2026-11-22-run12
+D=docs/perf/2026-11-22-run12; ROOT=$PWD
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
 python3 -c "import triton, torch; print(triton.__version__, torch.__version__)"
 for part in ${*:-moetest moe profile dsweep msweep}; do
@@ -30,6 +30,33 @@ for part in ${*:-moetest moe profile dsweep msweep}; do
                --tokens ${BMOE_T:-32 128 512 1024 4096} > "$OUT/bmoe_$v.log" 2>&1)
             echo "--- $v"; grep -A30 "## MoE layer" "$OUT/bmoe_$v.log" | grep -E "fused |fused_no|tokens" | cut -c1-110
           done ;;
+    skinny) timeout 150 python3 $D/exp_skinny.py > "$OUT/skinny.log" 2>&1; tail -20 "$OUT/skinny.log" ;;
+    step) for v in new base; do
+            dir=.; [ $v = base ] && dir=baseline
+            (cd $dir && PYTHONPATH=.:/tmp/site timeout 200 python3 -m scripts.bench step \
+               --parts decode prefill --contexts 1024 --out "$OUT/step_$v" > "$OUT/step_$v.log" 2>&1)
+            echo "--- $v"; grep -A7 "## decode step" "$OUT/step_$v.log"; grep -A9 "## prefill" "$OUT/step_$v.log"
+          done ;;
+    chain) timeout 150 python3 $D/exp_pdl_chain.py > "$OUT/chain.log" 2>&1; tail -12 "$OUT/chain.log" ;;
+    host) for v in base new base new; do
+            dir=.; [ $v = base ] && dir=baseline
+            echo "--- $v"; (cd $dir && PYTHONPATH=.:/tmp/site timeout 100 python3 $ROOT/$D/exp_host.py 2>&1 | tail -3)
+          done ;;
+    stepr) for v in base new; do
+            dir=.; [ $v = base ] && dir=baseline
+            (cd $dir && PYTHONPATH=.:/tmp/site timeout 200 python3 -m scripts.bench step \
+               --parts decode prefill --contexts 1024 --out "$OUT/stepr_$v" > "$OUT/stepr_$v.log" 2>&1)
+            echo "--- $v"; grep -A7 "## decode step" "$OUT/stepr_$v.log"; grep -A9 "## prefill" "$OUT/stepr_$v.log"
+          done ;;
+    prefab) for v in base new base new; do
+            dir=.; [ $v = base ] && dir=baseline
+            (cd $dir && PYTHONPATH=.:/tmp/site timeout 150 python3 -m scripts.bench step \
+               --parts prefill --prefill-tokens 128 512 1024 2048 --contexts 1024 \
+               --out "$OUT/prefab_$v" > "$OUT/prefab_$v.log" 2>&1)
+            echo "--- $v"; grep -A6 "## prefill" "$OUT/prefab_$v.log" | tail -4
+          done ;;
+    kern) timeout 200 python3 -m scripts.bench kernels --heads 16 --batch 128 --ctx 4096 16384 \
+            --page 1 64 --no-ref --prompt 1024 > "$OUT/kern.log" 2>&1; tail -14 "$OUT/kern.log" | cut -c1-150 ;;
     msweep) timeout 200 python3 -m scripts.bench_moe --sweep --tokens 32 128 --out "$OUT" \
               > "$OUT/msweep.log" 2>&1; grep -A14 -i "sweep" "$OUT/msweep.log" | tail -30 | cut -c1-110 ;;
   esac
