@@ -38,7 +38,7 @@ for part in ${*:-moetest moe profile dsweep msweep}; do
             echo "--- $v"; grep -A7 "## decode step" "$OUT/step_$v.log"; grep -A9 "## prefill" "$OUT/step_$v.log"
           done ;;
     chain) timeout 150 python3 $D/exp_pdl_chain.py > "$OUT/chain.log" 2>&1; tail -12 "$OUT/chain.log" ;;
-    host) for v in base new base new; do
+    host) for v in ${HOST_ORDER:-base new base new}; do
             dir=.; [ $v = base ] && dir=baseline
             echo "--- $v"; (cd $dir && PYTHONPATH=.:/tmp/site timeout 100 python3 $ROOT/$D/exp_host.py 2>&1 | tail -3)
           done ;;
