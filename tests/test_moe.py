@@ -1,4 +1,4 @@
-"""mla_func.moe and kernels/moe_align.py, moe_config.py, fused_moe.py against
+"""mla_func.moe and kernels/moe_align.py, moe_config.py, moe_gemm.py, fused_moe.py against
 ops.moe.experts_reference.
 
 CPU: Triton under TRITON_INTERPRET=1 (conftest sets it without a GPU) at small sizes, float32
@@ -226,21 +226,21 @@ _AOT = """
 import triton
 from triton.backends.compiler import GPUTarget
 from sm90_ptxas import ptxas_usage
-from mla_func.kernels.fused_moe import _down_kernel, _down_sum_kernel, _gate_up_kernel
+from mla_func.kernels.moe_gemm import down_kernel, down_sum_kernel, gate_up_kernel
 ptrs = dict(weights_ptr="*fp32", ids_ptr="*i64", sorted_ptr="*i32", block_expert_ptr="*i32",
             block_rows_ptr="*i32")
 no_tma = dict(TMA=False, w_desc=None)
 for fn, (bm, bn, bk, warps, stages), const in [
-        (_gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=False, PDL=True, **no_tma)),
-        (_gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=True, PDL=True, **no_tma)),
-        (_down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=False, act_desc=None, **no_tma)),
-        (_down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=True, act_desc=None, **no_tma)),
-        (_down_sum_kernel, (16, 16, 256, 4, 4), dict(HAS_EXTRA=False)),
+        (gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=False, PDL=True, **no_tma)),
+        (gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=True, PDL=True, **no_tma)),
+        (down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=False, act_desc=None, **no_tma)),
+        (down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=True, act_desc=None, **no_tma)),
+        (down_sum_kernel, (16, 16, 256, 4, 4), dict(HAS_EXTRA=False)),
         # The large-token configuration: expert weights (and act) through TMA descriptors.
-        (_gate_up_kernel, (128, 128, 64, 8, 4), dict(DIRECT=False, PDL=False, TMA=True)),
-        (_down_kernel, (128, 128, 64, 8, 4), dict(DIRECT=False, TMA=True))]:
+        (gate_up_kernel, (128, 128, 64, 8, 4), dict(DIRECT=False, PDL=False, TMA=True)),
+        (down_kernel, (128, 128, 64, 8, 4), dict(DIRECT=False, TMA=True))]:
     const = dict(PAIRS_PER_TOKEN=8, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32",
-                 EVEN_K=(1408 if fn is not _gate_up_kernel else 2048) % bk == 0, **const)
+                 EVEN_K=(1408 if fn is not gate_up_kernel else 2048) % bk == 0, **const)
     descs = dict(w_desc=f"tensordesc<bf16[{bn}, {bk}]>", act_desc=f"tensordesc<bf16[{bm}, {bk}]>")
     sig = {n: "constexpr" if n in const else descs[n] if n in descs
            else ptrs.get(n, "*bf16") if n.endswith("_ptr") else "i32" for n in fn.arg_names}
