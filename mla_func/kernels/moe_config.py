@@ -42,7 +42,8 @@ class MoEConfig:
 # 71 vs 80 at 2, 108 vs 111 at 4. It re-reads an expert once per token that picks it, so past
 # a few tokens the aligned layout wins. `pdl` is on in every row: the layer took 3-13 us less
 # with it from 1 to 512 tokens on an H100 (docs/perf/2026-11-22-h100-run11, `fused_no_pdl`),
-# 1 us less at 1024 and 19 us at 4096 (run 14).
+# 1 us less at 1024 (run 14); at 4096 19 us less in run 14 and 8 us more in run 22: no
+# difference beyond run-to-run noise there.
 CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 4), direct=True, pdl=True)),
     (2, MoEConfig(16, (32, 128, 4, 4), (128, 64, 4, 4), direct=True, pdl=True)),

@@ -12,7 +12,7 @@ python3 -c "import triton, torch; print(triton.__version__, torch.__version__)"
 for part in ${*:-moetest moe profile dsweep msweep}; do
   echo "=== $part $(date -u +%H:%M:%S)"
   case $part in
-    moetest) timeout 200 python3 -m pytest -q -m cuda -p no:cacheprovider tests/test_moe.py tests/test_kernels_fused.py \
+    moetest) timeout 240 python3 -m pytest -q -m cuda -p no:cacheprovider tests/test_moe.py tests/test_kernels_fused.py \
                > "$OUT/cuda_moe_tests.log" 2>&1
              grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/cuda_moe_tests.log" | tail -8 ;;
     tests) timeout 240 python3 -m pytest -q -m cuda -p no:cacheprovider tests \
@@ -57,6 +57,7 @@ for part in ${*:-moetest moe profile dsweep msweep}; do
           done ;;
     kern) timeout 200 python3 -m scripts.bench kernels --heads 16 --batch 128 --ctx 4096 16384 \
             --page 1 64 --no-ref --prompt 1024 > "$OUT/kern.log" 2>&1; tail -14 "$OUT/kern.log" | cut -c1-150 ;;
+    tma) timeout 300 python3 $D/exp_tma.py ${TMA_T:-8 32 128 256 512} > "$OUT/tma.log" 2>&1; grep -E "^#|t=|WRONG" "$OUT/tma.log" ;;
     msweep) timeout 200 python3 -m scripts.bench_moe --sweep --tokens 32 128 --out "$OUT" \
               > "$OUT/msweep.log" 2>&1; grep -A14 -i "sweep" "$OUT/msweep.log" | tail -30 | cut -c1-110 ;;
   esac
