@@ -58,6 +58,11 @@ for part in ${*:-moetest moe profile dsweep msweep}; do
     kern) timeout 200 python3 -m scripts.bench kernels --heads 16 --batch 128 --ctx 4096 16384 \
             --page 1 64 --no-ref --prompt 1024 > "$OUT/kern.log" 2>&1; tail -14 "$OUT/kern.log" | cut -c1-150 ;;
     tma) timeout 300 python3 $D/exp_tma.py ${TMA_T:-8 32 128 256 512} > "$OUT/tma.log" 2>&1; grep -E "^#|t=|WRONG" "$OUT/tma.log" ;;
+    router) timeout 400 python3 $D/exp_router.py ${ROUTER_T:-1024 4096 8192} > "$OUT/router.log" 2>&1; grep -E "^#|default|WRONG|False" "$OUT/router.log" | head -40 ;;
+    rcmp) timeout 200 python3 $D/exp_router.py --compare 1536 2048 3072 4096 6144 > "$OUT/rcmp.log" 2>&1; grep -E "t=" "$OUT/rcmp.log" ;;
+    rtest) timeout 200 python3 -m pytest -q -m cuda -p no:cacheprovider tests/test_router.py \
+             tests/test_moe.py > "$OUT/cuda_router_tests.log" 2>&1
+           grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/cuda_router_tests.log" | tail -8 ;;
     msweep) timeout 200 python3 -m scripts.bench_moe --sweep --tokens 32 128 --out "$OUT" \
               > "$OUT/msweep.log" 2>&1; grep -A14 -i "sweep" "$OUT/msweep.log" | tail -30 | cut -c1-110 ;;
   esac
