@@ -118,6 +118,8 @@ def test_fused_matches_reference(tokens, topk, n_exp, hidden, inter, shared, ske
                              # next matrix land in masked columns
     (40, 6, 64, 64, 32, 2),  # most experts empty
 ])
+# The NaN padding rows of `act` meet the interpreter's numpy multiply (and are masked off).
+@pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
 def test_tma_matches_reference_and_pointer_loads(tokens, topk, n_exp, hidden, inter, shared,
                                                 monkeypatch):
     x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, hidden, inter, shared, seed=tokens)
