@@ -58,10 +58,10 @@ _SELECT_TILE = 4096  # tokens x experts selected at once (its temporaries live i
 _TAIL_TILE = 2048  # partials per step of the last program's sum (pipelined through smem)
 _NUM_WARPS = 8  # 16 at more than 128 experts: 8 hold 168 registers a thread (AOT sm90)
 _NUM_STAGES = 4  # 3 router tiles in flight per program (8 KiB each at 64 experts)
-# Token blocks (tl.dot wants at least 16 rows). Not 64: on an H100 every 64-token launch was
-# 1.4-2x slower than the 32- and 128-token ones around it, whatever the split and selection
-# step (24 launches at 4096 and 8192 tokens, docs/perf/2026-11-22-h100-run23); the cost model
-# does not see why, so it cannot weigh it.
+# Token blocks (tl.dot wants at least 16 rows). Not 64: on an H100 the fastest 64-token launch
+# was 1.7x (4096 tokens) and 2.1x (8192) slower than the fastest 32- or 128-token one, over
+# splits 1-8 and two selection steps (docs/perf/2026-11-22-h100-run23); the cost model does
+# not see why, so it cannot weigh it.
 _BLOCK_TS = (16, 32, 128)
 _MAX_SPLIT = 128
 _COUNTER_SLOTS = 256  # token blocks a split launch may have (larger steps run unsplit)
