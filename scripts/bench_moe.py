@@ -309,7 +309,8 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
 def _short(c: MoEConfig) -> str:
     """`MoEConfig(block_m, (n, k, warps, stages), (...), ...)`, pasteable into moe_config."""
     flags = "".join(f", {k}={getattr(c, k)}" for k, v in
-                    (("direct", False), ("fused_sum", False), ("fuse_shared", None))
+                    (("direct", False), ("fused_sum", False), ("fuse_shared", None),
+                     ("pdl", False), ("tma", False))
                     if getattr(c, k) != v)
     return f"MoEConfig({c.block_m}, {c.gate_up}, {c.down}{flags})"
 

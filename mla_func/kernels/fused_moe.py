@@ -71,12 +71,13 @@ def _fit(tile: tuple[int, int, int, int], n: int, k: int) -> tuple[int, int, int
     return fit(bn, n), fit(bk, k), warps, stages
 
 
-def _desc(w: Tensor, rows: int, cols: int) -> TensorDescriptor:
-    """A TMA descriptor of `w` seen as a matrix [everything but the last axis, last axis],
-    loading [rows, cols] tiles (zero past the matrix's edges)."""
+def _desc(w: Tensor, block: list[int]) -> TensorDescriptor:
+    """A TMA descriptor of `w` loading `block` tiles (zero past the edges); a 2-D block sees
+    `w` as the matrix [everything but the last axis, last axis]."""
     if not w.is_contiguous():
         raise ValueError("MoEConfig.tma needs contiguous expert weights")
-    return TensorDescriptor.from_tensor(w.view(-1, w.shape[-1]), [rows, cols])
+    return TensorDescriptor.from_tensor(w.view(-1, w.shape[-1]) if len(block) == 2 else w,
+                                        block)
 
 
 def shared_as_experts(
@@ -148,7 +149,7 @@ def fused_experts(
     bn, bk, warps, stages = _fit(cfg.gate_up, n_inter, n_hidden)
     n_n = triton.cdiv(n_inter, bn)
     gate_up_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
-        x, gate_up, s_gate_up, _desc(gate_up, bn, bk) if cfg.tma else None, act, *tiles,
+        x, gate_up, s_gate_up, _desc(gate_up, [1, 2, bn, bk]) if cfg.tma else None, act, *tiles,
         n_inter, n_hidden, n_routed, x.stride(0),
         gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
         s_gate_up.stride(0), s_gate_up.stride(1), s_gate_up.stride(2),
@@ -167,7 +168,7 @@ def fused_experts(
             **common, num_warps=warps, num_stages=stages)
         return out
     buf = torch.empty(tokens * pairs_per_token, n_hidden, dtype=x.dtype, device=x.device)
-    descs = (_desc(act, bm, bk), _desc(down, bn, bk)) if cfg.tma else (None, None)
+    descs = (_desc(act, [bm, bk]), _desc(down, [bn, bk])) if cfg.tma else (None, None)
     n_n = triton.cdiv(n_hidden, bn)
     down_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
         act, down, s_down, *descs, buf, weights, *tiles, n_hidden, n_inter, n_routed, *strides,

@@ -19,13 +19,14 @@ sum_e ceil(c_e / block_m) <= (pairs + min(experts, pairs) * (block_m - 1)) / blo
 the whole layout can live in a CUDA graph; unused tiles cost one early-exiting program each.
 
 Two implementations: `align_torch` (stable argsort, scatter-add counts, cumsum, searchsorted;
-static shapes, traceable on fake tensors) and `align_triton`, one launch instead of ~15 (which
-matters inside a graph at small token counts). Small steps run one program (histogram counts,
+static shapes, traceable on fake tensors) and `align_triton`, one or two launches instead of ~15
+(which matters inside a graph at small token counts). Small steps run one program (histogram counts,
 then the rows: shared pairs in token order, routed pairs by atomic row claims, so that inside a
 routed expert's run the order follows atomic timing on a GPU, which changes no result: every
-row of the GEMMs is computed independently). Large steps run many programs that each recount
-all pairs, place a slice of them and write a share of the tile table: no communication, no
-atomics, and align_torch's order.
+row of the GEMMs is computed independently). Large steps run two launches of one program per
+slice of the pairs: the first counts its slice per expert, the second reads every slice's
+counts, places its slice and writes a share of the tile table: no atomics, and align_torch's
+order.
 
 The direct layout (`direct_tile`, at a few tokens) needs no alignment launch: M-tile
 `q < tokens * topk` holds routed pair q alone, M-tile `tokens * topk + s` shared expert s for
@@ -42,14 +43,16 @@ import triton.language as tl
 from jaxtyping import Int
 from torch import Tensor
 
-# align() uses the Triton kernels up to this many pairs (V2-Lite: 8 per token, so 4096 tokens):
-# one program (atomics) up to ONE_PROGRAM_MAX_PAIRS, then ceil(pairs / ALIGN_SLICE) programs
-# that each recount all pairs (cost ~ pairs^2 / ALIGN_SLICE). H100, 2026-11-22: one program
-# 8.5 us a launch inside the B=128 step against 13.8 us for 16 sliced programs
-# (docs/perf/2026-11-22-h100-run2); at 4096 tokens the sliced kernel 66-70 us against 145 us
-# of torch ops (run 1, run 3).
-TRITON_ALIGN_MAX_PAIRS = 32768
-ONE_PROGRAM_MAX_PAIRS = 8192
+# align() uses the Triton kernels up to TRITON_ALIGN_MAX_PAIRS pairs: one program (atomics) while
+# pairs * bins <= ONE_PROGRAM_MAX_BINNED (its histograms cost ~ pairs * bins), beyond that the two
+# sliced launches (ceil(pairs / ALIGN_SLICE) programs; the second reads every slice's counts,
+# ~ slices^2 * bins). Alone in a graph on an H100 (docs/perf/2026-11-22-h100-run27,
+# exp_align.py), one program against the sliced launches: V2-Lite (128 bins) 13.3 / 18.1 us at
+# 1024 pairs, 14.5 / 12.7 at 1536, 45.2 / 12.7 at 8192; V3 (512 bins) 42.0 / 18.5 at 1024.
+# Sliced against torch ops: 59 / 176 us at 65536 pairs (V2-Lite), 82 / 170 (V3); at 131072
+# pairs 192 / 197 (V2-Lite) and 247 / 184 (V3), so torch past 65536.
+TRITON_ALIGN_MAX_PAIRS = 65536
+ONE_PROGRAM_MAX_BINNED = 1024 * 128
 ALIGN_SLICE = 128  # pairs placed per program of the sliced kernel
 
 
@@ -257,33 +260,60 @@ def _align_one_kernel(
         tl.store(sorted_ptr + dest, p, mask=p < n_pairs)
 
 
-@triton.jit(do_not_specialize=["n_pairs", "n_blocks"])
+@triton.jit(do_not_specialize=["n_pairs"])
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _align_sliced_kernel(
-    ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
-    n_pairs, n_blocks, topk, n_routed,
-    PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, E_P2: tl.constexpr,
-    CHUNK: tl.constexpr, SLICE: tl.constexpr, BLOCK_CHUNK: tl.constexpr, PDL: tl.constexpr,
+def _slice_counts_kernel(
+    ids_ptr, hist_ptr, n_pairs, topk,
+    PAIRS_PER_TOKEN: tl.constexpr, E_P2: tl.constexpr, SLICE: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Program `pid` places pairs pid * SLICE.. (its slice) and a share of the tile table;
-    every program recounts the pairs (ids from L2): no communication, no atomics."""
+    """Pairs per run key of slice `pid` (pairs pid * SLICE..) into row pid of `hist`."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
-    first = pid * SLICE
-    counts, before = _count(ids_ptr, n_pairs, topk, first, PAIRS_PER_TOKEN, E_P2, CHUNK, True)
+    p = pid * SLICE + tl.arange(0, SLICE)
+    k = _pair_key(ids_ptr, p, n_pairs, topk, PAIRS_PER_TOKEN)
+    counts = tl.histogram(tl.where(k < 0, E_P2 - 1, k), E_P2)  # the spare last bin: past end
+    keys = tl.arange(0, E_P2)
+    tl.store(hist_ptr + pid * E_P2 + keys, tl.where(keys == E_P2 - 1, 0, counts))
+
+
+@triton.jit(do_not_specialize=["n_pairs", "n_blocks"])
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _align_sliced_kernel(
+    ids_ptr, hist_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
+    n_pairs, n_blocks, topk, n_routed,
+    PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, E_P2: tl.constexpr,
+    SLICE: tl.constexpr, HIST_ROWS: tl.constexpr, BLOCK_CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Program `pid` places pairs pid * SLICE.. (its slice) and a share of the tile table,
+    from every slice's counts (`_slice_counts_kernel`, read from L2): no atomics."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    pid = tl.program_id(0)
+    n_slices = tl.num_programs(0)
+    keys = tl.arange(0, E_P2)
+    rows = tl.arange(0, HIST_ROWS)
+    counts = tl.zeros([E_P2], dtype=tl.int32)
+    before = tl.zeros([E_P2], dtype=tl.int32)
+    for r0 in range(0, n_slices, HIST_ROWS):
+        r = r0 + rows
+        h = tl.load(hist_ptr + r[:, None] * E_P2 + keys[None, :], mask=(r < n_slices)[:, None],
+                    other=0, cache_modifier=".cg")  # other SMs wrote them: read from L2
+        counts += tl.sum(h, axis=0)
+        before += tl.sum(tl.where((r < pid)[:, None], h, 0), axis=0)
     starts = _tiles(block_expert_ptr, block_rows_ptr, counts, pid * BLOCK_CHUNK,
-                    tl.num_programs(0) * BLOCK_CHUNK, n_blocks, n_routed,
+                    n_slices * BLOCK_CHUNK, n_blocks, n_routed,
                     PAIRS_PER_TOKEN - topk, BLOCK_M, E_P2, BLOCK_CHUNK)
     # The slice's pairs: row = start of the run + its pairs before the slice + its pairs
     # earlier in the slice. Pair order is kept inside every run (a stable sort).
     s = tl.arange(0, SLICE)
-    p = first + s
+    p = pid * SLICE + s
     k = _pair_key(ids_ptr, p, n_pairs, topk, PAIRS_PER_TOKEN)
     earlier = (k[:, None] == k[None, :]) & (s[None, :] < s[:, None])
     rank = tl.sum(earlier.to(tl.int32), axis=1)
-    keys = tl.arange(0, E_P2)
     base = tl.sum(tl.where(k[:, None] == keys[None, :], (starts + before)[None, :], 0), axis=1)
     tl.store(sorted_ptr + base + rank, p, mask=p < n_pairs)
 
@@ -291,29 +321,36 @@ def _align_sliced_kernel(
 def align_triton(
     ids: Int[Tensor, "tokens topk"], experts: int, shared: int, block_m: int, pdl: bool = False
 ) -> tuple[Int[Tensor, " rows"], Int[Tensor, " blocks"], Int[Tensor, " blocks"]]:
-    """The layout of `align_torch` (padding rows of `sorted_pairs` left unset) in one launch:
-    up to ONE_PROGRAM_MAX_PAIRS pairs one program with atomic row claims (the order inside a
-    routed expert's run may differ from align_torch's), beyond that ceil(pairs / ALIGN_SLICE)
-    programs and align_torch's order. `pdl`: launched as a programmatic dependent (sm90+) of
-    the kernel before it (the router), and lets the kernel after it launch at once."""
+    """The layout of `align_torch` (padding rows of `sorted_pairs` left unset): up to
+    ONE_PROGRAM_MAX_BINNED pairs x bins one launch of one program with atomic row claims (the order
+    inside a routed expert's run may differ from align_torch's), beyond that two launches of
+    ceil(pairs / ALIGN_SLICE) programs (counts per slice, then the rows) and align_torch's
+    order. `pdl`: each launch is a programmatic dependent (sm90+) of the kernel before it
+    (the router first), and lets the kernel after it launch at once."""
     tokens, topk = ids.shape
+    ids = ids.contiguous()
     n, n_exp = tokens * (topk + shared), experts + shared
     nb = max_blocks(n, n_exp, block_m)
     sorted_pairs = torch.empty(nb * block_m, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(nb, dtype=torch.int32, device=ids.device)
     block_rows = torch.empty(nb, dtype=torch.int32, device=ids.device)
     e_p2 = triton.next_power_of_2(n_exp + 1)  # one spare bin
-    common = dict(PAIRS_PER_TOKEN=topk + shared, BLOCK_M=block_m, E_P2=e_p2, CHUNK=1024,
-                  PDL=pdl, **({"launch_pdl": True} if pdl else {}))
-    if n <= ONE_PROGRAM_MAX_PAIRS:
+    common = dict(PAIRS_PER_TOKEN=topk + shared, E_P2=e_p2, PDL=pdl, num_warps=4,
+                  **({"launch_pdl": True} if pdl else {}))
+    if n * e_p2 <= ONE_PROGRAM_MAX_BINNED:
         cursor = torch.empty(e_p2, dtype=torch.int32, device=ids.device)
         _align_one_kernel[(1,)](
-            ids.contiguous(), sorted_pairs, block_expert, block_rows, cursor, n, nb, topk,
-            experts, **common, BLOCK_CHUNK=max(16, 8192 // e_p2), num_warps=8)
+            ids, sorted_pairs, block_expert, block_rows, cursor, n, nb, topk, experts,
+            **common | dict(num_warps=8), BLOCK_M=block_m, CHUNK=1024,
+            BLOCK_CHUNK=max(16, 8192 // e_p2))
     else:
-        _align_sliced_kernel[(triton.cdiv(n, ALIGN_SLICE),)](
-            ids.contiguous(), sorted_pairs, block_expert, block_rows, n, nb, topk, experts,
-            **common, SLICE=ALIGN_SLICE, BLOCK_CHUNK=max(16, 2048 // e_p2), num_warps=4)
+        n_slices = triton.cdiv(n, ALIGN_SLICE)
+        hist = torch.empty(n_slices, e_p2, dtype=torch.int32, device=ids.device)
+        _slice_counts_kernel[(n_slices,)](ids, hist, n, topk, **common, SLICE=ALIGN_SLICE)
+        _align_sliced_kernel[(n_slices,)](
+            ids, hist, sorted_pairs, block_expert, block_rows, n, nb, topk, experts, **common,
+            BLOCK_M=block_m, SLICE=ALIGN_SLICE, HIST_ROWS=max(1, 4096 // e_p2),
+            BLOCK_CHUNK=max(16, 2048 // e_p2))
     return sorted_pairs, block_expert, block_rows
 
 

@@ -32,29 +32,32 @@ class MoEConfig:
 # (max tokens, config): the first row whose bound is >= the step's static token count.
 # Up to ~1k tokens V2-Lite is weight-read bound: block_m is sized so that an expert's rows
 # (about tokens * topk / experts, plus spread) fit one M-tile and its weights are read once.
-# Every row up to 512 tokens is the best of `scripts/bench_moe.py --sweep` at its bound (and
-# at 8 / 32 tokens) on an H200, 2026-11-22 (docs/perf/2026-11-22-h200-run3). The 1024 and the
-# last row are the best of the large-tile candidates of docs/perf/2026-11-22-run12/exp_moe.py
-# on an H100 (docs/perf/2026-11-22-h100-run13), timed at 1024 and 4096 tokens: 128-row tiles,
-# TMA loads, shared experts apart (558 against 592 us at 1024, 1304 against 1438 at 4096;
-# between 513 and 1023 tokens this choice is not measured). 1-4 tokens: the direct layout
-# (`moe_align.direct_tile`) instead of the alignment launch (~9 us): 47 vs 52 us at 1 token,
-# 71 vs 80 at 2, 108 vs 111 at 4. It re-reads an expert once per token that picks it, so past
-# a few tokens the aligned layout wins. `pdl` is on in every row: the layer took 3-13 us less
-# with it from 1 to 512 tokens on an H100 (docs/perf/2026-11-22-h100-run11, `fused_no_pdl`),
-# 1 us less at 1024 (run 14); at 4096 19 us less in run 14 and 8 us more in run 22: no
-# difference beyond run-to-run noise there.
+# The rows up to 64 tokens and at 512 are the best of `scripts/bench_moe.py --sweep` at their
+# bound (and at 8 / 32 tokens) on an H200, 2026-11-22 (docs/perf/2026-11-22-h200-run3); the 128
+# and 256 rows the best of that sweep on an H100 (docs/perf/2026-11-22-h100-run26: 411 against
+# 421 us at 128 tokens, 429 against 452 at 256; 65-127 and 129-255 tokens not measured). The
+# 1024 and the last row are the best of the large-tile candidates of
+# docs/perf/2026-11-22-run12/exp_moe.py on an H100 (docs/perf/2026-11-22-h100-run13), timed at
+# 1024 and 4096 tokens: 128-row tiles, TMA loads, shared experts apart (558 against 592 us at
+# 1024, 1304 against 1438 at 4096; between 513 and 1023 tokens this choice is not measured);
+# the last row's down GEMM then got a fourth stage (4096 tokens: 289 against 319 us, run 27).
+# 1-4 tokens: the direct layout (`moe_align.direct_tile`) instead of the alignment launch (~9 us):
+# 47 vs 52 us at 1 token, 71 vs 80 at 2, 108 vs 111 at 4. It re-reads an expert once per token
+# that picks it, so past a few tokens the aligned layout wins. `pdl` is on in every row: the layer
+# took 3-13 us less with it from 1 to 512 tokens on an H100 (docs/perf/2026-11-22-h100-run11,
+# `fused_no_pdl`), 1 us less at 1024 (run 14); at 4096 19 us less in run 14 and 8 us more in run
+# 22: no difference beyond run-to-run noise there.
 CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 4), direct=True, pdl=True)),
     (2, MoEConfig(16, (32, 128, 4, 4), (128, 64, 4, 4), direct=True, pdl=True)),
     (4, MoEConfig(16, (32, 128, 4, 4), (64, 64, 4, 4), direct=True, pdl=True)),
     (16, MoEConfig(16, (32, 256, 4, 3), (64, 128, 4, 3), pdl=True)),
     (64, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 3), pdl=True)),
-    (128, MoEConfig(16, (32, 128, 4, 4), (128, 128, 8, 3), pdl=True)),
-    (256, MoEConfig(32, (64, 64, 4, 4), (64, 128, 4, 3), pdl=True)),
+    (128, MoEConfig(32, (128, 128, 8, 3), (64, 128, 4, 3), pdl=True)),
+    (256, MoEConfig(64, (64, 128, 4, 3), (64, 64, 4, 4), pdl=True)),
     (512, MoEConfig(64, (64, 64, 4, 4), (128, 64, 8, 4), pdl=True)),
     (1024, MoEConfig(128, (128, 64, 8, 3), (128, 64, 8, 3), pdl=True, tma=True)),
-    (1 << 62, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 3), pdl=True, tma=True)),
+    (1 << 62, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True)),
 )
 
 DIRECT_MAX_TOKENS = max(bound for bound, cfg in CONFIGS if cfg.direct)
