@@ -33,6 +33,7 @@ CUDA_VARIANTS = {
                                         block_n=16, merge="fused"),
     "tile-merge-h4c128": dict(prefetch=True, num_stages=4, merge_heads=4, merge_cols=128),
     "pages-prefetch-s3-pdl": dict(page_tiles=True, prefetch=True, num_stages=3, pdl=True),
+    "pages-prefetch-n64-s2": dict(page_tiles=True, prefetch=True, block_n=64, num_stages=2),
 }
 
 

@@ -66,9 +66,12 @@ def plan_decode(
     split kernel 1.25-1.4x faster), 3 stages, and 64-key tiles at 2 stages where a split may
     cover 2048 keys or more (H=16, B=128, ctx 4096: 165 vs 172 us; shorter splits lose with
     64, and so do pages under 64 keys, where tiles gather per key: page 1, H=16, B=128, ctx
-    4096: 232 us with 64-key tiles, 194 us with the first version's 32-key plan). The tile
-    merge launches as a programmatic dependent of the split kernel (sm90+):
-    about 1 us less at B=1, the same elsewhere."""
+    4096: 232 us with 64-key tiles, 194 us with the first version's 32-key plan). At 64 heads
+    per program 64-key tiles at 2 stages from 1024 keys a split (H100, 2026-11-22, H=128, ctx
+    4096, docs/perf/2026-11-22-h100-run30: 584 against 661 us at B=128, 178 against 196 at
+    B=32; shorter splits, B=1 and pages under 64 keys were not measured and keep 32-key tiles
+    at 3 stages). The tile merge launches as a programmatic dependent of the split kernel
+    (sm90+): about 1 us less at B=1, the same elsewhere."""
     if block_h is None:
         block_h = 16 if heads <= 16 else 64
     num_warps = 4 if block_h <= 16 else 8
@@ -81,11 +84,11 @@ def plan_decode(
         if programs / (_cdiv(programs, slots) * slots) >= FILL:
             splits = s
             break
-    long_splits = block_h <= 16 and max_seq_len / splits >= 2048 and page_size % 64 == 0
+    long_keys = 2048 if block_h <= 16 else 1024
+    long_splits = max_seq_len / splits >= long_keys and page_size % 64 == 0
     if block_n is None:
         block_n = 64 if long_splits else 32
-    # H=128 keeps 3 stages (sweep, B=128, ctx 4096: 4 stages 654 us, 3 stages 660 us).
-    stages = 3 if block_h > 16 or block_n < 64 else 2
+    stages = 3 if block_n < 64 else 2  # a third 64-key stage does not fit at 64 heads
     return DecodePlan(splits, block_h, block_n, num_warps, num_stages=stages, page_tiles=True,
                       prefetch=True, merge="tile", pdl=True)
 
