@@ -41,5 +41,12 @@ for part in ${*:-gemm align msweep bmoe moetest}; do
                --parts decode prefill --contexts 1024 --out "$OUT/step_$v" > "$OUT/step_$v.log" 2>&1)
             echo "--- $v"; grep -A7 "## decode step" "$OUT/step_$v.log"; grep -A9 "## prefill" "$OUT/step_$v.log"
           done ;;
+    kern) for v in new base; do
+            dir=.; [ $v = base ] && dir=baseline
+            (cd $dir && PYTHONPATH=.:/tmp/site timeout 250 python3 -m scripts.bench kernels \
+               --heads 128 --batch 1 8 32 128 --ctx 1024 4096 16384 --page 64 --no-ref \
+               --prompt 1024 > "$OUT/kern_$v.log" 2>&1)
+            echo "--- $v"; grep -A14 "## MLA decode" "$OUT/kern_$v.log" | cut -c1-175
+          done ;;
   esac
 done
