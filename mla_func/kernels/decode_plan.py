@@ -88,7 +88,7 @@ def plan_decode(
     long_splits = max_seq_len / splits >= long_keys and page_size % 64 == 0
     if block_n is None:
         block_n = 64 if long_splits else 32
-    stages = 3 if block_n < 64 else 2  # a third 64-key stage does not fit at 64 heads
+    stages = 3 if block_n < 64 else 2  # 64-key tiles: a third stage does not fit at 64 heads
     return DecodePlan(splits, block_h, block_n, num_warps, num_stages=stages, page_tiles=True,
                       prefetch=True, merge="tile", pdl=True)
 

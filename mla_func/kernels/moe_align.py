@@ -208,22 +208,16 @@ def _tiles(block_expert_ptr, block_rows_ptr, counts, first, step, n_blocks, n_ro
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _count(ids_ptr, n_pairs, topk, first, PAIRS_PER_TOKEN: tl.constexpr, E_P2: tl.constexpr,
-           CHUNK: tl.constexpr, BEFORE: tl.constexpr):
-    """Pairs per run key: of all pairs, and (BEFORE) of the pairs before pair `first`."""
+def _count(ids_ptr, n_pairs, topk, PAIRS_PER_TOKEN: tl.constexpr, E_P2: tl.constexpr,
+           CHUNK: tl.constexpr):
+    """Pairs per run key, of all pairs."""
     keys = tl.arange(0, E_P2)
     lanes = tl.arange(0, CHUNK)
-    # Lanes past the end (or not before `first`) land in the spare last bin.
     counts = tl.zeros([E_P2], dtype=tl.int32)
-    before = tl.zeros([E_P2], dtype=tl.int32)
     for start in range(0, n_pairs, CHUNK):
-        p = start + lanes
-        k = _pair_key(ids_ptr, p, n_pairs, topk, PAIRS_PER_TOKEN)
-        k = tl.where(k < 0, E_P2 - 1, k)
-        counts += tl.histogram(k, E_P2)
-        if BEFORE:
-            before += tl.histogram(tl.where(p < first, k, E_P2 - 1), E_P2)
-    return tl.where(keys == E_P2 - 1, 0, counts), tl.where(keys == E_P2 - 1, 0, before)
+        k = _pair_key(ids_ptr, start + lanes, n_pairs, topk, PAIRS_PER_TOKEN)
+        counts += tl.histogram(tl.where(k < 0, E_P2 - 1, k), E_P2)  # past the end: spare bin
+    return tl.where(keys == E_P2 - 1, 0, counts)
 
 
 # Sizes that change with the token count are not specialised: one compile serves every bucket.
@@ -241,7 +235,7 @@ def _align_one_kernel(
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     n_shared = PAIRS_PER_TOKEN - topk
-    counts, _ = _count(ids_ptr, n_pairs, topk, 0, PAIRS_PER_TOKEN, E_P2, CHUNK, False)
+    counts = _count(ids_ptr, n_pairs, topk, PAIRS_PER_TOKEN, E_P2, CHUNK)
     starts = _tiles(block_expert_ptr, block_rows_ptr, counts, 0, BLOCK_CHUNK, n_blocks,
                     n_routed, n_shared, BLOCK_M, E_P2, BLOCK_CHUNK)
     # A routed pair takes the next free row of its run: the order inside a routed expert's
