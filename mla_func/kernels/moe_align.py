@@ -208,13 +208,13 @@ def _tiles(block_expert_ptr, block_rows_ptr, counts, first, step, n_blocks, n_ro
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _count(ids_ptr, n_pairs, topk, PAIRS_PER_TOKEN: tl.constexpr, E_P2: tl.constexpr,
-           CHUNK: tl.constexpr):
-    """Pairs per run key, of all pairs."""
+def _count(ids_ptr, first, end, n_pairs, topk, PAIRS_PER_TOKEN: tl.constexpr,
+           E_P2: tl.constexpr, CHUNK: tl.constexpr):
+    """Pairs per run key, of pairs first..end (CHUNK at a time)."""
     keys = tl.arange(0, E_P2)
     lanes = tl.arange(0, CHUNK)
     counts = tl.zeros([E_P2], dtype=tl.int32)
-    for start in range(0, n_pairs, CHUNK):
+    for start in range(first, end, CHUNK):
         k = _pair_key(ids_ptr, start + lanes, n_pairs, topk, PAIRS_PER_TOKEN)
         counts += tl.histogram(tl.where(k < 0, E_P2 - 1, k), E_P2)  # past the end: spare bin
     return tl.where(keys == E_P2 - 1, 0, counts)
@@ -235,7 +235,7 @@ def _align_one_kernel(
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     n_shared = PAIRS_PER_TOKEN - topk
-    counts = _count(ids_ptr, n_pairs, topk, PAIRS_PER_TOKEN, E_P2, CHUNK)
+    counts = _count(ids_ptr, 0, n_pairs, n_pairs, topk, PAIRS_PER_TOKEN, E_P2, CHUNK)
     starts = _tiles(block_expert_ptr, block_rows_ptr, counts, 0, BLOCK_CHUNK, n_blocks,
                     n_routed, n_shared, BLOCK_M, E_P2, BLOCK_CHUNK)
     # A routed pair takes the next free row of its run: the order inside a routed expert's
@@ -264,12 +264,9 @@ def _slice_counts_kernel(
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    pid = tl.program_id(0)
-    p = pid * SLICE + tl.arange(0, SLICE)
-    k = _pair_key(ids_ptr, p, n_pairs, topk, PAIRS_PER_TOKEN)
-    counts = tl.histogram(tl.where(k < 0, E_P2 - 1, k), E_P2)  # the spare last bin: past end
-    keys = tl.arange(0, E_P2)
-    tl.store(hist_ptr + pid * E_P2 + keys, tl.where(keys == E_P2 - 1, 0, counts))
+    first = tl.program_id(0) * SLICE
+    counts = _count(ids_ptr, first, first + SLICE, n_pairs, topk, PAIRS_PER_TOKEN, E_P2, SLICE)
+    tl.store(hist_ptr + tl.program_id(0) * E_P2 + tl.arange(0, E_P2), counts)
 
 
 @triton.jit(do_not_specialize=["n_pairs", "n_blocks"])
