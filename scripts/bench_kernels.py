@@ -129,7 +129,7 @@ def plan_label(plan: DecodePlan) -> str:
     merge = plan.merge if plan.merge != "tile" else f"tile{plan.merge_heads}x{cols}"
     return (f"h{plan.block_h}n{plan.block_n}w{plan.num_warps}s{plan.num_stages}"
             f"{'pt' if plan.page_tiles else 'g'}{'+pf' if plan.prefetch else ''} {merge}"
-            f"{'+pdl' if plan.pdl else ''}")
+            f"{'+pdl' if plan.pdl else ''}{' shared-p' if plan.shared_p else ''}")
 
 
 def time_plan(p: dict, plan: DecodePlan, strict: bool = False) -> float:
@@ -140,11 +140,15 @@ def time_plan(p: dict, plan: DecodePlan, strict: bool = False) -> float:
     q_lat, o_lat, part_o, part_lse = ws.get(torch.device("cuda"), torch.bfloat16, batch, heads,
                                             KV_LORA, plan.num_splits)
     counters = ws.counters(torch.device("cuda"), batch * heads)  # enough for any head block
+    scratch = None
+    if plan.shared_p:
+        scratch = ws.shared_p(torch.device("cuda"), torch.bfloat16, batch, heads, plan)
     q_lat.copy_(torch.einsum("thn,hnc->htc", p["q_nope"], p["w_uk"]))
 
     def kernel():
         mla_decode(q_lat, p["q_pe"], p["cache"], p["page_table"], p["token_seq"],
-                   p["positions"], p["scale"], plan, o_lat, part_o, part_lse, counters)
+                   p["positions"], p["scale"], plan, o_lat, part_o, part_lse, counters,
+                   scratch)
 
     us = bench_us(kernel)
     return us if effective_plan(plan) == plan or not strict else math.inf

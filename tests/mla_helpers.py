@@ -51,12 +51,19 @@ def ref_args(p):
             p["positions"], p["page_table"], p["scale"])
 
 
-def poisoned_workspace(p, splits):
-    ws = DecodeWorkspace()
+def poison(ws, p, splits, plan=None):
+    """`ws` with its buffers (and plan.shared_p's scratch, given a plan) holding NaN."""
     t, h = p["q_nope"].shape[:2]
-    for buf in ws.get(p["q_nope"].device, p["cache"].dtype, t, h, p["w_uk"].shape[-1], splits):
+    bufs = ws.get(p["q_nope"].device, p["cache"].dtype, t, h, p["w_uk"].shape[-1], splits)
+    if plan is not None and plan.shared_p:
+        bufs += ws.shared_p(p["q_nope"].device, p["cache"].dtype, t, h, plan)
+    for buf in bufs:
         buf.fill_(NAN)
     return ws
+
+
+def poisoned_workspace(p, splits, plan=None):
+    return poison(DecodeWorkspace(), p, splits, plan)
 
 
 def rel_err(got, want):

@@ -20,6 +20,7 @@ from mla_helpers import (  # noqa: E402
     SMALL,
     TOL,
     make_problem,
+    poison,
     poisoned_workspace,
     ref_args,
     rel_err,
@@ -146,15 +147,21 @@ VARIANTS = {
                                                   merge_heads=16)),
     "h128-pt16-h32-fused": (16, 128, dict(block_h=32, block_n=16, page_tiles=True,
                                           num_splits=2, merge="fused")),
+    # shared_p: p and alpha reach the value product through the scratch
+    "h128-pt64-h64-sharedp-tile": (64, 128, dict(block_h=64, block_n=32, page_tiles=True,
+                                                 prefetch=True, num_splits=3, merge_heads=16,
+                                                 shared_p=True)),
+    "h128-p1-h64-n64-sharedp-onesplit": (1, 128, dict(block_h=64, block_n=64, prefetch=True,
+                                                      num_splits=1, shared_p=True)),
+    "pt16-n16-sharedp-fused": (16, 4, dict(block_n=16, page_tiles=True, prefetch=True,
+                                           num_splits=4, merge="fused", shared_p=True)),
 }
 
 
 def run_variant(p, plan, ws):
     """attend_absorbed on a NaN-poisoned workspace; fused merges must leave counters at 0."""
     t, h = p["q_nope"].shape[:2]
-    for buf in ws.get(p["q_nope"].device, p["cache"].dtype, t, h, p["w_uk"].shape[-1],
-                      plan.num_splits):
-        buf.fill_(NAN)
+    poison(ws, p, plan.num_splits, plan)
     got = attend_absorbed(*ref_args(p), ws, plan)
     if plan.merge == "fused":
         assert not ws.counters(p["q_nope"].device, t * -(-h // plan.block_h)).any()

@@ -34,6 +34,8 @@ CUDA_VARIANTS = {
     "tile-merge-h4c128": dict(prefetch=True, num_stages=4, merge_heads=4, merge_cols=128),
     "pages-prefetch-s3-pdl": dict(page_tiles=True, prefetch=True, num_stages=3, pdl=True),
     "pages-prefetch-n64-s2": dict(page_tiles=True, prefetch=True, block_n=64, num_stages=2),
+    "shared-p": dict(shared_p=True),
+    "shared-p-n64-s2": dict(shared_p=True, block_n=64, num_stages=2),
 }
 
 
@@ -53,7 +55,7 @@ def test_cuda_decode_real_sizes(heads, page_size, variant):
     p = make_problem([n - 1 for n in lens], [1] * len(lens), page_size, dims, "cuda",
                      torch.bfloat16, max_pages=16384 // page_size + 1)
     plan = cuda_plan(variant, len(lens), p["page_table"].shape[1] * page_size, heads)
-    got = attend_absorbed(*ref_args(p), poisoned_workspace(p, plan.num_splits), plan)
+    got = attend_absorbed(*ref_args(p), poisoned_workspace(p, plan.num_splits, plan), plan)
     fp32 = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v)
             for k, v in p.items()}
     assert rel_err(got, ref.attend_absorbed(*ref_args(fp32), chunk=1)) < 2e-2

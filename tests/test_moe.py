@@ -14,9 +14,15 @@ from sm90_ptxas import run_compile_script
 
 from mla_func.config import MLAConfig
 from mla_func.kernels import moe_align
-from mla_func.kernels.fused_moe import fused_experts
+from mla_func.kernels.fused_moe import fused_experts, side_stream
 from mla_func.kernels.moe_align import align_torch, align_triton, pair_experts
-from mla_func.kernels.moe_config import DIRECT_MAX_TOKENS, MoEConfig, pick_config
+from mla_func.kernels.moe_config import (
+    CONFIGS,
+    DIRECT_MAX_TOKENS,
+    FUSE_SHARED_MAX_TOKENS,
+    MoEConfig,
+    pick_config,
+)
 from mla_func.kernels.router import route_fused
 from mla_func.moe import experts
 from mla_func.ops.mlp import swiglu
@@ -181,6 +187,36 @@ def test_direct_config_checks():
         fused_experts(x, w, ids, gu, dn, config=DIRECT)
     with pytest.raises(ValueError, match="fused_sum needs the direct layout"):
         fused_experts(x, w, ids, gu, dn, config=dataclasses.replace(SMALL, fused_sum=True))
+
+
+@pytest.mark.parametrize("cfg", [SMALL, DIRECT, DIRECT_SUM])
+def test_shared_stream_off_cuda_runs_in_order(cfg):
+    """Without CUDA streams `shared_stream` runs the shared experts in order: the same bits.
+    With the shared experts folded in there is nothing to run beside: an error."""
+    x, w, ids, gu, dn, mlp = make(4, 2, 8, 64, 32, 2, seed=7)
+    apart = dataclasses.replace(cfg, fuse_shared=False)
+    want = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, apart)
+    got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
+                        dataclasses.replace(apart, shared_stream=True))
+    assert torch.equal(got, want)
+    close(got, reference(x, w, ids, gu, dn, mlp), 1e-5)
+    # No shared experts: the flag has nothing to move.
+    alone = dataclasses.replace(cfg, shared_stream=True)
+    assert torch.equal(fused_experts(x, w, ids, gu, dn, config=alone),
+                       fused_experts(x, w, ids, gu, dn, config=cfg))
+    with pytest.raises(ValueError, match="shared_stream needs the shared experts apart"):
+        fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
+                      dataclasses.replace(alone, fuse_shared=True))
+
+
+def test_shared_stream_only_where_shared_experts_run_apart():
+    """A table row may set `shared_stream` only where no token count it covers folds the
+    shared experts in (that raises)."""
+    low = 0
+    for bound, cfg in CONFIGS:
+        folds = cfg.fuse_shared or (cfg.fuse_shared is None and low < FUSE_SHARED_MAX_TOKENS)
+        assert not (cfg.shared_stream and folds), (bound, cfg)
+        low = bound
 
 
 @pytest.mark.parametrize("method", ["greedy", "group_limited_greedy", "noaux_tc"])
@@ -394,3 +430,46 @@ def test_cuda_graph_replay_matches_eager(tokens, config):
             dst.copy_(src)
         graph.replay()
         torch.testing.assert_close(out, run(x2, w2, ids2), rtol=0, atol=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [600, 4096])
+def test_cuda_shared_stream_matches_serial(tokens):
+    """The shared experts on the side stream give the serial path's bits, eagerly (many calls
+    queued without a sync: a block the caching allocator handed out too early would show) and
+    replayed. Router included, as in the model: the fork follows it (and its PDL dependents).
+    The inputs alternate, so a sum that read the shared result before the join would read the
+    other input's."""
+    cfg = MLAConfig.preset("v2-lite")
+    router = torch.randn(64, 2048, device="cuda") * 2048**-0.5
+    inputs = [make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda", seed=seed)[0]
+              for seed in (8, 9)]
+    gu, dn, mlp = make(1, **V2_LITE, dtype=torch.bfloat16, device="cuda", seed=10)[3:]
+    assert side_stream(inputs[0].device) is side_stream(inputs[0].device)
+    assert side_stream(inputs[0].device) != torch.cuda.current_stream()
+
+    def layer(x, on):
+        w, ids = route_fused(x, router, None, cfg)
+        config = dataclasses.replace(pick_config(tokens), fuse_shared=False, shared_stream=on)
+        return fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, config)
+
+    wants = [layer(x, False) for x in inputs]
+    w, ids = route_fused(inputs[0], router, None, cfg)
+    close(wants[0], reference(inputs[0], w, ids, gu, dn, mlp), 0.05)
+    outs = [layer(inputs[i % 2], True) for i in range(10)]
+    for i, out in enumerate(outs):
+        assert torch.equal(out, wants[i % 2]), i
+    for on in (False, True):
+        static = inputs[0].clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            layer(static, on)  # warm-up outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = layer(static, on)
+        for i in range(1, 7):
+            static.copy_(inputs[i % 2])
+            graph.replay()
+            assert torch.equal(out, wants[i % 2]), (on, i)

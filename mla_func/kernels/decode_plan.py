@@ -34,6 +34,7 @@ class DecodePlan:
     merge_heads: int = 1  # "tile": heads per merge program
     merge_cols: int = 0  # "tile": latent columns per merge program (0: all splits in one tile)
     pdl: bool = False  # "tile": launch the merge as a programmatic dependent of the split (sm90)
+    shared_p: bool = False  # score -> value product through scratch: no duplicate score tile
 
 
 MERGES = ("tile", "serial", "fused")
@@ -130,6 +131,15 @@ class DecodeWorkspace:
                 self._take("o_lat", device, dtype, (heads, rows, kv_lora)),
                 self._take("part_o", device, f32, (rows, heads, parts, kv_lora)),
                 self._take("part_lse", device, f32, (rows, heads, parts)))
+
+    def shared_p(self, device: torch.device, dtype: torch.dtype, rows: int, heads: int,
+                 plan: DecodePlan) -> tuple[Tensor, Tensor]:
+        """Scratch of plan.shared_p: two [block_h, block_n] tiles of p (in `dtype`) and two
+        [block_h] vectors of alpha (fp32) per split-kernel program."""
+        programs = rows * _cdiv(heads, plan.block_h) * plan.num_splits
+        tile = 2 * plan.block_h
+        return (self._take("p", device, dtype, (programs * tile * plan.block_n,)),
+                self._take("alpha", device, torch.float32, (programs * tile,)))
 
     def counters(self, device: torch.device, n: int) -> Tensor:
         """n arrival counters for the fused merge, zero at allocation; each launch leaves them

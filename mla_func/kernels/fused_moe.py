@@ -35,11 +35,21 @@ load and multiply at once and wait for their predecessor's end only to store, th
 wait first. Only the router and the alignment trigger early, and neither writes `x` nor the
 weights those tiles read.
 
+With `MoEConfig.shared_stream` the shared experts, when apart, run on a side stream
+(`side_stream`, one per device, made once): it waits for the work queued so far on the current
+stream (the router), runs the shared MLP beside the alignment and the routed GEMMs, and the
+current stream waits for it before the kernel that adds the shared result. Under capture the
+fork and the join become graph edges. Their output is allocated on the current stream before
+the fork, so the caching allocator never hands out a block the side stream still uses: every
+tensor it reads or writes outlives the join (only its own temporaries live on it).
+
 Padding rows (tokens added to reach a capture bucket) are ordinary tokens here: their pairs are
 computed and discarded by the caller, never mixed into real tokens' rows, so they cannot change
 real results; they cost expert work: each padded token adds `topk` routed rows (and may pull in
 an expert no real token uses, i.e. one more expert's weights read at small token counts).
 """
+
+from contextlib import nullcontext
 
 import torch
 import triton
@@ -61,7 +71,7 @@ from mla_func.kernels.moe_gemm import (
     sum_kernel,
 )
 from mla_func.kernels.pdl import supported as pdl_supported
-from mla_func.kernels.swiglu import swiglu
+from mla_func.kernels.swiglu import silu_mul
 
 
 def _fit(tile: tuple[int, int, int, int], n: int, k: int) -> tuple[int, int, int, int]:
@@ -78,6 +88,31 @@ def _desc(w: Tensor, block: list[int]) -> TensorDescriptor:
         raise ValueError("MoEConfig.tma needs contiguous expert weights")
     return TensorDescriptor.from_tensor(w.view(-1, w.shape[-1]) if len(block) == 2 else w,
                                         block)
+
+
+# The shared experts' stream per device (`MoEConfig.shared_stream`), made on first use and kept:
+# cuBLAS keeps a workspace per stream, and a stream per call would allocate one each time
+# (inside a capture too); a graph itself keeps no reference to the stream it was captured on.
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The stream the shared experts run on beside the routed ones: one per device."""
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream(index)
+    return _SIDE_STREAMS[index]
+
+
+def _shared_into(
+    x: Float[Tensor, "tokens hidden"],
+    gate_up: Float[Tensor, "2 inter hidden"],
+    down: Float[Tensor, "hidden inter"],
+    out: Float[Tensor, "tokens hidden"],
+) -> None:
+    """`kernels.swiglu.swiglu` written into `out` (the same cuBLAS GEMMs, the same bits):
+    `out` is allocated by the caller on its own stream (see the module docstring)."""
+    torch.mm(silu_mul(x @ gate_up.flatten(0, 1).T), down.T, out=out)
 
 
 def shared_as_experts(
@@ -113,11 +148,10 @@ def fused_experts(
     n_routed, _, n_inter, n_hidden = gate_up.shape
     cfg = config or pick_config(tokens)
     fold = tokens <= FUSE_SHARED_MAX_TOKENS if cfg.fuse_shared is None else cfg.fuse_shared
-    extra = None
-    if shared_gate_up is not None and (not fold or shared_down.shape[1] % n_inter):
-        extra = swiglu(x, shared_gate_up, shared_down).contiguous()
-        shared_gate_up = shared_down = None
-    if shared_gate_up is None:
+    x, ids, weights = x.contiguous(), ids.contiguous(), weights.contiguous()
+    apart = shared_gate_up is not None and (not fold or shared_down.shape[1] % n_inter)
+    shared = (shared_gate_up, shared_down) if apart else None
+    if apart or shared_gate_up is None:
         s_gate_up, s_down, n_shared = gate_up, down, 0
     else:
         s_gate_up, s_down = shared_as_experts(shared_gate_up, shared_down, n_inter)
@@ -125,41 +159,67 @@ def fused_experts(
     for w in (gate_up, down, s_gate_up, s_down):
         if w.stride(-1) != 1:
             raise ValueError("expert weights must be contiguous along their last axis")
-    x, ids, weights = x.contiguous(), ids.contiguous(), weights.contiguous()
     pairs_per_token = topk + n_shared
     pdl = cfg.pdl and pdl_supported(x.device)
     if cfg.tma and (cfg.direct or n_shared):
         raise ValueError("MoEConfig.tma needs the aligned layout and the shared experts apart")
-    if cfg.direct:
-        if tokens > DIRECT_BLOCK_M:
-            raise ValueError(f"the direct path takes at most {DIRECT_BLOCK_M} tokens")
-        bm, n_tiles = DIRECT_BLOCK_M, tokens * topk + n_shared
-        layout = (ids, ids, ids)  # no alignment: the kernels read the tiles off `ids`
-    else:
-        if cfg.fused_sum:
-            raise ValueError("fused_sum needs the direct layout (MoEConfig.direct)")
-        bm = cfg.block_m
-        layout = align(ids, n_routed, n_shared, bm, pdl)
-        n_tiles = layout[1].shape[0]
-    tiles = (ids, *layout, tokens, topk)
-    common = dict(PAIRS_PER_TOKEN=pairs_per_token, BLOCK_M=bm,
-                  PRECISION="ieee" if x.dtype == torch.float32 else "tf32")
+    if cfg.shared_stream and n_shared:
+        raise ValueError("MoEConfig.shared_stream needs the shared experts apart")
+    if cfg.direct and tokens > DIRECT_BLOCK_M:
+        raise ValueError(f"the direct path takes at most {DIRECT_BLOCK_M} tokens")
+    if cfg.fused_sum and not cfg.direct:
+        raise ValueError("fused_sum needs the direct layout (MoEConfig.direct)")
 
-    act = torch.empty(n_tiles * bm, n_inter, dtype=x.dtype, device=x.device)
-    bn, bk, warps, stages = _fit(cfg.gate_up, n_inter, n_hidden)
-    n_n = triton.cdiv(n_inter, bn)
-    gate_up_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
-        x, gate_up, s_gate_up, _desc(gate_up, [1, 2, bn, bk]) if cfg.tma else None, act, *tiles,
-        n_inter, n_hidden, n_routed, x.stride(0),
-        gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
-        s_gate_up.stride(0), s_gate_up.stride(1), s_gate_up.stride(2),
-        BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_hidden % bk == 0, DIRECT=cfg.direct, **common,
-        PDL=pdl, TMA=cfg.tma, num_warps=warps, num_stages=stages,
-        **({"launch_pdl": True} if pdl else {}))
+    # Every check is above: from the fork on, the join below must run (the finally), or the
+    # side stream could still write `extra` once its block is freed and handed out again.
+    extra = side = None
+    try:
+        if shared is not None:
+            extra = torch.empty(tokens, n_hidden, dtype=x.dtype, device=x.device)
+            if cfg.shared_stream and x.is_cuda:
+                main, side = torch.cuda.current_stream(x.device), side_stream(x.device)
+                side.wait_stream(main)
+            with nullcontext() if side is None else torch.cuda.stream(side):
+                _shared_into(x, *shared, extra)
+        if cfg.direct:
+            bm, n_tiles = DIRECT_BLOCK_M, tokens * topk + n_shared
+            layout = (ids, ids, ids)  # no alignment: the kernels read the tiles off `ids`
+        else:
+            bm = cfg.block_m
+            layout = align(ids, n_routed, n_shared, bm, pdl)
+            n_tiles = layout[1].shape[0]
+        tiles = (ids, *layout, tokens, topk)
+        common = dict(PAIRS_PER_TOKEN=pairs_per_token, BLOCK_M=bm,
+                      PRECISION="ieee" if x.dtype == torch.float32 else "tf32")
 
-    out = torch.empty_like(x)
-    bn, bk, warps, stages = _fit(cfg.down, n_hidden, n_inter)
-    strides = (down.stride(0), down.stride(1), s_down.stride(0), s_down.stride(1))
+        act = torch.empty(n_tiles * bm, n_inter, dtype=x.dtype, device=x.device)
+        bn, bk, warps, stages = _fit(cfg.gate_up, n_inter, n_hidden)
+        n_n = triton.cdiv(n_inter, bn)
+        gate_up_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
+            x, gate_up, s_gate_up, _desc(gate_up, [1, 2, bn, bk]) if cfg.tma else None, act,
+            *tiles, n_inter, n_hidden, n_routed, x.stride(0),
+            gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
+            s_gate_up.stride(0), s_gate_up.stride(1), s_gate_up.stride(2),
+            BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_hidden % bk == 0, DIRECT=cfg.direct, **common,
+            PDL=pdl, TMA=cfg.tma, num_warps=warps, num_stages=stages,
+            **({"launch_pdl": True} if pdl else {}))
+
+        out = torch.empty_like(x)
+        bn, bk, warps, stages = _fit(cfg.down, n_hidden, n_inter)
+        strides = (down.stride(0), down.stride(1), s_down.stride(0), s_down.stride(1))
+        if not cfg.fused_sum:
+            buf = torch.empty(tokens * pairs_per_token, n_hidden, dtype=x.dtype,
+                              device=x.device)
+            descs = (_desc(act, [bm, bk]), _desc(down, [bn, bk])) if cfg.tma else (None, None)
+            n_n = triton.cdiv(n_hidden, bn)
+            down_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
+                act, down, s_down, *descs, buf, weights, *tiles, n_hidden, n_inter, n_routed,
+                *strides, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0,
+                DIRECT=cfg.direct, **common, TMA=cfg.tma, num_warps=warps, num_stages=stages)
+    finally:
+        if side is not None:
+            main.wait_stream(side)  # the join: `extra` is read below, on this stream
+
     if cfg.fused_sum:
         down_sum_kernel[(triton.cdiv(n_hidden, bn),)](
             act, down, s_down, out, out if extra is None else extra, weights, ids,
@@ -167,13 +227,6 @@ def fused_experts(
             BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0, HAS_EXTRA=extra is not None,
             **common, num_warps=warps, num_stages=stages)
         return out
-    buf = torch.empty(tokens * pairs_per_token, n_hidden, dtype=x.dtype, device=x.device)
-    descs = (_desc(act, [bm, bk]), _desc(down, [bn, bk])) if cfg.tma else (None, None)
-    n_n = triton.cdiv(n_hidden, bn)
-    down_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
-        act, down, s_down, *descs, buf, weights, *tiles, n_hidden, n_inter, n_routed, *strides,
-        BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0, DIRECT=cfg.direct, **common,
-        TMA=cfg.tma, num_warps=warps, num_stages=stages)
     block = min(1024, triton.next_power_of_2(n_hidden))
     sum_kernel[(tokens, triton.cdiv(n_hidden, block))](
         buf, buf if extra is None else extra, out, n_hidden, PAIRS_PER_TOKEN=pairs_per_token,

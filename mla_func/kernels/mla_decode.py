@@ -72,22 +72,65 @@ def _tile_pages(pt, n0, nn, end, page_size, max_pages, PAGE_TILES: tl.constexpr)
     return tl.load(pt + slot, mask=(n < end) & (slot < max_pages), other=0)
 
 
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _through_memory(p, alpha, p_buf, a_buf, n0, start, end, BLOCK_H: tl.constexpr,
+                    BLOCK_N: tl.constexpr, ASM_SYNC: tl.constexpr):
+    """p and alpha, handed to the value product through this program's global scratch.
+
+    Why: Triton lays out a dot whose result reaches another dot (flash attention's score)
+    with every warp along M; at 64 heads and 8 warps both warpgroups then compute the same
+    64-row score tile. Without the SSA path from score to value product, the score dot splits
+    its keys over the two warpgroups instead (each computes half), and the value product keeps
+    its column split. Two buffers by tile parity: a warp may store tile i + 1 while another
+    still reads tile i, never tile i + 2 (the barrier of tile i + 1 stands between). The
+    reload sits in a branch that is always taken so that the loop pipeliner, which only looks
+    at loads in the loop body itself, does not hoist it above the store."""
+    slot = ((n0 - start) // BLOCK_N) % 2
+    hh = tl.arange(0, BLOCK_H)
+    nn = tl.arange(0, BLOCK_N)
+    p_at = p_buf + slot * (BLOCK_H * BLOCK_N) + hh[:, None] * BLOCK_N + nn[None, :]
+    a_at = a_buf + slot * BLOCK_H + hh
+    if n0 < end:  # always: one op, whose inside the pipeliner does not reorder
+        tl.store(p_at, p)
+        tl.store(a_at, alpha)
+        # bar.sync: every warp's stores are visible to the whole program after it. Inline
+        # assembly, because the pipeliner gives up on a loop that holds tl.debug_barrier
+        # (which the interpreter, running a program as one, needs no more than this).
+        if ASM_SYNC:
+            tl.inline_asm_elementwise("bar.sync 0;\n mov.u32 $0, 0;", "=r,r", [slot],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.debug_barrier()
+        p_in = tl.load(p_at)
+        a_in = tl.load(a_at)
+    else:  # never taken; not p itself, which would restore the SSA path
+        p_in = tl.zeros([BLOCK_H, BLOCK_N], p.dtype)
+        a_in = tl.zeros([BLOCK_H], alpha.dtype)
+    return p_in, a_in
+
+
 @triton.jit(do_not_specialize=["s_pt", "max_pages", "num_splits"])  # fewer compiled variants
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _split_kernel(
     q_lat, q_pe, cache, page_table, token_seq, positions, part_o, part_lse, out, counters,
-    sq_h, sq_t, sp_t, sp_h, s_row, s_pt, so_h, so_t,
+    p_buf, a_buf, sq_h, sq_t, sp_t, sp_h, s_row, s_pt, so_h, so_t,
     heads, kv_lora, rope, page_size, max_pages, scale_log2, num_splits,
     SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, PAGE_TILES: tl.constexpr,
     PREFETCH: tl.constexpr, FUSED: tl.constexpr, FUSED_H: tl.constexpr,
-    SPLITS_P2: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
+    SPLITS_P2: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr, SHARED_P: tl.constexpr,
+    ASM_SYNC: tl.constexpr,
 ):
     if PDL:  # the merge may launch once every program has started; it waits for our end
         tl.extra.cuda.gdc_launch_dependents()
     hb = tl.program_id(0)
     split = tl.program_id(1)
     t = tl.program_id(2).to(tl.int64)
+    if SHARED_P:  # two tiles of p and of alpha per program
+        program = (t * num_splits + split) * tl.num_programs(0) + hb
+        p_buf += program * (2 * BLOCK_H * BLOCK_N)
+        a_buf += program * (2 * BLOCK_H)
     seq = tl.load(token_seq + t).to(tl.int64)
     kv_len = tl.load(positions + t).to(tl.int32) + 1
     chunk = split_chunk(kv_len, num_splits, BLOCK_N)
@@ -135,14 +178,22 @@ def _split_kernel(
             kp_ptr = cache + row[:, None] * s_row + kv_lora + r[None, :]
         kv = tl.load(kv_ptr, mask=nm[:, None] & cm[None, :], other=0.0)
         kp = tl.load(kp_ptr, mask=nm[:, None] & rm[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(kv)) + tl.dot(qp, tl.trans(kp))
-        s = tl.where(nm[None, :], s * scale_log2, float("-inf"))
+        if SHARED_P:  # scaled apart: `a + dot(b, c)` would become a dot chained to the first
+            s = tl.dot(q, tl.trans(kv)) * scale_log2 + tl.dot(qp, tl.trans(kp)) * scale_log2
+        else:
+            s = (tl.dot(q, tl.trans(kv)) + tl.dot(qp, tl.trans(kp))) * scale_log2
+        s = tl.where(nm[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
         lsum = lsum * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(kv.dtype), kv)
         m = m_new
+        if SHARED_P:
+            p, alpha = _through_memory(p.to(kv.dtype), alpha, p_buf, a_buf, n0, start, end,
+                                       BLOCK_H, BLOCK_N, ASM_SYNC)
+            acc = tl.dot(p, kv, acc * alpha[:, None])
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(kv.dtype), kv)
 
     safe = tl.where(lsum > 0, lsum, 1.0)
     o = acc / safe[:, None]
@@ -203,9 +254,12 @@ def mla_decode(
     part_o: Float[Tensor, "tokens heads _ kv_lora"],
     part_lse: Float[Tensor, "tokens heads _"],
     counters: Int[Tensor, " _"] | None = None,
+    scratch: tuple[Tensor, Tensor] | None = None,
 ) -> Float[Tensor, "heads tokens kv_lora"]:
     """o_lat[h, t] = softmax over keys 0..positions[t] of sequence token_seq[t]; into `out`.
-    `counters` (zeros, at least tokens x head blocks): needed by the fused merge only."""
+    `counters` (zeros, at least tokens x head blocks): needed by the fused merge only.
+    `scratch` (p in the cache dtype, alpha in fp32; `DecodeWorkspace.shared_p`): needed by
+    plan.shared_p only."""
     assert q_lat.stride(-1) == 1 and q_pe.stride(-1) == 1 and out.stride(-1) == 1
     assert cache.stride(-1) == 1 and cache.stride(0) == cache.shape[1] * cache.stride(1)
     plan = effective_plan(plan)
@@ -213,7 +267,7 @@ def mla_decode(
         try:
             grid, args, kwargs = split_launch(q_lat, q_pe, cache, page_table, token_seq,
                                               positions, scale, plan, out, part_o, part_lse,
-                                              counters)
+                                              counters, scratch)
             _split_kernel[grid](*args, **kwargs)
             break
         except OutOfResources:
@@ -234,7 +288,7 @@ def pdl(plan: DecodePlan, device: torch.device) -> bool:
 
 
 def split_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, out,
-                 part_o, part_lse, counters) -> tuple[tuple, tuple, dict]:
+                 part_o, part_lse, counters, scratch=None) -> tuple[tuple, tuple, dict]:
     """(grid, arguments, keyword arguments) of the split kernel for `plan` (the sm90 compile
     test reads the same)."""
     heads, tokens, kv_lora = q_lat.shape
@@ -250,8 +304,16 @@ def split_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, pl
         assert counters is not None and counters.numel() >= tokens * head_blocks
         fused_h, _, chunk = merge_shape(plan.block_h, kv_lora, splits, 16, kv_lora)
         p2 = triton.next_power_of_2(splits)
+    p_buf, a_buf = part_lse, part_lse  # unused unless shared_p
+    if plan.shared_p:
+        assert scratch is not None, "plan.shared_p needs the scratch buffers"
+        p_buf, a_buf = scratch
+        programs = head_blocks * splits * tokens
+        assert p_buf.dtype == cache.dtype and a_buf.dtype == torch.float32
+        assert p_buf.numel() >= programs * 2 * plan.block_h * plan.block_n
+        assert a_buf.numel() >= programs * 2 * plan.block_h
     args = (q_lat, q_pe, cache, page_table, token_seq, positions, part_o, part_lse, out,
-            counters if fused else part_lse,
+            counters if fused else part_lse, p_buf, a_buf,
             q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1), cache.stride(1),
             page_table.stride(0), out.stride(0), out.stride(1), heads, kv_lora, q_pe.shape[-1],
             cache.shape[1], page_table.shape[1], scale * 1.4426950408889634, splits)
@@ -260,7 +322,9 @@ def split_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, pl
         BLOCK_R=max(16, triton.next_power_of_2(q_pe.shape[-1])),
         PAGE_TILES=plan.page_tiles and cache.shape[1] % plan.block_n == 0,
         PREFETCH=plan.prefetch, FUSED=fused, FUSED_H=fused_h, SPLITS_P2=p2, CHUNK=chunk,
-        PDL=pdl(plan, q_lat.device), num_warps=plan.num_warps, num_stages=plan.num_stages)
+        PDL=pdl(plan, q_lat.device), SHARED_P=plan.shared_p, ASM_SYNC=cache.is_cuda,
+        num_warps=plan.num_warps,
+        num_stages=plan.num_stages)
     return (head_blocks, splits, tokens), args, kwargs
 
 
@@ -288,12 +352,14 @@ def attend_absorbed(
     dtype = cache.dtype
     q_lat, o_lat, part_o, part_lse = workspace.get(
         q_nope.device, dtype, tokens, heads, kv_lora, plan.num_splits)
-    counters = None
+    counters = scratch = None
     if plan.merge == "fused":
         counters = workspace.counters(q_nope.device, tokens * _cdiv(heads, plan.block_h))
+    if plan.shared_p:
+        scratch = workspace.shared_p(q_nope.device, dtype, tokens, heads, plan)
     torch.bmm(q_nope.transpose(0, 1).to(dtype), w_uk.to(dtype), out=q_lat)
     mla_decode(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, o_lat,
-               part_o, part_lse, counters)
+               part_o, part_lse, counters, scratch)
     # Written straight in [tokens, heads, v_head] order (cuBLAS takes the strided output), so
     # o_proj reads it without a transposing copy.
     o = torch.empty(tokens, heads, w_uv.shape[1], dtype=dtype, device=q_nope.device)

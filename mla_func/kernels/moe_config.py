@@ -17,7 +17,10 @@ class MoEConfig:
     (None: up to FUSE_SHARED_MAX_TOKENS tokens). `pdl` (sm90+): the alignment and the gate_up
     kernel launch while the router runs; the shared experts' gate_up tiles start at once.
     `tma` (aligned layout, shared experts apart): the expert weights, and `act` in the down
-    GEMM, are read through TMA tensor descriptors instead of pointer loads."""
+    GEMM, are read through TMA tensor descriptors instead of pointer loads.
+    `shared_stream` (shared experts apart): they run on a side CUDA stream, beside the
+    alignment and the routed GEMMs, joined before the sum (the same kernels, the same bits);
+    off CUDA (the Triton interpreter) they run in order on the one stream there is."""
 
     block_m: int
     gate_up: tuple[int, int, int, int]
@@ -27,6 +30,7 @@ class MoEConfig:
     fuse_shared: bool | None = None
     pdl: bool = False
     tma: bool = False
+    shared_stream: bool = False
 
 
 # (max tokens, config): the first row whose bound is >= the step's static token count.

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs of 2026-11-23 (bash run.sh <parts>): 128-head decode through scratch (h128), the MLA
+# kernel CUDA tests (ktest), the MoE shared experts on a side stream (stream), all CUDA tests.
+set -u
+OUT=$(realpath ${OUT:-out}); mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl
+export PYTHONPATH=.:/tmp/site
+D=docs/perf/2026-11-23-run1
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+python3 -c "import triton, torch; print(triton.__version__, torch.__version__)"
+for part in ${*:-h128 ktest}; do
+  echo "=== $part $(date -u +%H:%M:%S)"
+  case $part in
+    h128) timeout 400 python3 $D/exp_h128.py ${H128_ARGS:-} > "$OUT/h128.log" 2>&1
+          grep -E "^#|Error" "$OUT/h128.log" | cut -c1-200; sed -n '/## summary/,$p' "$OUT/h128.log" ;;
+    ktest) timeout 400 python3 -m pytest -q -m cuda -p no:cacheprovider \
+             tests/test_kernels_mla_cuda.py > "$OUT/cuda_kernel_tests.log" 2>&1
+           grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/cuda_kernel_tests.log" | tail -12 ;;
+    stream) timeout 200 python3 $D/exp_shared_stream.py > "$OUT/stream.log" 2>&1
+            tail -20 "$OUT/stream.log" ;;
+    moetest) timeout 300 python3 -m pytest -q -m cuda -p no:cacheprovider tests/test_moe.py \
+               > "$OUT/cuda_moe_tests.log" 2>&1
+             grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/cuda_moe_tests.log" | tail -8 ;;
+    tests) timeout 500 python3 -m pytest -q -m cuda -p no:cacheprovider tests \
+             > "$OUT/cuda_tests.log" 2>&1
+           grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/cuda_tests.log" | tail -15 ;;
+    kern) timeout 300 python3 -m scripts.bench kernels --heads 16 128 --batch 1 8 32 128 \
+            --ctx 1024 4096 16384 --page 64 --no-ref --prompt 1024 > "$OUT/kern.log" 2>&1
+          grep -A40 "## MLA decode" "$OUT/kern.log" | cut -c1-175 ;;
+  esac
+done
