@@ -35,8 +35,10 @@ def compile_sm90(kernel, args, kwargs):
     k = triton.compile(triton.compiler.ASTSource(kernel, sig, const, attrs),
                        target=GPUTarget("cuda", 90, 32), options=opts)
     regs, spills, _ = ptxas_usage(k)
-    buffers = re.findall(r"local_alloc : \(\) -> !ttg.memdesc<(\d+)x\d+x512", k.asm["ttgir"])
-    return regs, spills, k.metadata.shared, int(buffers[0]) if buffers else 0
+    ttgir = k.asm["ttgir"]
+    buffers = re.findall(r"local_alloc : \(\) -> !ttg.memdesc<(\d+)x\d+x512", ttgir)
+    warps = set(re.findall(r"nvidia_mma<\{[^}]*warpsPerCTA = \[(\d+), (\d+)\]", ttgir))
+    return regs, spills, k.metadata.shared, int(buffers[0]) if buffers else 0, warps
 
 def tensors(heads, rows, ctx, page, splits):
     bf, i32 = torch.bfloat16, torch.int32
@@ -53,20 +55,29 @@ for heads, page, fields, clean, buffers in [
         (16, 64, dict(page_tiles=True, prefetch=True, num_stages=3, merge="fused"), True, 2),
         (16, 64, dict(page_tiles=True, prefetch=True, num_stages=3, pdl=True), True, 2),
         (16, 16, dict(prefetch=True, num_stages=3), True, 2),
-        (128, 64, dict(page_tiles=True, prefetch=True), False, None)]:
+        (128, 64, dict(shared_p=False), False, None),
+        (128, 64, dict(shared_p=True), True, 2),
+        (128, 1, dict(shared_p=True), False, 2)]:  # per-key gather: 100 B spilled
     plan = replace(md.plan_decode(32, 4096, 132, heads), num_splits=4, **fields)
     args = tensors(heads, 32, 4096, page, 4)
-    _, call, kwargs = md.split_launch(*args[:7], plan, *args[7:])
+    scratch = (torch.empty(32 * 2 * 4 * 2 * 64 * plan.block_n, dtype=torch.bfloat16),
+               torch.empty(32 * 2 * 4 * 2 * 64))
+    _, call, kwargs = md.split_launch(*args[:7], plan, *args[7:], scratch)
     kwargs["PDL"] = plan.pdl  # split_launch turns it off off CUDA
-    regs, spills, smem, bufs = compile_sm90(md._split_kernel, call, kwargs)
-    print("split", heads, page, fields, "regs", regs, "spills", spills, "smem", smem, bufs)
+    kwargs["ASM_SYNC"] = True  # split_launch picks the interpreter's barrier off CUDA
+    regs, spills, smem, bufs, warps = compile_sm90(md._split_kernel, call, kwargs)
+    print("split", heads, page, fields, "regs", regs, "spills", spills, "smem", smem, bufs,
+          "mma warps", warps)
     assert spills == 0 or not clean
     assert buffers is None or bufs == buffers
+    assert smem <= 232448  # sm90's shared memory per block
+    if plan.shared_p:  # no dot with every warp along its 64 rows: no duplicated score tile
+        assert plan.block_n == 64 and warps == {("4", "2")}, warps
 for mh, mc, pdl in ((1, 0, True), (16, 64, False)):  # all splits in one tile; split chunks
     mh, mc, chunk = mm.merge_shape(16, 512, 32, mh, mc)
     po, pl = torch.empty(8, 16, 32, 512), torch.empty(8, 16, 32)
     out = torch.empty(16, 8, 512, dtype=torch.bfloat16)
-    regs, spills, _, _ = compile_sm90(mm._merge_kernel, (po, pl, out, 4096, 512, 16, 512, 32),
+    regs, spills, _, _, _ = compile_sm90(mm._merge_kernel, (po, pl, out, 4096, 512, 16, 512, 32),
                                       dict(MERGE_H=mh, MERGE_C=mc, SPLITS_P2=32, CHUNK=chunk,
                                            PDL=pdl, launch_pdl=pdl, num_warps=4))
     print("merge", mh, mc, chunk, "regs", regs, "spills", spills)
@@ -77,6 +88,8 @@ for mh, mc, pdl in ((1, 0, True), (16, 64, False)):  # all splits in one tile; s
 def test_decode_compiles_for_sm90():
     """Ahead-of-time sm90 compile at V2-Lite / V3 sizes (no GPU needed): the variants compile,
     the 16-head ones without spills, and prefetching the page entries lets the pipeliner
-    double-buffer the KV tile (one buffer without: the tile load waits on the table load)."""
+    double-buffer the KV tile (one buffer without: the tile load waits on the table load).
+    shared_p at 128 heads: spill-free at page 64, still double-buffered (the scratch reload and its
+    barrier do not stop the pipeliner), and every dot splits over the two warpgroups."""
     out = run_compile_script(_SM90, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -85,13 +85,29 @@ def plan_decode(
         if programs / (_cdiv(programs, slots) * slots) >= FILL:
             splits = s
             break
+    shared_p = block_h > 16 and block_n is None and _shared_p_pays(splits, max_seq_len)
+    if shared_p and splits == 1:
+        splits = 2
     long_keys = 2048 if block_h <= 16 else 1024
     long_splits = max_seq_len / splits >= long_keys and page_size % 64 == 0
     if block_n is None:
-        block_n = 64 if long_splits else 32
+        block_n = 64 if long_splits or shared_p else 32
     stages = 3 if block_n < 64 else 2  # 64-key tiles: a third stage does not fit at 64 heads
     return DecodePlan(splits, block_h, block_n, num_warps, num_stages=stages, page_tiles=True,
-                      prefetch=True, merge="tile", pdl=True)
+                      prefetch=True, merge="tile", pdl=True, shared_p=shared_p)
+
+
+def _shared_p_pays(splits: int, max_seq_len: int) -> bool:
+    """Whether a 64-head plan of `splits` splits runs faster with `shared_p` (64-key tiles, a
+    single split doubled), from the H100 runs of 2026-11-23 (docs/perf/2026-11-23-h100-run2,
+    H=128, page 64, µs, default against shared_p): B=128 ctx 4096 586.6 / 555.1 (2 splits),
+    ctx 16384 2270 / 1941 (2 splits), page 1 696 / 643; B=32 ctx 4096 176.6 / 159.8; B=8 ctx
+    4096 80.2 / 72.4. It lost where a single split stays (B=128 ctx 1024: 163.6 / 199.7 at 2
+    splits, 171.9 at 1) and at 32 keys a split (B=1 ctx 1024: 18.9 / 20.9)."""
+    keys = max_seq_len / splits
+    if splits == 1:
+        return max_seq_len >= 4096
+    return keys >= 256
 
 
 class DecodeWorkspace:

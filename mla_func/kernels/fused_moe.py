@@ -71,7 +71,7 @@ from mla_func.kernels.moe_gemm import (
     sum_kernel,
 )
 from mla_func.kernels.pdl import supported as pdl_supported
-from mla_func.kernels.swiglu import silu_mul
+from mla_func.kernels.swiglu import swiglu
 
 
 def _fit(tile: tuple[int, int, int, int], n: int, k: int) -> tuple[int, int, int, int]:
@@ -102,17 +102,6 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
     if index not in _SIDE_STREAMS:
         _SIDE_STREAMS[index] = torch.cuda.Stream(index)
     return _SIDE_STREAMS[index]
-
-
-def _shared_into(
-    x: Float[Tensor, "tokens hidden"],
-    gate_up: Float[Tensor, "2 inter hidden"],
-    down: Float[Tensor, "hidden inter"],
-    out: Float[Tensor, "tokens hidden"],
-) -> None:
-    """`kernels.swiglu.swiglu` written into `out` (the same cuBLAS GEMMs, the same bits):
-    `out` is allocated by the caller on its own stream (see the module docstring)."""
-    torch.mm(silu_mul(x @ gate_up.flatten(0, 1).T), down.T, out=out)
 
 
 def shared_as_experts(
@@ -180,7 +169,7 @@ def fused_experts(
                 main, side = torch.cuda.current_stream(x.device), side_stream(x.device)
                 side.wait_stream(main)
             with nullcontext() if side is None else torch.cuda.stream(side):
-                _shared_into(x, *shared, extra)
+                swiglu(x, *shared, out=extra)
         if cfg.direct:
             bm, n_tiles = DIRECT_BLOCK_M, tokens * topk + n_shared
             layout = (ids, ids, ids)  # no alignment: the kernels read the tiles off `ids`

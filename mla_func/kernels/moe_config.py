@@ -50,7 +50,10 @@ class MoEConfig:
 # that picks it, so past a few tokens the aligned layout wins. `pdl` is on in every row: the layer
 # took 3-13 us less with it from 1 to 512 tokens on an H100 (docs/perf/2026-11-22-h100-run11,
 # `fused_no_pdl`), 1 us less at 1024 (run 14); at 4096 19 us less in run 14 and 8 us more in run
-# 22: no difference beyond run-to-run noise there.
+# 22: no difference beyond run-to-run noise there. `shared_stream` from 513 tokens (where the
+# shared experts run apart): H100, 2026-11-23 (docs/perf/2026-11-23-h100-run2,
+# `exp_shared_stream.py`, medians of 3 alternating rounds): 517 against 532 us at 1024 tokens,
+# 691 against 722 at 2048, 1205 against 1226 at 4096; a high-priority side stream gained less.
 CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 4), direct=True, pdl=True)),
     (2, MoEConfig(16, (32, 128, 4, 4), (128, 64, 4, 4), direct=True, pdl=True)),
@@ -60,8 +63,10 @@ CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (128, MoEConfig(32, (128, 128, 8, 3), (64, 128, 4, 3), pdl=True)),
     (256, MoEConfig(64, (64, 128, 4, 3), (64, 64, 4, 4), pdl=True)),
     (512, MoEConfig(64, (64, 64, 4, 4), (128, 64, 8, 4), pdl=True)),
-    (1024, MoEConfig(128, (128, 64, 8, 3), (128, 64, 8, 3), pdl=True, tma=True)),
-    (1 << 62, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True)),
+    (1024, MoEConfig(128, (128, 64, 8, 3), (128, 64, 8, 3), pdl=True, tma=True,
+                     shared_stream=True)),
+    (1 << 62, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True,
+                        shared_stream=True)),
 )
 
 DIRECT_MAX_TOKENS = max(bound for bound, cfg in CONFIGS if cfg.direct)

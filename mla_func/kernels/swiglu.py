@@ -49,6 +49,8 @@ def swiglu(
     x: Float[Tensor, "tokens hidden"],
     gate_up: Float[Tensor, "2 inter hidden"],
     down: Float[Tensor, "hidden inter"],
+    out: Float[Tensor, "tokens hidden"] | None = None,
 ) -> Float[Tensor, "tokens hidden"]:
-    """`ops.mlp.swiglu` with the activation in one kernel."""
-    return silu_mul(x @ gate_up.flatten(0, 1).T) @ down.T
+    """`ops.mlp.swiglu` with the activation in one kernel; into `out` when given (the same
+    GEMMs, the same bits)."""
+    return torch.mm(silu_mul(x @ gate_up.flatten(0, 1).T), down.T, out=out)

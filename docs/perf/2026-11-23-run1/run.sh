@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs of 2026-11-23 (bash run.sh <parts>): 128-head decode through scratch (h128), the MLA
-# kernel CUDA tests (ktest), the MoE shared experts on a side stream (stream), all CUDA tests.
+# kernel CUDA tests (ktest), the MoE shared experts on a side stream (stream), all CUDA tests
+# (tests), kernels and MoE benchmarks new against baseline/ (kern, bmoe).
 set -u
 OUT=$(realpath ${OUT:-out}); mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -26,8 +27,18 @@ for part in ${*:-h128 ktest}; do
     tests) timeout 500 python3 -m pytest -q -m cuda -p no:cacheprovider tests \
              > "$OUT/cuda_tests.log" 2>&1
            grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/cuda_tests.log" | tail -15 ;;
-    kern) timeout 300 python3 -m scripts.bench kernels --heads 16 128 --batch 1 8 32 128 \
-            --ctx 1024 4096 16384 --page 64 --no-ref --prompt 1024 > "$OUT/kern.log" 2>&1
-          grep -A40 "## MLA decode" "$OUT/kern.log" | cut -c1-175 ;;
+    kern) for v in new base; do  # base: the session's starting code, copied to baseline/
+            dir=.; [ $v = base ] && dir=baseline
+            (cd $dir && PYTHONPATH=.:/tmp/site timeout 250 python3 -m scripts.bench kernels \
+               --heads 128 --batch 1 8 32 128 --ctx 1024 4096 16384 --page ${KPAGE:-1 64} \
+               --no-ref --prompt 1024 > "$OUT/kern_$v.log" 2>&1)
+            echo "--- $v"; grep -A30 "## MLA decode" "$OUT/kern_$v.log" | cut -c1-175
+          done ;;
+    bmoe) for v in new base; do
+            dir=.; [ $v = base ] && dir=baseline
+            (cd $dir && PYTHONPATH=.:/tmp/site timeout 250 python3 -m scripts.bench moe \
+               --tokens ${BMOE_T:-128 1024 2048 4096} > "$OUT/bmoe_$v.log" 2>&1)
+            echo "--- $v"; grep -E "^# |fused |fused_no" "$OUT/bmoe_$v.log" | cut -c1-120
+          done ;;
   esac
 done
