@@ -25,7 +25,10 @@ multiple of block_n (contiguous rows; gathering per key otherwise); `prefetch` l
 tile's page entries one iteration ahead, so the KV tile load no longer waits on a page-table
 load in the same iteration (sm90 compiles then double-buffer it at num_stages 3, where the
 per-iteration table load left a single buffer); `merge` picks the merge (mla_merge.py);
-`pdl` lets the merge launch while the split kernel runs (its programs wait for its end).
+`pdl` lets the merge launch while the split kernel runs (its programs wait for its end);
+`shared_p` hands p and the rescale factor to the value product through per-program scratch
+(`p_scratch.through_memory`), so that at 64 heads a program the two warpgroups split the score tile
+instead of both computing it.
 """
 
 from dataclasses import replace
@@ -48,6 +51,7 @@ from mla_func.kernels.decode_plan import (
     plan_decode,
 )
 from mla_func.kernels.mla_merge import launch_merge, merge_shape, merge_tile, split_chunk
+from mla_func.kernels.p_scratch import through_memory
 from mla_func.kernels.pdl import supported as pdl_supported
 
 __all__ = ["MAX_SPLITS", "MERGES", "DecodePlan", "DecodeWorkspace", "attend_absorbed",
@@ -70,44 +74,6 @@ def _tile_pages(pt, n0, nn, end, page_size, max_pages, PAGE_TILES: tl.constexpr)
         n = n0 + nn
     slot = n // page_size
     return tl.load(pt + slot, mask=(n < end) & (slot < max_pages), other=0)
-
-
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _through_memory(p, alpha, p_buf, a_buf, n0, start, end, BLOCK_H: tl.constexpr,
-                    BLOCK_N: tl.constexpr, ASM_SYNC: tl.constexpr):
-    """p and alpha, handed to the value product through this program's global scratch.
-
-    Why: Triton lays out a dot whose result reaches another dot (flash attention's score)
-    with every warp along M; at 64 heads and 8 warps both warpgroups then compute the same
-    64-row score tile. Without the SSA path from score to value product, the score dot splits
-    its keys over the two warpgroups instead (each computes half), and the value product keeps
-    its column split. Two buffers by tile parity: a warp may store tile i + 1 while another
-    still reads tile i, never tile i + 2 (the barrier of tile i + 1 stands between). The
-    reload sits in a branch that is always taken so that the loop pipeliner, which only looks
-    at loads in the loop body itself, does not hoist it above the store."""
-    slot = ((n0 - start) // BLOCK_N) % 2
-    hh = tl.arange(0, BLOCK_H)
-    nn = tl.arange(0, BLOCK_N)
-    p_at = p_buf + slot * (BLOCK_H * BLOCK_N) + hh[:, None] * BLOCK_N + nn[None, :]
-    a_at = a_buf + slot * BLOCK_H + hh
-    if n0 < end:  # always: one op, whose inside the pipeliner does not reorder
-        tl.store(p_at, p)
-        tl.store(a_at, alpha)
-        # bar.sync: every warp's stores are visible to the whole program after it. Inline
-        # assembly, because the pipeliner gives up on a loop that holds tl.debug_barrier
-        # (which the interpreter, running a program as one, needs no more than this).
-        if ASM_SYNC:
-            tl.inline_asm_elementwise("bar.sync 0;\n mov.u32 $0, 0;", "=r,r", [slot],
-                                      dtype=tl.int32, is_pure=False, pack=1)
-        else:
-            tl.debug_barrier()
-        p_in = tl.load(p_at)
-        a_in = tl.load(a_at)
-    else:  # never taken; not p itself, which would restore the SSA path
-        p_in = tl.zeros([BLOCK_H, BLOCK_N], p.dtype)
-        a_in = tl.zeros([BLOCK_H], alpha.dtype)
-    return p_in, a_in
 
 
 @triton.jit(do_not_specialize=["s_pt", "max_pages", "num_splits"])  # fewer compiled variants
@@ -189,7 +155,7 @@ def _split_kernel(
         lsum = lsum * alpha + tl.sum(p, 1)
         m = m_new
         if SHARED_P:
-            p, alpha = _through_memory(p.to(kv.dtype), alpha, p_buf, a_buf, n0, start, end,
+            p, alpha = through_memory(p.to(kv.dtype), alpha, p_buf, a_buf, n0, start, end,
                                        BLOCK_H, BLOCK_N, ASM_SYNC)
             acc = tl.dot(p, kv, acc * alpha[:, None])
         else:

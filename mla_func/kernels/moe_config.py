@@ -50,10 +50,12 @@ class MoEConfig:
 # that picks it, so past a few tokens the aligned layout wins. `pdl` is on in every row: the layer
 # took 3-13 us less with it from 1 to 512 tokens on an H100 (docs/perf/2026-11-22-h100-run11,
 # `fused_no_pdl`), 1 us less at 1024 (run 14); at 4096 19 us less in run 14 and 8 us more in run
-# 22: no difference beyond run-to-run noise there. `shared_stream` from 513 tokens (where the
-# shared experts run apart): H100, 2026-11-23 (docs/perf/2026-11-23-h100-run2,
+# 22: no difference beyond run-to-run noise there. `shared_stream` from 513 to 2048 tokens
+# (the shared experts run apart from 513): H100, 2026-11-23, the layer alone (run 2,
 # `exp_shared_stream.py`, medians of 3 alternating rounds): 517 against 532 us at 1024 tokens,
-# 691 against 722 at 2048, 1205 against 1226 at 4096; a high-priority side stream gained less.
+# 691 against 722 at 2048, 1205 against 1226 at 4096. Past 2048 it stays off: in the piecewise
+# prefill step at 4096 tokens it was slower (runs 5-6: 52.2-53.2 against 50.2-51.1 ms), at
+# 2048 faster (27.9-28.1 against 28.3-28.5 ms).
 CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 4), direct=True, pdl=True)),
     (2, MoEConfig(16, (32, 128, 4, 4), (128, 64, 4, 4), direct=True, pdl=True)),
@@ -65,8 +67,9 @@ CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (512, MoEConfig(64, (64, 64, 4, 4), (128, 64, 8, 4), pdl=True)),
     (1024, MoEConfig(128, (128, 64, 8, 3), (128, 64, 8, 3), pdl=True, tma=True,
                      shared_stream=True)),
-    (1 << 62, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True,
-                        shared_stream=True)),
+    (2048, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True,
+                     shared_stream=True)),
+    (1 << 62, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True)),
 )
 
 DIRECT_MAX_TOKENS = max(bound for bound, cfg in CONFIGS if cfg.direct)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs of 2026-11-23 (bash run.sh <parts>): 128-head decode through scratch (h128), the MLA
 # kernel CUDA tests (ktest), the MoE shared experts on a side stream (stream), all CUDA tests
-# (tests), kernels and MoE benchmarks new against baseline/ (kern, bmoe).
+# (tests), kernels, MoE and prefill benchmarks new against baseline/ (kern, bmoe, step).
 set -u
 OUT=$(realpath ${OUT:-out}); mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -39,6 +39,12 @@ for part in ${*:-h128 ktest}; do
             (cd $dir && PYTHONPATH=.:/tmp/site timeout 250 python3 -m scripts.bench moe \
                --tokens ${BMOE_T:-128 1024 2048 4096} > "$OUT/bmoe_$v.log" 2>&1)
             echo "--- $v"; grep -E "^# |fused |fused_no" "$OUT/bmoe_$v.log" | cut -c1-120
+          done ;;
+    step) for v in new base; do
+            dir=.; [ $v = base ] && dir=baseline
+            (cd $dir && PYTHONPATH=.:/tmp/site timeout 250 python3 -m scripts.bench step \
+               --parts prefill --out "$OUT/step_$v" > "$OUT/step_$v.log" 2>&1)
+            echo "--- $v"; grep -A12 "## prefill" "$OUT/step_$v.log"
           done ;;
   esac
 done
