@@ -72,7 +72,9 @@ def plan_decode(
     4096, docs/perf/2026-11-22-h100-run30: 584 against 661 us at B=128, 178 against 196 at
     B=32; shorter splits, B=1 and pages under 64 keys were not measured and keep 32-key tiles
     at 3 stages). The tile merge launches as a programmatic dependent of the split kernel
-    (sm90+): about 1 us less at B=1, the same elsewhere."""
+    (sm90+): about 1 us less at B=1, the same elsewhere. 64-head programs hand p to the value
+    product through scratch (`shared_p`, 64-key tiles) where that measured faster
+    (`_shared_p_pays`)."""
     if block_h is None:
         block_h = 16 if heads <= 16 else 64
     num_warps = 4 if block_h <= 16 else 8

@@ -27,8 +27,8 @@ load in the same iteration (sm90 compiles then double-buffer it at num_stages 3,
 per-iteration table load left a single buffer); `merge` picks the merge (mla_merge.py);
 `pdl` lets the merge launch while the split kernel runs (its programs wait for its end);
 `shared_p` hands p and the rescale factor to the value product through per-program scratch
-(`p_scratch.through_memory`), so that at 64 heads a program the two warpgroups split the score tile
-instead of both computing it.
+(`p_scratch.through_memory`), so that at 64 heads a program the two warpgroups split the score
+tile instead of both computing it.
 """
 
 from dataclasses import replace
@@ -289,8 +289,7 @@ def split_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, pl
         PAGE_TILES=plan.page_tiles and cache.shape[1] % plan.block_n == 0,
         PREFETCH=plan.prefetch, FUSED=fused, FUSED_H=fused_h, SPLITS_P2=p2, CHUNK=chunk,
         PDL=pdl(plan, q_lat.device), SHARED_P=plan.shared_p, ASM_SYNC=cache.is_cuda,
-        num_warps=plan.num_warps,
-        num_stages=plan.num_stages)
+        num_warps=plan.num_warps, num_stages=plan.num_stages)
     return (head_blocks, splits, tokens), args, kwargs
 
 
