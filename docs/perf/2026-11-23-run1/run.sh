@@ -43,8 +43,10 @@ for part in ${*:-h128 ktest}; do
     step) for v in new base; do
             dir=.; [ $v = base ] && dir=baseline
             (cd $dir && PYTHONPATH=.:/tmp/site timeout 250 python3 -m scripts.bench step \
-               --parts prefill --out "$OUT/step_$v" > "$OUT/step_$v.log" 2>&1)
-            echo "--- $v"; grep -A12 "## prefill" "$OUT/step_$v.log"
+               --parts ${STEP_PARTS:-prefill} --contexts 1024 --out "$OUT/step_$v" \
+               > "$OUT/step_$v.log" 2>&1)
+            echo "--- $v"; grep -A7 "## decode step" "$OUT/step_$v.log"
+            grep -A9 "## prefill" "$OUT/step_$v.log"
           done ;;
   esac
 done
