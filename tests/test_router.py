@@ -149,6 +149,14 @@ def test_launch_config_is_consistent(experts, hidden, n_group):
         assert c.n_split == 1 or c.blocks <= fused._COUNTER_SLOTS
 
 
+def test_launch_config_counts_whole_waves():
+    """A partial wave costs a whole one (H100, docs/perf/2026-11-23-h100-run13/14): at 4096
+    V2-Lite tokens the pick is 4 splits of 32 blocks (one wave, 26.7 us), not 5 (160 programs,
+    38.9 us), which a per-SM share in fractions of a wave chose."""
+    c = fused.launch_config(4096, 64, 2048, 1)
+    assert (c.block_t, c.n_split) == (128, 4) and c.blocks * c.n_split <= fused._SMS
+
+
 @pytest.mark.parametrize("model_type, method", [("deepseek_v2", "greedy"),
                                                 ("deepseek_v2", "noaux_tc")])
 def test_normalises_exactly_when_route_does(model_type, method):

@@ -104,7 +104,10 @@ def _group_block(experts: int, n_group: int) -> tuple[int, int]:
 def launch_config(tokens: int, experts: int, hidden: int, n_group: int = 1) -> LaunchConfig:
     """The cheapest (token block, split) by the cost model above (pure; the sm90 AOT test
     uses it too). Per SM: the router chunk and x tile it reads (or its multiply-adds, if
-    more), scaled by the programs sharing an SM, plus the latency of its dot steps; then one
+    more), scaled by the programs sharing an SM in whole waves (a partial wave costs a whole
+    one: H100, 4096 V2-Lite tokens, 160 programs at 5 splits 38.9 us against 128 at 4 splits
+    26.7; the whole-wave picks were as fast or faster at every V2-Lite and V3 size where the
+    pick moved, docs/perf/2026-11-23-h100-run14), plus the latency of its dot steps; then one
     block's last program: the sync, the partials it reads, its L2 round trips and its
     selection steps."""
     tokens = max(tokens, 1)
@@ -128,7 +131,7 @@ def launch_config(tokens: int, experts: int, hidden: int, n_group: int = 1) -> L
             chunk = per * block_h
             block_s = min(max(_TAIL_TILE // (sel_t * block_p), 1),
                           triton.next_power_of_2(n_split))
-            share = max(1.0, blocks * n_split / _SMS)
+            share = float(-(-blocks * n_split // _SMS))  # whole waves
             main = (share * max(chunk * (block_e * 4 + block_t * 2) / _BYTES_PER_NS,
                                 block_t * block_e * chunk / _MACS_PER_NS)
                     + max(1.0, share / _RESIDENT) * per * _STEP_NS)
