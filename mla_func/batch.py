@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from mla_func.staging import HostStaging
 from mla_func.state import SCRATCH_PAGE
 
 HOST_FIELDS = ("num_tokens", "num_seqs", "num_decodes", "max_seq_len", "max_query_len")
@@ -84,8 +85,10 @@ def make_batch(
     device: "str | torch.device" = "cpu",
     backend: str = "torch",
     vocab_size: int | None = None,
+    staging: HostStaging | None = None,
 ) -> Batch:
-    """Flatten per-sequence work (decodes first) into a Batch; checks token ids on the host."""
+    """Flatten per-sequence work (decodes first) into a Batch; checks token ids on the host.
+    `staging` (CUDA): the engine's pinned buffers for the copy (else one pinned per call)."""
     if not work:
         raise BatchError("a batch needs at least one sequence")
     tokens: list[int] = []
@@ -144,7 +147,9 @@ def make_batch(
         buf.extend([0] * (-len(f) % 4))
     flat = torch.frombuffer(buf, dtype=torch.int32)
     device = torch.device(device)
-    if device.type == "cuda":  # pinned: the copy is asynchronous and the buffer stays alive
+    if staging is not None:
+        flat = staging.to_device(flat)
+    elif device.type == "cuda":  # pinned: the copy is asynchronous and the buffer stays alive
         flat = flat.pin_memory().to(device, non_blocking=True)
     else:  # a copy: `flat` borrows the memory of `buf`
         flat = flat.to(device, copy=True)

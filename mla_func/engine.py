@@ -22,7 +22,8 @@ its requests, so the host builds batches while the GPU runs. A decode whose last
 in flight takes it from the previous step's device argmax (those rows come first). A request
 is never scheduled past max_new_tokens; one that stopped at eos may have run one more row,
 whose token is dropped. Its pages are freed while that row may still run: a later step that
-reuses them runs after it, in stream order.
+reuses them runs after it, in stream order. On CUDA the step's inputs reach the device through
+pinned buffers the engine keeps (`staging.HostStaging`), not a buffer pinned per step.
 
 Errors, all found on the host before any state changes:
 - `generate()` validates the whole call first and raises, so nothing runs: a `RequestError`
@@ -58,6 +59,7 @@ from mla_func.config import MLAConfig
 from mla_func.params import Params
 from mla_func.progress import AUTO_PROGRESS_DELAY_S, Progress
 from mla_func.request import Launched, Request
+from mla_func.staging import HostStaging
 from mla_func.state import KVState, init_state
 from mla_func.validation import (
     MODES,
@@ -149,6 +151,8 @@ class Engine:
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._launched: Launched | None = None
+        # Pinned buffers for the step inputs (a fresh pinned buffer a step costs ms of host).
+        self._staging = HostStaging(params.device) if params.device.type == "cuda" else None
         self.steps = 0
 
     def submit(self, prompt: Prompt, max_new_tokens: int) -> int:
@@ -208,10 +212,14 @@ class Engine:
         alloc = self.state.allocator
         batch = make_batch(
             [SeqWork(chunk, req.cached, alloc.pages[req.rid]) for req, chunk in work],
-            self.page_size, self.max_pages, self.params.device, self.backend)
+            self.page_size, self.max_pages, self.params.device, self.backend,
+            staging=self._staging)
         waiting_rows = [previous.rows[req.rid] for req, _ in work if req.in_flight]
         if waiting_rows:  # the first rows: their tokens are the previous step's argmax
-            src = torch.tensor(waiting_rows).to(previous.next_ids.device, non_blocking=True)
+            src = torch.tensor(waiting_rows)
+            # Not `.to(non_blocking=True)` from pageable memory: that copy may wait for the
+            # stream, i.e. for the step still running.
+            src = self._staging.to_device(src) if self._staging else src
             batch.token_ids[: len(waiting_rows)].copy_(previous.next_ids[src])
         logits, self.state = self._step_fn(self.state, batch)
         next_ids = logits.argmax(-1)

@@ -10,6 +10,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .whl/*.whl
 export PYTHONPATH=.:/tmp/site
 D=docs/perf/2026-11-23-run9
+ROOT=$(pwd)
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
 python3 -c "import triton, torch; print(triton.__version__, torch.__version__)"
 for part in ${*:-ws}; do
@@ -20,13 +21,25 @@ for part in ${*:-ws}; do
            grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/cuda_kernel_tests.log" | tail -12 ;;
     ws) timeout 400 python3 $D/exp_ws.py ${WS_T:-} > "$OUT/ws.log" 2>&1
         grep -E "Error|WRONG" "$OUT/ws.log" | cut -c1-250; sed -n '/## MoE layer/,$p' "$OUT/ws.log" ;;
-    e2e) timeout 420 python3 -m scripts.bench step --parts decode hf generate --contexts 1024 \
+    e2e) timeout 420 python3 -m scripts.bench step --parts ${E2E_PARTS:-decode hf generate} --contexts 1024 \
            --out "$OUT/e2e" > "$OUT/e2e.log" 2>&1
          grep -A7 "## decode step" "$OUT/e2e.log"; grep -B2 -A8 -i "## HF\|## generate" "$OUT/e2e.log" | cut -c1-200 ;;
     router) timeout 400 python3 $D/exp_router2.py ${ROUTER_T:-} > "$OUT/router.log" 2>&1
             grep -E "^##|Error" "$OUT/router.log" | cut -c1-250 ;;
     router3) timeout 300 python3 $D/exp_router3.py > "$OUT/router3.log" 2>&1
              grep -vE "^\s*$" "$OUT/router3.log" | tail -14 | cut -c1-250 ;;
+    gen) timeout 500 python3 $D/exp_generate.py > "$OUT/gen.log" 2>&1
+         grep -vE "^\s*$" "$OUT/gen.log" | grep -v Warning | head -60 | cut -c1-200 ;;
+    genab) for v in ${GENAB:-base new base new}; do  # exp_generate on each tree, alternating
+             dir=.; [ $v = base ] && dir=baseline; n=$((${n:-0} + 1))
+             (cd $dir && PYTHONPATH=.:/tmp/site timeout 300 python3 $ROOT/$D/exp_generate.py \
+                > "$OUT/gen_${n}_$v.log" 2>&1)
+             echo "--- $n $v"; grep -E "^(#|measured|profiled)" "$OUT/gen_${n}_$v.log" | cut -c1-200
+             grep -E "_pin_memory|cudaGraphLaunch|cudaEventSync" "$OUT/gen_${n}_$v.log" | cut -c1-150
+           done ;;
+    stest) timeout 300 python3 -m pytest -q -m cuda -p no:cacheprovider tests/test_staging.py \
+             tests/test_engine.py tests/test_capture_cuda.py > "$OUT/cuda_staging_tests.log" 2>&1
+           grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/cuda_staging_tests.log" | tail -8 ;;
     wstest) timeout 300 python3 -m pytest -q -m cuda -p no:cacheprovider tests/test_moe.py \
               -k "warp_spec or tma" > "$OUT/cuda_ws_tests.log" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed|Error" "$OUT/cuda_ws_tests.log" | tail -8 ;;
