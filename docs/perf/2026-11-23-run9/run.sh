@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Runs of 2026-11-23, second session (bash run.sh <parts>): the warp-specialised MoE GEMMs (ws),
-# the router alone (router, router3), the MoE and router CUDA tests (moetest), all CUDA
-# tests (tests), end to end (e2e), and the benchmarks new against
-# baseline/ (kern, bmoe, step). ws and wstest need ws_attempt.patch applied (reverted: it hung).
+# Runs of 2026-11-23, second session (bash run.sh <parts>): the warp-specialised MoE GEMMs (ws,
+# wstest: they need ws_attempt.patch applied, since the attempt hung and was reverted), the
+# router alone (router, router3), the generate loop (gen; genab: both trees, alternating), the
+# staging/engine/capture CUDA tests (stest), the MoE and router CUDA tests (moetest), all CUDA
+# tests (tests), end to end (e2e, E2E_PARTS), and the benchmarks new against baseline/ (kern,
+# bmoe, step with STEP_PARTS). diag_ws.py and diag_ws2.py were run directly (runs 10-11).
 set -u
 OUT=$(realpath ${OUT:-out}); mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -13,7 +15,7 @@ D=docs/perf/2026-11-23-run9
 ROOT=$(pwd)
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
 python3 -c "import triton, torch; print(triton.__version__, torch.__version__)"
-for part in ${*:-ws}; do
+for part in ${*:-tests}; do
   echo "=== $part $(date -u +%H:%M:%S)"
   case $part in
     ktest) timeout 400 python3 -m pytest -q -m cuda -p no:cacheprovider \
