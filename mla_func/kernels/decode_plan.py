@@ -112,6 +112,13 @@ def _shared_p_pays(splits: int, max_seq_len: int) -> bool:
     return keys >= 256
 
 
+def shared_p_numel(plan: DecodePlan, rows: int, heads: int) -> tuple[int, int]:
+    """Elements of plan.shared_p's scratch for `rows` query rows: two [block_h, block_n] tiles
+    of p and two [block_h] vectors of alpha per split-kernel program."""
+    programs = rows * _cdiv(heads, plan.block_h) * plan.num_splits
+    return programs * 2 * plan.block_h * plan.block_n, programs * 2 * plan.block_h
+
+
 class DecodeWorkspace:
     """Buffers for the absorbed query, the latent output and the split partials.
 
@@ -152,12 +159,10 @@ class DecodeWorkspace:
 
     def shared_p(self, device: torch.device, dtype: torch.dtype, rows: int, heads: int,
                  plan: DecodePlan) -> tuple[Tensor, Tensor]:
-        """Scratch of plan.shared_p: two [block_h, block_n] tiles of p (in `dtype`) and two
-        [block_h] vectors of alpha (fp32) per split-kernel program."""
-        programs = rows * _cdiv(heads, plan.block_h) * plan.num_splits
-        tile = 2 * plan.block_h
-        return (self._take("p", device, dtype, (programs * tile * plan.block_n,)),
-                self._take("alpha", device, torch.float32, (programs * tile,)))
+        """Scratch of plan.shared_p (`shared_p_numel`): p in `dtype`, alpha in fp32."""
+        p_numel, a_numel = shared_p_numel(plan, rows, heads)
+        return (self._take("p", device, dtype, (p_numel,)),
+                self._take("alpha", device, torch.float32, (a_numel,)))
 
     def counters(self, device: torch.device, n: int) -> Tensor:
         """n arrival counters for the fused merge, zero at allocation; each launch leaves them

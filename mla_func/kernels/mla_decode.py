@@ -49,6 +49,7 @@ from mla_func.kernels.decode_plan import (
     legacy_plan,
     num_sms,
     plan_decode,
+    shared_p_numel,
 )
 from mla_func.kernels.mla_merge import launch_merge, merge_shape, merge_tile, split_chunk
 from mla_func.kernels.p_scratch import through_memory
@@ -274,10 +275,9 @@ def split_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, pl
     if plan.shared_p:
         assert scratch is not None, "plan.shared_p needs the scratch buffers"
         p_buf, a_buf = scratch
-        programs = head_blocks * splits * tokens
+        p_numel, a_numel = shared_p_numel(plan, tokens, heads)
         assert p_buf.dtype == cache.dtype and a_buf.dtype == torch.float32
-        assert p_buf.numel() >= programs * 2 * plan.block_h * plan.block_n
-        assert a_buf.numel() >= programs * 2 * plan.block_h
+        assert p_buf.numel() >= p_numel and a_buf.numel() >= a_numel
     args = (q_lat, q_pe, cache, page_table, token_seq, positions, part_o, part_lse, out,
             counters if fused else part_lse, p_buf, a_buf,
             q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1), cache.stride(1),
