@@ -6,7 +6,9 @@ runs the absorbed kernel (one row per token, keys up to its position); otherwise
 run absorbed and the prefill rows run the MHA form. That choice reads `host` (CPU metadata), so
 the backend is graph-safe for uniform single-token decode only: there the launch shape is a
 function of tensor shapes (bucket rows, page-table capacity) and the workspace is owned here,
-allocated once per shape and reused (DESIGN.md, "capture").
+allocated once per shape and reused (DESIGN.md, "capture"). When every row runs absorbed, the
+cache write shares one launch with the query absorption (absorb.py); otherwise it runs first,
+on its own.
 """
 
 from jaxtyping import Float, Int
@@ -42,15 +44,16 @@ class TritonMLA:
         scale: float,
     ) -> Float[Tensor, "tokens heads v_head"]:
         layer_cache = cache[layer]
-        write_cache(layer_cache, kv_new, slot_mapping)
         num_tokens, num_seqs, num_decodes, max_seq_len, max_query_len = host.tolist()
         if max_query_len < MHA_MIN_QUERY:
             # Shapes only from here on: this is the path a captured decode graph holds. Only
             # decode steps use the long-lived workspace; a prefill's (eager, maybe thousands
             # of rows) is freed after the call.
             ws = self.workspace if num_decodes == num_seqs else DecodeWorkspace()
+            # The cache write rides in the launch that absorbs the query: one launch fewer.
             return attend_absorbed(q_nope, q_pe, layer_cache, w_uk, w_uv, token_seq, positions,
-                                   page_table, scale, ws)
+                                   page_table, scale, ws, write=(kv_new, slot_mapping))
+        write_cache(layer_cache, kv_new, slot_mapping)
         out = q_nope.new_zeros(q_nope.shape[0], q_nope.shape[1], w_uv.shape[1])
         d = num_decodes
         if d:

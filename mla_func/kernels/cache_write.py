@@ -17,16 +17,23 @@ from torch import Tensor
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _write_kernel(
-    kv, cache, slots, stride_kv, stride_row, latent,
-    BLOCK: tl.constexpr,
-):
-    t = tl.program_id(0)
+def write_row(kv, cache, slots, t, stride_kv, stride_row, latent, BLOCK: tl.constexpr):
+    """Token t's row to cache[slots[t]]; nothing when the slot is -1 (also run by the fused
+    absorb launch, absorb.py)."""
     slot = tl.load(slots + t).to(tl.int64)
     d = tl.arange(0, BLOCK)
     mask = (d < latent) & ((d * 0 + slot) >= 0)
     row = tl.load(kv + t.to(tl.int64) * stride_kv + d, mask=mask, other=0.0)
     tl.store(cache + slot * stride_row + d, row.to(cache.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _write_kernel(
+    kv, cache, slots, stride_kv, stride_row, latent,
+    BLOCK: tl.constexpr,
+):
+    write_row(kv, cache, slots, tl.program_id(0), stride_kv, stride_row, latent, BLOCK)
 
 
 def write_cache(
@@ -57,4 +64,4 @@ def reference_write(
     flat.index_copy_(0, slot_mapping[keep].long(), kv_new[keep].to(cache.dtype))
 
 
-__all__ = ["reference_write", "write_cache"]
+__all__ = ["reference_write", "write_cache", "write_row"]

@@ -29,6 +29,9 @@ per-iteration table load left a single buffer); `merge` picks the merge (mla_mer
 `shared_p` hands p and the rescale factor to the value product through per-program scratch
 (`p_scratch.through_memory`), so that at 64 heads a program the two warpgroups split the score
 tile instead of both computing it.
+
+The absorbed query is a cuBLAS bmm, or, given the new rows to write, one launch of absorb.py
+that computes it and writes the cache in the same grid (the backend's decode path).
 """
 
 from dataclasses import replace
@@ -41,6 +44,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from triton.runtime.errors import OutOfResources
 
+from mla_func.kernels.absorb import absorb_and_write
 from mla_func.kernels.decode_plan import (
     MAX_SPLITS,
     MERGES,
@@ -305,9 +309,12 @@ def attend_absorbed(
     scale: float,
     workspace: DecodeWorkspace,
     plan: DecodePlan | None = None,
+    write: tuple[Float[Tensor, "tokens latent"], Int[Tensor, " tokens"]] | None = None,
 ) -> Float[Tensor, "tokens heads v_head"]:
     """The absorbed form (same contract as mla_func.ops.attention.attend_absorbed). Without a
-    plan, it is chosen from shapes only: rows and the page table's capacity."""
+    plan, it is chosen from shapes only: rows and the page table's capacity. `write`
+    (kv_new, slot_mapping): first write the new rows into `cache`, in the launch that absorbs
+    the query (absorb.py) rather than in one of their own."""
     tokens, heads, _ = q_nope.shape
     kv_lora = w_uk.shape[-1]
     if plan is None:
@@ -322,7 +329,10 @@ def attend_absorbed(
         counters = workspace.counters(q_nope.device, tokens * _cdiv(heads, plan.block_h))
     if plan.shared_p:
         scratch = workspace.shared_p(q_nope.device, dtype, tokens, heads, plan)
-    torch.bmm(q_nope.transpose(0, 1).to(dtype), w_uk.to(dtype), out=q_lat)
+    if write is None:
+        torch.bmm(q_nope.transpose(0, 1).to(dtype), w_uk.to(dtype), out=q_lat)
+    else:  # an earlier launch on the stream: the split kernel sees the new rows
+        absorb_and_write(q_nope, w_uk, q_lat, cache, *write)
     mla_decode(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, o_lat,
                part_o, part_lse, counters, scratch)
     # Written straight in [tokens, heads, v_head] order (cuBLAS takes the strided output), so
