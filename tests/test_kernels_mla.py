@@ -38,6 +38,7 @@ from mla_func.kernels.mla_decode import (  # noqa: E402
     mla_decode,
     plan_decode,
 )
+from mla_func.kernels.mla_merge import launch_merge  # noqa: E402
 from mla_func.kernels.mla_prefill import mha_prefill  # noqa: E402
 from mla_func.ops import attention as ref  # noqa: E402
 
@@ -191,6 +192,38 @@ def test_merge_in_split_chunks_matches_reference(merge, monkeypatch):
                    page_tiles=True, prefetch=True)
     got = run_variant(p, plan, DecodeWorkspace())
     assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < TOL
+
+
+@pytest.mark.parametrize("merge", ["tile", "serial"])
+def test_merge_reads_only_the_splits_a_row_reaches(merge):
+    """Rows of 1, 15, 17 and 100 keys reach 1, 2, 3 and 7 of 9 splits (chunks of 8 keys, 16
+    for the longest row); from ACTIVE_MIN_SPLITS splits the merges must not read the others:
+    their lse and partials are NaN here (a merge that read every split would give NaN)."""
+    assert mla_merge.ACTIVE_MIN_SPLITS <= 9
+    p = make_problem([0, 14, 16, 99], [1] * 4, 4, SMALL, seed=11)
+    plan = replace(plan_decode(4, 128, 4, 4), num_splits=9, block_n=8, merge=merge,
+                   page_tiles=True, prefetch=True)
+    t, h = p["q_nope"].shape[:2]
+    q_lat = torch.einsum("thn,hnc->htc", p["q_nope"], p["w_uk"])
+    out = torch.full((h, t, 32), NAN, device=DEV)
+    part_o = torch.full((t, h, 9, 32), NAN, device=DEV)
+    part_lse = torch.full((t, h, 9), NAN, device=DEV)
+    mla_decode(q_lat, p["q_pe"], p["cache"], p["page_table"], p["token_seq"], p["positions"],
+               p["scale"], plan, out, part_o, part_lse)
+    eye = torch.eye(32, device=DEV).expand(h, 32, 32)
+    want = ref.attend_absorbed(p["q_nope"], p["q_pe"], p["cache"], p["w_uk"], eye,
+                               p["token_seq"], p["positions"], p["page_table"], p["scale"])
+    assert rel_err(out.transpose(0, 1), want) < TOL
+    cdiv = lambda a, b: -(-a // b)  # noqa: E731
+    for row, n in enumerate((1, 15, 17, 100)):
+        used = cdiv(n, cdiv(cdiv(n, 9), 8) * 8)  # split_chunk
+        assert used < 9
+        part_lse[row, :, used:] = NAN  # empty splits wrote lse = -inf; unread, NaN is harmless
+        assert part_o[row, :, used:].isnan().all()
+    out.fill_(NAN)
+    launch_merge(merge, plan.merge_heads, plan.merge_cols, plan.block_n, part_o, part_lse,
+                 p["positions"], out)
+    assert rel_err(out.transpose(0, 1), want) < TOL
 
 
 def test_legacy_plan_matches_reference():

@@ -1,6 +1,6 @@
-"""Ahead-of-time sm90 compile of the MLA decode, merge and fused absorb + cache write kernels
-(no GPU needed): register use, spills and the number of KV buffers the pipeliner allocates, at
-V2-Lite / V3 sizes."""
+"""Ahead-of-time sm90 compile of the MLA decode, merge, fused absorb + cache write and value
+up-projection kernels (no GPU needed): register use, spills and the number of KV buffers the
+pipeliner allocates, at V2-Lite / V3 sizes."""
 
 from sm90_ptxas import run_compile_script
 
@@ -78,9 +78,12 @@ for mh, mc, pdl in ((1, 0, True), (16, 64, False)):  # all splits in one tile; s
     mh, mc, chunk = mm.merge_shape(16, 512, 32, mh, mc)
     po, pl = torch.empty(8, 16, 32, 512), torch.empty(8, 16, 32)
     out = torch.empty(16, 8, 512, dtype=torch.bfloat16)
-    regs, spills, _, _, _ = compile_sm90(mm._merge_kernel, (po, pl, out, 4096, 512, 16, 512, 32),
-                                      dict(MERGE_H=mh, MERGE_C=mc, SPLITS_P2=32, CHUNK=chunk,
-                                           PDL=pdl, launch_pdl=pdl, num_warps=4))
+    pos = torch.empty(8, dtype=torch.int32)
+    regs, spills, _, _, _ = compile_sm90(mm._merge_kernel,
+                                         (po, pl, pos, out, 4096, 512, 16, 512, 32),
+                                         dict(MERGE_H=mh, MERGE_C=mc, SPLITS_P2=32, CHUNK=chunk,
+                                              PDL=pdl, launch_pdl=pdl, BLOCK_N=32,
+                                              ACTIVE=pdl, num_warps=4))
     print("merge", mh, mc, chunk, "regs", regs, "spills", spills)
     assert spills == 0
 from mla_func.kernels import absorb as ab
@@ -94,6 +97,14 @@ for heads, rows in ((16, 1), (128, 300)):  # one token block; several
     regs, spills, smem, _, _ = compile_sm90(ab._absorb_write_kernel, call, kwargs)
     print("absorb", heads, rows, "regs", regs, "spills", spills, "smem", smem)
     assert spills == 0
+from mla_func.kernels import absorb_v as av
+for heads, rows in ((16, 1), (128, 300)):
+    _, call, kwargs = av.absorb_v_launch(
+        torch.empty(heads, rows, 512, dtype=bf), torch.empty(heads, 128, 512, dtype=bf),
+        torch.empty(rows, heads, 128, dtype=bf))
+    regs, spills, smem, _, _ = compile_sm90(av._absorb_v_kernel, call, kwargs)
+    print("absorb_v", heads, rows, "regs", regs, "spills", spills, "smem", smem)
+    assert spills == 0
 """
 
 
@@ -103,6 +114,6 @@ def test_decode_compiles_for_sm90():
     double-buffer the KV tile (one buffer without: the tile load waits on the table load).
     shared_p at 128 heads: spill-free at page 64, still double-buffered (the scratch reload and its
     barrier do not stop the pipeliner), and every dot splits over the two warpgroups. The fused
-    absorb + cache write compiles spill-free at 16 and 128 heads."""
+    absorb + cache write and the value up-projection compile spill-free at 16 and 128 heads."""
     out = run_compile_script(_SM90, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr

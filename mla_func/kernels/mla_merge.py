@@ -8,11 +8,13 @@ weigh 0, and their o_s (anything, NaN included) is never multiplied in.
 
 `merge_tile` vectorises over splits: it loads [heads, splits, columns] tiles (one tile when
 the splits fit the tile budget, else a chunk of splits at a time) instead of one 512-wide row
-per split in a dependent loop, and needs no row length, so lse and o_s load together.
-`_merge_kernel` runs it with one program per (row, block of heads, block of columns); the split
-kernel runs it in its last-arriving program (plan.merge "fused"). `_serial_merge_kernel` is the
-first version (reads positions, then one split at a time), kept for side-by-side timing. Every
-variant sums in split order within one program: deterministic.
+per split in a dependent loop. `_merge_kernel` runs it with one program per (row, block of
+heads, block of columns); at many splits only over those the row's length reaches: the split
+count is fixed per captured bucket for the longest row the page table holds, so a short row
+leaves most splits empty (at 1 row and 8256 keys of capacity, 96 of 128 splits for 1024
+keys). The split kernel runs it in its last-arriving program (plan.merge "fused").
+`_serial_merge_kernel` is the first version (reads positions, then one split at a time), kept
+for side-by-side timing. Every variant sums in split order within one program: deterministic.
 """
 
 from typing import no_type_check
@@ -24,6 +26,12 @@ from torch import Tensor
 # fp32 elements of one [heads, splits, columns] tile a merge program holds (64 per thread at
 # 4 warps): bounds registers whatever the split count.
 MERGE_TILE = 8192
+# Above this many splits the tile merge reads a row's length and skips the splits it does not
+# reach. H100, 16 heads, 1024 keys with 8256 of capacity, split + merge (docs/perf/
+# 2026-11-23-h100-run28): 13.0-13.3 against 14.5-14.6 µs at 1 row (128 splits), 19.6 against
+# 21.7-21.8 at 8 rows (29 splits); at 32 rows (8 splits) 0.3-0.5 µs slower, at 128 rows (2
+# splits) 0.3 µs, so the plain form stays there.
+ACTIVE_MIN_SPLITS = 9
 
 
 @triton.jit
@@ -79,17 +87,21 @@ def merge_tile(
 @triton.jit(do_not_specialize=["num_splits"])
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _merge_kernel(
-    part_o, part_lse, out, so_h, so_t, heads, kv_lora, num_splits,
+    part_o, part_lse, positions, out, so_h, so_t, heads, kv_lora, num_splits,
     MERGE_H: tl.constexpr, MERGE_C: tl.constexpr, SPLITS_P2: tl.constexpr,
-    CHUNK: tl.constexpr, PDL: tl.constexpr,
+    CHUNK: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, ACTIVE: tl.constexpr,
 ):
-    if PDL:  # launched early (programmatic dependent launch): wait for the split kernel
-        tl.extra.cuda.gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * MERGE_H + tl.arange(0, MERGE_H)
     c = tl.program_id(2) * MERGE_C + tl.arange(0, MERGE_C)
+    active = num_splits  # splits past the row's keys wrote lse = -inf: they weigh 0
+    if ACTIVE:  # ...and are not read. The positions are the split kernel's input.
+        kv_len = tl.load(positions + t).to(tl.int32) + 1
+        active = tl.cdiv(kv_len, split_chunk(kv_len, num_splits, BLOCK_N))
+    if PDL:  # launched early (programmatic dependent launch): wait for the split kernel
+        tl.extra.cuda.gdc_wait()
     merge_tile(part_o, part_lse, out, t, h, h < heads, c, c < kv_lora, so_h, so_t, heads,
-               kv_lora, num_splits, num_splits, MERGE_H, MERGE_C, SPLITS_P2, CHUNK, "")
+               kv_lora, num_splits, active, MERGE_H, MERGE_C, SPLITS_P2, CHUNK, "")
 
 
 @triton.jit
@@ -132,9 +144,10 @@ def launch_merge(merge: str, merge_heads: int, merge_cols: int, block_n: int,
                  part_o: Tensor, part_lse: Tensor, positions: Tensor, out: Tensor,
                  pdl: bool = False) -> None:
     """Merge the partials [tokens, heads, splits, kv_lora] into out [heads, tokens, kv_lora]
-    with the "tile" or "serial" kernel (`block_n`: the split kernel's key block, which the
-    serial merge needs to find a row's active splits). `pdl`: launch the tile merge as a
-    programmatic dependent of the split kernel (sm90; it triggers it)."""
+    with the "tile" or "serial" kernel (`block_n`: the split kernel's key block, from which
+    they find a row's active splits: the serial merge always, the tile merge from
+    ACTIVE_MIN_SPLITS splits). `pdl`: launch the tile merge as a programmatic dependent of the
+    split kernel (sm90; it triggers it)."""
     tokens, heads, splits, kv_lora = part_o.shape
     p2 = triton.next_power_of_2(splits)
     if merge == "serial":
@@ -146,6 +159,7 @@ def launch_merge(merge: str, merge_heads: int, merge_cols: int, block_n: int,
     assert merge == "tile", merge
     mh, mc, chunk = merge_shape(heads, kv_lora, splits, merge_heads, merge_cols)
     _merge_kernel[(tokens, triton.cdiv(heads, mh), triton.cdiv(kv_lora, mc))](
-        part_o, part_lse, out, out.stride(0), out.stride(1), heads, kv_lora, splits,
-        MERGE_H=mh, MERGE_C=mc, SPLITS_P2=p2, CHUNK=chunk, PDL=pdl, num_warps=4,
+        part_o, part_lse, positions, out, out.stride(0), out.stride(1), heads, kv_lora, splits,
+        MERGE_H=mh, MERGE_C=mc, SPLITS_P2=p2, CHUNK=chunk, PDL=pdl, BLOCK_N=block_n,
+        ACTIVE=splits >= ACTIVE_MIN_SPLITS, num_warps=4,
         **({"launch_pdl": True} if pdl else {}))

@@ -14,6 +14,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .whl/*.whl
 export PYTHONPATH=.:/tmp/site
 D=docs/perf/2026-11-23-run21
+ROOT=$(pwd)
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
 python3 -c "import triton, torch; print(triton.__version__, torch.__version__)"
 for part in ${*:-tests}; do
@@ -28,6 +29,16 @@ for part in ${*:-tests}; do
            grep -E "^#|Error|error" "$OUT/moews_parts.log" | cut -c1-300 ;;
     moewslayer) timeout 400 python3 $D/exp_moe_ws.py ${MOEWS_T:-} > "$OUT/moews.log" 2>&1
            grep -E "^#|Error|error" "$OUT/moews.log" | cut -c1-300 ;;
+    splits) timeout 300 python3 $D/exp_splits.py > "$OUT/splits.log" 2>&1
+           grep -E "^#|^   |Error" "$OUT/splits.log" | cut -c1-400 ;;
+    minkeys) timeout 300 python3 $D/exp_min_keys.py > "$OUT/min_keys.log" 2>&1
+           grep -E "^#|Error" "$OUT/min_keys.log" | cut -c1-300 ;;
+    mergeab) for v in ${MERGE_ORDER:-new base new base}; do
+             dir=.; [ $v = base ] && dir=baseline; n=$((${n:-0} + 1))
+             (cd $dir && PYTHONPATH=.:/tmp/site timeout 200 python3 $ROOT/$D/exp_merge_active.py \
+                > "$OUT/merge_${n}_$v.log" 2>&1)
+             echo "--- $n $v"; grep -E "^#|Error" "$OUT/merge_${n}_$v.log" | cut -c1-200
+           done ;;
     ktest) timeout 400 python3 -m pytest -q -m cuda -p no:cacheprovider \
              tests/test_kernels_mla_cuda.py tests/test_kernels_absorb.py \
              > "$OUT/cuda_kernel_tests.log" 2>&1
