@@ -12,8 +12,6 @@ columns and up to ROWS tokens; the token block is the fastest-varying, so progra
 the same W_UK tile run next to each other and share it through L2. Each loads its W_UK tile
 once and loops over its tokens BLOCK_T at a time (fp32 accumulation, stored in q_lat's dtype).
 The last `tokens` programs each write one cache row (`cache_write.write_row`).
-The per-head product (`head_tile`, `rows_times_tile`) also serves the value up-projection
-(absorb_v.py).
 """
 
 from typing import no_type_check
@@ -33,35 +31,6 @@ BLOCK_C = 128  # kv_lora columns per absorb program
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def head_tile(pid, col_blocks, token_blocks):
-    """(head, column block, token block) of program `pid`: the token block varies fastest, so
-    the programs that read one weight tile run next to each other and share it through L2."""
-    tb = pid % token_blocks
-    cb = (pid // token_blocks) % col_blocks
-    h = (pid // (token_blocks * col_blocks)).to(tl.int64)
-    return h, cb, tb
-
-
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def rows_times_tile(x, sx_t, out, so_t, w, k, km, n, nm, t0, tokens,
-                    BLOCK_T: tl.constexpr, ROWS: tl.constexpr, PRECISION: tl.constexpr):
-    """out[t, n] = x[t, k] . w[k, n] for tokens t0 .. t0 + ROWS (those below `tokens`), BLOCK_T
-    at a time: one head's rows against its weight tile `w`, which the caller loaded once. x and
-    out point at the head's first row; k and n index contiguous columns (masks km, nm). Rows
-    are multiplied in w's dtype with fp32 accumulation and stored in out's dtype."""
-    for ts in range(t0, tl.minimum(t0 + ROWS, tokens), BLOCK_T):
-        t = (ts + tl.arange(0, BLOCK_T)).to(tl.int64)
-        tm = t < tokens
-        rows = tl.load(x + t[:, None] * sx_t + k[None, :],
-                       mask=tm[:, None] & km[None, :], other=0.0).to(w.dtype)
-        acc = tl.dot(rows, w, input_precision=PRECISION)
-        tl.store(out + t[:, None] * so_t + n[None, :], acc.to(out.dtype.element_ty),
-                 mask=tm[:, None] & nm[None, :])
-
-
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _absorb_write_kernel(
     q_nope, w_uk, q_lat, kv, cache, slots,
     sn_t, sn_h, sw_h, sw_k, sl_h, sl_t, stride_kv, stride_row,
@@ -72,7 +41,9 @@ def _absorb_write_kernel(
     pid = tl.program_id(0)
     absorb_programs = tl.num_programs(0) - tokens
     if pid < absorb_programs:
-        h, cb, tb = head_tile(pid, col_blocks, token_blocks)
+        tb = pid % token_blocks
+        cb = (pid // token_blocks) % col_blocks
+        h = (pid // (token_blocks * col_blocks)).to(tl.int64)
         k = tl.arange(0, BLOCK_K)
         c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
         km = k < qk_nope
@@ -80,8 +51,15 @@ def _absorb_write_kernel(
         dtype = q_lat.dtype.element_ty  # what the bmm it replaces multiplied in
         w = tl.load(w_uk + h * sw_h + k[:, None] * sw_k + c[None, :],
                     mask=km[:, None] & cm[None, :], other=0.0).to(dtype)
-        rows_times_tile(q_nope + h * sn_h, sn_t, q_lat + h * sl_h, sl_t, w, k, km, c, cm,
-                        tb * ROWS, tokens, BLOCK_T, ROWS, PRECISION)
+        t0 = tb * ROWS
+        for ts in range(t0, tl.minimum(t0 + ROWS, tokens), BLOCK_T):
+            t = (ts + tl.arange(0, BLOCK_T)).to(tl.int64)
+            tm = t < tokens
+            q = tl.load(q_nope + t[:, None] * sn_t + h * sn_h + k[None, :],
+                        mask=tm[:, None] & km[None, :], other=0.0).to(dtype)
+            acc = tl.dot(q, w, input_precision=PRECISION)
+            tl.store(q_lat + h * sl_h + t[:, None] * sl_t + c[None, :], acc.to(dtype),
+                     mask=tm[:, None] & cm[None, :])
     else:
         write_row(kv, cache, slots, pid - absorb_programs, stride_kv, stride_row, latent,
                   BLOCK_W)
@@ -140,5 +118,4 @@ def reference_absorb(
     return torch.bmm(q_nope.transpose(0, 1).to(dtype), w_uk.to(dtype))
 
 
-__all__ = ["absorb_and_write", "absorb_launch", "head_tile", "reference_absorb",
-           "rows_times_tile"]
+__all__ = ["absorb_and_write", "absorb_launch", "reference_absorb"]

@@ -31,9 +31,7 @@ per-iteration table load left a single buffer); `merge` picks the merge (mla_mer
 tile instead of both computing it.
 
 The absorbed query is a cuBLAS bmm, or, given the new rows to write, one launch of absorb.py
-that computes it and writes the cache in the same grid (the backend's decode path); on that
-path the value up-projection is absorb_v.py's kernel too, elsewhere a cuBLAS bmm (both kept,
-so they can be compared).
+that computes it and writes the cache in the same grid (the backend's decode path).
 """
 
 from dataclasses import replace
@@ -47,7 +45,6 @@ from torch import Tensor
 from triton.runtime.errors import OutOfResources
 
 from mla_func.kernels.absorb import absorb_and_write
-from mla_func.kernels.absorb_v import absorb_v
 from mla_func.kernels.decode_plan import (
     MAX_SPLITS,
     MERGES,
@@ -317,8 +314,7 @@ def attend_absorbed(
     """The absorbed form (same contract as mla_func.ops.attention.attend_absorbed). Without a
     plan, it is chosen from shapes only: rows and the page table's capacity. `write`
     (kv_new, slot_mapping): first write the new rows into `cache`, in the launch that absorbs
-    the query (absorb.py) rather than in one of their own; the value up-projection is then
-    absorb_v.py's kernel rather than a cuBLAS bmm."""
+    the query (absorb.py) rather than in one of their own."""
     tokens, heads, _ = q_nope.shape
     kv_lora = w_uk.shape[-1]
     if plan is None:
@@ -339,11 +335,8 @@ def attend_absorbed(
         absorb_and_write(q_nope, w_uk, q_lat, cache, *write)
     mla_decode(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, o_lat,
                part_o, part_lse, counters, scratch)
-    # Written straight in [tokens, heads, v_head] order (cuBLAS takes the strided output,
-    # absorb_v stores in it), so o_proj reads it without a transposing copy.
+    # Written straight in [tokens, heads, v_head] order (cuBLAS takes the strided output), so
+    # o_proj reads it without a transposing copy.
     o = torch.empty(tokens, heads, w_uv.shape[1], dtype=dtype, device=q_nope.device)
-    if write is None:
-        torch.bmm(o_lat, w_uv.to(dtype).transpose(1, 2), out=o.transpose(0, 1))
-    else:  # the backend's decode path: Triton on both sides of the attention
-        absorb_v(o_lat, w_uv, o)
+    torch.bmm(o_lat, w_uv.to(dtype).transpose(1, 2), out=o.transpose(0, 1))
     return o.to(q_nope.dtype)

@@ -6,7 +6,10 @@
 # tests (tests; ktest: attention kernels only), and benchmarks new against baseline/ (the
 # session's starting code, dca64e9): decode step (step, STEP_PARTS, STEP_ORDER), kernel census
 # of a decode step (census, CENSUS_B), MoE layer (bmoe, BMOE_T), H=16 decode kernels (kern),
-# and the final code's capture, HF side by side and generate (final).
+# the final code's capture, HF side by side and generate (final), and the experiments of runs
+# 27-32: split counts (splits), the min_keys variant (minkeys; not kept, no longer runs), the
+# merge reading reached splits only in both trees (mergeab), the Triton W_UV product against
+# cuBLAS (absorbv; needs absorb_v.patch, not kept).
 set -u
 OUT=$(realpath ${OUT:-out}); mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -39,6 +42,8 @@ for part in ${*:-tests}; do
                 > "$OUT/merge_${n}_$v.log" 2>&1)
              echo "--- $n $v"; grep -E "^#|Error" "$OUT/merge_${n}_$v.log" | cut -c1-200
            done ;;
+    absorbv) timeout 200 python3 $D/exp_absorb_v.py > "$OUT/absorb_v.log" 2>&1
+           grep -E "^#|Error" "$OUT/absorb_v.log" | cut -c1-200 ;;
     ktest) timeout 400 python3 -m pytest -q -m cuda -p no:cacheprovider \
              tests/test_kernels_mla_cuda.py tests/test_kernels_absorb.py \
              > "$OUT/cuda_kernel_tests.log" 2>&1
