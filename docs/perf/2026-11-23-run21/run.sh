@@ -36,8 +36,8 @@ for part in ${*:-tests}; do
            grep -E "^#|^   |Error" "$OUT/splits.log" | cut -c1-400 ;;
     minkeys) timeout 300 python3 $D/exp_min_keys.py > "$OUT/min_keys.log" 2>&1
            grep -E "^#|Error" "$OUT/min_keys.log" | cut -c1-300 ;;
-    mergeab) for v in ${MERGE_ORDER:-new base new base}; do
-             dir=.; [ $v = base ] && dir=baseline; n=$((${n:-0} + 1))
+    mergeab) for v in ${MERGE_ORDER:-new base new base}; do  # BASE: the tree to compare with
+             dir=.; [ $v = base ] && dir=${BASE:-baseline}; n=$((${n:-0} + 1))
              (cd $dir && PYTHONPATH=.:/tmp/site timeout 200 python3 $ROOT/$D/exp_merge_active.py \
                 > "$OUT/merge_${n}_$v.log" 2>&1)
              echo "--- $n $v"; grep -E "^#|Error" "$OUT/merge_${n}_$v.log" | cut -c1-200
