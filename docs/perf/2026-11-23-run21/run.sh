@@ -9,7 +9,8 @@
 # the final code's capture, HF side by side and generate (final), and the experiments of runs
 # 27-32: split counts (splits), the min_keys variant (minkeys; not kept, no longer runs), the
 # merge reading reached splits only in both trees (mergeab), the Triton W_UV product against
-# cuBLAS (absorbv; needs absorb_v.patch, not kept).
+# cuBLAS (absorbv; needs absorb_v.patch, not kept), and one wave of split programs against two
+# (waves, run 37).
 set -u
 OUT=$(realpath ${OUT:-out}); mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -44,6 +45,8 @@ for part in ${*:-tests}; do
            done ;;
     absorbv) timeout 200 python3 $D/exp_absorb_v.py > "$OUT/absorb_v.log" 2>&1
            grep -E "^#|Error" "$OUT/absorb_v.log" | cut -c1-200 ;;
+    waves) timeout 400 python3 $D/exp_waves.py > "$OUT/waves.log" 2>&1
+           grep -E "^#|Error" "$OUT/waves.log" | cut -c1-200 ;;
     ktest) timeout 400 python3 -m pytest -q -m cuda -p no:cacheprovider \
              tests/test_kernels_mla_cuda.py tests/test_kernels_absorb.py \
              > "$OUT/cuda_kernel_tests.log" 2>&1
