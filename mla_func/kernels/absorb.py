@@ -22,7 +22,7 @@ import triton.language as tl
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mla_func.kernels.cache_write import write_row
+from mla_func.kernels.cache_write import write_row, write_row_args
 
 BLOCK_T = 16  # tl.dot's smallest M
 ROWS = 64  # tokens per absorb program: one W_UK tile load serves up to ROWS / BLOCK_T dots
@@ -73,19 +73,17 @@ def absorb_launch(q_nope, w_uk, q_lat, cache, kv_new, slot_mapping,
     kv_lora = w_uk.shape[-1]
     # Column offsets are added unscaled: every innermost dimension must be contiguous.
     assert q_nope.stride(-1) == 1 and w_uk.stride(-1) == 1 and q_lat.stride(-1) == 1
-    assert kv_new.stride(-1) == 1 and cache.stride(-1) == 1
-    assert cache.stride(0) == cache.shape[1] * cache.stride(1)  # slots address flat rows
-    latent = cache.shape[-1]
+    kv_new, stride_kv, stride_row, latent, block_w = write_row_args(cache, kv_new)
     block_c = min(block_c, max(16, triton.next_power_of_2(kv_lora)))
     col_blocks = triton.cdiv(kv_lora, block_c)
     token_blocks = triton.cdiv(tokens, ROWS)
     args = (q_nope, w_uk, q_lat, kv_new, cache, slot_mapping,
             q_nope.stride(0), q_nope.stride(1), w_uk.stride(0), w_uk.stride(1),
-            q_lat.stride(0), q_lat.stride(1), kv_new.stride(0), cache.stride(1),
+            q_lat.stride(0), q_lat.stride(1), stride_kv, stride_row,
             tokens, qk_nope, kv_lora, latent, col_blocks, token_blocks)
     kwargs = dict(
         BLOCK_T=BLOCK_T, BLOCK_K=max(16, triton.next_power_of_2(qk_nope)), BLOCK_C=block_c,
-        BLOCK_W=triton.next_power_of_2(latent), ROWS=ROWS,
+        BLOCK_W=block_w, ROWS=ROWS,
         PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32", num_warps=4)
     return (heads * col_blocks * token_blocks + tokens,), args, kwargs
 
@@ -103,7 +101,6 @@ def absorb_and_write(
     returned. q_nope may be a strided view (a slice of the projected q)."""
     if q_nope.shape[0] == 0:
         return q_lat
-    kv_new = kv_new if kv_new.stride(-1) == 1 else kv_new.contiguous()  # as write_cache
     grid, args, kwargs = absorb_launch(q_nope, w_uk, q_lat, cache, kv_new, slot_mapping)
     _absorb_write_kernel[grid](*args, **kwargs)
     return q_lat

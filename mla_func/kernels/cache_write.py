@@ -36,6 +36,18 @@ def _write_kernel(
     write_row(kv, cache, slots, tl.program_id(0), stride_kv, stride_row, latent, BLOCK)
 
 
+def write_row_args(
+    cache: Float[Tensor, "pages page_size latent"], kv_new: Float[Tensor, "tokens latent"]
+) -> tuple[Tensor, int, int, int, int]:
+    """What `write_row` takes besides the slots, for every launch that runs it: kv_new with a
+    contiguous last axis, its row stride, the cache's row stride, latent and its block. Slots
+    address flat rows, so the cache's pages must be contiguous runs of rows."""
+    assert cache.stride(2) == 1 and cache.stride(0) == cache.shape[1] * cache.stride(1)
+    kv_new = kv_new if kv_new.stride(-1) == 1 else kv_new.contiguous()
+    latent = cache.shape[-1]
+    return kv_new, kv_new.stride(0), cache.stride(1), latent, triton.next_power_of_2(latent)
+
+
 def write_cache(
     cache: Float[Tensor, "pages page_size latent"],
     kv_new: Float[Tensor, "tokens latent"],
@@ -44,12 +56,9 @@ def write_cache(
     """Write each token's latent row at its slot, in place; slot -1 rows write nothing."""
     if kv_new.shape[0] == 0:
         return
-    assert cache.stride(2) == 1 and cache.stride(0) == cache.shape[1] * cache.stride(1)
-    kv_new = kv_new if kv_new.stride(-1) == 1 else kv_new.contiguous()
-    latent = cache.shape[-1]
+    kv_new, stride_kv, stride_row, latent, block = write_row_args(cache, kv_new)
     _write_kernel[(kv_new.shape[0],)](
-        kv_new, cache, slot_mapping, kv_new.stride(0), cache.stride(1), latent,
-        BLOCK=triton.next_power_of_2(latent), num_warps=4,
+        kv_new, cache, slot_mapping, stride_kv, stride_row, latent, BLOCK=block, num_warps=4,
     )
 
 
@@ -64,4 +73,4 @@ def reference_write(
     flat.index_copy_(0, slot_mapping[keep].long(), kv_new[keep].to(cache.dtype))
 
 
-__all__ = ["reference_write", "write_cache", "write_row"]
+__all__ = ["reference_write", "write_cache", "write_row", "write_row_args"]
