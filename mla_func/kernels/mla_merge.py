@@ -44,6 +44,14 @@ def split_chunk(kv_len, num_splits, BLOCK_N: tl.constexpr):
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def reached_splits(positions, t, num_splits, BLOCK_N: tl.constexpr):
+    """The splits row t's keys (positions[t] + 1 of them) reach; the rest are empty."""
+    kv_len = tl.load(positions + t).to(tl.int32) + 1
+    return tl.cdiv(kv_len, split_chunk(kv_len, num_splits, BLOCK_N))
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def merge_tile(
     part_o, part_lse, out, t, h, hm, c, cm, so_h, so_t, heads, kv_lora, num_splits, active,
     MERGE_H: tl.constexpr, MERGE_C: tl.constexpr, SPLITS_P2: tl.constexpr,
@@ -96,8 +104,7 @@ def _merge_kernel(
     c = tl.program_id(2) * MERGE_C + tl.arange(0, MERGE_C)
     active = num_splits  # splits past the row's keys wrote lse = -inf: they weigh 0
     if ACTIVE:  # ...and are not read. The positions are the split kernel's input.
-        kv_len = tl.load(positions + t).to(tl.int32) + 1
-        active = tl.cdiv(kv_len, split_chunk(kv_len, num_splits, BLOCK_N))
+        active = reached_splits(positions, t, num_splits, BLOCK_N)
     if PDL:  # launched early (programmatic dependent launch): wait for the split kernel
         tl.extra.cuda.gdc_wait()
     merge_tile(part_o, part_lse, out, t, h, h < heads, c, c < kv_lora, so_h, so_t, heads,
@@ -112,8 +119,7 @@ def _serial_merge_kernel(
 ):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
-    kv_len = tl.load(positions + t).to(tl.int32) + 1
-    active = tl.cdiv(kv_len, split_chunk(kv_len, num_splits, BLOCK_N))
+    active = reached_splits(positions, t, num_splits, BLOCK_N)
     base = (t * heads + h) * num_splits
     sidx = tl.arange(0, SPLITS_P2)
     lse = tl.load(part_lse + base + sidx, mask=sidx < active, other=float("-inf"))
