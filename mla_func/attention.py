@@ -1,9 +1,13 @@
 """Attention backends and the `mla_func::mla_attention` custom op the step function calls.
 
 The op is one opaque node for tracers (a `torch.library.custom_op` with a fake implementation):
-it writes the step's new [c_kv, k_pe] rows into the cache and returns per-head outputs in the
-value space. Which backend runs it, and in which form (absorbed or MHA), is decided inside from
-host-side metadata only (`Batch.host`, a CPU tensor), never from device memory.
+it takes q_nope, q_pe and kv as the input projection leaves them, runs their prologue
+(`ops.attention.prologue`: rope on q_pe and k_pe, the norm of c_kv), writes the step's new
+[c_kv, k_pe] rows into the cache and returns per-head outputs in the value space. The prologue
+lives inside the op so that a backend can fuse it with its first launch (the Triton decode
+path does).
+Which backend runs it, and in which form (absorbed or MHA), is decided inside from host-side
+metadata only (`Batch.host`, a CPU tensor), never from device memory.
 
 Each backend declares how much of it a CUDA graph may hold (DESIGN.md, vLLM's levels):
 `never` < `uniform_single_token_decode` < `uniform_batch` < `always`.
@@ -27,7 +31,7 @@ class GraphSupport(IntEnum):
     ALWAYS = 3
 
 
-# Arguments of a backend's `run`, in the op's order after (q_nope, q_pe, kv_new, cache, layer).
+# A backend's `run` takes the op's arguments, in order, but the backend name.
 AttnFn = Callable[..., Tensor]
 
 
@@ -62,9 +66,11 @@ MHA_MIN_QUERY = 64
 def torch_attention(
     q_nope: Float[Tensor, "tokens heads qk_nope"],
     q_pe: Float[Tensor, "tokens heads qk_rope"],
-    kv_new: Float[Tensor, "tokens latent"],
+    kv: Float[Tensor, "tokens latent"],
     cache: Float[Tensor, "layers pages page_size latent"],
     layer: int,
+    kv_norm: Float[Tensor, " kv_lora"],
+    inv_freq: Float[Tensor, " qk_rope"],
     w_uk: Float[Tensor, "heads qk_nope kv_lora"],
     w_uv: Float[Tensor, "heads v_head kv_lora"],
     slot_mapping: Int[Tensor, " tokens"],
@@ -74,9 +80,12 @@ def torch_attention(
     seq_lens: Int[Tensor, " seqs"],
     host: Int[Tensor, " 5"],
     scale: float,
+    rope_scale: float,
+    eps: float,
 ) -> Float[Tensor, "tokens heads v_head"]:
-    """The reference backend: cache write, then the absorbed form for decodes and short
-    extends, the MHA form when the step holds a long prompt (host metadata decides)."""
+    """The reference backend: prologue and cache write, then the absorbed form for decodes and
+    short extends, the MHA form when the step holds a long prompt (host metadata decides)."""
+    q_pe, kv_new = ref.prologue(q_pe, kv, kv_norm, positions, inv_freq, rope_scale, eps)
     layer_cache = cache[layer]
     ref.write_cache(layer_cache, kv_new, slot_mapping)
     # Gather only the page-table columns the longest sequence reaches (host metadata).
@@ -94,21 +103,24 @@ register_backend(AttentionBackend(
 
 @torch.library.custom_op("mla_func::mla_attention", mutates_args=("cache",))
 def mla_attention(
-    q_nope: Tensor, q_pe: Tensor, kv_new: Tensor, cache: Tensor, layer: int, w_uk: Tensor,
-    w_uv: Tensor, slot_mapping: Tensor, token_seq: Tensor, positions: Tensor,
-    page_table: Tensor, seq_lens: Tensor, host: Tensor, scale: float, backend: str,
+    q_nope: Tensor, q_pe: Tensor, kv: Tensor, cache: Tensor, layer: int, kv_norm: Tensor,
+    inv_freq: Tensor, w_uk: Tensor, w_uv: Tensor, slot_mapping: Tensor, token_seq: Tensor,
+    positions: Tensor, page_table: Tensor, seq_lens: Tensor, host: Tensor, scale: float,
+    rope_scale: float, eps: float, backend: str,
 ) -> Tensor:
     return get_backend(backend).run(
-        q_nope, q_pe, kv_new, cache, layer, w_uk, w_uv, slot_mapping, token_seq, positions,
-        page_table, seq_lens, host, scale)
+        q_nope, q_pe, kv, cache, layer, kv_norm, inv_freq, w_uk, w_uv, slot_mapping, token_seq,
+        positions, page_table, seq_lens, host, scale, rope_scale, eps)
 
 
 def attend(
     q_nope: Float[Tensor, "tokens heads qk_nope"],
     q_pe: Float[Tensor, "tokens heads qk_rope"],
-    kv_new: Float[Tensor, "tokens latent"],
+    kv: Float[Tensor, "tokens latent"],
     cache: Float[Tensor, "layers pages page_size latent"],
     layer: int,
+    kv_norm: Float[Tensor, " kv_lora"],
+    inv_freq: Float[Tensor, " qk_rope"],
     w_uk: Float[Tensor, "heads qk_nope kv_lora"],
     w_uv: Float[Tensor, "heads v_head kv_lora"],
     slot_mapping: Int[Tensor, " tokens"],
@@ -118,16 +130,20 @@ def attend(
     seq_lens: Int[Tensor, " seqs"],
     host: Int[Tensor, " 5"],
     scale: float,
+    rope_scale: float,
+    eps: float,
     backend: str,
 ) -> Float[Tensor, "tokens heads v_head"]:
     """The typed entry to the op: shape checks see every argument (the op's fake
-    implementation, which `meta` tensors run, checks nothing)."""
+    implementation, which `meta` tensors run, checks nothing). q_pe and kv are the input
+    projection's output, before the rope and the norm, which the op applies (`kv_norm`,
+    `inv_freq`, `rope_scale`, `eps`)."""
     return torch.ops.mla_func.mla_attention(
-        q_nope, q_pe, kv_new, cache, layer, w_uk, w_uv, slot_mapping, token_seq, positions,
-        page_table, seq_lens, host, scale, backend)
+        q_nope, q_pe, kv, cache, layer, kv_norm, inv_freq, w_uk, w_uv, slot_mapping, token_seq,
+        positions, page_table, seq_lens, host, scale, rope_scale, eps, backend)
 
 
 @mla_attention.register_fake
-def _(q_nope, q_pe, kv_new, cache, layer, w_uk, w_uv, slot_mapping, token_seq, positions,
-      page_table, seq_lens, host, scale, backend):
+def _(q_nope, q_pe, kv, cache, layer, kv_norm, inv_freq, w_uk, w_uv, slot_mapping, token_seq,
+      positions, page_table, seq_lens, host, scale, rope_scale, eps, backend):
     return q_nope.new_empty(q_nope.shape[0], q_nope.shape[1], w_uv.shape[1])

@@ -3,17 +3,17 @@
 DeepSeek-V2/V3 decoder (arXiv:2405.04434, arXiv:2412.19437): per layer x + attn(rmsnorm(x)),
 then h + ffn(rmsnorm(h)), the FFN dense for the first `first_k_dense_replace` layers and MoE
 after. Numerics follow HF transformers' DeepseekV2/V3ForCausalLM. The attention itself is one
-custom op (`mla_func::mla_attention`); everything else is static-shape torch. On CUDA the
-small steps (residual add + RMSNorm, the rope/norm prologue of attention, the MoE router) run
-as fused Triton kernels (`kernels/norm.py`, `rope.py`, `router.py`) with the reference numerics.
+custom op (`mla_func::mla_attention`), which also applies the rope and the latent norm to the
+new rows; everything else is static-shape torch. On CUDA the small steps (residual add +
+RMSNorm, the MoE router) run as fused Triton kernels (`kernels/norm.py`, `router.py`) with the
+reference numerics.
 """
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
 import mla_func.kernels.norm  # noqa: F401  (registers rmsnorm / add_rmsnorm)
-import mla_func.kernels.rope  # noqa: F401  (registers mla_prologue)
 from mla_func.attention import attend
 from mla_func.batch import Batch
 from mla_func.config import MLAConfig
@@ -21,7 +21,6 @@ from mla_func.kernels.router import route_fused
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import route
 from mla_func.ops.norm import rmsnorm
-from mla_func.ops.rope import apply_rope, rope_cos_sin
 from mla_func.params import Attention, DenseMLP, MoE, Params, rope_attention_factor
 from mla_func.state import KVState
 
@@ -64,26 +63,6 @@ def project_qkv_a(
     return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim)), kv
 
 
-def prologue(
-    attn: Attention,
-    q: Float[Tensor, "tokens heads qk_head"],
-    kv: Float[Tensor, "tokens latent"],
-    positions: Int[Tensor, " tokens"],
-    inv_freq: Float[Tensor, " qk_rope"],
-    cfg: MLAConfig,
-) -> tuple[Float[Tensor, "tokens heads qk_rope"], Float[Tensor, "tokens latent"]]:
-    """Rotated q_pe, and the cache rows [rmsnorm(c_kv), rope(k_pe)] of the new tokens."""
-    scale, eps = rope_attention_factor(cfg), cfg.rms_norm_eps
-    if _fused(q):
-        return torch.ops.mla_func.mla_prologue(q, kv, attn.kv_a_norm, positions, inv_freq,
-                                               scale, eps, cfg.qk_nope_head_dim)
-    cos, sin = rope_cos_sin(positions, inv_freq, scale)
-    q_pe = apply_rope(q[..., cfg.qk_nope_head_dim :], cos, sin)
-    c_kv = rmsnorm(kv[:, : cfg.kv_lora_rank], attn.kv_a_norm, eps)
-    k_pe = apply_rope(kv[:, cfg.kv_lora_rank :], cos, sin)
-    return q_pe, torch.cat((c_kv, k_pe), dim=-1)
-
-
 def attention_block(
     attn: Attention,
     x: Float[Tensor, "tokens hidden"],
@@ -94,11 +73,14 @@ def attention_block(
     cfg: MLAConfig,
 ) -> Float[Tensor, "tokens hidden"]:
     q, kv = project_qkv_a(attn, x, cfg)
-    q_pe, kv_new = prologue(attn, q, kv, batch.positions, inv_freq, cfg)
+    # The op applies the rope and the latent norm itself (the Triton decode path fuses them
+    # with its first launch).
+    nope = cfg.qk_nope_head_dim
     o = attend(
-        q[..., : cfg.qk_nope_head_dim], q_pe, kv_new, cache, layer, attn.w_uk, attn.w_uv,
-        batch.slot_mapping, batch.token_seq, batch.positions, batch.page_table,
-        batch.seq_lens, batch.host, cfg.softmax_scale, batch.backend)
+        q[..., :nope], q[..., nope:], kv, cache, layer, attn.kv_a_norm, inv_freq, attn.w_uk,
+        attn.w_uv, batch.slot_mapping, batch.token_seq, batch.positions, batch.page_table,
+        batch.seq_lens, batch.host, cfg.softmax_scale, rope_attention_factor(cfg),
+        cfg.rms_norm_eps, batch.backend)
     return o.flatten(1, 2) @ attn.o_proj.flatten(1, 2).T
 
 

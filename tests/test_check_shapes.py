@@ -32,7 +32,7 @@ def test_mixed_step_passes(results):
     assert "preset tiny: mixed step" in out and "preset v2-lite: mixed step" in out
     assert "3 decodes" in out and "on meta" in out
     for fn in ("mla_func.model.forward", "mla_func.batch.Batch.__init__",
-               "mla_func.params.Params.__init__", "mla_func.model.prologue",
+               "mla_func.params.Params.__init__", "mla_func.model.project_qkv_a",
                "mla_func.attention.attend"):
         assert fn in out, fn
     for preset in ("tiny", "v2-lite"):
@@ -43,8 +43,8 @@ def test_grown_axis_fails_inside_the_model(results):
     out, code = results["break qk_rope"]
     assert code == 1, out
     assert "params.rope_inv_freq axis qk_rope grown 8 -> 9" in out
-    assert "FAIL mla_func.model.prologue: dimension 'qk_rope'" in out
-    assert "has size 8" in out and "qk_rope=9" in out
+    assert "FAIL mla_func.attention.attend: dimension 'qk_rope'" in out
+    assert "`inv_freq` axis 0 has size 9" in out and "qk_rope=8" in out
 
 
 @pytest.fixture(scope="module")

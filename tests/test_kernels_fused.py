@@ -50,7 +50,7 @@ def test_prologue_matches_reference(preset, heads, dtype):
     w = (1 + 0.1 * torch.randn(cfg.kv_lora_rank, device=DEVICE)).to(dtype)
     pos = torch.randint(0, 5000, (tokens,), device=DEVICE, dtype=torch.int32)
     freq = yarn_inv_freq(cfg).to(DEVICE)
-    q_pe, rows = mla_prologue(q, kv, w, pos, freq, 1.2, 1e-6, cfg.qk_nope_head_dim)
+    q_pe, rows = mla_prologue(q[..., cfg.qk_nope_head_dim:], kv, w, pos, freq, 1.2, 1e-6)
     cos, sin = rope_cos_sin(pos, freq, 1.2)
     ref_q = apply_rope(q[..., cfg.qk_nope_head_dim:], cos, sin)
     ref_rows = torch.cat([rmsnorm_ref(kv[:, :cfg.kv_lora_rank], w, 1e-6),
@@ -91,7 +91,7 @@ def test_fused_kernels_at_v2_lite_size_on_gpu():
     wk = (1 + 0.1 * torch.randn(cfg.kv_lora_rank, device="cuda")).to(torch.bfloat16)
     pos = torch.randint(0, 100000, (256,), device="cuda", dtype=torch.int32)
     freq = yarn_inv_freq(cfg).cuda()
-    q_pe, rows = mla_prologue(q, kv, wk, pos, freq, 1.0, 1e-6, cfg.qk_nope_head_dim)
+    q_pe, rows = mla_prologue(q[..., 128:], kv, wk, pos, freq, 1.0, 1e-6)
     cos, sin = rope_cos_sin(pos, freq, 1.0)
     torch.testing.assert_close(q_pe, apply_rope(q[..., 128:], cos, sin), rtol=2e-2, atol=2e-2)
     ref_rows = torch.cat([rmsnorm_ref(kv[:, :512], wk, 1e-6), apply_rope(kv[:, 512:], cos, sin)],

@@ -102,8 +102,8 @@ def test_cuda_decode_graph_replay_matches_eager(variant):
 
 @pytest.mark.cuda
 def test_cuda_backend_decode_step_in_graph_matches_eager():
-    """The whole op (cache write + absorbed decode) captured for a decode bucket with a padded
-    row, replayed on the next step's inputs: same output and cache as an eager call."""
+    """The whole op (prologue, cache write, absorbed decode) captured for a decode bucket with
+    a padded row, replayed on the next step's inputs: same output and cache as an eager call."""
     h, n, r, v, c = (V2_LITE[k] for k in ("heads", "nope", "rope", "v", "kv_lora"))
     g = torch.Generator().manual_seed(0)
     work = [SeqWork([1], start, list(range(1 + 8 * i, 9 + 8 * i)))
@@ -119,14 +119,17 @@ def test_cuda_backend_decode_step_in_graph_matches_eager():
     def rnd(*shape, s=1.0):
         return (torch.randn(*shape, generator=g) * s).to("cuda", torch.bfloat16)
 
-    q_nope, q_pe, kv_new = rnd(4, h, n), rnd(4, h, r), rnd(4, c + r)
+    q_nope, q_pe, kv = rnd(4, h, n), rnd(4, h, r), rnd(4, c + r)
     cache = rnd(2, 30, 16, c + r)
     w_uk, w_uv = rnd(h, n, c, s=n**-0.5), rnd(h, v, c, s=c**-0.5)
+    kv_norm = 1 + 0.1 * rnd(c)
+    inv_freq = (1.0 / 1e4 ** (torch.arange(0, r, 2, device="cuda") / r)).repeat_interleave(2)
 
     def step():
         return torch.ops.mla_func.mla_attention(
-            q_nope, q_pe, kv_new, cache, 1, w_uk, w_uv, cols["slot_mapping"],
-            cols["token_seq"], cols["positions"], table, seq_lens, batch.host, 0.07, "triton")
+            q_nope, q_pe, kv, cache, 1, kv_norm, inv_freq, w_uk, w_uv, cols["slot_mapping"],
+            cols["token_seq"], cols["positions"], table, seq_lens, batch.host, 0.07, 1.0, 1e-6,
+            "triton")
 
     step()  # warm-up: compile, allocate the workspace
     graph = torch.cuda.CUDAGraph()
@@ -136,7 +139,7 @@ def test_cuda_backend_decode_step_in_graph_matches_eager():
         cols["positions"][:3] += 1
         cols["slot_mapping"][:3] += 1
         seq_lens[:3] += 1
-        for x in (q_nope, q_pe, kv_new):
+        for x in (q_nope, q_pe, kv):
             x.normal_()
         before = cache.clone()
         graph.replay()

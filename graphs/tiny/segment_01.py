@@ -3,7 +3,7 @@
 
 Inputs (of this first occurrence):
     in_0: op 0 (mla_func::mla_attention): float32[tokens, 4, 16]
-    in_1: segment 0 output 1: int tokens
+    in_1: segment 0 output 2: int tokens
     in_2: params.layers.0.attn.o_proj: float32[64, 4, 16]
     in_3: segment 0 output 0: float32[tokens, 64]
     in_4: params.layers.0.post_attn_norm: float32[64]
@@ -11,25 +11,22 @@ Inputs (of this first occurrence):
     in_6: params.layers.0.mlp.down: float32[64, 128]
     in_7: params.layers.1.input_norm: float32[64]
     in_8: params.layers.1.attn.qkv_a_proj: float32[136, 64]
-    in_9: params.layers.1.attn.kv_a_norm: float32[32]
-    in_10: batch.positions: int32[tokens]
-    in_11: params.rope_inv_freq: float32[8]
 Outputs:
     0: float32[tokens, 64] -> segment 2
-    1: float32[tokens, 4, 8] -> op 1
-    2: float32[tokens, 40] -> op 1
-    3: float32[tokens, 4, 16] -> op 1
+    1: float32[tokens, 40] -> op 1
+    2: float32[tokens, 4, 16] -> op 1
+    3: float32[tokens, 4, 8] -> op 1
 """
 
 import torch
 
-def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in_10, in_11):
-    # mla_func/model.py:102 in attention_block: return o.flatten(1, 2) @ attn.o_proj.flatten(1, 2).T
+def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8):
+    # mla_func/model.py:84 in attention_block: return o.flatten(1, 2) @ attn.o_proj.flatten(1, 2).T
     view_default = torch.ops.aten.view.default(in_0, [in_1, 64])
     view_default_1 = torch.ops.aten.view.default(in_2, [64, 64])
     permute_default = torch.ops.aten.permute.default(view_default_1, [1, 0])
     mm_default = torch.ops.aten.mm.default(view_default, permute_default)
-    # mla_func/model.py:44 in add_norm: return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
+    # mla_func/model.py:43 in add_norm: return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
     add_rmsnorm_default = torch.ops.mla_func.add_rmsnorm.default(in_3, mm_default, in_4, 1e-06)
     getitem = add_rmsnorm_default[0]
     getitem_1 = add_rmsnorm_default[1]
@@ -46,24 +43,21 @@ def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in
     mul_tensor = torch.ops.aten.mul.Tensor(silu_default, getitem_3)
     permute_default_2 = torch.ops.aten.permute.default(in_6, [1, 0])
     mm_default_2 = torch.ops.aten.mm.default(mul_tensor, permute_default_2)
-    # mla_func/model.py:44 in add_norm: return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
+    # mla_func/model.py:43 in add_norm: return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
     add_rmsnorm_default_1 = torch.ops.mla_func.add_rmsnorm.default(getitem, mm_default_2, in_7, 1e-06)
     getitem_4 = add_rmsnorm_default_1[0]
     getitem_5 = add_rmsnorm_default_1[1]
-    # mla_func/model.py:60 in project_qkv_a: qkv = x @ attn.qkv_a_proj.T
+    # mla_func/model.py:59 in project_qkv_a: qkv = x @ attn.qkv_a_proj.T
     permute_default_3 = torch.ops.aten.permute.default(in_8, [1, 0])
     mm_default_3 = torch.ops.aten.mm.default(getitem_5, permute_default_3)
-    # mla_func/model.py:61 in project_qkv_a: q, kv = qkv.split((qkv.shape[1] - cfg.latent_dim, cfg.latent_dim), dim=1)
+    # mla_func/model.py:60 in project_qkv_a: q, kv = qkv.split((qkv.shape[1] - cfg.latent_dim, cfg.latent_dim), dim=1)
     split_with_sizes_default = torch.ops.aten.split_with_sizes.default(mm_default_3, [96, 40], 1)
     getitem_6 = split_with_sizes_default[0]
     getitem_7 = split_with_sizes_default[1]
-    # mla_func/model.py:64 in project_qkv_a: return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim)), kv
+    # mla_func/model.py:63 in project_qkv_a: return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim)), kv
     view_default_3 = torch.ops.aten.view.default(getitem_6, [in_1, 4, 24])
-    # mla_func/model.py:78 in prologue: return torch.ops.mla_func.mla_prologue(q, kv, attn.kv_a_norm, positions, inv_freq,
-    mla_prologue_default = torch.ops.mla_func.mla_prologue.default(view_default_3, getitem_7, in_9, in_10, in_11, 1.0, 1e-06, 16)
-    getitem_8 = mla_prologue_default[0]
-    getitem_9 = mla_prologue_default[1]
-    # mla_func/model.py:99 in attention_block: q[..., : cfg.qk_nope_head_dim], q_pe, kv_new, cache, layer, attn.w_uk, attn.w_uv,
+    # mla_func/model.py:80 in attention_block: q[..., :nope], q[..., nope:], kv, cache, layer, attn.kv_a_norm, inv_freq, attn.w_uk,
     slice_tensor = torch.ops.aten.slice.Tensor(view_default_3, 2, 0, 16)
-    return (getitem_4, getitem_8, getitem_9, slice_tensor)
+    slice_tensor_1 = torch.ops.aten.slice.Tensor(view_default_3, 2, 16, 9223372036854775807)
+    return (getitem_4, getitem_7, slice_tensor, slice_tensor_1)
     

@@ -3,7 +3,7 @@
 
 Inputs (of this first occurrence):
     in_0: op 2 (mla_func::mla_attention): float32[tokens, 4, 16]
-    in_1: segment 0 output 1: int tokens
+    in_1: segment 0 output 2: int tokens
     in_2: params.layers.2.attn.o_proj: float32[64, 4, 16]
     in_3: segment 2 output 0: float32[tokens, 64]
     in_4: params.layers.2.post_attn_norm: float32[64]
@@ -22,28 +22,28 @@ Outputs:
 import torch
 
 def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in_10, in_11, in_12):
-    # mla_func/model.py:102 in attention_block: return o.flatten(1, 2) @ attn.o_proj.flatten(1, 2).T
+    # mla_func/model.py:84 in attention_block: return o.flatten(1, 2) @ attn.o_proj.flatten(1, 2).T
     view_default = torch.ops.aten.view.default(in_0, [in_1, 64])
     view_default_1 = torch.ops.aten.view.default(in_2, [64, 64])
     permute_default = torch.ops.aten.permute.default(view_default_1, [1, 0])
     mm_default = torch.ops.aten.mm.default(view_default, permute_default)
-    # mla_func/model.py:44 in add_norm: return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
+    # mla_func/model.py:43 in add_norm: return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
     add_rmsnorm_default = torch.ops.mla_func.add_rmsnorm.default(in_3, mm_default, in_4, 1e-06)
     getitem = add_rmsnorm_default[0]
     getitem_1 = add_rmsnorm_default[1]
-    # mla_func/kernels/router.py:322 in route_fused: return torch.ops.mla_func.moe_route(
+    # mla_func/kernels/router.py:329 in route_fused: return torch.ops.mla_func.moe_route(
     moe_route_default = torch.ops.mla_func.moe_route.default(getitem_1, in_5, None, 2, 1, 1, 'greedy', False, 1.0)
     getitem_2 = moe_route_default[0]
     getitem_3 = moe_route_default[1]
     # mla_func/moe.py:46 in experts: return torch.ops.mla_func.moe_experts(x, weights, ids, gate_up, down, s_gate_up, s_down)
     moe_experts_default = torch.ops.mla_func.moe_experts.default(getitem_1, getitem_2, getitem_3, in_6, in_7, in_8, in_9)
-    # mla_func/model.py:136 in forward: last = norm(h[rows] + m[rows], params.norm, eps)
+    # mla_func/model.py:118 in forward: last = norm(h[rows] + m[rows], params.norm, eps)
     index_tensor = torch.ops.aten.index.Tensor(getitem, [in_10])
     index_tensor_1 = torch.ops.aten.index.Tensor(moe_experts_default, [in_10])
     add_tensor = torch.ops.aten.add.Tensor(index_tensor, index_tensor_1)
-    # mla_func/model.py:52 in norm: return torch.ops.mla_func.rmsnorm(x, weight, eps)
+    # mla_func/model.py:51 in norm: return torch.ops.mla_func.rmsnorm(x, weight, eps)
     rmsnorm_default = torch.ops.mla_func.rmsnorm.default(add_tensor, in_11, 1e-06)
-    # mla_func/model.py:137 in forward: return (last @ params.lm_head.T).float(), state
+    # mla_func/model.py:119 in forward: return (last @ params.lm_head.T).float(), state
     permute_default_1 = torch.ops.aten.permute.default(in_12, [1, 0])
     mm_default_1 = torch.ops.aten.mm.default(rmsnorm_default, permute_default_1)
     return (mm_default_1,)

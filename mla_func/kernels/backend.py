@@ -1,4 +1,4 @@
-"""The "triton" attention backend: cache write, absorbed decode/extend, MHA prefill.
+"""The "triton" attention backend: prologue, cache write, absorbed decode/extend, MHA prefill.
 
 Same contract as `mla_func.attention.torch_attention` (the reference). One call serves a mixed
 step, decode rows first: while no sequence brings MHA_MIN_QUERY or more new tokens, every row
@@ -7,17 +7,20 @@ run absorbed and the prefill rows run the MHA form. That choice reads `host` (CP
 the backend is graph-safe for uniform single-token decode only: there the launch shape is a
 function of tensor shapes (bucket rows, page-table capacity) and the workspace is owned here,
 allocated once per shape and reused (DESIGN.md, "capture"). When every row runs absorbed, the
-cache write shares one launch with the query absorption (absorb.py); otherwise it runs first,
-on its own.
+prologue (rope, latent norm) and the cache write share one launch with the query absorption
+(absorb.py); otherwise the prologue kernel (rope.py) and the cache write run first, each on
+its own.
 """
 
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.attention import MHA_MIN_QUERY, AttentionBackend, GraphSupport, register_backend
+from mla_func.kernels.absorb import NewRows
 from mla_func.kernels.cache_write import write_cache
 from mla_func.kernels.mla_decode import DecodeWorkspace, attend_absorbed
 from mla_func.kernels.mla_prefill import mha_prefill
+from mla_func.kernels.rope import mla_prologue
 
 
 class TritonMLA:
@@ -30,9 +33,11 @@ class TritonMLA:
         self,
         q_nope: Float[Tensor, "tokens heads qk_nope"],
         q_pe: Float[Tensor, "tokens heads qk_rope"],
-        kv_new: Float[Tensor, "tokens latent"],
+        kv: Float[Tensor, "tokens latent"],
         cache: Float[Tensor, "layers pages page_size latent"],
         layer: int,
+        kv_norm: Float[Tensor, " kv_lora"],
+        inv_freq: Float[Tensor, " qk_rope"],
         w_uk: Float[Tensor, "heads qk_nope kv_lora"],
         w_uv: Float[Tensor, "heads v_head kv_lora"],
         slot_mapping: Int[Tensor, " tokens"],
@@ -42,6 +47,8 @@ class TritonMLA:
         seq_lens: Int[Tensor, " seqs"],
         host: Int[Tensor, " 5"],
         scale: float,
+        rope_scale: float,
+        eps: float,
     ) -> Float[Tensor, "tokens heads v_head"]:
         layer_cache = cache[layer]
         num_tokens, num_seqs, num_decodes, max_seq_len, max_query_len = host.tolist()
@@ -50,9 +57,12 @@ class TritonMLA:
             # decode steps use the long-lived workspace; a prefill's (eager, maybe thousands
             # of rows) is freed after the call.
             ws = self.workspace if num_decodes == num_seqs else DecodeWorkspace()
-            # The cache write rides in the launch that absorbs the query: one launch fewer.
-            return attend_absorbed(q_nope, q_pe, layer_cache, w_uk, w_uv, token_seq, positions,
-                                   page_table, scale, ws, write=(kv_new, slot_mapping))
+            # The prologue and the cache write ride in the launch that absorbs the query.
+            new = NewRows(q_pe, kv, slot_mapping, positions, kv_norm, inv_freq,
+                          rope_scale, eps)
+            return attend_absorbed(q_nope, None, layer_cache, w_uk, w_uv, token_seq,
+                                   positions, page_table, scale, ws, new=new)
+        q_pe, kv_new = mla_prologue(q_pe, kv, kv_norm, positions, inv_freq, rope_scale, eps)
         write_cache(layer_cache, kv_new, slot_mapping)
         out = q_nope.new_zeros(q_nope.shape[0], q_nope.shape[1], w_uv.shape[1])
         d = num_decodes

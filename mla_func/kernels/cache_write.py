@@ -18,8 +18,7 @@ from torch import Tensor
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def write_row(kv, cache, slots, t, stride_kv, stride_row, latent, BLOCK: tl.constexpr):
-    """Token t's row to cache[slots[t]]; nothing when the slot is -1 (also run by the fused
-    absorb launch, absorb.py)."""
+    """Token t's row to cache[slots[t]]; nothing when the slot is -1."""
     slot = tl.load(slots + t).to(tl.int64)
     d = tl.arange(0, BLOCK)
     mask = (d < latent) & ((d * 0 + slot) >= 0)
@@ -39,9 +38,10 @@ def _write_kernel(
 def write_row_args(
     cache: Float[Tensor, "pages page_size latent"], kv_new: Float[Tensor, "tokens latent"]
 ) -> tuple[Tensor, int, int, int, int]:
-    """What `write_row` takes besides the slots, for every launch that runs it: kv_new with a
-    contiguous last axis, its row stride, the cache's row stride, latent and its block. Slots
-    address flat rows, so the cache's pages must be contiguous runs of rows."""
+    """What a launch that writes cache rows takes besides the slots (`write_row` here, the
+    absorbed decode's prologue in absorb.py): kv_new with a contiguous last axis, its row
+    stride, the cache's row stride, latent and its block. Slots address flat rows, so the
+    cache's pages must be contiguous runs of rows."""
     assert cache.stride(2) == 1 and cache.stride(0) == cache.shape[1] * cache.stride(1)
     kv_new = kv_new if kv_new.stride(-1) == 1 else kv_new.contiguous()
     latent = cache.shape[-1]

@@ -157,6 +157,11 @@ class DecodeWorkspace:
                 self._take("part_o", device, f32, (rows, heads, parts, kv_lora)),
                 self._take("part_lse", device, f32, (rows, heads, parts)))
 
+    def q_pe(self, device: torch.device, dtype: torch.dtype, rows: int, heads: int,
+             rope: int) -> Tensor:
+        """The rotated q_pe [rows, heads, rope] the fused prologue writes (absorb.py)."""
+        return self._take("q_pe", device, dtype, (rows, heads, rope))
+
     def shared_p(self, device: torch.device, dtype: torch.dtype, rows: int, heads: int,
                  plan: DecodePlan) -> tuple[Tensor, Tensor]:
         """Scratch of plan.shared_p (`shared_p_numel`): p in `dtype`, alpha in fp32."""

@@ -30,8 +30,9 @@ per-iteration table load left a single buffer); `merge` picks the merge (mla_mer
 (`p_scratch.through_memory`), so that at 64 heads a program the two warpgroups split the score
 tile instead of both computing it.
 
-The absorbed query is a cuBLAS bmm, or, given the new rows to write, one launch of absorb.py
-that computes it and writes the cache in the same grid (the backend's decode path).
+The absorbed query is a cuBLAS bmm, or, given the step's new rows as the input projection left
+them (`absorb.NewRows`), one launch of absorb.py that computes it and runs their prologue (q_pe
+rotated, cache rows normed, rotated and written) in the same grid (the backend's decode path).
 """
 
 from dataclasses import replace
@@ -44,7 +45,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from triton.runtime.errors import OutOfResources
 
-from mla_func.kernels.absorb import absorb_and_write
+from mla_func.kernels.absorb import NewRows, absorb_prologue
 from mla_func.kernels.decode_plan import (
     MAX_SPLITS,
     MERGES,
@@ -299,7 +300,7 @@ def split_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, pl
 
 def attend_absorbed(
     q_nope: Float[Tensor, "tokens heads qk_nope"],
-    q_pe: Float[Tensor, "tokens heads qk_rope"],
+    q_pe: Float[Tensor, "tokens heads qk_rope"] | None,
     cache: Float[Tensor, "pages page_size latent"],
     w_uk: Float[Tensor, "heads qk_nope kv_lora"],
     w_uv: Float[Tensor, "heads v_head kv_lora"],
@@ -309,14 +310,16 @@ def attend_absorbed(
     scale: float,
     workspace: DecodeWorkspace,
     plan: DecodePlan | None = None,
-    write: tuple[Float[Tensor, "tokens latent"], Int[Tensor, " tokens"]] | None = None,
+    new: NewRows | None = None,
 ) -> Float[Tensor, "tokens heads v_head"]:
     """The absorbed form (same contract as mla_func.ops.attention.attend_absorbed). Without a
-    plan, it is chosen from shapes only: rows and the page table's capacity. `write`
-    (kv_new, slot_mapping): first write the new rows into `cache`, in the launch that absorbs
-    the query (absorb.py) rather than in one of their own."""
+    plan, it is chosen from shapes only: rows and the page table's capacity. `new`: the new
+    rows are not in the cache yet, and q_pe is None: their prologue (q_pe rotated, the cache
+    rows written) runs first, in the launch that absorbs the query (absorb.py)."""
     tokens, heads, _ = q_nope.shape
     kv_lora = w_uk.shape[-1]
+    if (q_pe is None) == (new is None):
+        raise ValueError("attend_absorbed takes either q_pe or the new rows' prologue")
     if plan is None:
         capacity = page_table.shape[1] * cache.shape[1]
         plan = plan_decode(tokens, capacity, num_sms(q_nope.device), heads,
@@ -329,10 +332,11 @@ def attend_absorbed(
         counters = workspace.counters(q_nope.device, tokens * _cdiv(heads, plan.block_h))
     if plan.shared_p:
         scratch = workspace.shared_p(q_nope.device, dtype, tokens, heads, plan)
-    if write is None:
+    if new is None:
         torch.bmm(q_nope.transpose(0, 1).to(dtype), w_uk.to(dtype), out=q_lat)
     else:  # an earlier launch on the stream: the split kernel sees the new rows
-        absorb_and_write(q_nope, w_uk, q_lat, cache, *write)
+        q_pe = workspace.q_pe(q_nope.device, new.q_pe.dtype, tokens, heads, new.q_pe.shape[-1])
+        absorb_prologue(q_nope, w_uk, q_lat, q_pe, cache, new)
     mla_decode(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, o_lat,
                part_o, part_lse, counters, scratch)
     # Written straight in [tokens, heads, v_head] order (cuBLAS takes the strided output), so

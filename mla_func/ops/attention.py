@@ -15,7 +15,29 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from mla_func.ops.norm import rmsnorm
+from mla_func.ops.rope import apply_rope, rope_cos_sin
+
 CacheLayer = Float[Tensor, "pages page_size latent"]
+
+
+def prologue(
+    q_pe: Float[Tensor, "tokens heads qk_rope"],
+    kv: Float[Tensor, "tokens latent"],
+    kv_norm: Float[Tensor, " kv_lora"],
+    positions: Int[Tensor, " tokens"],
+    inv_freq: Float[Tensor, " qk_rope"],
+    rope_scale: float,
+    eps: float,
+) -> tuple[Float[Tensor, "tokens heads qk_rope"], Float[Tensor, "tokens latent"]]:
+    """The new tokens' rows as attention uses them, from the input projection's output: q_pe
+    rotated, and the cache rows [rmsnorm(c_kv), rope(k_pe)]."""
+    kv_lora = kv_norm.shape[0]
+    cos, sin = rope_cos_sin(positions, inv_freq, rope_scale)
+    q_pe = apply_rope(q_pe, cos, sin)
+    c_kv = rmsnorm(kv[:, :kv_lora], kv_norm, eps)
+    k_pe = apply_rope(kv[:, kv_lora:], cos, sin)
+    return q_pe, torch.cat((c_kv, k_pe), dim=-1)
 
 
 def write_cache(
