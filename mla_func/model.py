@@ -6,7 +6,8 @@ after. Numerics follow HF transformers' DeepseekV2/V3ForCausalLM. The attention 
 custom op (`mla_func::mla_attention`), which also applies the rope and the latent norm to the
 new rows; everything else is static-shape torch. On CUDA the small steps (residual add +
 RMSNorm, the MoE router) run as fused Triton kernels (`kernels/norm.py`, `router.py`) with the
-reference numerics.
+reference numerics; after an MoE the residual add and the next norm ride in the experts' final
+reduction (`moe.experts_add_norm`).
 """
 
 import torch
@@ -84,20 +85,22 @@ def attention_block(
     return o.flatten(1, 2) @ attn.o_proj.flatten(1, 2).T
 
 
-def moe_block(moe: MoE, x: Float[Tensor, "tokens hidden"], cfg: MLAConfig
-              ) -> Float[Tensor, "tokens hidden"]:
-    from mla_func.moe import experts
+def ffn_add_norm(
+    mlp: DenseMLP | MoE, x: Float[Tensor, "tokens hidden"], h: Float[Tensor, "tokens hidden"],
+    weight: Float[Tensor, " hidden"], cfg: MLAConfig,
+) -> tuple[Float[Tensor, "tokens hidden"], Float[Tensor, "tokens hidden"]]:
+    """(h + ffn(x), rmsnorm(h + ffn(x))): the FFN sub-layer, the residual add and the next
+    norm. The MoE's experts do the add and the norm in their final reduction (one launch)."""
+    from mla_func.moe import experts_add_norm
 
-    weights, ids = (route_fused if _fused(x) else route)(x, moe.router, moe.score_bias, cfg)
-    # The experts implementation adds the shared experts itself (fused on CUDA).
-    return experts(x, weights, ids, moe.gate_up, moe.down, moe.shared)
-
-
-def ffn(mlp: DenseMLP | MoE, x: Float[Tensor, "tokens hidden"], cfg: MLAConfig
-        ) -> Float[Tensor, "tokens hidden"]:
+    eps = cfg.rms_norm_eps
     if isinstance(mlp, MoE):
-        return moe_block(mlp, x, cfg)
-    return swiglu(x, mlp.gate_up, mlp.down)
+        route_fn = route_fused if _fused(x) else route
+        weights, ids = route_fn(x, mlp.router, mlp.score_bias, cfg)
+        # The experts implementation adds the shared experts itself (fused on CUDA).
+        return experts_add_norm(x, weights, ids, mlp.gate_up, mlp.down, mlp.shared, h, weight,
+                                eps)
+    return add_norm(h, swiglu(x, mlp.gate_up, mlp.down), weight, eps)
 
 
 def forward(
@@ -111,10 +114,8 @@ def forward(
     for i, layer in enumerate(layers):
         a = attention_block(layer.attn, x, state.cache, i, batch, params.rope_inv_freq, cfg)
         h, x = add_norm(h, a, layer.post_attn_norm, eps)
-        m = ffn(layer.mlp, x, cfg)
-        if i + 1 < len(layers):
-            h, x = add_norm(h, m, layers[i + 1].input_norm, eps)
-    rows = batch.logits_index
-    last = norm(h[rows] + m[rows], params.norm, eps)
-    return (last @ params.lm_head.T).float(), state
+        # The next layer's input norm; after the last layer, the final norm.
+        after = layers[i + 1].input_norm if i + 1 < len(layers) else params.norm
+        h, x = ffn_add_norm(layer.mlp, x, h, after, cfg)
+    return (x[batch.logits_index] @ params.lm_head.T).float(), state
 

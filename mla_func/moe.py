@@ -13,6 +13,10 @@ inside the same launches at small token counts (as extra experts every token rou
 with `swiglu` whose sum rides in the final reduction; the other paths add `swiglu`.
 Padded tokens only cost work (see `mla_func.kernels.fused_moe`): each token's result depends on
 its own row alone.
+
+`experts_add_norm` also adds the result to the residual stream and normalises it for the next
+layer: on the Triton path inside the experts' final reduction (`mla_func::moe_experts_add_norm`,
+one launch fewer per layer), elsewhere as `h + out` and `ops.norm.rmsnorm`.
 """
 
 from typing import Optional
@@ -25,6 +29,7 @@ from torch import Tensor
 from mla_func.kernels.moe_align import align_torch, max_blocks
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import experts_reference
+from mla_func.ops.norm import rmsnorm
 from mla_func.params import DenseMLP
 
 IMPLS = ("reference", "sorted_torch", "triton")
@@ -55,6 +60,30 @@ def experts(
     return out
 
 
+def experts_add_norm(
+    x: Float[Tensor, "tokens hidden"],
+    weights: Float[Tensor, "tokens topk"],
+    ids: Int[Tensor, "tokens topk"],
+    gate_up: Float[Tensor, "experts 2 moe_inter hidden"],
+    down: Float[Tensor, "experts hidden moe_inter"],
+    shared: DenseMLP | None,
+    residual: Float[Tensor, "tokens hidden"],
+    norm_weight: Float[Tensor, " hidden"],
+    eps: float,
+    impl: str | None = None,
+) -> tuple[Float[Tensor, "tokens hidden"], Float[Tensor, "tokens hidden"]]:
+    """(h, rmsnorm(h)) with h = residual + experts(...): the residual stream after the MoE and
+    the next layer's input (`norm.add_rmsnorm`'s rounding: the MoE output, then h, in x's
+    dtype)."""
+    impl = impl or ("triton" if x.device.type in ("cuda", "meta") else "sorted_torch")
+    if impl == "triton":
+        s_gate_up, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
+        return torch.ops.mla_func.moe_experts_add_norm(
+            x, weights, ids, gate_up, down, s_gate_up, s_down, residual, norm_weight, eps)
+    h = residual + experts(x, weights, ids, gate_up, down, shared, impl)
+    return h, rmsnorm(h, norm_weight, eps)
+
+
 # typing.Optional: the schema inference of older torch looks the annotation up in a table.
 @torch.library.custom_op("mla_func::moe_experts", mutates_args=())
 def _moe_experts_op(
@@ -70,6 +99,24 @@ def _moe_experts_op(
 @_moe_experts_op.register_fake
 def _(x, weights, ids, gate_up, down, shared_gate_up, shared_down):
     return torch.empty_like(x)
+
+
+@torch.library.custom_op("mla_func::moe_experts_add_norm", mutates_args=())
+def _moe_experts_add_norm_op(
+    x: Tensor, weights: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor,
+    shared_gate_up: Optional[Tensor], shared_down: Optional[Tensor],  # noqa: UP045
+    residual: Tensor, norm_weight: Tensor, eps: float,
+) -> tuple[Tensor, Tensor]:
+    from mla_func.kernels.fused_moe import fused_experts
+
+    return fused_experts(x, weights, ids, gate_up, down, shared_gate_up, shared_down,
+                         add_norm=(residual, norm_weight, eps))
+
+
+@_moe_experts_add_norm_op.register_fake
+def _(x, weights, ids, gate_up, down, shared_gate_up, shared_down, residual, norm_weight, eps):
+    return torch.empty_like(x), torch.empty(
+        x.shape, dtype=torch.promote_types(x.dtype, norm_weight.dtype), device=x.device)
 
 
 def sorted_torch(
@@ -103,4 +150,4 @@ def sorted_torch(
     return buf[:pairs].view(tokens, topk, -1).sum(1).to(x.dtype)
 
 
-__all__ = ["IMPLS", "experts", "sorted_torch"]
+__all__ = ["IMPLS", "experts", "experts_add_norm", "sorted_torch"]

@@ -10,6 +10,7 @@ and the KV cache read; over the measured copy bandwidth (or FLOPs over the matmu
 import gc
 import json
 import math
+import statistics
 import time
 from pathlib import Path
 
@@ -139,10 +140,19 @@ def bench_prefill(params, state, args) -> list[dict]:
         toks = torch.randint(0, 100000, (n,)).tolist()
         batch = mf.make_batch([mf.SeqWork(toks, 0, pages)], state.page_size, args.max_pages,
                               device=state.cache.device, backend=args.backend)
-        eager = cuda_time_ms(lambda b=batch: mf.forward(params, state, b), reps=5)
-        piece = cuda_time_ms(lambda b=batch: piecewise(state, b), reps=5)
+        steps = {"eager": lambda b=batch: mf.forward(params, state, b),
+                 "piecewise": lambda b=batch: piecewise(state, b)}
+        # Rounds in alternating order: a 4096-token step is GPU-bound, where eager and
+        # piecewise differ by less than the drift of one timing after the other (clocks, heat).
+        rounds: dict[str, list[float]] = {"eager": [], "piecewise": []}
+        for r in range(args.prefill_rounds):
+            for mode in (("eager", "piecewise") if r % 2 == 0 else ("piecewise", "eager")):
+                rounds[mode].append(cuda_time_ms(steps[mode], reps=5))
+        eager, piece = (statistics.median(rounds[m]) for m in ("eager", "piecewise"))
         rows.append({"tokens": n, "eager_ms": eager, "piecewise_ms": piece,
-                     "eager_tok_s": n / eager * 1e3, "piecewise_tok_s": n / piece * 1e3})
+                     "eager_tok_s": n / eager * 1e3, "piecewise_tok_s": n / piece * 1e3,
+                     "eager_rounds_ms": rounds["eager"],
+                     "piecewise_rounds_ms": rounds["piecewise"]})
         print(rows[-1], flush=True)
     return rows
 
@@ -267,6 +277,8 @@ def add_arguments(p) -> None:
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096])
     p.add_argument("--prefill-tokens", type=int, nargs="+",
                    default=[128, 512, 1024, 2048, 4096, 8192])
+    p.add_argument("--prefill-rounds", type=int, default=4,
+                   help="alternating eager/piecewise timings per prompt length (medians kept)")
     p.add_argument("--hf-ctx", type=int, default=1024)
     p.add_argument("--hf-compile-batches", type=int, nargs="+", default=[1])
     p.add_argument("--page-size", type=int, default=64)

@@ -23,10 +23,12 @@ from mla_func.kernels.moe_config import (
     MoEConfig,
     pick_config,
 )
+from mla_func.kernels.norm import add_rmsnorm
 from mla_func.kernels.router import route_fused
-from mla_func.moe import experts
+from mla_func.moe import experts, experts_add_norm
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import experts_reference, route
+from mla_func.ops.norm import rmsnorm as rmsnorm_ref
 from mla_func.params import DenseMLP
 
 # Tiles for the interpreter: one N-tile per GEMM at these sizes keeps the program count low.
@@ -180,6 +182,36 @@ def test_direct_matches_reference_and_aligned(tokens, topk, n_exp, hidden, inter
         assert torch.equal(got, aligned), cfg
 
 
+@pytest.mark.parametrize("cfg,shared,fuse_shared", [
+    (SMALL, 2, None),         # shared experts folded in
+    (SMALL, 1, False),        # shared MLP apart: added in the same final sum
+    (DIRECT, 2, None),
+    (DIRECT_SUM, 1, None),    # the down GEMM sums: the add and the norm run after it
+])
+def test_add_norm_equals_experts_then_add_rmsnorm(cfg, shared, fuse_shared):
+    """`add_norm` gives the bits of `norm.add_rmsnorm(residual, experts)` (the rounding of
+    the two launches it replaces), and the reference's values through `experts_add_norm`."""
+    x, w, ids, gu, dn, mlp = make(4, 6, 64, 96, 32, shared, seed=11)
+    residual = torch.randn_like(x)
+    weight = 1 + 0.1 * torch.randn(x.shape[1])
+    cfg = dataclasses.replace(cfg, fuse_shared=fuse_shared)
+    out = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg)
+    want_h, want_y = add_rmsnorm(residual, out, weight, 1e-6)
+    h, y = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg,
+                         add_norm=(residual, weight, 1e-6))
+    assert torch.equal(h, want_h) and torch.equal(y, want_y)
+    ref_h = residual + reference(x, w, ids, gu, dn, mlp)
+    close(h, ref_h, 1e-5)
+    close(y, rmsnorm_ref(ref_h, weight, 1e-6), 1e-5)
+    sorted_h, sorted_y = experts_add_norm(x, w, ids, gu, dn, mlp, residual, weight, 1e-6,
+                                          impl="sorted_torch")
+    close(sorted_h, ref_h, 1e-5)
+    close(sorted_y, y, 1e-5)
+    with pytest.raises(ValueError, match="add_norm: the residual is"):
+        fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg,
+                      add_norm=(residual.double(), weight, 1e-6))
+
+
 def test_direct_config_checks():
     assert pick_config(DIRECT_MAX_TOKENS).direct and not pick_config(DIRECT_MAX_TOKENS + 1).direct
     x, w, ids, gu, dn, _ = make(17, 2, 8, 32, 16, 0)
@@ -296,11 +328,22 @@ for fn, (bm, bn, bk, warps, stages), const in [
         target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
     _, spills, report = ptxas_usage(kernel)
     assert spills == 0, report
+from mla_func.kernels.moe_gemm import sum_kernel
+for add_norm, block in ((False, 1024), (True, 2048)):  # as fused_experts launches it
+    const = dict(PAIRS_PER_TOKEN=8, HAS_EXTRA=True, ADD_NORM=add_norm, BLOCK=block)
+    sig = {n: "constexpr" if n in const else "fp32" if n == "eps"
+           else "*bf16" if n.endswith("_ptr") else "i32" for n in sum_kernel.arg_names}
+    kernel = triton.compile(
+        triton.compiler.ASTSource(fn=sum_kernel, signature=sig, constexprs=const),
+        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    _, spills, report = ptxas_usage(kernel)
+    assert spills == 0, report
 """
 
 
 def test_compiles_for_sm90_at_v2_lite_sizes():
-    """Ahead-of-time sm90 compile (no GPU needed) of both layouts and the fused sum."""
+    """Ahead-of-time sm90 compile (no GPU needed) of both layouts, the fused sum and the final
+    sum with and without the residual add and norm."""
     out = run_compile_script(_AOT, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
 
@@ -330,6 +373,20 @@ def test_cuda_real_sizes(shape, tokens, skew):
     a, b = align_torch(ids, shape["n_exp"], 1, 16), align_triton(ids, shape["n_exp"], 1, 16)
     assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
     assert torch.equal(runs(a, 16), runs(b, 16))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [1, 32, 128, 1024])
+def test_cuda_add_norm_equals_experts_then_add_rmsnorm(tokens):
+    """At V2-Lite size on each table row's path: the two launches it replaces."""
+    x, w, ids, gu, dn, mlp = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda")
+    residual = torch.randn_like(x)
+    weight = (1 + 0.1 * torch.randn(x.shape[1], device="cuda")).to(torch.bfloat16)
+    want_h, want_y = add_rmsnorm(residual, experts(x, w, ids, gu, dn, mlp), weight, 1e-6)
+    h, y = experts_add_norm(x, w, ids, gu, dn, mlp, residual, weight, 1e-6)
+    assert torch.equal(h, want_h)
+    # The same sum of squares in another program: at most the last bit of a bf16 apart.
+    torch.testing.assert_close(y, want_y, rtol=2**-7, atol=0)
 
 
 @pytest.mark.cuda

@@ -37,12 +37,10 @@ def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in
     moe_route_default = torch.ops.mla_func.moe_route.default(getitem_1, in_5, None, 2, 1, 1, 'greedy', False, 1.0)
     getitem_2 = moe_route_default[0]
     getitem_3 = moe_route_default[1]
-    # mla_func/moe.py:46 in experts: return torch.ops.mla_func.moe_experts(x, weights, ids, gate_up, down, s_gate_up, s_down)
-    moe_experts_default = torch.ops.mla_func.moe_experts.default(getitem_1, getitem_2, getitem_3, in_6, in_7, in_8, in_9)
-    # mla_func/model.py:43 in add_norm: return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
-    add_rmsnorm_default_1 = torch.ops.mla_func.add_rmsnorm.default(getitem, moe_experts_default, in_10, 1e-06)
-    getitem_4 = add_rmsnorm_default_1[0]
-    getitem_5 = add_rmsnorm_default_1[1]
+    # mla_func/moe.py:81 in experts_add_norm: return torch.ops.mla_func.moe_experts_add_norm(
+    moe_experts_add_norm_default = torch.ops.mla_func.moe_experts_add_norm.default(getitem_1, getitem_2, getitem_3, in_6, in_7, in_8, in_9, getitem, in_10, 1e-06)
+    getitem_4 = moe_experts_add_norm_default[0]
+    getitem_5 = moe_experts_add_norm_default[1]
     # mla_func/model.py:59 in project_qkv_a: qkv = x @ attn.qkv_a_proj.T
     permute_default_1 = torch.ops.aten.permute.default(in_11, [1, 0])
     mm_default_1 = torch.ops.aten.mm.default(getitem_5, permute_default_1)

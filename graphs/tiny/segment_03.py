@@ -12,8 +12,8 @@ Inputs (of this first occurrence):
     in_7: params.layers.2.mlp.down: float32[8, 64, 32]
     in_8: params.layers.2.mlp.shared.gate_up: float32[2, 32, 64]
     in_9: params.layers.2.mlp.shared.down: float32[64, 32]
-    in_10: batch.logits_index: int32[seqs]
-    in_11: params.norm: float32[64]
+    in_10: params.norm: float32[64]
+    in_11: batch.logits_index: int32[seqs]
     in_12: params.lm_head: float32[256, 64]
 Outputs:
     0: float32[seqs, 256] -> result
@@ -35,16 +35,13 @@ def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in
     moe_route_default = torch.ops.mla_func.moe_route.default(getitem_1, in_5, None, 2, 1, 1, 'greedy', False, 1.0)
     getitem_2 = moe_route_default[0]
     getitem_3 = moe_route_default[1]
-    # mla_func/moe.py:46 in experts: return torch.ops.mla_func.moe_experts(x, weights, ids, gate_up, down, s_gate_up, s_down)
-    moe_experts_default = torch.ops.mla_func.moe_experts.default(getitem_1, getitem_2, getitem_3, in_6, in_7, in_8, in_9)
-    # mla_func/model.py:118 in forward: last = norm(h[rows] + m[rows], params.norm, eps)
-    index_tensor = torch.ops.aten.index.Tensor(getitem, [in_10])
-    index_tensor_1 = torch.ops.aten.index.Tensor(moe_experts_default, [in_10])
-    add_tensor = torch.ops.aten.add.Tensor(index_tensor, index_tensor_1)
-    # mla_func/model.py:51 in norm: return torch.ops.mla_func.rmsnorm(x, weight, eps)
-    rmsnorm_default = torch.ops.mla_func.rmsnorm.default(add_tensor, in_11, 1e-06)
-    # mla_func/model.py:119 in forward: return (last @ params.lm_head.T).float(), state
+    # mla_func/moe.py:81 in experts_add_norm: return torch.ops.mla_func.moe_experts_add_norm(
+    moe_experts_add_norm_default = torch.ops.mla_func.moe_experts_add_norm.default(getitem_1, getitem_2, getitem_3, in_6, in_7, in_8, in_9, getitem, in_10, 1e-06)
+    getitem_4 = moe_experts_add_norm_default[0]
+    getitem_5 = moe_experts_add_norm_default[1]
+    # mla_func/model.py:119 in forward: return (x[batch.logits_index] @ params.lm_head.T).float(), state
+    index_tensor = torch.ops.aten.index.Tensor(getitem_5, [in_11])
     permute_default_1 = torch.ops.aten.permute.default(in_12, [1, 0])
-    mm_default_1 = torch.ops.aten.mm.default(rmsnorm_default, permute_default_1)
+    mm_default_1 = torch.ops.aten.mm.default(index_tensor, permute_default_1)
     return (mm_default_1,)
     

@@ -9,7 +9,9 @@ launches, all sizes fixed by `tokens`, `topk`, the config table and the weights)
 3. `down_kernel`: per M-tile and N-tile of `hidden`: (act W_down^T) * routing weight, written to
    the row of its pair in a `[tokens * (topk + shared), hidden]` buffer (no atomic reduction:
    results are deterministic and replay bit-identically).
-4. `sum_kernel`: the pairs of each token summed in fp32, one write in the model dtype.
+4. `sum_kernel`: the pairs of each token summed in fp32, one write in the model dtype; given
+   `add_norm`, also the residual add and the next layer's RMSNorm (`norm.add_rmsnorm`'s
+   numerics), so the model's add+norm launch after the MoE is gone too.
 
 Shared experts ride along at small token counts (`FUSE_SHARED_MAX_TOKENS`): a shared MLP of
 width `shared * moe_inter` is `shared` more experts (strided views of the same weights, no copy)
@@ -70,8 +72,11 @@ from mla_func.kernels.moe_gemm import (
     gate_up_kernel,
     sum_kernel,
 )
+from mla_func.kernels.norm import add_rmsnorm
 from mla_func.kernels.pdl import supported as pdl_supported
 from mla_func.kernels.swiglu import swiglu
+
+Rows = Float[Tensor, "tokens hidden"]
 
 
 def _fit(tile: tuple[int, int, int, int], n: int, k: int) -> tuple[int, int, int, int]:
@@ -128,11 +133,14 @@ def fused_experts(
     shared_gate_up: Float[Tensor, "2 inter hidden"] | None = None,
     shared_down: Float[Tensor, "hidden inter"] | None = None,
     config: MoEConfig | None = None,
-) -> Float[Tensor, "tokens hidden"]:
+    add_norm: tuple[Rows, Float[Tensor, " hidden"], float] | None = None,
+) -> Rows | tuple[Rows, Rows]:
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) (+ the shared MLP when given: folded
     into the launches up to FUSE_SHARED_MAX_TOKENS tokens, else `kernels.swiglu.swiglu`
     added in the sum).
-    `config` (default `pick_config(tokens)`) picks the tiles and the path."""
+    `config` (default `pick_config(tokens)`) picks the tiles and the path. `add_norm`
+    (residual, weight, eps): return (residual + that, its RMSNorm) instead, as
+    `norm.add_rmsnorm` would from the sum."""
     tokens, topk = ids.shape
     n_routed, _, n_inter, n_hidden = gate_up.shape
     cfg = config or pick_config(tokens)
@@ -158,6 +166,9 @@ def fused_experts(
         raise ValueError(f"the direct path takes at most {DIRECT_BLOCK_M} tokens")
     if cfg.fused_sum and not cfg.direct:
         raise ValueError("fused_sum needs the direct layout (MoEConfig.direct)")
+    if add_norm is not None and (add_norm[0].shape != x.shape or add_norm[0].dtype != x.dtype):
+        raise ValueError(f"add_norm: the residual is {tuple(add_norm[0].shape)} "
+                         f"{add_norm[0].dtype}; the experts' output {tuple(x.shape)} {x.dtype}")
 
     # Every check is above: from the fork on, the join below must run (the finally), or the
     # side stream could still write `extra` once its block is freed and handed out again.
@@ -215,9 +226,26 @@ def fused_experts(
             tokens, topk, n_tiles, n_hidden, n_inter, n_routed, *strides,
             BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0, HAS_EXTRA=extra is not None,
             **common, num_warps=warps, num_stages=stages)
+        if add_norm is None:
+            return out
+        # Its programs own columns, not rows: the add and the norm run after it.
+        residual, weight, eps = add_norm
+        return add_rmsnorm(residual, out, weight, eps)
+    if add_norm is None:
+        block = min(1024, triton.next_power_of_2(n_hidden))
+        sum_kernel[(tokens, triton.cdiv(n_hidden, block))](
+            buf, buf if extra is None else extra, out, out, out, out, n_hidden, 0.0,
+            PAIRS_PER_TOKEN=pairs_per_token, HAS_EXTRA=extra is not None, ADD_NORM=False,
+            BLOCK=block, num_warps=4)
         return out
-    block = min(1024, triton.next_power_of_2(n_hidden))
-    sum_kernel[(tokens, triton.cdiv(n_hidden, block))](
-        buf, buf if extra is None else extra, out, n_hidden, PAIRS_PER_TOKEN=pairs_per_token,
-        HAS_EXTRA=extra is not None, BLOCK=block, num_warps=4)
-    return out
+    residual, weight, eps = add_norm
+    y = torch.empty(out.shape, dtype=torch.promote_types(out.dtype, weight.dtype),
+                    device=out.device)
+    # One program a row (the norm needs all of it), up to 2048 columns at a time: V2-Lite's
+    # hidden in one pass, in the layout of `norm.add_rmsnorm`'s (4 warps).
+    block = min(2048, triton.next_power_of_2(n_hidden))
+    sum_kernel[(tokens, 1)](
+        buf, buf if extra is None else extra, out, residual.contiguous(), y, weight, n_hidden,
+        eps, PAIRS_PER_TOKEN=pairs_per_token, HAS_EXTRA=extra is not None, ADD_NORM=True,
+        BLOCK=block, num_warps=4)
+    return out, y

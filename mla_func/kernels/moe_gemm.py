@@ -212,15 +212,51 @@ def down_sum_kernel(
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def sum_kernel(buf_ptr, extra_ptr, out_ptr, n_hidden, PAIRS_PER_TOKEN: tl.constexpr,
-                HAS_EXTRA: tl.constexpr, BLOCK: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < n_hidden
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+def _pair_sum(buf_ptr, extra_ptr, t, offs, ok, n_hidden, PAIRS_PER_TOKEN: tl.constexpr,
+              HAS_EXTRA: tl.constexpr):
+    """Token t's pair rows (+ its extra row) summed in fp32 over the columns `offs`."""
+    acc = tl.zeros(offs.shape, dtype=tl.float32)
     if HAS_EXTRA:  # the shared experts' output, when computed apart
         acc += tl.load(extra_ptr + t * n_hidden + offs, mask=ok, other=0.0).to(tl.float32)
     for j in tl.static_range(PAIRS_PER_TOKEN):
         row = t * PAIRS_PER_TOKEN + j
         acc += tl.load(buf_ptr + row * n_hidden + offs, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + t * n_hidden + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+    return acc
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def sum_kernel(buf_ptr, extra_ptr, out_ptr, res_ptr, y_ptr, w_ptr, n_hidden, eps,
+               PAIRS_PER_TOKEN: tl.constexpr, HAS_EXTRA: tl.constexpr, ADD_NORM: tl.constexpr,
+               BLOCK: tl.constexpr):
+    """out[t] = the sum of token t's pair rows (+ extra[t]), rounded to out's dtype, BLOCK
+    columns a program. ADD_NORM (one program a row, BLOCK columns at a time): out[t] = res[t]
+    + that sum and y[t] = rmsnorm(out[t]) * w, with `norm.add_rmsnorm`'s rounding (the sum,
+    then the residual add, in out's dtype); a second pass over the row reads out[t] back."""
+    t = tl.program_id(0).to(tl.int64)
+    dt = out_ptr.dtype.element_ty
+    if ADD_NORM:
+        sq = tl.zeros((BLOCK,), dtype=tl.float32)
+        for c0 in range(0, n_hidden, BLOCK):
+            offs = c0 + tl.arange(0, BLOCK)
+            ok = offs < n_hidden
+            acc = _pair_sum(buf_ptr, extra_ptr, t, offs, ok, n_hidden, PAIRS_PER_TOKEN,
+                            HAS_EXTRA)
+            r = tl.load(res_ptr + t * n_hidden + offs, mask=ok, other=0.0).to(tl.float32)
+            h = (r + acc.to(dt).to(tl.float32)).to(dt)
+            tl.store(out_ptr + t * n_hidden + offs, h, mask=ok)
+            sq += h.to(tl.float32) * h.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / n_hidden + eps)
+        for c0 in range(0, n_hidden, BLOCK):  # each thread reads back what it stored
+            offs = c0 + tl.arange(0, BLOCK)
+            ok = offs < n_hidden
+            hf = tl.load(out_ptr + t * n_hidden + offs, mask=ok, other=0.0).to(tl.float32)
+            normed = (hf * rstd).to(dt).to(tl.float32)
+            w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+            tl.store(y_ptr + t * n_hidden + offs, (w * normed).to(y_ptr.dtype.element_ty),
+                     mask=ok)
+    else:
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < n_hidden
+        acc = _pair_sum(buf_ptr, extra_ptr, t, offs, ok, n_hidden, PAIRS_PER_TOKEN, HAS_EXTRA)
+        tl.store(out_ptr + t * n_hidden + offs, acc.to(dt), mask=ok)
