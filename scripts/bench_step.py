@@ -85,17 +85,33 @@ def count_distinct_experts(params, state, batch) -> list[int]:
     import mla_func.moe as moe_mod
 
     seen: list[int] = []
-    inner = moe_mod.experts
+    # The model calls one of the two entry points per MoE layer (looked up at call time);
+    # one may call the other, which counts once.
+    names = ("experts", "experts_add_norm")
+    inner = {name: getattr(moe_mod, name) for name in names}
+    depth = [0]
 
-    def spy(x, weights, ids, *rest, **kw):
-        seen.append(int(ids.unique().numel()))
-        return inner(x, weights, ids, *rest, **kw)
+    def spy(name):
+        def call(x, weights, ids, *rest, **kw):
+            if depth[0] == 0:
+                seen.append(int(ids.unique().numel()))
+            depth[0] += 1
+            try:
+                return inner[name](x, weights, ids, *rest, **kw)
+            finally:
+                depth[0] -= 1
+        return call
 
-    moe_mod.experts = spy
+    for name in names:
+        setattr(moe_mod, name, spy(name))
     try:
         mf.forward(params, state, batch)
     finally:
-        moe_mod.experts = inner
+        for name in names:
+            setattr(moe_mod, name, inner[name])
+    moe_layers = sum(isinstance(layer.mlp, MoE) for layer in params.layers)
+    if len(seen) != moe_layers:
+        raise RuntimeError(f"saw {len(seen)} MoE calls in a step of {moe_layers} MoE layers")
     return seen
 
 

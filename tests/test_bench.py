@@ -9,3 +9,19 @@ def test_kernel_and_moe_options_reach_their_benchmark():
     assert args.batches == [1, 8, 32, 128] and args.page_size == 64  # the step's, untouched
     args, rest = parse(["step", "--batches", "1", "8", "--page-size", "16", "--out", "/tmp/b"])
     assert args.batches == [1, 8] and args.page_size == 16 and rest == []
+
+
+def test_distinct_experts_counts_every_moe_layer():
+    """The step floor's expert count: one entry per MoE layer of an eager step (CPU, tiny)."""
+    import mla_func as mf
+    from mla_func.params import MoE
+    from mla_func.state import init_state
+    from scripts.bench_step import count_distinct_experts
+
+    cfg = mf.MLAConfig.preset("tiny")
+    params = mf.init_params(cfg, seed=0)
+    state = init_state(cfg, num_pages=8, page_size=4)
+    batch = mf.make_batch([mf.SeqWork([3, 4, 5], 0, [1])], 4, 4)
+    seen = count_distinct_experts(params, state, batch)
+    assert len(seen) == sum(isinstance(layer.mlp, MoE) for layer in params.layers) > 0
+    assert all(1 <= n <= cfg.n_routed_experts for n in seen)
