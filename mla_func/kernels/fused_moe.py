@@ -242,7 +242,7 @@ def fused_experts(
     y = torch.empty(out.shape, dtype=torch.promote_types(out.dtype, weight.dtype),
                     device=out.device)
     # One program a row (the norm needs all of it), up to 2048 columns at a time: V2-Lite's
-    # hidden in one pass, in the layout of `norm.add_rmsnorm`'s (4 warps).
+    # hidden in registers, in the layout of `norm.add_rmsnorm`'s (4 warps).
     block = min(2048, triton.next_power_of_2(n_hidden))
     sum_kernel[(tokens, 1)](
         buf, buf if extra is None else extra, out, residual.contiguous(), y, weight, n_hidden,

@@ -230,12 +230,25 @@ def sum_kernel(buf_ptr, extra_ptr, out_ptr, res_ptr, y_ptr, w_ptr, n_hidden, eps
                PAIRS_PER_TOKEN: tl.constexpr, HAS_EXTRA: tl.constexpr, ADD_NORM: tl.constexpr,
                BLOCK: tl.constexpr):
     """out[t] = the sum of token t's pair rows (+ extra[t]), rounded to out's dtype, BLOCK
-    columns a program. ADD_NORM (one program a row, BLOCK columns at a time): out[t] = res[t]
-    + that sum and y[t] = rmsnorm(out[t]) * w, with `norm.add_rmsnorm`'s rounding (the sum,
-    then the residual add, in out's dtype); a second pass over the row reads out[t] back."""
+    columns a program. ADD_NORM (one program a row): out[t] = res[t] + that sum and y[t] =
+    rmsnorm(out[t]) * w, with `norm.add_rmsnorm`'s rounding (the sum, then the residual add,
+    in out's dtype); in registers when BLOCK holds the row, else BLOCK columns at a time with
+    a second pass that reads out[t] back."""
     t = tl.program_id(0).to(tl.int64)
     dt = out_ptr.dtype.element_ty
-    if ADD_NORM:
+    if ADD_NORM and BLOCK >= n_hidden:
+        offs = tl.arange(0, BLOCK)
+        ok = offs < n_hidden
+        acc = _pair_sum(buf_ptr, extra_ptr, t, offs, ok, n_hidden, PAIRS_PER_TOKEN, HAS_EXTRA)
+        r = tl.load(res_ptr + t * n_hidden + offs, mask=ok, other=0.0).to(tl.float32)
+        h = (r + acc.to(dt).to(tl.float32)).to(dt)
+        tl.store(out_ptr + t * n_hidden + offs, h, mask=ok)
+        hf = h.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / n_hidden + eps)
+        normed = (hf * rstd).to(dt).to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + t * n_hidden + offs, (w * normed).to(y_ptr.dtype.element_ty), mask=ok)
+    elif ADD_NORM:
         sq = tl.zeros((BLOCK,), dtype=tl.float32)
         for c0 in range(0, n_hidden, BLOCK):
             offs = c0 + tl.arange(0, BLOCK)

@@ -4,7 +4,8 @@
 # the session's start; mid = baseline2/ = d32a563, the prologue fused into the absorb launch
 # without the MoE add+norm), kernel census of a decode step (census, CENSUS_B; CENSUS_TREES),
 # prefill eager against piecewise in alternating rounds (prefill, PREFILL_T, in the trees of
-# PREFILL_TREES), and the final code's capture, HF side by side and generate (final).
+# PREFILL_TREES), the MoE sum with the add+norm against the two launches (sumnorm), and the
+# final code's capture, HF side by side and generate (final).
 set -u
 OUT=$(realpath ${OUT:-out}); mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -41,6 +42,8 @@ for part in ${*:-tests}; do
                echo "--- $v"; grep -A8 "## prefill" "$OUT/prefill_$v.log"
                grep -o "'tokens': [0-9]*.*" "$OUT/prefill_$v.log" | cut -c1-300
              done ;;
+    sumnorm) timeout 200 python3 docs/perf/2026-11-23-run40/exp_sum_norm.py > "$OUT/sum_norm.log" 2>&1
+             grep -E "^#|Error" "$OUT/sum_norm.log" ;;
     final) timeout 200 python3 -m scripts.bench capture --out "$OUT/capture" > "$OUT/capture.log" 2>&1
            tail -25 "$OUT/capture.log" | cut -c1-200
            timeout 380 python3 -m scripts.bench step --parts ${FINAL_PARTS:-hf hfcompile decode generate} \
