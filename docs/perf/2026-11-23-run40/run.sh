@@ -47,7 +47,7 @@ for part in ${*:-tests}; do
     final) timeout 200 python3 -m scripts.bench capture --out "$OUT/capture" > "$OUT/capture.log" 2>&1
            tail -25 "$OUT/capture.log" | cut -c1-200
            timeout 380 python3 -m scripts.bench step --parts ${FINAL_PARTS:-hf hfcompile decode generate} \
-             --contexts 1024 --out "$OUT/final" > "$OUT/final.log" 2>&1
+             --contexts ${FINAL_CTX:-1024} --out "$OUT/final" > "$OUT/final.log" 2>&1
            sed -n '/^GPU /,$p' "$OUT/final.log" | cut -c1-200 ;;
   esac
 done
