@@ -5,7 +5,8 @@
 # without the MoE add+norm), kernel census of a decode step (census, CENSUS_B; CENSUS_TREES),
 # prefill eager against piecewise in alternating rounds (prefill, PREFILL_T, in the trees of
 # PREFILL_TREES), the MoE sum with the add+norm against the two launches (sumnorm), and the
-# final code's capture, HF side by side and generate (final).
+# final code's capture, HF side by side and generate (final); capture time, trees side by
+# side (capab, CAP_ORDER).
 set -u
 OUT=$(realpath ${OUT:-out}); mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -44,6 +45,15 @@ for part in ${*:-tests}; do
              done ;;
     sumnorm) timeout 200 python3 docs/perf/2026-11-23-run40/exp_sum_norm.py > "$OUT/sum_norm.log" 2>&1
              grep -E "^#|Error" "$OUT/sum_norm.log" ;;
+    capab) n=0  # capture time of the trees in CAP_ORDER (the first run of a tree compiles)
+           for v in ${CAP_ORDER:-base new base new}; do
+             n=$((n + 1))
+             (cd $(tree $v) && PYTHONPATH=.:/tmp/site timeout 200 python3 -m scripts.bench capture \
+                --batches 1 --prefill 16 --reps 3 --out "$OUT/cap_${n}_$v" \
+                > "$OUT/cap_${n}_$v.log" 2>&1)
+             echo "--- $n $v"; grep "^capture |" "$OUT/cap_${n}_$v.log"
+             tr '\r' '\n' < "$OUT/cap_${n}_$v.log" | grep capturing | awk 'NR % 25 == 1' | cut -c1-90
+           done ;;
     final) timeout 200 python3 -m scripts.bench capture --out "$OUT/capture" > "$OUT/capture.log" 2>&1
            tail -25 "$OUT/capture.log" | cut -c1-200
            timeout 380 python3 -m scripts.bench step --parts ${FINAL_PARTS:-hf hfcompile decode generate} \
