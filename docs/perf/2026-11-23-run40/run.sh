@@ -6,7 +6,7 @@
 # prefill eager against piecewise in alternating rounds (prefill, PREFILL_T, in the trees of
 # PREFILL_TREES), the MoE sum with the add+norm against the two launches (sumnorm), and the
 # final code's capture, HF side by side and generate (final); capture time, trees side by
-# side (capab, CAP_ORDER).
+# side (capab, CAP_ORDER), and the MLA decode kernels (kern, KHEADS, KERN_TREES).
 set -u
 OUT=$(realpath ${OUT:-out}); mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -45,6 +45,12 @@ for part in ${*:-tests}; do
              done ;;
     sumnorm) timeout 200 python3 docs/perf/2026-11-23-run40/exp_sum_norm.py > "$OUT/sum_norm.log" 2>&1
              grep -E "^#|Error" "$OUT/sum_norm.log" ;;
+    kern) for v in ${KERN_TREES:-new}; do  # MLA decode kernels, KHEADS heads, page 64
+            (cd $(tree $v) && PYTHONPATH=.:/tmp/site timeout 300 python3 -m scripts.bench kernels \
+               --heads ${KHEADS:-16} --batch 1 8 32 128 --ctx 1024 4096 16384 --page 64 \
+               --no-ref --prompt 1024 > "$OUT/kern_$v.log" 2>&1)
+            echo "--- $v"; grep -A16 "## MLA decode" "$OUT/kern_$v.log" | cut -c1-175
+          done ;;
     capab) n=0  # capture time of the trees in CAP_ORDER (the first run of a tree compiles)
            for v in ${CAP_ORDER:-base new base new}; do
              n=$((n + 1))
