@@ -212,6 +212,29 @@ def test_add_norm_equals_experts_then_add_rmsnorm(cfg, shared, fuse_shared):
                       add_norm=(residual.double(), weight, 1e-6))
 
 
+def test_sum_add_norm_in_chunks_matches_one_pass():
+    """Rows wider than the block (V3's hidden) take the two-pass path of `sum_kernel`: the
+    same h, and y up to the order of the sum of squares."""
+    from mla_func.kernels.moe_gemm import sum_kernel
+
+    tokens, pairs, hidden = 3, 4, 96
+    buf = torch.randn(tokens * pairs, hidden)
+    extra, res = torch.randn(tokens, hidden), torch.randn(tokens, hidden)
+    weight = 1 + 0.1 * torch.randn(hidden)
+    outs = []
+    for block in (128, 32):  # one pass; three chunks
+        h, y = torch.full_like(res, float("nan")), torch.full_like(res, float("nan"))
+        sum_kernel[(tokens, 1)](buf, extra, h, res, y, weight, hidden, 1e-6,
+                                PAIRS_PER_TOKEN=pairs, HAS_EXTRA=True, ADD_NORM=True,
+                                BLOCK=block, num_warps=4)
+        outs.append((h, y))
+    want_h = res + (buf.view(tokens, pairs, hidden).sum(1) + extra)
+    close(outs[0][0], want_h, 1e-6)
+    assert torch.equal(outs[1][0], outs[0][0])
+    close(outs[0][1], rmsnorm_ref(want_h, weight, 1e-6), 1e-6)
+    close(outs[1][1], outs[0][1], 1e-6)
+
+
 def test_direct_config_checks():
     assert pick_config(DIRECT_MAX_TOKENS).direct and not pick_config(DIRECT_MAX_TOKENS + 1).direct
     x, w, ids, gu, dn, _ = make(17, 2, 8, 32, 16, 0)
