@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from mla_func.kernels.moe_align import direct_tile, is_shared_tile, tile
+from mla_func.kernels.norm import rms_scaled
 
 
 @triton.jit
@@ -244,10 +245,8 @@ def sum_kernel(buf_ptr, extra_ptr, out_ptr, res_ptr, y_ptr, w_ptr, n_hidden, eps
         h = (r + acc.to(dt).to(tl.float32)).to(dt)
         tl.store(out_ptr + t * n_hidden + offs, h, mask=ok)
         hf = h.to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / n_hidden + eps)
-        normed = (hf * rstd).to(dt).to(tl.float32)
-        w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-        tl.store(y_ptr + t * n_hidden + offs, (w * normed).to(y_ptr.dtype.element_ty), mask=ok)
+        y = rms_scaled(hf, tl.sum(hf * hf, axis=0), n_hidden, eps, w_ptr, offs, ok, dt)
+        tl.store(y_ptr + t * n_hidden + offs, y.to(y_ptr.dtype.element_ty), mask=ok)
     elif ADD_NORM:
         sq = tl.zeros((BLOCK,), dtype=tl.float32)
         for c0 in range(0, n_hidden, BLOCK):
@@ -259,15 +258,13 @@ def sum_kernel(buf_ptr, extra_ptr, out_ptr, res_ptr, y_ptr, w_ptr, n_hidden, eps
             h = (r + acc.to(dt).to(tl.float32)).to(dt)
             tl.store(out_ptr + t * n_hidden + offs, h, mask=ok)
             sq += h.to(tl.float32) * h.to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / n_hidden + eps)
+        sum_sq = tl.sum(sq, axis=0)
         for c0 in range(0, n_hidden, BLOCK):  # each thread reads back what it stored
             offs = c0 + tl.arange(0, BLOCK)
             ok = offs < n_hidden
             hf = tl.load(out_ptr + t * n_hidden + offs, mask=ok, other=0.0).to(tl.float32)
-            normed = (hf * rstd).to(dt).to(tl.float32)
-            w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-            tl.store(y_ptr + t * n_hidden + offs, (w * normed).to(y_ptr.dtype.element_ty),
-                     mask=ok)
+            y = rms_scaled(hf, sum_sq, n_hidden, eps, w_ptr, offs, ok, dt)
+            tl.store(y_ptr + t * n_hidden + offs, y.to(y_ptr.dtype.element_ty), mask=ok)
     else:
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < n_hidden

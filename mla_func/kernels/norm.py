@@ -16,6 +16,17 @@ from torch import Tensor
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def rms_scaled(xf, sum_sq, width, eps, w_ptr, cols, mask, dtype):
+    """w * rmsnorm(x) with HF's rounding, from x in float32 and the row's sum of squares:
+    x * rsqrt(mean(x^2) + eps) rounded to `dtype` (x's), then scaled in float32. Every Triton
+    RMSNorm (here, the MLA prologue, the MoE sum's add+norm) goes through it."""
+    rstd = 1.0 / tl.sqrt(sum_sq / width + eps)
+    normed = (xf * rstd).to(dtype).to(tl.float32)
+    return tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) * normed
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _rmsnorm_kernel(x_ptr, r_ptr, h_out_ptr, y_ptr, w_ptr, width, x_stride, eps,
                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -29,10 +40,8 @@ def _rmsnorm_kernel(x_ptr, r_ptr, h_out_ptr, y_ptr, w_ptr, width, x_stride, eps,
         x = (xf + r).to(x.dtype)
         xf = x.to(tl.float32)
         tl.store(h_out_ptr + row * width + cols, x, mask=mask)
-    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / width + eps)
-    normed = (xf * rstd).to(x.dtype).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * width + cols, (w * normed).to(y_ptr.dtype.element_ty), mask=mask)
+    y = rms_scaled(xf, tl.sum(xf * xf, axis=0), width, eps, w_ptr, cols, mask, x.dtype)
+    tl.store(y_ptr + row * width + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def _launch(x: Tensor, r: Tensor | None, w: Tensor, eps: float) -> tuple[Tensor, Tensor]:

@@ -18,6 +18,8 @@ import triton.language as tl
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mla_func.kernels.norm import rms_scaled
+
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
@@ -39,12 +41,10 @@ def prologue_row(t, q_src, kv_ptr, w_ptr, pos_ptr, freq_ptr, q_pe_ptr, row_ptr, 
     cmask = cols < KV_LORA
     c = tl.load(kv_ptr + t * kv_stride + cols, mask=cmask, other=0.0)
     cf = c.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(cf * cf, axis=0) / KV_LORA + eps)
-    normed = (cf * rstd).to(c.dtype).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    y = rms_scaled(cf, tl.sum(cf * cf, axis=0), KV_LORA, eps, w_ptr, cols, cmask, c.dtype)
     dt = row_ptr.dtype.element_ty
     # A vector mask (the interpreter takes no scalar one).
-    tl.store(row_ptr + cols, (w * normed).to(dt), mask=cmask & ((cols * 0 + slot) >= 0))
+    tl.store(row_ptr + cols, y.to(dt), mask=cmask & ((cols * 0 + slot) >= 0))
 
     # k_pe: shared by all heads.
     k_row = kv_ptr + t * kv_stride + KV_LORA
