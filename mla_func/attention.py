@@ -5,7 +5,8 @@ it takes q_nope, q_pe and kv as the input projection leaves them, runs their pro
 (`ops.attention.prologue`: rope on q_pe and k_pe, the norm of c_kv), writes the step's new
 [c_kv, k_pe] rows into the cache and returns per-head outputs in the value space. The prologue
 lives inside the op so that a backend can fuse it with its first launch (the Triton decode
-path does).
+path does). `mla_attention_out` is the same call writing into a given tensor: the capture
+compiler's out variant of the op.
 Which backend runs it, and in which form (absorbed or MHA), is decided inside from host-side
 metadata only (`Batch.host`, a CPU tensor), never from device memory.
 
@@ -31,7 +32,8 @@ class GraphSupport(IntEnum):
     ALWAYS = 3
 
 
-# A backend's `run` takes the op's arguments, in order, but the backend name.
+# A backend's `run` takes the op's arguments, in order, but the backend name, and an optional
+# `out` tensor to write the result into (returning it).
 AttnFn = Callable[..., Tensor]
 
 
@@ -82,9 +84,11 @@ def torch_attention(
     scale: float,
     rope_scale: float,
     eps: float,
+    out: Float[Tensor, "tokens heads v_head"] | None = None,
 ) -> Float[Tensor, "tokens heads v_head"]:
     """The reference backend: prologue and cache write, then the absorbed form for decodes and
-    short extends, the MHA form when the step holds a long prompt (host metadata decides)."""
+    short extends, the MHA form when the step holds a long prompt (host metadata decides).
+    Given `out`, the result is copied into it (and `out` returned)."""
     q_pe, kv_new = ref.prologue(q_pe, kv, kv_norm, positions, inv_freq, rope_scale, eps)
     layer_cache = cache[layer]
     ref.write_cache(layer_cache, kv_new, slot_mapping)
@@ -93,7 +97,8 @@ def torch_attention(
     page_table = page_table[:, :pages_used]
     max_query_len = int(host[4])
     form = ref.attend_mha if max_query_len >= MHA_MIN_QUERY else ref.attend_absorbed
-    return form(q_nope, q_pe, layer_cache, w_uk, w_uv, token_seq, positions, page_table, scale)
+    o = form(q_nope, q_pe, layer_cache, w_uk, w_uv, token_seq, positions, page_table, scale)
+    return o if out is None else out.copy_(o)
 
 
 register_backend(AttentionBackend(
@@ -111,6 +116,22 @@ def mla_attention(
     return get_backend(backend).run(
         q_nope, q_pe, kv, cache, layer, kv_norm, inv_freq, w_uk, w_uv, slot_mapping, token_seq,
         positions, page_table, seq_lens, host, scale, rope_scale, eps)
+
+
+def mla_attention_out(
+    q_nope: Tensor, q_pe: Tensor, kv: Tensor, cache: Tensor, layer: int, kv_norm: Tensor,
+    inv_freq: Tensor, w_uk: Tensor, w_uv: Tensor, slot_mapping: Tensor, token_seq: Tensor,
+    positions: Tensor, page_table: Tensor, seq_lens: Tensor, host: Tensor, scale: float,
+    rope_scale: float, eps: float, backend: str, *, out: Tensor,
+) -> None:
+    """`mla_attention` writing its result into `out` (the capture compiler's out variant: a
+    piecewise step runs the op straight into the next segment's static input buffer)."""
+    if out.shape != (q_nope.shape[0], q_nope.shape[1], w_uv.shape[1]):
+        raise ValueError(f"attention out is {tuple(out.shape)}; expected "
+                         f"{(q_nope.shape[0], q_nope.shape[1], w_uv.shape[1])}")
+    get_backend(backend).run(
+        q_nope, q_pe, kv, cache, layer, kv_norm, inv_freq, w_uk, w_uv, slot_mapping, token_seq,
+        positions, page_table, seq_lens, host, scale, rope_scale, eps, out=out)
 
 
 def attend(

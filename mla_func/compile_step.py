@@ -3,16 +3,17 @@
 The model-specific glue, outside `mla_func.capture` (which stays generic): it plans
 `mla_func.model.forward` with the dim vocabulary of `mla_func.dims`, splits at the attention op
 (`mla_func::mla_attention`, whose graph support comes from the backend named in its last
-argument), and builds the capture-time batches of full decode graphs: per `seqs` bucket, one
-new token per sequence, every page-table entry on the scratch page, slot -1 (no cache write),
-seq_len the worst case the page table allows (never zero-length dummies), host metadata with
-those sizes. The returned step is bound to `state`'s cache (captured by address): call it with
-that state only, as `logits, state = step(state, batch)`.
+argument; piecewise replay runs it into the next segment's input through its out variant,
+`attention.mla_attention_out`), and builds the capture-time batches of full decode graphs: per
+`seqs` bucket, one new token per sequence, every page-table entry on the scratch page, slot -1
+(no cache write), seq_len the worst case the page table allows (never zero-length dummies),
+host metadata with those sizes. The returned step is bound to `state`'s cache (captured by
+address): call it with that state only, as `logits, state = step(state, batch)`.
 """
 
 import torch
 
-from mla_func.attention import get_backend
+from mla_func.attention import get_backend, mla_attention_out
 from mla_func.batch import Batch
 from mla_func.capture import CapturePlan, CudaRequiredError, plan_capture
 from mla_func.capture.compile import compile_plan
@@ -57,7 +58,8 @@ def plan_step(params: Params, state: KVState, *, max_tokens: int | None = None,
     cfg = params.cfg
     return plan_capture(
         forward, params, state, example, dims=VOCABULARY, max_sizes=sizes,
-        splitting_ops={ATTENTION_OP: attention_support}, piecewise_dim="tokens",
+        splitting_ops={ATTENTION_OP: attention_support},
+        out_variants={ATTENTION_OP: mla_attention_out}, piecewise_dim="tokens",
         full_dim="seqs", meta={"config_digest": cfg.digest(), "model_type": cfg.model_type,
                                "layers": cfg.num_hidden_layers, "backend": backend})
 

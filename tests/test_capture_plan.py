@@ -156,6 +156,59 @@ def test_split_at_custom_op_and_host_tensor_only_in_op():
     assert plan.traced.out_treedef.children[1][1].kind == "input"  # `a` is returned as is
 
 
+CALLS = {"op": 0, "out": 0}
+
+
+@torch.library.custom_op("capture_test::mix_rows", mutates_args=())
+def mix_rows(x: Tensor, host: Tensor) -> Tensor:
+    CALLS["op"] += 1
+    return x.flip(0).cumsum(0) * float(host[1])  # rows mix: a wrong row count shows
+
+
+@mix_rows.register_fake
+def _(x, host):
+    return torch.empty_like(x)
+
+
+def mix_rows_out(x: Tensor, host: Tensor, *, out: Tensor) -> None:
+    CALLS["out"] += 1
+    torch.cumsum(x.flip(0), 0, out=out).mul_(float(host[1]))
+
+
+def f_out(b: WithHost) -> Float[Tensor, "tokens hidden"]:
+    h = mix_rows(b.x.relu(), b.host)
+    g = mix_rows(h, b.host)  # the op reads the one before it straight, not through a segment
+    return (g * 2).tanh() + 1
+
+
+def test_out_variant_writes_next_segment_input():
+    """Piecewise replay runs an op with an out variant into the next segment's static buffer
+    (real rows only) and never calls the op; results equal eager at every padded size."""
+    from mla_func.capture.compile import compile_plan
+
+    example = WithHost(_vec(6), torch.tensor([6, 3]))
+    ops = {"capture_test::mix_rows": lambda args: 3}
+    with pytest.raises(CaptureError, match="not splitting ops"):
+        plan_capture(f_out, example, dims=VOCAB, splitting_ops=ops,
+                     out_variants={"capture_test::other": mix_rows_out})
+    plan = plan_capture(f_out, example, dims=VOCAB, splitting_ops=ops,
+                        out_variants={"capture_test::mix_rows": mix_rows_out})
+    assert plan.to_json()["splitting_ops"][0]["writes_next_input"] is True
+    step = compile_plan(plan, f_out, [example], mode="piecewise", bound=(), emulate=True,
+                        progress=False)
+    # The second op reads the first's buffer while writing its own: never the same one.
+    assert step.buffers.op_out[(0, 0)] is not step.buffers.op_out[(1, 0)]
+    for tokens in (1, 3, 6, 11):
+        b = WithHost(torch.randn(tokens, 8), torch.tensor([tokens, 3]))
+        assert step.choose([b])[0] == "piecewise"
+        CALLS.update(op=0, out=0)
+        got = step(b)
+        assert CALLS == {"op": 0, "out": 2}
+        torch.testing.assert_close(got, f_out(b))
+        real = step.buffers.op_out[(1, 0)][:tokens]
+        torch.testing.assert_close(real, mix_rows(mix_rows(b.x.relu(), b.host), b.host))
+
+
 @pytest.fixture(scope="module")
 def tiny_plan():
     from scripts.capture import build_plan

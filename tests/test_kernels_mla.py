@@ -374,6 +374,32 @@ def test_backend_mixed_decode_and_prefill(long_prompt):
     assert_cache_rows(got_cache, want_cache, args[CACHE_ARG], args[9])
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("long_prompt", [None, False, True])  # None: pure decode
+def test_out_variant_writes_the_ops_result_into_out(backend, long_prompt):
+    """`mla_attention_out` (the capture compiler's out variant) writes exactly what the op
+    returns into a view of a larger buffer, and nothing past the view's rows."""
+    from mla_func.attention import mla_attention_out
+
+    if long_prompt is None:
+        work = [SeqWork([5], 6, [3, 4]), SeqWork([6], 2, [5])]
+    else:
+        work = [SeqWork([1], 9, [1, 2, 3]),
+                SeqWork(list(range(70 if long_prompt else 6)), 0, list(range(5, 12)))]
+    batch, args = backend_case(work, 16 if long_prompt else 4, seed=3)
+    t, h, v = batch.num_tokens, SMALL["heads"], SMALL["v"]
+    a = list(args)
+    a[CACHE_ARG] = want_cache = args[CACHE_ARG].clone()
+    want = torch.ops.mla_func.mla_attention(*a, backend)
+    buf = torch.full((t + 3, h, v), NAN, device=DEV)
+    a[CACHE_ARG] = cache = args[CACHE_ARG].clone()
+    assert mla_attention_out(*a, backend, out=buf[:t]) is None
+    assert torch.equal(buf[:t], want) and buf[t:].isnan().all()
+    assert torch.equal(cache, want_cache)  # the same cache writes
+    with pytest.raises(ValueError, match="attention out"):
+        mla_attention_out(*a, backend, out=buf[: t + 1])
+
+
 def test_backend_declares_single_token_decode_graph_support():
     from mla_func.attention import GraphSupport
 

@@ -125,6 +125,7 @@ def plan_json(plan: CapturePlan) -> dict:
         "splitting_ops": [
             {"index": op.index, "op": op.name, "after_segment": op.index,
              "graph_support": None if s is None else SUPPORT_NAMES[s],
+             "writes_next_input": bool(plan.out_fns and plan.out_fns[op.index]),
              "where": op.node.meta.get("user_frame")}
             for op, s in zip(plan.ops, plan.support, strict=True)],
         "full_graph_support": SUPPORT_NAMES[plan.full_support],

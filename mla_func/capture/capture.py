@@ -4,7 +4,9 @@ After vLLM's piecewise backend and nano-vllm's runner: static input buffers size
 bucket (real rows first, padded rows filled with the fields' "pad" values), warm-up then capture
 per bucket, largest first, every graph in one shared memory pool, the garbage collector frozen.
 Between segments the splitting ops run eagerly, outside the graphs (dispatch.py), on the real
-unpadded rows; their outputs are copied into static buffers the next segment's graph reads.
+unpadded rows; their outputs land in static buffers the next segment's graph reads: written
+there by the op's out variant when the plan has one (DESIGN.md: "writes into the next
+segment's static input"), else copied.
 Segment outputs are kept as weak references (no ownership): the pool memory of one bucket's
 intermediate values is reused by the next bucket's capture, which is safe because one step
 replays one bucket's graphs, in capture order.
@@ -157,7 +159,11 @@ def allocate(plan: CapturePlan, leaves: Sequence[torch.Tensor], top: int) -> Buf
     for op in plan.ops:
         for j, node in enumerate(op.outputs):
             val = node.meta["val"]
-            last = max((s.index for s in plan.segments if node in s.inputs), default=op.index)
+            # Read by later segments, or straight by a later op (which, given an out variant,
+            # must not write into the buffer it reads).
+            readers = [s.index for s in plan.segments if node in s.inputs]
+            readers += [o.index for o in plan.ops if node in o.node.all_input_nodes]
+            last = max(readers, default=op.index)
             shape = shape_at(plan, val, top)
             reuse = next((f for f in free if f[0] <= op.index and list(f[1].shape) == shape
                           and f[1].dtype == val.dtype), None)

@@ -6,7 +6,9 @@ bucket; else PIECEWISE when it fits a piecewise bucket; else eager, with identic
 (same function, same kernels, no padding). Every dynamic dim is padded to the bucket size,
 capped at its own maximum (`capture.sizes_at`); a dim beyond its maximum runs eagerly. Real rows
 come first, padded rows get the fields' "pad" values. Splitting ops run eagerly on the
-real rows only. Host leaves are passed live to the eager splitting ops (full graphs froze the
+real rows only; their results go into the next segment's static inputs (written there by the
+op's out variant where the plan has one, else copied), whose padded rows keep what an earlier
+step left. Host leaves are passed live to the eager splitting ops (full graphs froze the
 capture-time values: that is what the graph-support level of the ops vouches for).
 
 A compiled step is bound to the tensors its graphs read by address: the bound arguments
@@ -242,6 +244,12 @@ class CompiledStep:
                 op = plan.ops[k]
                 args = fx.node.map_aggregate(op.node.args, value)
                 kwargs = fx.node.map_aggregate(op.node.kwargs, value)
+                out_fn = plan.out_fns[k] if plan.out_fns else None
+                if out_fn is not None:  # straight into the next segment's input, no copy
+                    dst = self._real(op.node, self.buffers.op_out[(op.index, 0)], real)
+                    out_fn(*args, out=dst, **kwargs)
+                    op_results[op.node] = dst
+                    continue
                 result = op.node.target(*args, **kwargs)
                 results = [result] if op.outputs == [op.node] else [result[
                     o.args[1]] for o in op.outputs]

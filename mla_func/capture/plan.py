@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import torch.fx as fx
 
 from mla_func.capture.buckets import BucketPolicy, bucket_sizes
@@ -29,6 +30,9 @@ NEVER, UNIFORM_SINGLE_TOKEN_DECODE, UNIFORM_BATCH, ALWAYS = 0, 1, 2, 3
 SUPPORT_NAMES = ("never", "uniform_single_token_decode", "uniform_batch", "always")
 
 SupportFn = Callable[[tuple], int]
+# An op's "out variant": called as fn(*op_args, out=buffer, **op_kwargs), it writes what the op
+# would return into `buffer` (the next segment's static input, real rows) and returns nothing.
+OutFn = Callable[..., None]
 
 
 @dataclass(eq=False)
@@ -44,6 +48,7 @@ class CapturePlan:
     distinct: list[int] = field(default_factory=list)  # per segment: its distinct index
     meta: dict[str, Any] = field(default_factory=dict)
     meta_cache: dict[str, Any] = field(default_factory=dict, repr=False)  # derived lookups
+    out_fns: list[OutFn | None] = field(default_factory=list)  # per splitting op
 
     def placeholder_index(self) -> dict[fx.Node, int]:
         """Graph placeholder -> leaf index (cached: dispatch asks every step)."""
@@ -99,6 +104,7 @@ def plan_capture(
     piecewise_dim: str | None = None,
     full_dim: str | None = None,
     meta: Mapping[str, Any] | None = None,
+    out_variants: Mapping[str, OutFn] | None = None,
 ) -> CapturePlan:
     """Plan the capture of `fn(*example_args)` (no GPU needed; raises `CaptureError`).
 
@@ -109,6 +115,9 @@ def plan_capture(
       an argument, support unknown (never).
     piecewise_dim / full_dim: the dims whose buckets key piecewise and full graphs (default: the
       dynamic dims with the largest / smallest max size).
+    out_variants: op names -> a function that runs the op into a given buffer (`OutFn`): in
+      piecewise replay the op then writes straight into the next segment's static input, where
+      its result would otherwise be copied. Only for ops with one tensor output.
     """
     if dims is None:
         from mla_func.dims import VOCABULARY as dims
@@ -127,6 +136,18 @@ def plan_capture(
         fn_support = splitting_ops.get(op.name)
         args = tuple(_value(a) for a in op.node.args)
         support.append(None if fn_support is None else int(fn_support(args)))
+    out_variants = dict(out_variants or {})
+    unknown = sorted(set(out_variants) - set(splitting_ops))
+    if unknown:
+        raise CaptureError(f"out variants given for {unknown}, which are not splitting ops")
+    out_fns: list[OutFn | None] = []
+    for op in ops:
+        fn_out = out_variants.get(op.name)
+        if fn_out is not None and (op.outputs != [op.node]
+                                   or not isinstance(op.node.meta.get("val"), torch.Tensor)):
+            raise CaptureError(f"splitting op {op.name} has an out variant but does not return "
+                               "one tensor")
+        out_fns.append(fn_out)
     dyn = sorted(sig.dynamic, key=lambda n: (-sig.dims[n].max_size, n))
     mode_dims = {"piecewise": piecewise_dim or dyn[0], "full": full_dim or dyn[-1]}
     policies = dict(policies or {})
@@ -140,7 +161,7 @@ def plan_capture(
     distinct = [keys.setdefault(seg.key, len(keys)) for seg in segments]
     name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
     return CapturePlan(name, sig, traced, segments, ops, support, buckets, mode_dims,
-                       distinct, dict(meta or {}))
+                       distinct, dict(meta or {}), out_fns=out_fns)
 
 
 def op_names(plan: CapturePlan) -> list[str]:

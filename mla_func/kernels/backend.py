@@ -49,7 +49,10 @@ class TritonMLA:
         scale: float,
         rope_scale: float,
         eps: float,
+        out: Float[Tensor, "tokens heads v_head"] | None = None,
     ) -> Float[Tensor, "tokens heads v_head"]:
+        """The op's result, written into `out` when given (the kernels' output stores and
+        the value product write there: no copy)."""
         layer_cache = cache[layer]
         num_tokens, num_seqs, num_decodes, max_seq_len, max_query_len = host.tolist()
         if max_query_len < MHA_MIN_QUERY:
@@ -61,20 +64,22 @@ class TritonMLA:
             new = NewRows(q_pe, kv, slot_mapping, positions, kv_norm, inv_freq,
                           rope_scale, eps)
             return attend_absorbed(q_nope, None, layer_cache, w_uk, w_uv, token_seq,
-                                   positions, page_table, scale, ws, new=new)
+                                   positions, page_table, scale, ws, new=new, out=out)
         q_pe, kv_new = mla_prologue(q_pe, kv, kv_norm, positions, inv_freq, rope_scale, eps)
         write_cache(layer_cache, kv_new, slot_mapping)
-        out = q_nope.new_zeros(q_nope.shape[0], q_nope.shape[1], w_uv.shape[1])
+        if out is None:
+            out = q_nope.new_empty(q_nope.shape[0], q_nope.shape[1], w_uv.shape[1])
+        out[num_tokens:].zero_()  # rows past the host count (none when the caller is the op)
         d = num_decodes
         if d:
-            out[:d] = attend_absorbed(
+            attend_absorbed(
                 q_nope[:d], q_pe[:d], layer_cache, w_uk, w_uv, token_seq[:d], positions[:d],
-                page_table, scale, DecodeWorkspace())
+                page_table, scale, DecodeWorkspace(), out=out[:d])
         rows = slice(d, num_tokens)
-        out[rows] = mha_prefill(
+        mha_prefill(
             q_nope[rows], q_pe[rows], layer_cache, w_uk, w_uv, token_seq[rows],
             positions[rows], page_table[d:num_seqs], scale, max_seq_len, max_query_len,
-            first_seq=d)
+            first_seq=d, out=out[rows])
         return out
 
 

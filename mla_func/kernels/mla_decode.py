@@ -311,11 +311,13 @@ def attend_absorbed(
     workspace: DecodeWorkspace,
     plan: DecodePlan | None = None,
     new: NewRows | None = None,
+    out: Float[Tensor, "tokens heads v_head"] | None = None,
 ) -> Float[Tensor, "tokens heads v_head"]:
     """The absorbed form (same contract as mla_func.ops.attention.attend_absorbed). Without a
     plan, it is chosen from shapes only: rows and the page table's capacity. `new`: the new
     rows are not in the cache yet, and q_pe is None: their prologue (q_pe rotated, the cache
-    rows written) runs first, in the launch that absorbs the query (absorb.py)."""
+    rows written) runs first, in the launch that absorbs the query (absorb.py). `out`: the
+    tensor to write the result into (returned)."""
     tokens, heads, _ = q_nope.shape
     kv_lora = w_uk.shape[-1]
     if (q_pe is None) == (new is None):
@@ -341,6 +343,9 @@ def attend_absorbed(
                part_o, part_lse, counters, scratch)
     # Written straight in [tokens, heads, v_head] order (cuBLAS takes the strided output), so
     # o_proj reads it without a transposing copy.
-    o = torch.empty(tokens, heads, w_uv.shape[1], dtype=dtype, device=q_nope.device)
+    o = out if out is not None and out.dtype == dtype else torch.empty(
+        tokens, heads, w_uv.shape[1], dtype=dtype, device=q_nope.device)
     torch.bmm(o_lat, w_uv.to(dtype).transpose(1, 2), out=o.transpose(0, 1))
-    return o.to(q_nope.dtype)
+    if out is None:
+        return o.to(q_nope.dtype)
+    return out if o is out else out.copy_(o)

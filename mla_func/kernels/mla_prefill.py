@@ -125,16 +125,22 @@ def mha_prefill(
     first_seq: int = 0,
     block_m: int = 128,
     block_n: int = 64,
+    out: Float[Tensor, "tokens heads v_head"] | None = None,
 ) -> Float[Tensor, "tokens heads v_head"]:
     """Causal attention of each token over keys 0..positions[t] of its sequence, MHA form.
     `page_table` rows are the sequences first_seq.. that `token_seq` names; the two host
-    counts size the expansion buffer and the grid."""
+    counts size the expansion buffer and the grid. `out`: where the kernel stores the result
+    (any strides with a unit last one; returned), else a new tensor."""
     tokens, heads, d_nope = q_nope.shape
     num_seqs = page_table.shape[0]
     d_rope, d_v, kv_lora = q_pe.shape[-1], w_uv.shape[1], w_uk.shape[-1]
     lat, k_nope, v = expand_kv(cache, page_table, w_uk, w_uv, max_seq_len)
     q_start, q_len = query_ranges(token_seq, num_seqs, first_seq)
-    out = torch.empty(tokens, heads, d_v, device=q_nope.device, dtype=q_nope.dtype)
+    if out is None:
+        out = torch.empty(tokens, heads, d_v, device=q_nope.device, dtype=q_nope.dtype)
+    elif out.shape != (tokens, heads, d_v) or out.stride(-1) != 1:
+        raise ValueError(f"prefill out is {tuple(out.shape)} with strides {out.stride()}; "
+                         f"expected {(tokens, heads, d_v)} with a unit last stride")
     if tokens == 0:
         return out
     assert q_nope.stride(-1) == 1 and q_pe.stride(-1) == 1
