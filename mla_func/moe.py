@@ -16,7 +16,8 @@ its own row alone.
 
 `experts_add_norm` also adds the result to the residual stream and normalises it for the next
 layer: on the Triton path inside the experts' final reduction (`mla_func::moe_experts_add_norm`,
-one launch fewer per layer), elsewhere as `h + out` and `ops.norm.rmsnorm`.
+one launch fewer per layer; rows wider than `fused_moe.ADD_NORM_MAX_WIDTH`, V3's, take the
+`norm.add_rmsnorm` launch after it), elsewhere as `h + out` and `ops.norm.rmsnorm`.
 """
 
 from typing import Optional

@@ -182,15 +182,21 @@ def test_direct_matches_reference_and_aligned(tokens, topk, n_exp, hidden, inter
         assert torch.equal(got, aligned), cfg
 
 
-@pytest.mark.parametrize("cfg,shared,fuse_shared", [
-    (SMALL, 2, None),         # shared experts folded in
-    (SMALL, 1, False),        # shared MLP apart: added in the same final sum
-    (DIRECT, 2, None),
-    (DIRECT_SUM, 1, None),    # the down GEMM sums: the add and the norm run after it
+@pytest.mark.parametrize("cfg,shared,fuse_shared,wide", [
+    (SMALL, 2, None, False),        # shared experts folded in
+    (SMALL, 1, False, False),       # shared MLP apart: added in the same final sum
+    (SMALL, 2, None, True),         # rows wider than one program holds: sum, then add+norm
+    (DIRECT, 2, None, False),
+    (DIRECT_SUM, 1, None, False),   # the down GEMM sums: the add and the norm run after it
 ])
-def test_add_norm_equals_experts_then_add_rmsnorm(cfg, shared, fuse_shared):
+def test_add_norm_equals_experts_then_add_rmsnorm(cfg, shared, fuse_shared, wide,
+                                                  monkeypatch):
     """`add_norm` gives the bits of `norm.add_rmsnorm(residual, experts)` (the rounding of
     the two launches it replaces), and the reference's values through `experts_add_norm`."""
+    from mla_func.kernels import fused_moe
+
+    if wide:  # 96 columns stand for V3's 7168
+        monkeypatch.setattr(fused_moe, "ADD_NORM_MAX_WIDTH", 64)
     x, w, ids, gu, dn, mlp = make(4, 6, 64, 96, 32, shared, seed=11)
     residual = torch.randn_like(x)
     weight = 1 + 0.1 * torch.randn(x.shape[1])
@@ -210,29 +216,6 @@ def test_add_norm_equals_experts_then_add_rmsnorm(cfg, shared, fuse_shared):
     with pytest.raises(ValueError, match="add_norm: the residual is"):
         fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg,
                       add_norm=(residual.double(), weight, 1e-6))
-
-
-def test_sum_add_norm_in_chunks_matches_one_pass():
-    """Rows wider than the block (V3's hidden) take the two-pass path of `sum_kernel`: the
-    same h, and y up to the order of the sum of squares."""
-    from mla_func.kernels.moe_gemm import sum_kernel
-
-    tokens, pairs, hidden = 3, 4, 96
-    buf = torch.randn(tokens * pairs, hidden)
-    extra, res = torch.randn(tokens, hidden), torch.randn(tokens, hidden)
-    weight = 1 + 0.1 * torch.randn(hidden)
-    outs = []
-    for block in (128, 32):  # one pass; three chunks
-        h, y = torch.full_like(res, float("nan")), torch.full_like(res, float("nan"))
-        sum_kernel[(tokens, 1)](buf, extra, h, res, y, weight, hidden, 1e-6,
-                                PAIRS_PER_TOKEN=pairs, HAS_EXTRA=True, ADD_NORM=True,
-                                BLOCK=block, num_warps=4)
-        outs.append((h, y))
-    want_h = res + (buf.view(tokens, pairs, hidden).sum(1) + extra)
-    close(outs[0][0], want_h, 1e-6)
-    assert torch.equal(outs[1][0], outs[0][0])
-    close(outs[0][1], rmsnorm_ref(want_h, weight, 1e-6), 1e-6)
-    close(outs[1][1], outs[0][1], 1e-6)
 
 
 def test_direct_config_checks():
@@ -399,10 +382,13 @@ def test_cuda_real_sizes(shape, tokens, skew):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("tokens", [1, 32, 128, 1024])
-def test_cuda_add_norm_equals_experts_then_add_rmsnorm(tokens):
-    """At V2-Lite size on each table row's path: the two launches it replaces."""
-    x, w, ids, gu, dn, mlp = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda")
+@pytest.mark.parametrize("tokens, shape", [
+    (1, V2_LITE), (32, V2_LITE), (128, V2_LITE), (1024, V2_LITE),
+    (1, {**V3, "n_exp": 16}), (32, {**V3, "n_exp": 16})])  # V3's width, fewer experts
+def test_cuda_add_norm_equals_experts_then_add_rmsnorm(tokens, shape):
+    """At V2-Lite size on each table row's path, and at V3's width (the sum, then
+    `add_rmsnorm`): the two launches it replaces."""
+    x, w, ids, gu, dn, mlp = make(tokens, **shape, dtype=torch.bfloat16, device="cuda")
     residual = torch.randn_like(x)
     weight = (1 + 0.1 * torch.randn(x.shape[1], device="cuda")).to(torch.bfloat16)
     want_h, want_y = add_rmsnorm(residual, experts(x, w, ids, gu, dn, mlp), weight, 1e-6)

@@ -11,7 +11,8 @@ launches, all sizes fixed by `tokens`, `topk`, the config table and the weights)
    results are deterministic and replay bit-identically).
 4. `sum_kernel`: the pairs of each token summed in fp32, one write in the model dtype; given
    `add_norm`, also the residual add and the next layer's RMSNorm (`norm.add_rmsnorm`'s
-   numerics), so the model's add+norm launch after the MoE is gone too.
+   numerics), so the model's add+norm launch after the MoE is gone too (rows up to
+   `ADD_NORM_MAX_WIDTH` wide; wider ones, V3's, run `norm.add_rmsnorm` after the sum).
 
 Shared experts ride along at small token counts (`FUSE_SHARED_MAX_TOKENS`): a shared MLP of
 width `shared * moe_inter` is `shared` more experts (strided views of the same weights, no copy)
@@ -77,6 +78,14 @@ from mla_func.kernels.pdl import supported as pdl_supported
 from mla_func.kernels.swiglu import swiglu
 
 Rows = Float[Tensor, "tokens hidden"]
+
+# The widest row the final sum adds and normalises in one program (`sum_kernel` ADD_NORM),
+# which holds the row in registers: V2-Lite's 2048 columns compile spill-free for sm90, V3's
+# 7168 (an 8192 block) spill. Wider rows run the sum, then `norm.add_rmsnorm`: at V3's width
+# that took 3.9 / 5.5 / 6.3 / 10.5 us a layer at 1 / 8 / 32 / 128 tokens, against 7.3 / 13.3 /
+# 13.7 / 15.1 for a one-program form that read its row back in a second pass (H100,
+# docs/perf/2026-11-23-h100-run47, exp_sum_norm_v3.py).
+ADD_NORM_MAX_WIDTH = 2048
 
 
 def _fit(tile: tuple[int, int, int, int], n: int, k: int) -> tuple[int, int, int, int]:
@@ -231,21 +240,23 @@ def fused_experts(
         # Its programs own columns, not rows: the add and the norm run after it.
         residual, weight, eps = add_norm
         return add_rmsnorm(residual, out, weight, eps)
-    if add_norm is None:
+    if add_norm is None or n_hidden > ADD_NORM_MAX_WIDTH:
         block = min(1024, triton.next_power_of_2(n_hidden))
         sum_kernel[(tokens, triton.cdiv(n_hidden, block))](
             buf, buf if extra is None else extra, out, out, out, out, n_hidden, 0.0,
             PAIRS_PER_TOKEN=pairs_per_token, HAS_EXTRA=extra is not None, ADD_NORM=False,
             BLOCK=block, num_warps=4)
-        return out
+        if add_norm is None:
+            return out
+        residual, weight, eps = add_norm  # a row too wide for one program: two launches
+        return add_rmsnorm(residual, out, weight, eps)
     residual, weight, eps = add_norm
     y = torch.empty(out.shape, dtype=torch.promote_types(out.dtype, weight.dtype),
                     device=out.device)
-    # One program a row (the norm needs all of it), up to 2048 columns at a time: V2-Lite's
-    # hidden in registers, in the layout of `norm.add_rmsnorm`'s (4 warps).
-    block = min(2048, triton.next_power_of_2(n_hidden))
+    # One program a row (the norm needs all of it), in registers, in the layout of
+    # `norm.add_rmsnorm`'s (the same block, 4 warps): the same bits.
     sum_kernel[(tokens, 1)](
         buf, buf if extra is None else extra, out, residual.contiguous(), y, weight, n_hidden,
         eps, PAIRS_PER_TOKEN=pairs_per_token, HAS_EXTRA=extra is not None, ADD_NORM=True,
-        BLOCK=block, num_warps=4)
+        BLOCK=triton.next_power_of_2(n_hidden), num_warps=4)
     return out, y

@@ -231,13 +231,12 @@ def sum_kernel(buf_ptr, extra_ptr, out_ptr, res_ptr, y_ptr, w_ptr, n_hidden, eps
                PAIRS_PER_TOKEN: tl.constexpr, HAS_EXTRA: tl.constexpr, ADD_NORM: tl.constexpr,
                BLOCK: tl.constexpr):
     """out[t] = the sum of token t's pair rows (+ extra[t]), rounded to out's dtype, BLOCK
-    columns a program. ADD_NORM (one program a row): out[t] = res[t] + that sum and y[t] =
-    rmsnorm(out[t]) * w, with `norm.add_rmsnorm`'s rounding (the sum, then the residual add,
-    in out's dtype); in registers when BLOCK holds the row, else BLOCK columns at a time with
-    a second pass that reads out[t] back."""
+    columns a program. ADD_NORM (one program a row, BLOCK >= n_hidden: the row stays in
+    registers): out[t] = res[t] + that sum and y[t] = rmsnorm(out[t]) * w, with
+    `norm.add_rmsnorm`'s rounding (the sum, then the residual add, in out's dtype)."""
     t = tl.program_id(0).to(tl.int64)
     dt = out_ptr.dtype.element_ty
-    if ADD_NORM and BLOCK >= n_hidden:
+    if ADD_NORM:
         offs = tl.arange(0, BLOCK)
         ok = offs < n_hidden
         acc = _pair_sum(buf_ptr, extra_ptr, t, offs, ok, n_hidden, PAIRS_PER_TOKEN, HAS_EXTRA)
@@ -247,24 +246,6 @@ def sum_kernel(buf_ptr, extra_ptr, out_ptr, res_ptr, y_ptr, w_ptr, n_hidden, eps
         hf = h.to(tl.float32)
         y = rms_scaled(hf, tl.sum(hf * hf, axis=0), n_hidden, eps, w_ptr, offs, ok, dt)
         tl.store(y_ptr + t * n_hidden + offs, y.to(y_ptr.dtype.element_ty), mask=ok)
-    elif ADD_NORM:
-        sq = tl.zeros((BLOCK,), dtype=tl.float32)
-        for c0 in range(0, n_hidden, BLOCK):
-            offs = c0 + tl.arange(0, BLOCK)
-            ok = offs < n_hidden
-            acc = _pair_sum(buf_ptr, extra_ptr, t, offs, ok, n_hidden, PAIRS_PER_TOKEN,
-                            HAS_EXTRA)
-            r = tl.load(res_ptr + t * n_hidden + offs, mask=ok, other=0.0).to(tl.float32)
-            h = (r + acc.to(dt).to(tl.float32)).to(dt)
-            tl.store(out_ptr + t * n_hidden + offs, h, mask=ok)
-            sq += h.to(tl.float32) * h.to(tl.float32)
-        sum_sq = tl.sum(sq, axis=0)
-        for c0 in range(0, n_hidden, BLOCK):  # each thread reads back what it stored
-            offs = c0 + tl.arange(0, BLOCK)
-            ok = offs < n_hidden
-            hf = tl.load(out_ptr + t * n_hidden + offs, mask=ok, other=0.0).to(tl.float32)
-            y = rms_scaled(hf, sum_sq, n_hidden, eps, w_ptr, offs, ok, dt)
-            tl.store(y_ptr + t * n_hidden + offs, y.to(y_ptr.dtype.element_ty), mask=ok)
     else:
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < n_hidden
