@@ -26,7 +26,7 @@ def main() -> None:
         toks = torch.randint(0, 100000, (n,)).tolist()
         batch = mf.make_batch([mf.SeqWork(toks, 0, pages)], state.page_size, 128,
                               device="cuda", backend="triton")
-        step = lambda: mf.forward(params, state, batch)  # noqa: E731
+        step = lambda b=batch: mf.forward(params, state, b)  # noqa: E731
         for _ in range(3):
             step()
         torch.cuda.synchronize()

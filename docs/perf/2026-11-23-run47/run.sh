@@ -3,7 +3,8 @@
 # against piecewise in alternating rounds, in the trees of PREFILL_ORDER (prefill: new = this
 # tree, base = baseline/ = a8a8179, the session's start); the MoE sum's add+norm at V3's
 # width, two-pass path, against the two launches (sumv3); eager prefill host time and a
-# profile, trees alternating (eagerab, EAGER_ORDER). Other parts: ../2026-11-23-run40.
+# profile, trees alternating (eagerab, EAGER_ORDER); the MoE layer with whole against half
+# tiles (halves). Other parts: ../2026-11-23-run40.
 set -u
 OUT=$(realpath ${OUT:-out}); mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -39,6 +40,8 @@ for part in ${*:-tests}; do
                echo "--- $n $v"; grep -E "^# |Error" "$OUT/eager_${n}_$v.log"
                [ $n -le 2 ] && grep -A16 "Ordered by" "$OUT/eager_${n}_$v.log" | cut -c1-150
              done ;;
+    halves) timeout 300 python3 $HERE/exp_halves.py > "$OUT/halves.log" 2>&1
+            grep -E "^#|Error" "$OUT/halves.log" ;;
     sumv3) timeout 200 python3 $HERE/exp_sum_norm_v3.py > "$OUT/sum_v3.log" 2>&1
            grep -E "^#|Error" "$OUT/sum_v3.log" ;;
   esac
