@@ -159,30 +159,6 @@ def test_tma_matches_reference_and_pointer_loads(tokens, topk, n_exp, hidden, in
                       config=dataclasses.replace(cfg, tma=True))
 
 
-@pytest.mark.parametrize("tokens,topk,n_exp,skew", [
-    (64, 2, 8, False),   # runs of 1 and 2 units: 3 whole tiles, 5 half tiles
-    (40, 6, 64, False),  # every run one half tile; empty experts
-    (30, 2, 8, True),    # one expert takes every token: a whole tile, then half tiles
-])
-@pytest.mark.parametrize("tma", [False, True])
-@pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
-def test_halves_match_whole_tiles_and_reference(tokens, topk, n_exp, skew, tma):
-    """`MoEConfig.halves`: runs padded to half tiles, two units a program (one whole tile or
-    up to two half tiles): the reference's result and the whole-tile layout's."""
-    x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, 32, 16, 1, skew=skew, seed=tokens)
-    cfg = MoEConfig(8 * 4, (32, 64, 4, 1), (64, 32, 4, 1), fuse_shared=False, tma=tma)
-    whole = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg)
-    got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
-                        dataclasses.replace(cfg, halves=True))
-    close(got, reference(x, w, ids, gu, dn, mlp), 1e-5)
-    close(got, whole, 1e-6)  # numpy's products of another height may round otherwise
-    for bad in (dataclasses.replace(cfg, halves=True, fuse_shared=True, tma=False),
-                dataclasses.replace(DIRECT, halves=True),
-                dataclasses.replace(cfg, halves=True, block_m=16)):
-        with pytest.raises(ValueError, match="halves needs"):
-            fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, bad)
-
-
 @pytest.mark.parametrize("tokens,topk,n_exp,hidden,inter,shared,fuse_shared", [
     (1, 6, 64, 64, 32, 2, None),   # decode: no expert read twice
     (2, 2, 8, 64, 32, 1, None),
@@ -334,28 +310,20 @@ from sm90_ptxas import ptxas_usage
 from mla_func.kernels.moe_gemm import down_kernel, down_sum_kernel, gate_up_kernel
 ptrs = dict(weights_ptr="*fp32", ids_ptr="*i64", sorted_ptr="*i32", block_expert_ptr="*i32",
             block_rows_ptr="*i32")
-no_tma = dict(TMA=False, w_desc=None, HALVES=False)
-no_act = dict(act_desc=None, act_half_desc=None)
+no_tma = dict(TMA=False, w_desc=None)
 for fn, (bm, bn, bk, warps, stages), const in [
         (gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=False, PDL=True, **no_tma)),
         (gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=True, PDL=True, **no_tma)),
-        (down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=False, **no_act, **no_tma)),
-        (down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=True, **no_act, **no_tma)),
+        (down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=False, act_desc=None, **no_tma)),
+        (down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=True, act_desc=None, **no_tma)),
         (down_sum_kernel, (16, 16, 256, 4, 4), dict(HAS_EXTRA=False)),
-        # The large-token configuration: expert weights (and act) through TMA descriptors,
-        # whole tiles only or also half tiles.
-        (gate_up_kernel, (128, 128, 64, 8, 4), dict(DIRECT=False, PDL=True, TMA=True,
-                                                    HALVES=False)),
-        (down_kernel, (128, 256, 64, 8, 4), dict(DIRECT=False, TMA=True, HALVES=False,
-                                                 act_half_desc=None)),
-        (gate_up_kernel, (128, 128, 64, 8, 4), dict(DIRECT=False, PDL=True, TMA=True,
-                                                    HALVES=True)),
-        (down_kernel, (128, 256, 64, 8, 4), dict(DIRECT=False, TMA=True, HALVES=True))]:
+        # The large-token configuration: expert weights (and act) through TMA descriptors.
+        (gate_up_kernel, (128, 128, 64, 8, 4), dict(DIRECT=False, PDL=True, TMA=True)),
+        (down_kernel, (128, 256, 64, 8, 4), dict(DIRECT=False, TMA=True))]:
     const = dict(PAIRS_PER_TOKEN=8, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32",
                  EVEN_K=(1408 if fn is not gate_up_kernel else 2048) % bk == 0, **const)
     w_block = f"1, 2, {bn}, {bk}" if fn is gate_up_kernel else f"{bn}, {bk}"
-    descs = dict(w_desc=f"tensordesc<bf16[{w_block}]>", act_desc=f"tensordesc<bf16[{bm}, {bk}]>",
-                 act_half_desc=f"tensordesc<bf16[{bm // 2}, {bk}]>")
+    descs = dict(w_desc=f"tensordesc<bf16[{w_block}]>", act_desc=f"tensordesc<bf16[{bm}, {bk}]>")
     sig = {n: "constexpr" if n in const else descs[n] if n in descs
            else ptrs.get(n, "*bf16") if n.endswith("_ptr") else "i32" for n in fn.arg_names}
     # What a launch at V2-Lite sizes specialises on: aligned pointers, strides and dims.
@@ -439,21 +407,6 @@ def test_cuda_tma_matches_pointer_loads(tokens):
     cfg = MoEConfig(128, (128, 64, 8, 4), (128, 64, 8, 4), fuse_shared=False)
     got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
                         dataclasses.replace(cfg, tma=True))
-    want = reference(x, w, ids, gu, dn, mlp)
-    assert ((got.float() - want.float()).norm() / want.float().norm()) < 2e-2
-    assert torch.equal(got, fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg))
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("tokens", [300, 2048, 4096])
-@pytest.mark.parametrize("tma", [False, True])
-def test_cuda_halves_match_whole_tiles(tokens, tma):
-    """Half tiles (`MoEConfig.halves`) at V2-Lite size: the reference's result, and the bits
-    of whole tiles (every row's products run over K in the same order)."""
-    x, w, ids, gu, dn, mlp = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda")
-    cfg = MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), fuse_shared=False, tma=tma)
-    got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
-                        dataclasses.replace(cfg, halves=True))
     want = reference(x, w, ids, gu, dn, mlp)
     assert ((got.float() - want.float()).norm() / want.float().norm()) < 2e-2
     assert torch.equal(got, fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg))

@@ -20,11 +20,7 @@ class MoEConfig:
     GEMM, are read through TMA tensor descriptors instead of pointer loads.
     `shared_stream` (shared experts apart): they run on a side CUDA stream, beside the
     alignment and the routed GEMMs, joined before the sum (the same kernels, the same bits);
-    off CUDA (the Triton interpreter) they run in order on the one stream there is.
-    `halves` (aligned layout, shared experts apart): experts' runs are padded to block_m / 2
-    rows, not block_m; a GEMM program takes two such units, as one block_m-row tile when both
-    are one expert's, else as one or two half tiles (the end of a run, the start of the next),
-    so the last tile of a run computes at most half a tile of padding rows."""
+    off CUDA (the Triton interpreter) they run in order on the one stream there is."""
 
     block_m: int
     gate_up: tuple[int, int, int, int]
@@ -35,7 +31,6 @@ class MoEConfig:
     pdl: bool = False
     tma: bool = False
     shared_stream: bool = False
-    halves: bool = False
 
 
 # (max tokens, config): the first row whose bound is >= the step's static token count.

@@ -2,7 +2,8 @@
 tokens) with whole 128-row tiles (the default config) against `MoEConfig.halves` (runs padded
 to 64 rows, two units a program), V2-Lite shape, 4 layers' weights per CUDA graph, µs a layer,
 three alternating rounds, medians; the floor as `bench moe` computes it; and whether the two
-give the same bits."""
+give the same bits. Needs `halves.patch` (beside this file) applied to the tree: the option is
+not in the package (it was written in the fifth session of 2026-11-23 and never GPU-run)."""
 
 import statistics
 from dataclasses import replace

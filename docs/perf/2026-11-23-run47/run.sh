@@ -4,7 +4,8 @@
 # tree, base = baseline/ = a8a8179, the session's start); the MoE sum's add+norm at V3's
 # width, two-pass path, against the two launches (sumv3); eager prefill host time and a
 # profile, trees alternating (eagerab, EAGER_ORDER); the MoE layer with whole against half
-# tiles (halves). Other parts: ../2026-11-23-run40.
+# tiles (halves: needs halves.patch applied first, `git apply docs/perf/2026-11-23-run47/
+# halves.patch`; not run: no GPU was lent after run 51). Other parts: ../2026-11-23-run40.
 set -u
 OUT=$(realpath ${OUT:-out}); mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
