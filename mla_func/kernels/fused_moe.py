@@ -229,34 +229,32 @@ def fused_experts(
         if side is not None:
             main.wait_stream(side)  # the join: `extra` is read below, on this stream
 
+    if add_norm is not None and not cfg.fused_sum and n_hidden <= ADD_NORM_MAX_WIDTH:
+        residual, weight, eps = add_norm
+        y = torch.empty(out.shape, dtype=torch.promote_types(out.dtype, weight.dtype),
+                        device=out.device)
+        # One program a row (the norm needs all of it), in registers, in the layout of
+        # `norm.add_rmsnorm`'s (the same block, 4 warps): the same bits.
+        sum_kernel[(tokens, 1)](
+            buf, buf if extra is None else extra, out, residual.contiguous(), y, weight,
+            n_hidden, eps, PAIRS_PER_TOKEN=pairs_per_token, HAS_EXTRA=extra is not None,
+            ADD_NORM=True, BLOCK=triton.next_power_of_2(n_hidden), num_warps=4)
+        return out, y
     if cfg.fused_sum:
         down_sum_kernel[(triton.cdiv(n_hidden, bn),)](
             act, down, s_down, out, out if extra is None else extra, weights, ids,
             tokens, topk, n_tiles, n_hidden, n_inter, n_routed, *strides,
             BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0, HAS_EXTRA=extra is not None,
             **common, num_warps=warps, num_stages=stages)
-        if add_norm is None:
-            return out
-        # Its programs own columns, not rows: the add and the norm run after it.
-        residual, weight, eps = add_norm
-        return add_rmsnorm(residual, out, weight, eps)
-    if add_norm is None or n_hidden > ADD_NORM_MAX_WIDTH:
+    else:
         block = min(1024, triton.next_power_of_2(n_hidden))
         sum_kernel[(tokens, triton.cdiv(n_hidden, block))](
             buf, buf if extra is None else extra, out, out, out, out, n_hidden, 0.0,
             PAIRS_PER_TOKEN=pairs_per_token, HAS_EXTRA=extra is not None, ADD_NORM=False,
             BLOCK=block, num_warps=4)
-        if add_norm is None:
-            return out
-        residual, weight, eps = add_norm  # a row too wide for one program: two launches
-        return add_rmsnorm(residual, out, weight, eps)
+    if add_norm is None:
+        return out
+    # The fused sum's programs own columns, not rows, and a row wider than one program holds
+    # does not fit the sum's add+norm: the add and the norm run after the sum.
     residual, weight, eps = add_norm
-    y = torch.empty(out.shape, dtype=torch.promote_types(out.dtype, weight.dtype),
-                    device=out.device)
-    # One program a row (the norm needs all of it), in registers, in the layout of
-    # `norm.add_rmsnorm`'s (the same block, 4 warps): the same bits.
-    sum_kernel[(tokens, 1)](
-        buf, buf if extra is None else extra, out, residual.contiguous(), y, weight, n_hidden,
-        eps, PAIRS_PER_TOKEN=pairs_per_token, HAS_EXTRA=extra is not None, ADD_NORM=True,
-        BLOCK=triton.next_power_of_2(n_hidden), num_warps=4)
-    return out, y
+    return add_rmsnorm(residual, out, weight, eps)
