@@ -4,18 +4,23 @@ The model-specific glue, outside `mla_func.capture` (which stays generic): it pl
 `mla_func.model.forward` with the dim vocabulary of `mla_func.dims`, splits at the attention op
 (`mla_func::mla_attention`, whose graph support comes from the backend named in its last
 argument; piecewise replay runs it into the next segment's input through its out variant,
-`attention.mla_attention_out`), and builds the capture-time batches of full decode graphs: per
-`seqs` bucket, one new token per sequence, every page-table entry on the scratch page, slot -1
-(no cache write), seq_len the worst case the page table allows (never zero-length dummies),
-host metadata with those sizes. The returned step is bound to `state`'s cache (captured by
-address): call it with that state only, as `logits, state = step(state, batch)`.
+`attention.mla_attention_out`) and at the logits projection (`mla_func::logits`, graph support
+`always`): piecewise steps pad `seqs` along with `tokens` (up to `max_seqs`), so inside a graph
+the projection would run on up to 512 rows whatever the real sequence count (at V2-Lite's
+102400-word vocabulary, 215 GFLOP at 512 rows); as a splitting op it runs on the real
+sequences, and its result is the step's output, with no static buffer. It also builds the
+capture-time batches of full decode graphs: per `seqs` bucket, one new token per sequence,
+every page-table entry on the scratch page, slot -1 (no cache write), seq_len the worst case
+the page table allows (never zero-length dummies), host metadata with those sizes. The
+returned step is bound to `state`'s cache (captured by address): call it with that state only,
+as `logits, state = step(state, batch)`.
 """
 
 import torch
 
 from mla_func.attention import get_backend, mla_attention_out
 from mla_func.batch import Batch
-from mla_func.capture import CapturePlan, CudaRequiredError, plan_capture
+from mla_func.capture import ALWAYS, CapturePlan, CudaRequiredError, plan_capture
 from mla_func.capture.compile import compile_plan
 from mla_func.capture.dispatch import MODES, CompiledStep
 from mla_func.dims import VOCABULARY
@@ -24,6 +29,7 @@ from mla_func.params import Params
 from mla_func.state import SCRATCH_PAGE, KVState
 
 ATTENTION_OP = "mla_func::mla_attention"
+LOGITS_OP = "mla_func::logits"
 
 
 def attention_support(args: tuple) -> int:
@@ -58,7 +64,7 @@ def plan_step(params: Params, state: KVState, *, max_tokens: int | None = None,
     cfg = params.cfg
     return plan_capture(
         forward, params, state, example, dims=VOCABULARY, max_sizes=sizes,
-        splitting_ops={ATTENTION_OP: attention_support},
+        splitting_ops={ATTENTION_OP: attention_support, LOGITS_OP: lambda args: ALWAYS},
         out_variants={ATTENTION_OP: mla_attention_out}, piecewise_dim="tokens",
         full_dim="seqs", meta={"config_digest": cfg.digest(), "model_type": cfg.model_type,
                                "layers": cfg.num_hidden_layers, "backend": backend})

@@ -4,14 +4,15 @@ DeepSeek-V2/V3 decoder (arXiv:2405.04434, arXiv:2412.19437): per layer x + attn(
 then h + ffn(rmsnorm(h)), the FFN dense for the first `first_k_dense_replace` layers and MoE
 after. Numerics follow HF transformers' DeepseekV2/V3ForCausalLM. The attention itself is one
 custom op (`mla_func::mla_attention`), which also applies the rope and the latent norm to the
-new rows; everything else is static-shape torch. On CUDA the small steps (residual add +
+new rows, and so is the logits projection of each sequence's last row (`mla_func::logits`);
+everything else is static-shape torch. On CUDA the small steps (residual add +
 RMSNorm, the MoE router) run as fused Triton kernels (`kernels/norm.py`, `router.py`) with the
 reference numerics; after an MoE the residual add and the next norm ride in the experts' final
 reduction (`moe.experts_add_norm`).
 """
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 import mla_func.kernels.norm  # noqa: F401  (registers rmsnorm / add_rmsnorm)
@@ -117,5 +118,25 @@ def forward(
         # The next layer's input norm; after the last layer, the final norm.
         after = layers[i + 1].input_norm if i + 1 < len(layers) else params.norm
         h, x = ffn_add_norm(layer.mlp, x, h, after, cfg)
-    return (x[batch.logits_index] @ params.lm_head.T).float(), state
+    return project_logits(x, batch.logits_index, params.lm_head), state
+
+
+@torch.library.custom_op("mla_func::logits", mutates_args=())
+def _logits_op(x: Tensor, index: Tensor, lm_head: Tensor) -> Tensor:
+    return (x[index] @ lm_head.T).float()
+
+
+@_logits_op.register_fake
+def _(x, index, lm_head):
+    return x.new_empty(index.shape[0], lm_head.shape[0], dtype=torch.float32)
+
+
+def project_logits(
+    x: Float[Tensor, "tokens hidden"], index: Int[Tensor, " seqs"],
+    lm_head: Float[Tensor, "vocab hidden"],
+) -> Float[Tensor, "seqs vocab"]:
+    """float32 logits of the rows `index` of x (each sequence's last new token). One op (a
+    custom op, one node for tracers), whose rows are the sequences, not the tokens: a caller
+    that runs the step in pieces padded to a token count can run it on the real sequences."""
+    return torch.ops.mla_func.logits(x, index, lm_head)
 

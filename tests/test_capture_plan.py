@@ -219,9 +219,15 @@ def tiny_plan():
 def test_tiny_model_splits_once_per_layer(tiny_plan):
     cfg = mf.MLAConfig.preset("tiny")
     plan = tiny_plan
-    assert len(plan.ops) == cfg.num_hidden_layers
+    # One attention op a layer, then the logits projection, which ends the step: no segment
+    # after it.
+    names = [op.name for op in plan.ops]
+    assert names == ["mla_func::mla_attention"] * cfg.num_hidden_layers + ["mla_func::logits"]
     assert len(plan.segments) == cfg.num_hidden_layers + 1
-    assert {op.name for op in plan.ops} == {"mla_func::mla_attention"}
+    # Only the logits op reads each sequence's row index: no graph holds seqs-padded rows.
+    index = plan.placeholder_index()
+    leaf = next(n for n in index if plan.signature.leaves[index[n]].path == "batch.logits_index")
+    assert list(leaf.users) == [plan.ops[-1].node]
     assert plan.signature.dynamic == ("tokens", "seqs")
     assert plan.mode_dims == {"piecewise": "tokens", "full": "seqs"}
     assert plan.buckets["piecewise"][-1] == 8192 and plan.buckets["full"][-1] == 512
@@ -276,6 +282,47 @@ def test_emulated_dispatch_matches_eager():
         # Live pages equal; padded rows touched only the scratch page 0.
         torch.testing.assert_close(state.cache[:, 1:], ref.cache[:, 1:], rtol=1e-5, atol=1e-5)
     assert step.counts == {"eager": 1, "piecewise": 1, "full": 1}
+    # The logits op's result is the step's output only: no static buffer (its rows are the
+    # real sequences, not a bucket's).
+    last = step.plan.ops[-1]
+    assert last.name == "mla_func::logits" and (last.index, 0) not in step.buffers.op_out
+
+
+def test_piecewise_logits_run_on_real_sequences():
+    """In a piecewise step whose bucket pads `seqs`, the logits projection sees the real
+    sequences' rows only, and the step returns its result as it is."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from mla_func.compile_step import compile_step
+
+    class Spy(TorchDispatchMode):  # records each logits call: its rows and its result
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[tuple[int, torch.Tensor]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.mla_func.logits.default:
+                self.calls.append((args[1].shape[0], out))
+            return out
+
+    cfg = mf.MLAConfig.preset("tiny")
+    params = mf.init_params(cfg, seed=2)
+    state = mf.init_state(cfg, num_pages=16, page_size=4)
+    ref = mf.init_state(cfg, num_pages=16, page_size=4)
+    step = compile_step(params, state, mode="piecewise", max_tokens=16, max_seqs=8,
+                        max_pages=4, emulate=True, progress=False)
+    alloc = state.allocator
+    work = [mf.SeqWork([5, 6, 7, 8, 9], 0, alloc.reserve(0, 5)),
+            mf.SeqWork([1, 2], 0, alloc.reserve(1, 2))]  # 7 tokens, 2 sequences: bucket 8
+    batch = mf.make_batch(work, 4, 4)
+    assert step.choose(step._merge((state, batch))) == ("piecewise", 8)
+    with Spy() as spy:
+        logits, _ = step(state, batch)
+    want, _ = mf.forward(params, ref, mf.make_batch(work, 4, 4))
+    assert [rows for rows, _ in spy.calls] == [2] and logits.shape == (2, cfg.vocab_size)
+    assert logits is spy.calls[0][1]  # handed over, not copied
+    torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
 
 
 def test_graph_modes_need_cuda():

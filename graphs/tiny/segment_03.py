@@ -13,21 +13,19 @@ Inputs (of this first occurrence):
     in_8: params.layers.2.mlp.shared.gate_up: float32[2, 32, 64]
     in_9: params.layers.2.mlp.shared.down: float32[64, 32]
     in_10: params.norm: float32[64]
-    in_11: batch.logits_index: int32[seqs]
-    in_12: params.lm_head: float32[256, 64]
 Outputs:
-    0: float32[seqs, 256] -> result
+    0: float32[tokens, 64] -> op 3
 """
 
 import torch
 
-def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in_10, in_11, in_12):
-    # mla_func/model.py:85 in attention_block: return o.flatten(1, 2) @ attn.o_proj.flatten(1, 2).T
+def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in_10):
+    # mla_func/model.py:86 in attention_block: return o.flatten(1, 2) @ attn.o_proj.flatten(1, 2).T
     view_default = torch.ops.aten.view.default(in_0, [in_1, 64])
     view_default_1 = torch.ops.aten.view.default(in_2, [64, 64])
     permute_default = torch.ops.aten.permute.default(view_default_1, [1, 0])
     mm_default = torch.ops.aten.mm.default(view_default, permute_default)
-    # mla_func/model.py:44 in add_norm: return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
+    # mla_func/model.py:45 in add_norm: return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
     add_rmsnorm_default = torch.ops.mla_func.add_rmsnorm.default(in_3, mm_default, in_4, 1e-06)
     getitem = add_rmsnorm_default[0]
     getitem_1 = add_rmsnorm_default[1]
@@ -35,13 +33,9 @@ def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in
     moe_route_default = torch.ops.mla_func.moe_route.default(getitem_1, in_5, None, 2, 1, 1, 'greedy', False, 1.0)
     getitem_2 = moe_route_default[0]
     getitem_3 = moe_route_default[1]
-    # mla_func/moe.py:81 in experts_add_norm: return torch.ops.mla_func.moe_experts_add_norm(
+    # mla_func/moe.py:82 in experts_add_norm: return torch.ops.mla_func.moe_experts_add_norm(
     moe_experts_add_norm_default = torch.ops.mla_func.moe_experts_add_norm.default(getitem_1, getitem_2, getitem_3, in_6, in_7, in_8, in_9, getitem, in_10, 1e-06)
     getitem_4 = moe_experts_add_norm_default[0]
     getitem_5 = moe_experts_add_norm_default[1]
-    # mla_func/model.py:120 in forward: return (x[batch.logits_index] @ params.lm_head.T).float(), state
-    index_tensor = torch.ops.aten.index.Tensor(getitem_5, [in_11])
-    permute_default_1 = torch.ops.aten.permute.default(in_12, [1, 0])
-    mm_default_1 = torch.ops.aten.mm.default(index_tensor, permute_default_1)
-    return (mm_default_1,)
+    return (getitem_5,)
     

@@ -163,7 +163,9 @@ def allocate(plan: CapturePlan, leaves: Sequence[torch.Tensor], top: int) -> Buf
             # must not write into the buffer it reads).
             readers = [s.index for s in plan.segments if node in s.inputs]
             readers += [o.index for o in plan.ops if node in o.node.all_input_nodes]
-            last = max(readers, default=op.index)
+            if not readers:  # only the function's output: dispatch returns the op's result
+                continue
+            last = max(readers)
             shape = shape_at(plan, val, top)
             reuse = next((f for f in free if f[0] <= op.index and list(f[1].shape) == shape
                           and f[1].dtype == val.dtype), None)

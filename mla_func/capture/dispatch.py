@@ -14,7 +14,8 @@ capture-time values: that is what the graph-support level of the ops vouches for
 A compiled step is bound to the tensors its graphs read by address: the bound arguments
 (parameters) and every non-dynamic leaf of the others (e.g. a state's cache, written in place).
 Calling it with other such tensors raises `BindingError`. Outputs are copied out of the graph
-pool (their memory is reused by the next replay).
+pool (their memory is reused by the next replay); a splitting op's result that only the
+function's output reads (no buffer, no copy) is returned as the op made it.
 """
 
 from collections.abc import Callable, Sequence
@@ -155,13 +156,14 @@ class CompiledStep:
         # Piecewise graphs read only the leaves segments use (the splitting ops get the live
         # ones); full graphs read them all.
         self._fill(leaves, size, None if kind == "full" else self._segment_leaves())
+        fresh: set[fx.Node] = set()
         if kind == "full":
             bucket = self.full[size]
             bucket.graph.replay()
             outs = list(bucket.outputs)
         else:
-            outs = self._replay_piecewise(self.piecewise[size], leaves, real)
-        return self._outputs(outs, leaves, real, full_args, kind)
+            outs, fresh = self._replay_piecewise(self.piecewise[size], leaves, real)
+        return self._outputs(outs, leaves, real, full_args, fresh)
 
     def _check_bound(self, leaves: Sequence[torch.Tensor]) -> None:
         for i, ptr in self.bound_ptrs.items():
@@ -219,10 +221,14 @@ class CompiledStep:
         return narrow_to(t, [self.plan.traced.evaluate(s, real) for s in val.shape])
 
     def _replay_piecewise(self, bucket: PiecewiseBucket, leaves: Sequence[torch.Tensor],
-                          real: dict[str, int]) -> list[torch.Tensor]:
+                          real: dict[str, int]) -> tuple[list[torch.Tensor], set[fx.Node]]:
+        """The function's outputs, and which of them are splitting-op results that nothing
+        else reads (fresh tensors of the real size, the caller's to keep)."""
         plan = self.plan
         placeholders = plan.placeholder_index()
         op_results: dict[fx.Node, torch.Tensor] = {}
+        out_buf = self.buffers.op_out
+        fresh: set[fx.Node] = set()
 
         def value(a: Any) -> Any:
             if not isinstance(a, fx.Node):
@@ -245,8 +251,8 @@ class CompiledStep:
                 args = fx.node.map_aggregate(op.node.args, value)
                 kwargs = fx.node.map_aggregate(op.node.kwargs, value)
                 out_fn = plan.out_fns[k] if plan.out_fns else None
-                if out_fn is not None:  # straight into the next segment's input, no copy
-                    dst = self._real(op.node, self.buffers.op_out[(op.index, 0)], real)
+                if out_fn is not None and (op.index, 0) in out_buf:  # into the next input
+                    dst = self._real(op.node, out_buf[(op.index, 0)], real)
                     out_fn(*args, out=dst, **kwargs)
                     op_results[op.node] = dst
                     continue
@@ -255,16 +261,21 @@ class CompiledStep:
                     o.args[1]] for o in op.outputs]
                 for j, (node, r) in enumerate(zip(op.outputs, results, strict=True)):
                     op_results[node] = r
-                    narrow_to(self.buffers.op_out[(op.index, j)], r.shape).copy_(r)
-        return [value(n) for n in plan.output_node().args[0]]
+                    if (op.index, j) in out_buf:  # else only the function returns it
+                        narrow_to(out_buf[(op.index, j)], r.shape).copy_(r)
+                        continue
+                    fresh.add(node)
+        return [value(n) for n in plan.output_node().args[0]], fresh
 
     def _outputs(self, outs: list[torch.Tensor], leaves: Sequence[torch.Tensor],
-                 real: dict[str, int], full_args: Sequence[Any], kind: str) -> Any:
+                 real: dict[str, int], full_args: Sequence[Any], fresh: set[fx.Node]) -> Any:
         placeholders = self.plan.placeholder_index()
         final = []
         for node, t in zip(self.plan.output_node().args[0], outs, strict=True):
             if node in placeholders:
                 final.append(leaves[placeholders[node]])
+            elif node in fresh:  # an eager op's own result: no graph pool behind it
+                final.append(t)
             else:
                 final.append(self._real(node, t, real).clone())
         return unflatten(self.plan.traced.out_treedef, iter(final), tuple(full_args))

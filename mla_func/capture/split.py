@@ -1,11 +1,11 @@
 """Stage 3a, split: cut the traced graph at the splitting ops into static segments.
 
 Node order is kept: segment k holds the nodes between splitting op k-1 and k (segment 0 the
-nodes before the first one, the last segment the nodes after the last one), like vLLM's split
-at its attention ops. Each segment becomes a standalone `GraphModule` whose inputs are function
-leaves, outputs of earlier segments, or splitting-op outputs; its code is what `plan.save`
-writes as `segment_NN.py`, and segments with the same code (and input shapes) are one "distinct"
-segment.
+nodes before the first one, the last segment the nodes after the last one; none when a
+splitting op is the function's last computation), like vLLM's split at its attention ops.
+Each segment becomes a standalone `GraphModule` whose inputs are function leaves, outputs of
+earlier segments, or splitting-op outputs; its code is what `plan.save` writes as
+`segment_NN.py`, and segments with the same code (and input shapes) are one "distinct" segment.
 """
 
 import operator
@@ -89,6 +89,8 @@ def split_graph(gm: fx.GraphModule, splitting: Mapping[str, object]
             continue
         segments[-1].nodes.append(n)
         where[n] = segments[-1].index
+    if ops and not segments[-1].nodes:  # the function ends with a splitting op
+        segments.pop()
     output = next(n for n in gm.graph.nodes if n.op == "output")
     for seg in segments:
         members = set(seg.nodes)
