@@ -43,22 +43,32 @@ class AttentionBackend:
     graph_support: GraphSupport
     run: AttnFn
     doc: str = ""
+    # Why the backend cannot run on a device (None: it can); asked before any state changes.
+    unavailable: Callable[[torch.device], str | None] | None = None
 
 
 BACKENDS: dict[str, AttentionBackend] = {}
+LAZY_BACKENDS = ("triton",)  # registered when first asked for (importing them loads Triton)
 
 
 def register_backend(backend: AttentionBackend) -> None:
     BACKENDS[backend.name] = backend
 
 
-def get_backend(name: str) -> AttentionBackend:
+def get_backend(name: str, device: torch.device | str | None = None) -> AttentionBackend:
+    """The backend called `name`; given `device`, a ValueError if it cannot run there."""
     if name not in BACKENDS:
         if name == "triton":
             import mla_func.kernels.backend  # noqa: F401  (registers "triton")
         if name not in BACKENDS:
-            raise ValueError(f"unknown attention backend {name!r}; known: {sorted(BACKENDS)}")
-    return BACKENDS[name]
+            known = sorted(set(BACKENDS) | set(LAZY_BACKENDS))
+            raise ValueError(f"unknown attention backend {name!r}; known: {known}")
+    backend = BACKENDS[name]
+    if device is not None and backend.unavailable is not None:
+        why = backend.unavailable(torch.device(device))
+        if why is not None:
+            raise ValueError(f"attention backend {name!r} cannot run on {device}: {why}")
+    return backend
 
 
 # Prompts at least this long (new tokens of one sequence) use the MHA form in the torch backend.

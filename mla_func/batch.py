@@ -43,6 +43,8 @@ class Batch:
     logits_index: Int[Tensor, " seqs"] = field(metadata=_pad(0))
     # CPU, never padded: the real counts, in the order of HOST_FIELDS.
     host: Int[Tensor, " 5"] = field(metadata={"host": True})
+    # The cache page size the slots and page table were laid out for (forward checks it).
+    page_size: int
     backend: str = "torch"
 
     def count(self, name: str) -> int:
@@ -102,6 +104,8 @@ def make_batch(
         n = len(w.token_ids)
         if n == 0:
             raise BatchError(f"sequence {i} has no new tokens")
+        if w.start < 0:
+            raise BatchError(f"sequence {i} starts at {w.start}: cached tokens cannot be < 0")
         if n == 1 and w.start > 0 and not seen_prefill:
             decodes += 1
         else:
@@ -158,5 +162,5 @@ def make_batch(
         token_ids=parts[0], positions=parts[1], slot_mapping=parts[2], token_seq=parts[3],
         page_table=parts[8].view(len(table), max_pages), seq_lens=parts[4],
         query_start=parts[5], query_lens=parts[6], logits_index=parts[7], host=host,
-        backend=backend,
+        page_size=page_size, backend=backend,
     )

@@ -51,7 +51,8 @@ def decode_batch(size: int, max_pages: int, page_size: int, device: "str | torch
     return Batch(
         token_ids=full(0), positions=full(seq_len - 1), slot_mapping=full(-1), token_seq=rows,
         page_table=full(SCRATCH_PAGE, size, max_pages), seq_lens=full(seq_len),
-        query_start=rows, query_lens=full(1), logits_index=rows, host=host, backend=backend)
+        query_start=rows, query_lens=full(1), logits_index=rows, host=host,
+        page_size=page_size, backend=backend)
 
 
 def plan_step(params: Params, state: KVState, *, max_tokens: int | None = None,
@@ -60,7 +61,10 @@ def plan_step(params: Params, state: KVState, *, max_tokens: int | None = None,
     """The capture plan of `forward` (works on the meta device: no memory, no GPU)."""
     max_pages = max_pages or state.num_pages - 1
     example = decode_batch(2, max_pages, state.page_size, params.device, backend)
-    sizes = {k: v for k, v in (("tokens", max_tokens), ("seqs", max_seqs)) if v}
+    sizes = {k: v for k, v in (("tokens", max_tokens), ("seqs", max_seqs)) if v is not None}
+    for name, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"max_{name} must be a positive int; got {v!r}")
     cfg = params.cfg
     return plan_capture(
         forward, params, state, example, dims=VOCABULARY, max_sizes=sizes,
@@ -85,6 +89,7 @@ def compile_step(params: Params, state: KVState, *, mode: str, max_tokens: int |
     if not emulate and not torch.cuda.is_available():
         raise CudaRequiredError(f"mode {mode!r} captures CUDA graphs and needs a CUDA device; "
                                 "none is available (use mode='eager')")
+    get_backend(backend, params.device)  # before planning: a backend that cannot run here
     max_pages = max_pages or state.num_pages - 1
     plan = plan_step(params, state, max_tokens=max_tokens, max_seqs=max_seqs,
                      max_pages=max_pages, backend=backend)

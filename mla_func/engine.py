@@ -42,6 +42,7 @@ and the launched-step record in `mla_func.request`, the progress bar in `mla_fun
 the public names are re-exported here.
 """
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -128,9 +129,12 @@ class Engine:
     ) -> None:
         check_mode(mode, params)
         if params.cfg != cfg:
-            raise ValueError("cfg does not match params.cfg: pass the config the params were "
-                             "built or loaded with")
-        get_backend(attention_backend)
+            differ = [f.name for f in dataclasses.fields(cfg)
+                      if getattr(cfg, f.name) != getattr(params.cfg, f.name)]
+            raise ValueError(f"cfg does not match params.cfg (fields that differ: "
+                             f"{', '.join(differ)}): pass the config the params were built or "
+                             "loaded with")
+        get_backend(attention_backend, params.device)
         for name, value in (("page_size", page_size), ("max_batch_tokens", max_batch_tokens),
                             ("max_seqs", max_seqs)):
             positive_int(name, value)

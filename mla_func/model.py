@@ -17,7 +17,7 @@ from torch import Tensor
 
 import mla_func.kernels.norm  # noqa: F401  (registers rmsnorm / add_rmsnorm)
 from mla_func.attention import attend
-from mla_func.batch import Batch
+from mla_func.batch import Batch, BatchError
 from mla_func.config import MLAConfig
 from mla_func.kernels.router import route_fused
 from mla_func.ops.mlp import swiglu
@@ -109,6 +109,9 @@ def forward(
 ) -> tuple[Float[Tensor, "seqs vocab"], KVState]:
     """One step over a mixed batch. Consumes `state`: the returned state is the same buffers,
     with this step's tokens written. Logits (float32) are for each sequence's last new token."""
+    if batch.page_size != state.page_size:  # slots and page ids would address other rows
+        raise BatchError(f"the batch was laid out for cache pages of {batch.page_size} tokens; "
+                         f"this state's pages hold {state.page_size}")
     cfg, eps, layers = params.cfg, params.cfg.rms_norm_eps, params.layers
     h = params.embed[batch.token_ids]
     x = norm(h, layers[0].input_norm, eps)

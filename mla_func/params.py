@@ -156,6 +156,8 @@ def init_params(
     dtype: torch.dtype = torch.float32,
 ) -> Params:
     """Random parameters, deterministic per (seed, device); on `meta` nothing is allocated."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"parameters need a floating-point dtype; got {dtype}")
     device = torch.device(device)
     meta = device.type == "meta"
     gen = None if meta else torch.Generator(device=device).manual_seed(seed)

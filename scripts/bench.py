@@ -27,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     from scripts import bench_step
 
     args, rest = parse(argv)
+    if args.what == "step" and rest:  # the others take what the step's parser left
+        raise SystemExit(f"bench step: unknown arguments {' '.join(rest)}")
+    import torch
+
+    if not torch.cuda.is_available():  # before anything is written under --out
+        raise SystemExit(f"bench {args.what} needs a CUDA GPU; none is available")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     results = {}
     for name in (["kernels", "moe", "capture", "step"] if args.what == "all" else [args.what]):

@@ -57,7 +57,7 @@ def gpu_report(args, out: str) -> dict:
                         max_seqs=args.max_seqs, max_pages=max_pages, backend=args.backend)
     report = {"preset": args.preset, "dtype": args.dtype, **step.report, "buckets_checked": []}
     full_args = lambda b: step._merge((state, b))  # noqa: E731
-    sizes = [int(s) for s in args.check.split(",")]
+    sizes = args.check
     for kind in ("full", "piecewise"):
         table = step.full if kind == "full" else step.piecewise
         for size in [s for s in sizes if s in table]:
@@ -79,19 +79,38 @@ def gpu_report(args, out: str) -> dict:
     return report
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        return [_positive(s) for s in text.split(",")]
+    except ValueError as err:  # ArgumentTypeError or int()'s
+        raise argparse.ArgumentTypeError(f"a comma-separated list of sizes: {err}") from err
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="tiny", choices=sorted(GEOMETRY))
     p.add_argument("--out", default=None)
-    p.add_argument("--backend", default="torch")
-    p.add_argument("--mode", default="full_and_piecewise")
-    p.add_argument("--max-tokens", type=int, default=None)
-    p.add_argument("--max-seqs", type=int, default=None)
+    p.add_argument("--backend", default="torch", choices=("torch", "triton"))
+    p.add_argument("--mode", default="full_and_piecewise",
+                   choices=("piecewise", "full", "full_and_piecewise"))
+    p.add_argument("--max-tokens", type=_positive, default=None)
+    p.add_argument("--max-seqs", type=_positive, default=None)
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
-    p.add_argument("--check", default="1,8,32,128,512", help="buckets to compare with eager")
+    p.add_argument("--check", default=[1, 8, 32, 128, 512], type=_sizes,
+                   help="buckets to compare with eager (comma-separated)")
     p.add_argument("--plan-only", action="store_true")
     args = p.parse_args(argv)
     out = args.out or os.path.join("graphs", args.preset)
+    for stale in ("capture_report.json", "graph.dot"):  # a GPU run's, not this plan's
+        if os.path.exists(os.path.join(out, stale)):
+            os.remove(os.path.join(out, stale))
     start = time.perf_counter()
     plan = build_plan(args.preset, args.backend, args.max_tokens, args.max_seqs)
     paths = plan.save(out)

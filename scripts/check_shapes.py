@@ -251,8 +251,8 @@ def check(preset: str, break_dim: str | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", nargs="+", default=["tiny"], help="tiny | v2-lite | v3 (several: "
-                    "one process, one import)")
+    ap.add_argument("--preset", nargs="+", default=["tiny"], choices=("tiny", "v2-lite", "v3"),
+                    help="several: one process, one import")
     ap.add_argument("--break", dest="break_dim", metavar="DIM",
                     help="grow axis DIM of one input tensor by one (shows the failure)")
     args = ap.parse_args(argv)

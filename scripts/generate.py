@@ -16,27 +16,51 @@ import time
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MODES = ("eager", "piecewise", "full", "full_and_piecewise")
+
+
+def _count(least: int):
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+    parse.__name__ = f"integer >= {least}"  # how argparse names the type in its errors
+    return parse
+
+
+def _device(text: str) -> str:
+    try:
+        device = torch.device(text)
+    except RuntimeError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError("no CUDA device is available (use --device cpu)")
+    return text
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     src = ap.add_mutually_exclusive_group()
-    src.add_argument("--preset", default=None, help="tiny | v2-lite | v3 (random weights)")
+    src.add_argument("--preset", default=None, choices=("tiny", "v2-lite", "v3"),
+                     help="random weights (default: tiny)")
     src.add_argument("--checkpoint", default=None, help="HF checkpoint directory (load_hf)")
-    ap.add_argument("--prompts", type=int, default=4, help="number of prompts")
-    ap.add_argument("--prompt-len", type=int, default=16)
-    ap.add_argument("--max-new-tokens", type=int, default=8)
-    ap.add_argument("--mode", default="eager", help="eager | piecewise | full | full_and_piecewise")
-    ap.add_argument("--backend", default="torch", help="attention backend: torch | triton")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--prompts", type=_count(1), default=4, help="number of prompts")
+    ap.add_argument("--prompt-len", type=_count(1), default=16)
+    ap.add_argument("--max-new-tokens", type=_count(1), default=8)
+    ap.add_argument("--mode", default="eager", choices=MODES)
+    ap.add_argument("--backend", default="torch", choices=("torch", "triton"),
+                    help="attention backend")
+    ap.add_argument("--device", type=_device,
+                    default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None, choices=sorted(DTYPES),
                     help="default: bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--page-size", type=int, default=16)
-    ap.add_argument("--max-batch-tokens", type=int, default=512)
-    ap.add_argument("--max-seqs", type=int, default=64)
+    ap.add_argument("--page-size", type=_count(1), default=16)
+    ap.add_argument("--max-batch-tokens", type=_count(1), default=512)
+    ap.add_argument("--max-seqs", type=_count(1), default=64)
     ap.add_argument("--no-eos", action="store_true", help="ignore eos: always generate M tokens")
-    ap.add_argument("--show", type=int, default=3, help="prompts whose tokens are printed")
+    ap.add_argument("--show", type=_count(0), default=3, help="prompts whose tokens are printed")
     args = ap.parse_args(argv)
     if args.preset is None and args.checkpoint is None:
         args.preset = "tiny"
@@ -60,17 +84,22 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     t0 = time.perf_counter()
-    cfg, params = load(args)
-    load_s = time.perf_counter() - t0
-    gen = torch.Generator().manual_seed(args.seed)
-    # Random ids away from the special tokens at the start of the vocabulary.
-    low = min(2, cfg.vocab_size - 1)
-    prompts = torch.randint(low, cfg.vocab_size, (args.prompts, args.prompt_len), generator=gen)
-    out = mf.generate(
-        cfg, params, prompts.tolist(), args.max_new_tokens, mode=args.mode,
-        attention_backend=args.backend, page_size=args.page_size,
-        max_batch_tokens=args.max_batch_tokens, max_seqs=args.max_seqs,
-        eos_token_id=None if args.no_eos else "config")
+    try:  # what the user can get wrong (checkpoint, sizes, backend) ends in one line, exit 2
+        cfg, params = load(args)
+        load_s = time.perf_counter() - t0
+        gen = torch.Generator().manual_seed(args.seed)
+        # Random ids away from the special tokens at the start of the vocabulary.
+        low = min(2, cfg.vocab_size - 1)
+        prompts = torch.randint(low, cfg.vocab_size, (args.prompts, args.prompt_len),
+                                generator=gen)
+        out = mf.generate(
+            cfg, params, prompts.tolist(), args.max_new_tokens, mode=args.mode,
+            attention_backend=args.backend, page_size=args.page_size,
+            max_batch_tokens=args.max_batch_tokens, max_seqs=args.max_seqs,
+            eos_token_id=None if args.no_eos else "config")
+    except ValueError as err:  # the package's input errors are ValueError subclasses
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     source = args.checkpoint or f"preset {args.preset} (random weights)"
     print(f"{source}: {args.prompts} prompts x {args.prompt_len} tokens, max_new_tokens "
           f"{args.max_new_tokens}, mode {args.mode}, backend {args.backend}, {args.device} "

@@ -40,6 +40,15 @@ def test_allocator_needs_two_pages():
         mf.PageAllocator(1, 4)
 
 
+@pytest.mark.parametrize("kw, words", [
+    (dict(num_pages=1), "num_pages must be an int >= 2; got 1"),
+    (dict(num_pages=8, page_size=0), "page_size must be an int >= 1; got 0"),
+])
+def test_init_state_checks_its_sizes(kw, words):
+    with pytest.raises(ValueError, match=words):
+        mf.init_state(mf.MLAConfig.preset("tiny"), **kw)
+
+
 def test_init_state_shapes():
     cfg = mf.MLAConfig.preset("tiny")
     state = mf.init_state(cfg, num_pages=6, page_size=4)
@@ -91,6 +100,7 @@ def test_one_token_prompt_is_a_prefill():
     ([mf.SeqWork([1] * 5, 0, [1])], {}, "5 tokens need more than 1 pages"),
     ([mf.SeqWork([1], 0, [1, 2, 3, 4])], {}, "max_pages is 3"),
     ([mf.SeqWork([1], 0, [0])], {}, "scratch page"),
+    ([mf.SeqWork([1], -2, [1])], {}, "starts at -2"),
 ])
 def test_make_batch_errors(work, kw, words):
     with pytest.raises(mf.BatchError, match=words):

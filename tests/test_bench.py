@@ -1,5 +1,8 @@
 """scripts/bench.py's command line (the benchmarks themselves need a GPU)."""
 
+import pytest
+import torch
+
 from scripts.bench import parse
 
 
@@ -25,3 +28,21 @@ def test_distinct_experts_counts_every_moe_layer():
     seen = count_distinct_experts(params, state, batch)
     assert len(seen) == sum(isinstance(layer.mlp, MoE) for layer in params.layers) > 0
     assert all(1 <= n <= cfg.n_routed_experts for n in seen)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
+@pytest.mark.parametrize("what", ["step", "kernels", "moe", "capture", "all"])
+def test_bench_without_cuda_fails_clearly_and_writes_nothing(what, tmp_path):
+    from scripts.bench import main
+
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match=f"bench {what} needs a CUDA GPU"):
+        main([what, "--out", str(out)])
+    assert not out.exists()
+
+
+def test_bench_step_rejects_unknown_arguments(tmp_path):
+    from scripts.bench import main
+
+    with pytest.raises(SystemExit, match="unknown arguments --batchez 3"):
+        main(["step", "--batchez", "3", "--out", str(tmp_path / "out")])

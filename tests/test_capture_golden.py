@@ -48,3 +48,23 @@ def test_golden_tiny_plan(tmp_path):
         for p in paths[1:]:
             with open(p) as f, open(os.path.join(GOLDEN, os.path.basename(p))) as g:
                 assert _norm(f.read()) == _norm(g.read()), f"{os.path.basename(p)} changed"
+
+
+def test_capture_script_rejects_bad_arguments_and_clears_stale_artifacts(tmp_path, capsys):
+    import pytest
+
+    from scripts.capture import main
+
+    for bad in (["--max-tokens", "0"], ["--max-seqs", "-3"], ["--check", "1,x"],
+                ["--mode", "bogus"], ["--backend", "flash"]):
+        with pytest.raises(SystemExit) as info:
+            main(["--plan-only", "--out", str(tmp_path), *bad])
+        assert info.value.code == 2, bad
+        assert f"argument {bad[0]}:" in capsys.readouterr().err  # names the flag
+    assert not os.listdir(tmp_path)  # nothing written on a bad command line
+    # A reused --out: an earlier plan's extra segment and a GPU run's report do not survive.
+    for stale in ("segment_09.py", "graph.dot", "capture_report.json"):
+        (tmp_path / stale).write_text("old")
+    assert main(["--plan-only", "--out", str(tmp_path)]) == 0
+    assert sorted(os.listdir(tmp_path)) == [
+        "plan.json", "segment_00.py", "segment_01.py", "segment_02.py", "segment_03.py"]

@@ -86,3 +86,11 @@ def test_explain_names_dim_and_sizes(check_shapes):
     out = check_shapes.explain(f, {"x": torch.zeros(3, 4), "w": torch.zeros(4)},
                                torch.zeros(2, 4), True)
     assert out.startswith("dimension 'tokens': the return value axis 0 has size 2")
+
+
+def test_unknown_preset_is_an_argument_error(capsys):
+    from scripts.check_shapes import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--preset", "tiny", "bogus"])  # refused before tiny runs
+    assert info.value.code == 2 and "invalid choice: 'bogus'" in capsys.readouterr().err

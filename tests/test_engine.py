@@ -149,6 +149,26 @@ def test_bad_arguments_raise(model, count_steps, kw):
     assert count_steps == []
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error")
+def test_triton_backend_on_cpu_needs_the_interpreter(model, count_steps, monkeypatch):
+    """Without the interpreter, the triton backend fails at construction, naming the fix, not
+    inside a step after pages were reserved; unknown names list the lazy backend too."""
+    cfg, params = model
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="'triton' cannot run on cpu.*TRITON_INTERPRET=1"):
+        mf.generate(cfg, params, [[4, 5]], 2, attention_backend="triton")
+    with pytest.raises(ValueError, match=r"backend 'flash'; known: \[.*'triton'"):
+        mf.generate(cfg, params, [[4, 5]], 2, attention_backend="flash")
+    assert count_steps == []
+
+
+def test_config_mismatch_names_the_fields(model, count_steps):
+    cfg, params = model
+    with pytest.raises(ValueError, match="fields that differ: rope_theta"):
+        mf.generate(cfg.with_(rope_theta=5.0), params, [[4, 5]], 2)
+    assert count_steps == []
+
+
 def test_prompt_longer_than_positions(model):
     cfg, params = model
     with pytest.raises(eng.PromptTooLongError, match="max_position_embeddings"):
@@ -255,6 +275,27 @@ def test_generate_script_checkpoint(model, tmp_path, capsys):
     out = run_script(["--checkpoint", str(tmp_path), "--prompts", "1", "--prompt-len", "4",
                       "--max-new-tokens", "2", "--no-eos"], capsys)
     assert f"{tmp_path}: 1 prompts x 4 tokens" in out and "(2 tokens, 4 prompt tokens" in out
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--prompts", "0"], "argument --prompts: must be at least 1"),
+    (["--mode", "bogus"], "argument --mode: invalid choice"),
+    (["--device", "gpu"], "argument --device"),
+])
+def test_generate_script_rejects_bad_arguments(args, words, capsys):
+    from scripts.generate import main
+
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_generate_script_reports_input_errors_in_one_line(tmp_path, capsys):
+    from scripts.generate import main
+
+    assert main(["--checkpoint", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
 
 
 def test_tensor_prompts(model, reference):

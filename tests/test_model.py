@@ -110,3 +110,20 @@ def test_fused_kernels_match_the_reference_path(tiny, monkeypatch):
         logits, _ = mf.forward(params, state, mf.make_batch([mf.SeqWork([9], 11, pages)], 4, 4))
         outs.append(logits)
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+
+
+def test_batch_for_another_page_size_is_refused(tiny):
+    """Slots and page ids laid out for 8-token pages address other rows of a 16-token-page
+    cache: forward refuses the batch before writing anything."""
+    cfg, params = tiny
+    state = mf.init_state(cfg, num_pages=8, page_size=16)
+    batch = mf.make_batch([mf.SeqWork([5, 6, 7], 0, [1])], page_size=8, max_pages=4)
+    before = state.cache.clone()
+    with pytest.raises(mf.BatchError, match="pages of 8 tokens; this state's pages hold 16"):
+        mf.forward(params, state, batch)
+    assert torch.equal(state.cache, before)
+
+
+def test_params_need_a_floating_dtype():
+    with pytest.raises(ValueError, match="floating-point dtype; got torch.int32"):
+        mf.init_params(mf.MLAConfig.preset("tiny"), dtype=torch.int32)

@@ -17,7 +17,7 @@ Outputs:
 import torch
 
 def forward(self, in_0, in_1, in_2, in_3):
-    # mla_func/model.py:113 in forward: h = params.embed[batch.token_ids]
+    # mla_func/model.py:116 in forward: h = params.embed[batch.token_ids]
     index_tensor = torch.ops.aten.index.Tensor(in_0, [in_1])
     # mla_func/model.py:53 in norm: return torch.ops.mla_func.rmsnorm(x, weight, eps)
     rmsnorm_default = torch.ops.mla_func.rmsnorm.default(index_tensor, in_2, 1e-06)

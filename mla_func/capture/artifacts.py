@@ -168,7 +168,13 @@ def segment_source(plan: CapturePlan, seg: Segment) -> str:
 
 
 def save_plan(plan: CapturePlan, directory: str) -> list[str]:
+    """Write plan.json and one segment_NN.py per distinct segment into `directory`; segment
+    files an earlier, larger plan left there are removed (they would read as this plan's)."""
     os.makedirs(directory, exist_ok=True)
+    keep = {f"segment_{d:02d}.py" for d in set(plan.distinct)}
+    for name in os.listdir(directory):
+        if re.fullmatch(r"segment_\d+\.py", name) and name not in keep:
+            os.remove(os.path.join(directory, name))
     written = []
     path = os.path.join(directory, "plan.json")
     with open(path, "w") as f:

@@ -12,6 +12,9 @@ prologue (rope, latent norm) and the cache write share one launch with the query
 its own.
 """
 
+import os
+
+import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
@@ -85,9 +88,20 @@ class TritonMLA:
 
 BACKEND = TritonMLA()
 
+def unavailable(device: torch.device) -> str | None:
+    """Triton kernels need a CUDA device, or Triton's CPU interpreter (TRITON_INTERPRET=1,
+    read when Triton is first imported: set it before importing mla_func)."""
+    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    return ("its kernels need a CUDA device, or Triton's CPU interpreter (set "
+            "TRITON_INTERPRET=1 before the first import; slow: for tests); use the 'torch' "
+            "backend on the CPU")
+
+
 register_backend(AttentionBackend(
     "triton", GraphSupport.UNIFORM_SINGLE_TOKEN_DECODE, BACKEND.run,
     "Triton split-KV absorbed decode (launch shape from bucket + capacity, owned workspace); "
-    "prefill picks absorbed or MHA from host metadata, so only single-token decode is uniform"))
+    "prefill picks absorbed or MHA from host metadata, so only single-token decode is uniform",
+    unavailable))
 
 __all__ = ["BACKEND", "TritonMLA"]
