@@ -18,32 +18,21 @@ result, memory holds about one checkpoint tensor. The layout we map into is para
 import json
 import math
 import re
-from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 # Writing lives in checkpoint_write.py; re-exported so that one import serves both directions.
-from mla_func.checkpoint_write import INDEX_FILE, hf_tensors, save_hf
-from mla_func.config import MLAConfig
+from mla_func.checkpoint_write import INDEX_FILE, CheckpointError, hf_tensors, save_hf
+from mla_func.config import MLAConfig, read_config_json
 from mla_func.params import Attention, DenseMLP, Layer, MoE, Params, yarn_inv_freq
 
 SCALE_SUFFIX = "_scale_inv"  # block-FP8: `<name>.weight_scale_inv` next to `<name>.weight`
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that does not match its config: lists every offending key."""
-
-    def __init__(self, message: str, missing: Sequence[str] = (),
-                 unexpected: Sequence[str] = (), mismatched: Sequence[str] = ()) -> None:
-        super().__init__(message)
-        self.missing, self.unexpected = list(missing), list(unexpected)
-        self.mismatched = list(mismatched)
 
 
 def _mlp_keys(prefix: str, inter: int, hidden: int) -> dict[str, tuple[int, ...]]:
@@ -95,7 +84,10 @@ def expected_shapes(cfg: MLAConfig, fused_layers: frozenset[int] = frozenset()
 def _weight_files(directory: Path) -> list[Path]:
     index = directory / INDEX_FILE
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{index} is not a safetensors index ({e!r})") from e
         absent = [n for n in names if not (directory / n).is_file()]
         if absent:
             raise CheckpointError(f"{index} names shard(s) that do not exist: {absent}")
@@ -134,7 +126,10 @@ class _Reader:
         self.rope_perm: Tensor | None = None  # set for rope_interleave=False checkpoints
         duplicated = []
         for path in files:
-            handle = stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
+            try:
+                handle = stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
+            except SafetensorError as e:  # truncated or not safetensors: a format error only
+                raise CheckpointError(f"{path} is not a readable safetensors file: {e}") from e
             for key in handle.keys():
                 if key in self.where:
                     duplicated.append(key)
@@ -186,13 +181,20 @@ def load_hf(
     directory: "str | Path", device: "str | torch.device" = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> tuple[MLAConfig, Params]:
-    """Config and parameters of an HF DeepSeek-V2/V3 checkpoint directory, each tensor cast to
-    `dtype` on `device` (V3's e_score_correction_bias stays float32, as in transformers).
-    Raises CheckpointError listing every bad key, before reading any tensor, if the weights do
-    not match the config. A rope_interleave=False checkpoint comes back interleaved."""
+    """Config and parameters of an HF DeepSeek-V2/V3 checkpoint directory (or its config.json,
+    as `MLAConfig.from_hf` takes), each tensor cast to `dtype` on `device` (V3's
+    e_score_correction_bias stays float32, as in transformers). Raises, before reading any
+    tensor, ConfigError for an absent or invalid config.json and CheckpointError for unreadable
+    weights or weights that do not match the config (listing every bad key). A
+    rope_interleave=False checkpoint comes back interleaved."""
     directory, device = Path(directory), torch.device(device)
+    if directory.name == "config.json" and directory.is_file():
+        directory = directory.parent
+    elif directory.is_file():
+        raise CheckpointError(f"{directory} is a file: load_hf takes a checkpoint directory "
+                              "or its config.json")
+    raw = read_config_json(directory)
     cfg = MLAConfig.from_hf(directory)
-    raw = json.loads((directory / "config.json").read_text())
     mtp_layers = int(raw.get("num_nextn_predict_layers", raw.get("num_mtp_layers", 0)) or 0)
     with ExitStack() as stack:
         reader = _Reader(_weight_files(directory), stack, _fp8_block(raw))

@@ -1,11 +1,21 @@
 """HF checkpoint writing: `(MLAConfig, Params)` -> config.json + safetensors, in DeepSeek's
 original per-expert naming (what the hub ships and `checkpoint.load_hf` reads back), optionally
 sharded with `model.safetensors.index.json`. Tensors are streamed one at a time.
+
+Saving over a checkpoint replaces it: everything is written into a temporary directory beside
+the target first, so a failure part way leaves the old checkpoint as it was; only then are the
+target's checkpoint files that the new one lacks removed (a stale index would otherwise make
+`load_hf` read the old shards) and the new files moved in. Other files (a tokenizer) are kept.
+This module also owns `CheckpointError`, which `checkpoint.py` re-exports.
 """
 
 import json
 import math
-from collections.abc import Iterator
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -16,6 +26,21 @@ from mla_func.config import MLAConfig
 from mla_func.params import DenseMLP, Params, split_qkv_a
 
 INDEX_FILE = "model.safetensors.index.json"
+# Every file name this format writes, this writer's part files included (older versions left
+# them in the target): the files a save may remove from its target.
+_OWNED = re.compile(r"config\.json|model\.safetensors(\.index\.json)?"
+                    r"|model-\d+-of-\d+\.safetensors|part-\d+\.tmp")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read, does not match its config, or was asked to be saved
+    with a config other than its params'; key mismatches list every offending key."""
+
+    def __init__(self, message: str, missing: Sequence[str] = (),
+                 unexpected: Sequence[str] = (), mismatched: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.missing, self.unexpected = list(missing), list(unexpected)
+        self.mismatched = list(mismatched)
 
 
 def hf_tensors(params: Params) -> Iterator[tuple[str, Tensor]]:
@@ -63,9 +88,32 @@ def hf_tensors(params: Params) -> Iterator[tuple[str, Tensor]]:
 def save_hf(cfg: MLAConfig, params: Params, directory: "str | Path",
             max_shard_bytes: int | None = None) -> None:
     """Write config.json and safetensors weights in DeepSeek's per-expert naming (what the hub
-    ships); with `max_shard_bytes`, as shards plus `model.safetensors.index.json`."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    ships); with `max_shard_bytes`, as shards plus `model.safetensors.index.json`. Replaces a
+    checkpoint already in `directory` (see the module docstring); CheckpointError, before
+    anything is written, if `cfg` is not `params.cfg`."""
+    if cfg != params.cfg:
+        differ = [f"{f.name}={getattr(cfg, f.name)!r} (params: {getattr(params.cfg, f.name)!r})"
+                  for f in fields(cfg) if getattr(cfg, f.name) != getattr(params.cfg, f.name)]
+        raise CheckpointError("cfg does not match params.cfg, the config the params were built "
+                              "or loaded with: " + ", ".join(differ))
+    target = Path(directory).resolve()  # resolved: the temporary directory shares its device
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.saving-", dir=target.parent))
+    try:
+        _write(cfg, params, staging, max_shard_bytes)
+        target.mkdir(exist_ok=True)
+        new = {p.name for p in staging.iterdir()}
+        for old in target.iterdir():
+            if _OWNED.fullmatch(old.name) and old.name not in new and old.is_file():
+                old.unlink()
+        # config.json last: until it moves, the target's config is the old one or none.
+        for name in sorted(new, key=lambda n: n == "config.json"):
+            (staging / name).replace(target / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write(cfg: MLAConfig, params: Params, directory: Path, max_shard_bytes: int | None) -> None:
     hf = cfg.to_hf_dict()
     hf["dtype"] = str(params.dtype).removeprefix("torch.")
     (directory / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")

@@ -116,6 +116,23 @@ def _step_function(params: Params, state: KVState, mode: str, backend: str, max_
                         max_pages=max_pages, backend=backend, progress=progress is not False)
 
 
+def eos_ids(eos_token_id: "int | Sequence[int] | str | None", cfg: MLAConfig
+            ) -> tuple[int, ...]:
+    """The ids that end a request: the config's ("config"), none (None), or the given ones,
+    each checked against the vocabulary."""
+    if eos_token_id == "config":
+        return cfg.eos_token_ids
+    if eos_token_id is None:
+        return ()
+    ids = (eos_token_id,) if isinstance(eos_token_id, int) else eos_token_id
+    if isinstance(ids, str) or not isinstance(ids, Sequence) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < cfg.vocab_size
+            for i in ids):
+        raise ValueError(f"eos_token_id must be 'config', None, or token id(s) in "
+                         f"[0, {cfg.vocab_size}); got {eos_token_id!r}")
+    return tuple(ids)
+
+
 class Engine:
     """A long-lived continuous-batching engine: `submit` requests, `step` or `run`, read
     `result`. It owns its KVState; see the module docstring for the policy and errors."""
@@ -124,8 +141,8 @@ class Engine:
         self, cfg: MLAConfig, params: Params, *, num_pages: int, mode: str = "eager",
         attention_backend: str = "torch", page_size: int = 16, max_batch_tokens: int = 512,
         max_seqs: int = 64, max_seq_len: int | None = None,
-        eos_token_id: int | Literal["config"] | None = "config", return_logits: bool = False,
-        progress: bool | None = None,
+        eos_token_id: int | Sequence[int] | Literal["config"] | None = "config",
+        return_logits: bool = False, progress: bool | None = None,
     ) -> None:
         check_mode(mode, params)
         if params.cfg != cfg:
@@ -146,7 +163,7 @@ class Engine:
         self.max_pages = -(-self.max_seq_len // page_size)
         self.cfg, self.params, self.backend = cfg, params, attention_backend
         self.page_size, self.max_batch_tokens, self.max_seqs = page_size, max_batch_tokens, max_seqs
-        self.eos = cfg.eos_token_id if eos_token_id == "config" else eos_token_id
+        self.eos = eos_ids(eos_token_id, cfg)
         self.return_logits = return_logits
         self.state: KVState = init_state(cfg, num_pages, page_size, params.device, params.dtype)
         self._step_fn = _step_function(params, self.state, mode, attention_backend,
@@ -259,8 +276,8 @@ class Engine:
             generated += 1
             if launched.logits is not None:
                 req.logits.append(launched.logits[row].cpu())
-            if ids[row] == self.eos or len(req.tokens) == req.max_new_tokens:
-                req.status = "eos" if ids[row] == self.eos else "length"
+            if ids[row] in self.eos or len(req.tokens) == req.max_new_tokens:
+                req.status = "eos" if ids[row] in self.eos else "length"
                 alloc.release(req.rid)
                 self._running.remove(req)
         return generated
@@ -286,13 +303,14 @@ def generate(
     cfg: MLAConfig, params: Params, prompts: Sequence[Prompt] | Tensor, max_new_tokens: int = 8,
     mode: str = "eager", attention_backend: str = "torch", return_logits: bool = False, *,
     page_size: int = 16, num_pages: int | None = None, max_batch_tokens: int = 512,
-    max_seqs: int = 64, eos_token_id: int | Literal["config"] | None = "config",
+    max_seqs: int = 64, eos_token_id: int | Sequence[int] | Literal["config"] | None = "config",
     progress: bool | None = None, on_error: str = "raise",
 ) -> GenerateOutput:
     """Greedy generation for every prompt with continuous batching (see the module docstring).
 
     `num_pages=None` sizes the cache so that `max_seqs` requests can run at once; eos_token_id
-    "config" means cfg.eos_token_id, None disables it; progress None shows a bar only on runs
+    "config" means cfg.eos_token_ids (every id a config.json list gives), None disables it, an
+    id or a sequence of ids replaces them; progress None shows a bar only on runs
     longer than a couple of seconds."""
     check_mode(mode, params)
     positive_int("max_new_tokens", max_new_tokens)

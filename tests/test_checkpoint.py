@@ -208,3 +208,76 @@ def test_no_weights_or_missing_shard(tmp_path):
     next(iter(sorted((tmp_path / "b").glob("*.safetensors")))).unlink()
     with pytest.raises(CheckpointError, match="shard"):
         load_hf(tmp_path / "b")
+
+
+def test_save_over_a_checkpoint_replaces_it(tmp_path):
+    """An old index or shard left behind would be read instead of the new weights."""
+    old = saved(TINY, tmp_path, seed=0, max_shard_bytes=40_000)
+    (tmp_path / "tokenizer.json").write_text("{}")  # not the format's: kept
+    (tmp_path / "part-00007.tmp").write_bytes(b"left by a crashed save")
+    new = saved(TINY, tmp_path, seed=1)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert_params_equal(new, load_hf(tmp_path)[1])
+    newer = saved(V3ISH, tmp_path, seed=2, max_shard_bytes=40_000)
+    assert not (tmp_path / "model.safetensors").exists()
+    cfg, loaded = load_hf(tmp_path)
+    assert cfg == V3ISH and (tmp_path / "tokenizer.json").read_text() == "{}"
+    assert_params_equal(newer, loaded)
+    assert not torch.equal(old.embed, new.embed)  # seeds differ: old weights would show
+
+
+@pytest.mark.parametrize("existing", [True, False], ids=["over-old", "new-dir"])
+def test_failed_save_changes_nothing(tmp_path, monkeypatch, existing):
+    import mla_func.checkpoint_write as cw
+
+    target = tmp_path / "ckpt"
+    old = saved(TINY, target) if existing else None
+    real, calls = cw.save_file, []
+
+    def fail_after_first(*args, **kw):
+        calls.append(1)
+        if len(calls) > 1:
+            raise OSError("disk full")
+        real(*args, **kw)
+
+    monkeypatch.setattr(cw, "save_file", fail_after_first)
+    with pytest.raises(OSError, match="disk full"):
+        save_hf(V3ISH, mf.init_params(V3ISH, seed=1), target, max_shard_bytes=40_000)
+    assert len(calls) == 2
+    assert [p.name for p in tmp_path.iterdir()] == (["ckpt"] if existing else [])
+    if existing:
+        cfg, loaded = load_hf(target)
+        assert cfg == TINY
+        assert_params_equal(old, loaded)
+
+
+def test_save_rejects_a_config_other_than_the_params(tmp_path):
+    params = mf.init_params(TINY, seed=0)
+    with pytest.raises(CheckpointError, match=r"rope_theta=5000\.0 \(params: 10000\.0\)"):
+        save_hf(TINY.with_(rope_theta=5000.0), params, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not list(tmp_path.iterdir())
+
+
+def test_load_hf_takes_the_config_json_path(tmp_path):
+    params = saved(TINY, tmp_path)
+    cfg, loaded = load_hf(tmp_path / "config.json")
+    assert cfg == TINY
+    assert_params_equal(params, loaded)
+    with pytest.raises(CheckpointError, match="is a file"):
+        load_hf(tmp_path / "model.safetensors")
+
+
+def test_unreadable_files_name_themselves(tmp_path):
+    saved(TINY, tmp_path / "a", max_shard_bytes=200_000)
+    shard = sorted((tmp_path / "a").glob("model-*.safetensors"))[1]
+    shard.write_bytes(shard.read_bytes()[:1000])  # truncated
+    with pytest.raises(CheckpointError, match=shard.name):
+        load_hf(tmp_path / "a")
+    (tmp_path / "a" / INDEX_FILE).write_text("{not json")
+    with pytest.raises(CheckpointError, match=INDEX_FILE):
+        load_hf(tmp_path / "a")
+    saved(TINY, tmp_path / "b")
+    (tmp_path / "b" / "config.json").write_text('{"model_type": "deepseek_v2",')
+    with pytest.raises(mf.ConfigError, match="config.json is not valid JSON"):
+        load_hf(tmp_path / "b")

@@ -1,5 +1,6 @@
 import json
 
+import jaxtyping
 import pytest
 
 import mla_func as mf
@@ -62,3 +63,110 @@ def test_from_hf_fills_absent_fields_with_transformers_defaults():
     base = mf.MLAConfig.preset("v2-lite").to_hf_dict()
     del base["first_k_dense_replace"]
     assert mf.MLAConfig.from_hf(base).first_k_dense_replace == 0
+
+
+# The published config.json files (weights never downloaded), as the hub ships them: ints where
+# a float would do (rope_theta 10000, factor 40), fields we do not read (aux_loss_alpha, ...).
+V2_LITE_JSON = {
+    "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": False,
+    "attention_dropout": 0.0, "aux_loss_alpha": 0.001, "bos_token_id": 100000,
+    "eos_token_id": 100001, "first_k_dense_replace": 1, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 10944,
+    "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v2",
+    "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64,
+    "n_shared_experts": 2, "norm_topk_prob": False, "num_attention_heads": 16,
+    "num_experts_per_tok": 6, "num_hidden_layers": 27, "num_key_value_heads": 16,
+    "pretraining_tp": 1, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "rms_norm_eps": 1e-06, "rope_theta": 10000, "routed_scaling_factor": 1.0,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
+                     "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "scoring_func": "softmax", "seq_aux": True, "tie_word_embeddings": False, "topk_group": 1,
+    "topk_method": "greedy", "torch_dtype": "bfloat16", "use_cache": True, "v_head_dim": 128,
+    "vocab_size": 102400,
+}
+V3_JSON = {
+    **V2_LITE_JSON, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+    "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1, "first_k_dense_replace": 3,
+    "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+    "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": True,
+    "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61,
+    "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "q_lora_rank": 1536,
+    "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "topk_group": 4,
+    "topk_method": "noaux_tc", "vocab_size": 129280,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
+                            "quant_method": "fp8", "weight_block_size": [128, 128]},
+}
+
+
+def test_published_configs_pass():
+    assert mf.MLAConfig.from_hf(V2_LITE_JSON) == mf.MLAConfig.preset("v2-lite")
+    assert mf.MLAConfig.from_hf(V3_JSON) == mf.MLAConfig.preset("v3")
+    assert mf.MLAConfig.from_hf({**V2_LITE_JSON, "n_shared_experts": None}).n_shared_experts is None
+
+
+YARN = mf.MLAConfig.preset("tiny").rope_scaling
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"rms_norm_eps": "1e-6"}, "rms_norm_eps must be a number >= 0, got '1e-6'"),
+    ({"rms_norm_eps": True}, "rms_norm_eps must be a number >= 0, got True"),
+    ({"rms_norm_eps": -1e-6}, "rms_norm_eps must be a number >= 0, got -1e-06"),
+    ({"rope_theta": 0.0}, "rope_theta must be a number > 0, got 0.0"),
+    ({"rope_theta": float("nan")}, "rope_theta must be a number > 0, got nan"),
+    ({"rope_scaling": "yarn"}, "rope_scaling must be a mapping or None, got 'yarn'"),
+    ({"rope_scaling": {**YARN, "factor": 0}}, "rope_scaling factor must be a number > 0, got 0"),
+    ({"rope_scaling": {**YARN, "factor": "4"}}, "factor must be a number > 0, got '4'"),
+    ({"rope_scaling": {**YARN, "mscale": "big"}}, "rope_scaling mscale must be a number"),
+    ({"routed_scaling_factor": 0}, "routed_scaling_factor must be a number > 0, got 0"),
+    ({"n_shared_experts": -1}, "n_shared_experts must be an int >= 0, got -1"),
+    ({"first_k_dense_replace": -1}, "first_k_dense_replace must be an int >= 0, got -1"),
+    ({"first_k_dense_replace": "1"}, "first_k_dense_replace must be an int >= 0, got '1'"),
+    ({"n_routed_experts": "8"}, "n_routed_experts must be a positive int, got '8'"),
+    ({"bos_token_id": -1}, r"bos_token_id must be None or an int in \[0, vocab_size=256\)"),
+    ({"eos_token_id": 256}, r"eos_token_id must be .* got 256"),
+    ({"eos_token_id": 1.0}, r"eos_token_id must be .* got 1.0"),
+    ({"extra_eos_token_ids": (2, 300)}, r"extra_eos_token_ids must be .* got 300"),
+    ({"extra_eos_token_ids": [2]}, "extra_eos_token_ids must be a tuple of ints"),
+    ({"eos_token_id": None, "extra_eos_token_ids": (2,)}, "needs an eos_token_id"),
+])
+def test_invalid_number_fields_name_the_field_and_value(change, message, monkeypatch):
+    # Outside tests nothing checks annotations: validate itself must catch a wrong type.
+    monkeypatch.setattr(jaxtyping.config, "jaxtyping_disable", True)
+    with pytest.raises(ConfigError, match=message):
+        mf.MLAConfig.preset("tiny").with_(**change)
+
+
+def test_dense_model_ignores_routing_numbers():
+    dense = mf.MLAConfig.preset("tiny").with_(n_routed_experts=None, routed_scaling_factor=0.0)
+    assert dense.num_moe_layers == 0
+
+
+def test_eos_list_keeps_every_id(tmp_path):
+    raw = {**mf.MLAConfig.preset("tiny").to_hf_dict(), "eos_token_id": [1, 7, 9]}
+    cfg = mf.MLAConfig.from_hf(raw)
+    assert cfg.eos_token_id == 1 and cfg.eos_token_ids == (1, 7, 9)
+    assert cfg.to_hf_dict()["eos_token_id"] == [1, 7, 9]
+    assert mf.MLAConfig.from_hf(cfg.to_hf_dict()) == cfg == mf.MLAConfig.from_hf(cfg.to_dict())
+    assert cfg.digest() != mf.MLAConfig.preset("tiny").digest()
+    one = mf.MLAConfig.from_hf({**raw, "eos_token_id": 1})
+    assert one == mf.MLAConfig.preset("tiny") and one.eos_token_ids == (1,)
+    assert mf.MLAConfig.from_hf({**raw, "eos_token_id": []}).eos_token_ids == ()
+
+
+def test_bad_config_json_names_the_path(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text("{oops")
+    with pytest.raises(ConfigError, match=f"{path} is not valid JSON"):
+        mf.MLAConfig.from_hf(tmp_path)
+    path.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="holds a JSON list"):
+        mf.MLAConfig.from_hf(path)
+    path.write_text(json.dumps({**V2_LITE_JSON, "rope_theta": -1}))
+    with pytest.raises(ConfigError, match=f"{path}: .*rope_theta must be a number > 0"):
+        mf.MLAConfig.from_hf(path)
+    with pytest.raises(ConfigError, match="rope_parameters must be a mapping"):
+        mf.MLAConfig.from_hf({**V2_LITE_JSON, "rope_parameters": 5})

@@ -119,8 +119,28 @@ def test_one_step_in_flight(model, reference):
 
 def test_config_eos_and_none(model):
     cfg, params = model
-    assert eng.Engine(cfg, params, num_pages=4).eos == cfg.eos_token_id
-    assert eng.Engine(cfg, params, num_pages=4, eos_token_id=None).eos is None
+    assert eng.Engine(cfg, params, num_pages=4).eos == cfg.eos_token_ids == (cfg.eos_token_id,)
+    assert eng.Engine(cfg, params, num_pages=4, eos_token_id=None).eos == ()
+    assert eng.Engine(cfg, params, num_pages=4, eos_token_id=[3, 4]).eos == (3, 4)
+    with pytest.raises(ValueError, match="eos_token_id must be"):
+        eng.Engine(cfg, params, num_pages=4, eos_token_id=cfg.vocab_size)
+    for bad in ("eos", [3, -1], True):  # what the type checks (off outside tests) let through
+        with pytest.raises(ValueError, match="eos_token_id must be"):
+            eng.eos_ids(bad, cfg)
+
+
+def test_every_eos_of_a_config_list_stops(model, reference):
+    """A config.json eos list [a, b]: a request stops at b too (the first id alone did not)."""
+    import dataclasses
+
+    cfg, params = model
+    full = reference[0][0]  # PROMPTS[0]'s tokens, eos off
+    stop = full[2]
+    other = next(t for t in range(2, cfg.vocab_size) if t not in full)
+    listed = cfg.with_(eos_token_id=other, extra_eos_token_ids=(stop,))
+    params = dataclasses.replace(params, cfg=listed)
+    out = mf.generate(listed, params, [PROMPTS[0]], len(full), page_size=4)
+    assert full.index(stop) == 2 and out.tokens[0] == full[:3] and out.status[0] == "eos"
 
 
 @pytest.mark.parametrize("prompt,error,words", [
