@@ -358,3 +358,39 @@ def test_downgrade_is_reported_and_binding_checked():
     wide = mf.make_batch([mf.SeqWork([1, 2], 0, [1])], 4, 6, backend="capture_test_never")
     with pytest.raises(BindingError, match="max_pages"):
         step(state, wide)
+
+
+@torch.library.custom_op("capture_test::flip_add", mutates_args=())
+def _flip_add(x: Tensor) -> Tensor:
+    return x.flip(0) + 1
+
+
+@_flip_add.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def returns_early_value(x: Float[Tensor, "tokens hidden"]):
+    a = x * 3  # piece 0; only the function returns it
+    b = _flip_add(x.sin())
+    return a, (b * 5).exp().cos() + 1
+
+
+def op_reads_early_value(x: Float[Tensor, "tokens hidden"]):
+    a = x * 3  # piece 0; only the second op reads it, after piece 1
+    c = (_flip_add(x.sin()) * 5).exp().cos() + 1
+    return _flip_add(a) + c
+
+
+@pytest.mark.parametrize("fn, want", [(returns_early_value, "never"), (op_reads_early_value, 1)])
+def test_release_after_counts_op_readers_and_outputs(fn, want):
+    """Pool memory of a piece's output may go to later pieces only after its last reader: a
+    splitting op k reads it after piece k; the function's output after the last piece (the
+    CUDA test test_values_read_late_survive_later_pieces shows the wrong results otherwise)."""
+    from mla_func.capture.capture import release_after
+
+    plan = plan_capture(fn, torch.randn(40, 8), dims=VOCAB,
+                        splitting_ops=["capture_test::flip_add"])
+    early = next(n for n in plan.segments[0].outputs if "mul" in n.name)
+    got = release_after(plan)[early]
+    assert got == (len(plan.segments) if want == "never" else want)

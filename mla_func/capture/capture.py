@@ -7,9 +7,12 @@ Between segments the splitting ops run eagerly, outside the graphs (dispatch.py)
 unpadded rows; their outputs land in static buffers the next segment's graph reads: written
 there by the op's out variant when the plan has one (DESIGN.md: "writes into the next
 segment's static input"), else copied.
-Segment outputs are kept as weak references (no ownership): the pool memory of one bucket's
-intermediate values is reused by the next bucket's capture, which is safe because one step
-replays one bucket's graphs, in capture order.
+Segment outputs are kept as weak references (no ownership). Within a bucket, a value's pool
+memory goes back to the pool once its last reader has been captured (`release_after`: a
+later piece, a splitting op, or the function's output, read after the last piece), and later
+pieces reuse it; across buckets, the next bucket's capture reuses all of it. Both are safe
+because one step replays one bucket's graphs, in capture order, with each splitting op
+between its two pieces.
 
 Full graphs run the whole function (splitting ops included) on example arguments that the
 caller builds per bucket (e.g. worst-case decode batches whose padded rows touch only scratch
@@ -217,12 +220,26 @@ def segment_inputs(plan: CapturePlan, seg_index: int, size: int, leaves: Sequenc
     return out
 
 
+def release_after(plan: CapturePlan) -> dict[fx.Node, int]:
+    """Per value a piece produces: the index of the last piece after which nothing reads it
+    any more, so that later pieces may reuse its pool memory. Its readers: later pieces, and
+    splitting ops (op k runs after piece k, before piece k+1); what the function returns is
+    read after the last piece (never released within a bucket)."""
+    last = {n: seg.index for seg in plan.segments for n in seg.inputs}
+    for op in plan.ops:
+        for n in op.node.all_input_nodes:
+            last[n] = max(last.get(n, -1), op.index)
+    for n in plan.output_node().all_input_nodes:
+        last[n] = len(plan.segments)
+    return {n: i for n, i in last.items() if n.op not in ("placeholder", "get_attr")}
+
+
 def capture_piecewise(plan: CapturePlan, leaves: Sequence[torch.Tensor], buf: Buffers,
                       pool: Any, sizes: Sequence[int], warmups: int, progress: Progress,
                       emulate: bool = False) -> dict[int, PiecewiseBucket]:
     needed = {a for op in plan.ops for a in op.node.all_input_nodes}
     needed |= set(plan.output_node().all_input_nodes)
-    last_read = {n: seg.index for seg in plan.segments for n in seg.inputs}
+    last_read = release_after(plan)
     buckets: dict[int, PiecewiseBucket] = {}
     for size in sorted(sizes, reverse=True):
         produced: dict[fx.Node, Any] = {}
