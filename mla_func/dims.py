@@ -45,8 +45,8 @@ STATIC_BINDINGS: dict[str, Callable[[MLAConfig], int]] = {
 }
 
 VOCABULARY: dict[str, DimSpec] = {
-    "tokens": DimSpec("tokens", "dynamic", "flattened tokens of one step", 8192, "tokens"),
-    "seqs": DimSpec("seqs", "dynamic", "sequences in one step", 512, "seqs"),
+    "tokens": DimSpec("tokens", "dynamic", "flattened tokens of one step", 8192, "bounded"),
+    "seqs": DimSpec("seqs", "dynamic", "sequences in one step", 512, "bounded"),
     "pages": DimSpec("pages", "capacity", "cache pages, fixed at allocation"),
     "page_size": DimSpec("page_size", "capacity", "tokens per cache page"),
     "max_pages": DimSpec("max_pages", "capacity", "page-table width per sequence"),

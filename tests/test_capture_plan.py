@@ -12,8 +12,8 @@ from mla_func.capture import CaptureError, SignatureError, plan_capture
 from mla_func.dims import DimSpec
 
 VOCAB = {
-    "tokens": DimSpec("tokens", "dynamic", "", 64, "tokens"),
-    "seqs": DimSpec("seqs", "dynamic", "", 16, "seqs"),
+    "tokens": DimSpec("tokens", "dynamic", "", 64, "bounded"),
+    "seqs": DimSpec("seqs", "dynamic", "", 16, "bounded"),
     "hidden": DimSpec("hidden", "static", ""),
     "pages": DimSpec("pages", "capacity", ""),
 }
@@ -154,6 +154,14 @@ def test_split_at_custom_op_and_host_tensor_only_in_op():
             "capture_test::accumulate"] * 2
     assert plan.support == [3, 3] and plan.full_support == 3
     assert plan.traced.out_treedef.children[1][1].kind == "input"  # `a` is returned as is
+
+
+def test_splitting_op_that_never_occurs_is_an_error():
+    """A misspelt name would leave the cache-mutating op inside the graphs."""
+    a, b = Acc(torch.zeros(1)), WithHost(_vec(), torch.tensor([2, 1]))
+    with pytest.raises(CaptureError, match=r"\['capture_test::acumulate'\] do not occur.*"
+                                           r"capture_test::accumulate"):
+        plan_capture(f_split, a, b, dims=VOCAB, splitting_ops=["capture_test::acumulate"])
 
 
 CALLS = {"op": 0, "out": 0}
@@ -358,6 +366,18 @@ def test_downgrade_is_reported_and_binding_checked():
     wide = mf.make_batch([mf.SeqWork([1, 2], 0, [1])], 4, 6, backend="capture_test_never")
     with pytest.raises(BindingError, match="max_pages"):
         step(state, wide)
+    # Another cache behind the same allocator, in a call that graphs hold and in one too large
+    # for any bucket (eager): both refused, and neither counted.
+    import dataclasses
+
+    twin = dataclasses.replace(state, cache=state.cache.clone())
+    large = mf.make_batch([mf.SeqWork(list(range(1, 7)), 0, [1, 2])], 4, 4,
+                          backend="capture_test_never")
+    assert step.choose(step._merge((state, large)))[0] == "eager"
+    for b in (batch, large):
+        with pytest.raises(BindingError, match="`state.cache` is not the tensor"):
+            step(twin, b)
+    assert step.counts == {"eager": 0, "piecewise": 0, "full": 0}
 
 
 @torch.library.custom_op("capture_test::flip_add", mutates_args=())
@@ -394,3 +414,23 @@ def test_release_after_counts_op_readers_and_outputs(fn, want):
     early = next(n for n in plan.segments[0].outputs if "mul" in n.name)
     got = release_after(plan)[early]
     assert got == (len(plan.segments) if want == "never" else want)
+
+
+def two_ops_in_a_row(x: Float[Tensor, "tokens hidden"]):
+    return _flip_add(_flip_add(x.sin())) * 2
+
+
+def test_empty_segment_between_two_ops_is_not_captured():
+    from mla_func.capture.compile import compile_plan
+
+    x = torch.randn(5, 8)
+    plan = plan_capture(two_ops_in_a_row, x, dims=VOCAB,
+                        splitting_ops=["capture_test::flip_add"])
+    assert [len(s.nodes) > 0 for s in plan.segments] == [True, False, True]
+    step = compile_plan(plan, two_ops_in_a_row, [x], mode="piecewise", bound=(),
+                        progress=False, emulate=True)
+    assert all((g is None) == (not seg.nodes) for bucket in step.piecewise.values()
+               for g, seg in zip(bucket.graphs, plan.segments, strict=True))
+    y = torch.randn(7, 8)
+    assert step.choose([y])[0] == "piecewise"
+    torch.testing.assert_close(step(y), two_ops_in_a_row(y))

@@ -102,7 +102,8 @@ def plan_json(plan: CapturePlan) -> dict:
     for name, d in sig.dims.items():
         entry = {"kind": d.kind, "bound_at": d.bound_at}
         if d.kind == "dynamic":
-            entry.update(max=d.max_size, policy=d.policy, trace_hint=plan.traced.hints[name])
+            entry.update(max=d.max_size, policy=plan.policies.get(name, d.policy),
+                         trace_hint=plan.traced.hints[name])
         else:
             entry["size"] = d.size
         dims[name] = entry

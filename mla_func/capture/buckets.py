@@ -23,11 +23,12 @@ def _bounded(max_size: int, p: BucketPolicy) -> list[int]:
     sizes = [s for s in (1, 2, 4, 8, 16) if s < p.dense_to]
     sizes += list(range(24, p.dense_to + 1, 8)) if p.dense_to >= 24 else []
     sizes.append(p.dense_to)
-    per_octave = max(1, round(1 / p.max_waste))
     lo = p.dense_to
     while lo < max_size:
-        step = max(1, lo // per_octave)
-        sizes += list(range(lo + step, 2 * lo + 1, step))
+        # Sizes `step` apart pad n > lo by less than step / lo <= max_waste; 2 * lo closes the
+        # octave even where step does not divide lo.
+        step = max(1, int(lo * p.max_waste))
+        sizes += [*range(lo + step, 2 * lo, step), 2 * lo]
         lo *= 2
     return sizes
 
@@ -56,8 +57,13 @@ def bucket_sizes(max_size: int, policy: "BucketPolicy | str | None" = None) -> t
     if isinstance(policy, str) and policy in NAMED:
         raw = NAMED[policy](max_size)
     else:
+        if isinstance(policy, str) and policy != "bounded":
+            raise ValueError(f"unknown bucket policy {policy!r}; known: "
+                             f"{['bounded', *sorted(NAMED)]} or a BucketPolicy")
         if policy is None or isinstance(policy, str):
             policy = BucketPolicy()
+        if not 0 < policy.max_waste <= 1:
+            raise ValueError(f"max_waste must be in (0, 1]; got {policy.max_waste}")
         raw = _bounded(max_size, policy)
     sizes = sorted({s for s in raw if 1 <= s < max_size} | {max_size})
     return tuple(sizes)

@@ -184,7 +184,7 @@ def allocate(plan: CapturePlan, leaves: Sequence[torch.Tensor], top: int) -> Buf
 
 @dataclass(eq=False)
 class PiecewiseBucket:
-    graphs: list[Any]  # torch.cuda.CUDAGraph (or EmulatedGraph)
+    graphs: list[Any]  # torch.cuda.CUDAGraph (or EmulatedGraph); None: an empty segment
     # Tensors that dispatch reads after replay: op inputs and the function's outputs.
     values: dict[fx.Node, torch.Tensor]
 
@@ -246,6 +246,10 @@ def capture_piecewise(plan: CapturePlan, leaves: Sequence[torch.Tensor], buf: Bu
         values: dict[fx.Node, torch.Tensor] = {}
         graphs = []
         for seg in plan.segments:
+            if not seg.nodes:  # two splitting ops in a row: an empty graph would only warn
+                graphs.append(None)
+                progress.step(f"piecewise {plan.mode_dims['piecewise']}={size}")
+                continue
             inputs = segment_inputs(plan, seg.index, size, leaves, buf, produced)
             try:
                 g, outs = run_captured(seg.module, inputs, pool, warmups, emulate)

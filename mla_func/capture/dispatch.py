@@ -98,8 +98,12 @@ class CompiledStep:
             self.counts["eager"] += 1
             return self.fn(*full_args)
         leaves = self._leaves_of(full_args)
+        # Before dispatch: a call that runs eagerly must be bound to the same tensors too (it
+        # writes the caller's state, which later graph replays would not see).
+        self._check_bound(leaves)
+        self._check_static(leaves)
         kind, size = self._choose(full_args, leaves)
-        return self._run(kind, size, full_args, leaves)
+        return self._run(kind, size, full_args, leaves, checked=True)
 
     def _leaves_of(self, full_args: Sequence[Any]) -> list[torch.Tensor]:
         if self.bound_leaves is None:
@@ -146,12 +150,14 @@ class CompiledStep:
         return self._run(kind, size, full_args, leaves)
 
     def _run(self, kind: str, size: int, full_args: Sequence[Any],
-             leaves: list[torch.Tensor]) -> Any:
-        self.counts[kind] += 1
+             leaves: list[torch.Tensor], checked: bool = False) -> Any:
         if kind == "eager":
+            self.counts[kind] += 1
             return self.fn(*full_args)
-        self._check_bound(leaves)
-        self._check_static(leaves)
+        if not checked:
+            self._check_bound(leaves)
+            self._check_static(leaves)
+        self.counts[kind] += 1
         real = self.plan.signature.dynamic_sizes(leaves)
         # Piecewise graphs read only the leaves segments use (the splitting ops get the live
         # ones); full graphs read them all.
@@ -245,7 +251,8 @@ class CompiledStep:
             return self._real(a, bucket.values[a], real)
 
         for k, graph in enumerate(bucket.graphs):
-            graph.replay()
+            if graph is not None:
+                graph.replay()
             if k < len(plan.ops):
                 op = plan.ops[k]
                 args = fx.node.map_aggregate(op.node.args, value)

@@ -48,6 +48,7 @@ class CapturePlan:
     distinct: list[int] = field(default_factory=list)  # per segment: its distinct index
     meta: dict[str, Any] = field(default_factory=dict)
     meta_cache: dict[str, Any] = field(default_factory=dict, repr=False)  # derived lookups
+    policies: dict[str, str] = field(default_factory=dict)  # dim -> bucket policy used
     out_fns: list[OutFn | None] = field(default_factory=list)  # per splitting op
 
     def placeholder_index(self) -> dict[fx.Node, int]:
@@ -130,6 +131,13 @@ def plan_capture(
     elif not isinstance(splitting_ops, Mapping):
         splitting_ops = dict.fromkeys(splitting_ops)
     segments, ops = split_graph(traced.gm, splitting_ops)
+    absent = sorted(set(splitting_ops) - {op.name for op in ops})
+    if absent:  # a misspelt name would leave the op inside the graphs
+        present = sorted({op_base_name(n.target) for n in traced.gm.graph.nodes
+                          if n.op == "call_function" and op_base_name(n.target)
+                          and not op_base_name(n.target).startswith(("aten::", "prims::"))})
+        raise CaptureError(f"splitting ops {absent} do not occur in the traced function "
+                           f"(its custom ops: {present})")
     validate(traced.gm, sig, segments)
     support: list[int | None] = []
     for op in ops:
@@ -151,17 +159,20 @@ def plan_capture(
     dyn = sorted(sig.dynamic, key=lambda n: (-sig.dims[n].max_size, n))
     mode_dims = {"piecewise": piecewise_dim or dyn[0], "full": full_dim or dyn[-1]}
     policies = dict(policies or {})
-    buckets = {}
+    buckets, used = {}, {}
     for mode, name in mode_dims.items():
         if name not in sig.dims or sig.dims[name].kind != "dynamic":
             raise CaptureError(f"{mode} buckets keyed by {name!r}, which is not a dynamic dim")
         entry = sig.dims[name]
-        buckets[mode] = bucket_sizes(entry.max_size, policies.get(name, entry.policy))
+        policy = policies.get(name, entry.policy)
+        buckets[mode] = bucket_sizes(entry.max_size, policy)
+        used[name] = policy if isinstance(policy, str) or policy is None else policy.name
     keys: dict[str, int] = {}
     distinct = [keys.setdefault(seg.key, len(keys)) for seg in segments]
     name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
     return CapturePlan(name, sig, traced, segments, ops, support, buckets, mode_dims,
-                       distinct, dict(meta or {}), out_fns=out_fns)
+                       distinct, dict(meta or {}), out_fns=out_fns,
+                       policies={k: v or "bounded" for k, v in used.items()})
 
 
 def op_names(plan: CapturePlan) -> list[str]:
