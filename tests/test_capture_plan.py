@@ -72,6 +72,14 @@ def test_signature_errors_name_path_and_axis():
     with pytest.raises(SignatureError, match=r"'tokens' is 5 at o\.x\[1\] but 3 at y\[0\]"):
         plan_capture(bad, o, y, dims=VOCAB)
 
+    def two(x: Float[Tensor, "tokens hidden"], z: Float[Tensor, "tokens hidden"]):
+        return x + z
+
+    # A static name binds one size across a call's own arguments, as jaxtyping binds it.
+    with pytest.raises(SignatureError, match=r"'hidden' is 8 at x\[1\] but 4 at z\[1\] \(one "
+                                             r"call's arguments bind one size\)"):
+        plan_capture(two, torch.randn(5, 8), torch.randn(5, 4), dims=VOCAB)
+
 
 def _vec(tokens: int = 5) -> Tensor:
     return torch.randn(tokens, 8)
@@ -434,3 +442,16 @@ def test_empty_segment_between_two_ops_is_not_captured():
     y = torch.randn(7, 8)
     assert step.choose([y])[0] == "piecewise"
     torch.testing.assert_close(step(y), two_ops_in_a_row(y))
+
+
+def branch_on_size(x: Float[Tensor, "tokens hidden"]):
+    if x.shape[0] != 8:  # holds at the trace's sizes, not at bucket 8
+        return x * 2
+    return x
+
+
+def test_shape_assumption_failing_at_a_bucket_is_an_error():
+    """The assumption tokens != 8 holds at the probe sizes but not at the bucket 8, whose graph
+    would compute x * 2 for an 8-token call (eager: x)."""
+    with pytest.raises(CaptureError, match=r"assumes Ne\(tokens, 8\).*piecewise bucket 8"):
+        plan_capture(branch_on_size, torch.randn(5, 4), dims=VOCAB)

@@ -167,6 +167,14 @@ def plan_capture(
         policy = policies.get(name, entry.policy)
         buckets[mode] = bucket_sizes(entry.max_size, policy)
         used[name] = policy if isinstance(policy, str) or policy is None else policy.name
+    for mode, sizes in buckets.items():
+        for size in sizes:
+            at = {n: min(size, sig.dims[n].max_size or size) for n in traced.symbols}
+            failed = traced.holds_at(at)
+            if failed:
+                raise CaptureError(f"the traced code assumes {failed[0]}, which fails at the "
+                                   f"{mode} bucket {size} (dims {at}): that graph would be "
+                                   "wrong")
     keys: dict[str, int] = {}
     distinct = [keys.setdefault(seg.key, len(keys)) for seg in segments]
     name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"

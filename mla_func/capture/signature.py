@@ -148,11 +148,14 @@ def analyze(
                             raise SignatureError(f"dynamic dim {name!r} has no max size")
                         dims[name] = DimEntry(name, "dynamic", None, top, spec.policy, where)
                     continue
-                scope = (path.rsplit(".", 1)[0], name)
-                first = scoped.setdefault(scope, (size, where))
+                # jaxtyping binds a name once per call across the function's own tensor
+                # arguments, and once per dataclass instance across its fields.
+                owner = path.rsplit(".", 1)[0] if "." in path else None
+                first = scoped.setdefault((owner or "", name), (size, where))
                 if first[0] != size:
+                    what = "one call's arguments" if owner is None else f"fields of {owner}"
                     raise SignatureError(f"dim {name!r} is {first[0]} at {first[1]} but {size} "
-                                         f"at {where} (same dataclass instance)")
+                                         f"at {where} ({what} bind one size)")
                 entry = dims.get(name)
                 if entry is None:
                     dims[name] = DimEntry(name, spec.kind, size, None, None, where)

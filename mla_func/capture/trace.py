@@ -10,8 +10,9 @@ caller's buffers, as eager does).
 jaxtyping runtime checks are switched off while tracing (see `_no_runtime_checks`).
 Data-dependent control flow or host syncs raise during tracing (`GuardOnDataDependentSymNode`):
 we turn them into a `CaptureError` with the user's line. A dynamic dim that the code pins to a
-constant, or any shape assumption that fails when every dynamic dim equals a bucket size, is an
-error too: it would be a silent wrong graph (or a recompile) later.
+constant, or a shape assumption that fails with every dynamic dim at a probe size (here) or at
+any bucket's sizes (`Traced.holds_at`, which `plan_capture` asks per bucket), is an error too:
+it would be a silent wrong graph (or a recompile) later.
 """
 
 import sys
@@ -56,6 +57,14 @@ class Traced:
     hints: dict[str, int]
     out_treedef: TreeDef
     assumptions: tuple[str, ...]  # shape guards on dynamic dims, in dim names
+    guards: tuple[tuple[str, sympy.Basic], ...] = ()  # (text, expression) of each assumption
+
+    def holds_at(self, sizes: dict[str, int]) -> list[str]:
+        """The assumptions that fail with the dynamic dims at `sizes` (a bucket's)."""
+        subs = {self.symbols[n]: sympy.Integer(v) for n, v in sizes.items()}
+        return [text for text, expr in self.guards
+                if (value := expr.xreplace(subs)) is sympy.false
+                or (value.is_Boolean and not bool(value))]
 
     def evaluate(self, value: Any, sizes: dict[str, int]) -> Any:
         """A SymInt (or int) with the dynamic dims set to `sizes`."""
@@ -197,7 +206,7 @@ def _guard_where(guard: Any) -> str | None:
 
 
 def _check_specialisation(sig: Signature, env: ShapeEnv, symbols: dict[str, sympy.Symbol],
-                          probe_sizes: Sequence[int]) -> tuple[str, ...]:
+                          probe_sizes: Sequence[int]) -> list[tuple[str, sympy.Basic]]:
     names = {s: n for n, s in symbols.items()}
     for sym, name in names.items():
         replaced = env.replacements.get(sym)
@@ -219,8 +228,8 @@ def _check_specialisation(sig: Signature, env: ShapeEnv, symbols: dict[str, symp
                     f"the traced code assumes {text}{pinned}, which fails when every dynamic "
                     f"dim is {size} (full buckets pad them all to one size)",
                     where=_guard_where(guard) or None)
-        assumptions.append(text)
-    return tuple(sorted(set(assumptions)))
+        assumptions.append((text, guard.expr))
+    return assumptions
 
 
 def trace(fn: Callable[..., Any], sig: Signature, args: Sequence[Any],
@@ -259,5 +268,6 @@ def trace(fn: Callable[..., Any], sig: Signature, args: Sequence[Any],
         raise CaptureError(f"tracing failed: {type(exc).__name__}: {exc}", op=last.name,
                            where=user_frame_of_exception(exc)) from exc
     probes = sorted({*probe_sizes, *(d.max_size for d in sig.dims.values() if d.max_size)})
-    assumptions = _check_specialisation(sig, env, symbols, probes)
-    return Traced(gm, env, symbols, hints, out_def[-1], assumptions)
+    guards = _check_specialisation(sig, env, symbols, probes)
+    return Traced(gm, env, symbols, hints, out_def[-1],
+                  tuple(sorted({text for text, _ in guards})), tuple(guards))
