@@ -30,6 +30,7 @@ from mla_func.attention import get_backend  # noqa: E402
 from mla_func.batch import SeqWork, make_batch  # noqa: E402
 from mla_func.kernels import mla_merge  # noqa: E402
 from mla_func.kernels.cache_write import reference_write, write_cache  # noqa: E402
+from mla_func.kernels.decode_plan import num_sms  # noqa: E402
 from mla_func.kernels.mla_decode import (  # noqa: E402
     MAX_SPLITS,
     DecodeWorkspace,
@@ -235,6 +236,54 @@ def test_legacy_plan_matches_reference():
     assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < TOL
 
 
+@pytest.mark.parametrize("heads,page_size", [(16, 64), (16, 1), (128, 64)])
+def test_decode_long_rows_default_plan(heads, page_size):
+    """Rows past 2048 and 4096 keys beside a length-1 row, with the plan attend_absorbed picks
+    itself for a 16384-key page table (on the CPU's 4 stand-in SMs: 64-key tiles at page 64 and
+    16 heads, 32-key per-key gathers at page 1, 64-head programs with shared_p at 128 heads)."""
+    lens = [1, 2049, 4097]
+    p = make_problem([n - 1 for n in lens], [1] * 3, page_size, dict(SMALL, heads=heads),
+                     seed=heads + page_size, max_pages=16384 // page_size + 1)
+    capacity = p["page_table"].shape[1] * page_size
+    plan = plan_decode(3, capacity, num_sms(torch.device(DEV)), heads, page_size=page_size)
+    if DEV == "cpu":
+        assert (plan.block_n, plan.shared_p) == ((32, False) if page_size == 1 else
+                                                 (64, heads == 128))
+    got = attend_absorbed(*ref_args(p), poisoned_workspace(p, plan.num_splits, plan))
+    assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < TOL
+
+
+# id: (heads, plan fields): merges that read only the splits a row reaches (tile from
+# ACTIVE_MIN_SPLITS splits, serial), the fused one's counters, shared_p's scratch.
+REUSE = {
+    "tile12": (4, dict(num_splits=12, block_n=16, merge="tile")),
+    "fused6": (4, dict(num_splits=6, block_n=16, merge="fused")),
+    "serial12": (4, dict(num_splits=12, block_n=16, merge="serial")),
+    "h128-sharedp-tile3": (128, dict(num_splits=3, block_n=64, merge="tile", shared_p=True,
+                                     merge_heads=16)),
+}
+
+
+@pytest.mark.parametrize("variant", list(REUSE))
+def test_decode_workspace_reused_without_poison(variant):
+    """A second step on the first one's workspace, not poisoned again (as a graph replays):
+    rows grew and shrank, q and the cache are new. What the first step left there (partials
+    of splits a row no longer reaches, counters, scratch) changes no bit of the result."""
+    heads, fields = REUSE[variant]
+    if variant == "tile12":  # the tile merge skips the splits a row does not reach
+        assert fields["num_splits"] >= mla_merge.ACTIVE_MIN_SPLITS
+    dims = dict(SMALL, heads=heads)
+    steps = [make_problem(ctx, [1] * 4, 16, dims, seed=seed, max_pages=20)
+             for seed, ctx in ((3, [299, 150, 0, 63]), (4, [0, 299, 5, 17]))]
+    plan = replace(plan_decode(4, 20 * 16, 4, heads), **fields)
+    ws = poisoned_workspace(steps[0], plan.num_splits, plan)
+    for p in steps:
+        got = attend_absorbed(*ref_args(p), ws, plan)
+        assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < TOL
+    fresh = attend_absorbed(*ref_args(p), poisoned_workspace(p, plan.num_splits, plan), plan)
+    assert torch.equal(got, fresh)
+
+
 def test_plan_is_a_function_of_shapes_and_fills_the_gpu():
     assert plan_decode(1, 1024, 132, 16).num_splits == 1024 // 32  # capacity-bound
     assert plan_decode(1, 1 << 20, 132, 16).num_splits >= 0.85 * 132
@@ -268,12 +317,28 @@ def test_workspace_shares_one_allocation_and_only_grows():
 # ---------------------------------------------------------------- prefill / extend
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
-def test_mha_prefill_matches_reference(page_size):
-    ctx, q = [0, 5, 17], [20, 3, 33]  # fresh prompt, short and long extends
-    p = make_problem(ctx, q, page_size, SMALL, seed=page_size)
+# (page_size, heads, cached, new tokens, blocks): 16-row blocks over several tiles a sequence,
+# and the backend's default blocks with length-1 prompts and length-1 extends next to a prompt
+# longer than a key block; at 128 heads the extend's key is the last of a full 64-key page,
+# the last the expansion holds.
+PREFILL_CASES = {
+    "p1-h4-n16": (1, 4, [0, 5, 17], [20, 3, 33], dict(block_m=16, block_n=16)),
+    "p16-h4-n16": (16, 4, [0, 5, 17], [20, 3, 33], dict(block_m=16, block_n=16)),
+    "p64-h16-one": (64, 16, [0, 0, 63, 5], [1, 70, 1, 2], {}),
+    "p1-h16-one": (1, 16, [0, 0, 63, 5], [1, 70, 1, 2], {}),
+    "p64-h128-one": (64, 128, [0, 63], [1, 1], {}),
+}
+
+
+@pytest.mark.parametrize("case", list(PREFILL_CASES))
+def test_mha_prefill_matches_reference(case):
+    page_size, heads, ctx, q, blocks = PREFILL_CASES[case]
+    dims = dict(SMALL, heads=heads)
+    p = make_problem(ctx, q, page_size, dims, seed=page_size + heads)
+    out = torch.full((sum(q), heads, dims["v"]), NAN, device=DEV)
     out_len = max(c + n for c, n in zip(ctx, q, strict=True))
-    got = mha_prefill(*ref_args(p), out_len, max(q), block_m=16, block_n=16)
+    got = mha_prefill(*ref_args(p), out_len, max(q), **blocks, out=out)
+    assert got is out
     assert rel_err(got, ref.attend_mha(*ref_args(p))) < TOL
 
 

@@ -13,8 +13,8 @@ import torch
 from sm90_ptxas import run_compile_script
 
 from mla_func.config import MLAConfig
-from mla_func.kernels import moe_align
-from mla_func.kernels.fused_moe import fused_experts, side_stream
+from mla_func.kernels import fused_moe, moe_align
+from mla_func.kernels.fused_moe import ADD_NORM_MAX_WIDTH, fused_experts, side_stream
 from mla_func.kernels.moe_align import align_torch, align_triton, pair_experts
 from mla_func.kernels.moe_config import (
     CONFIGS,
@@ -71,6 +71,22 @@ def close(a, b, tol):
     assert err <= tol * b.float().abs().max().item(), err
 
 
+@pytest.fixture
+def nan_empty(monkeypatch):
+    """New buffers (`torch.empty`, `torch.empty_like`) start as NaN, or -7 for integer ones:
+    a kernel that reads a row or a layout entry nothing wrote shows."""
+    def poisoned(alloc):
+        def make(*args, **kwargs):
+            t = alloc(*args, **kwargs)
+            if t.is_floating_point():
+                return t.fill_(float("nan"))
+            return t.fill_(-7) if t.dtype in (torch.int32, torch.int64) else t
+        return make
+
+    monkeypatch.setattr(torch, "empty", poisoned(torch.empty))
+    monkeypatch.setattr(torch, "empty_like", poisoned(torch.empty_like))
+
+
 @pytest.mark.parametrize("tokens,topk,n_exp,shared,block_m,skew", [
     (1, 6, 64, 2, 16, False), (5, 2, 8, 1, 4, False), (33, 6, 64, 0, 16, False),
     (17, 8, 256, 1, 16, False), (9, 2, 8, 0, 1, False), (40, 6, 64, 2, 16, True),
@@ -114,7 +130,8 @@ def test_align_kernel_matches_torch(tokens, topk, n_exp, shared, block_m, skew, 
     (70, 2, 8, 32, 16, 1, False, False),  # shared MLP apart: added in the final sum
     (70, 2, 8, 32, 16, 1, False, True),   # shared experts folded over several M-tiles
 ])
-def test_fused_matches_reference(tokens, topk, n_exp, hidden, inter, shared, skew, fold):
+def test_fused_matches_reference(tokens, topk, n_exp, hidden, inter, shared, skew, fold,
+                                 nan_empty):
     x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, hidden, inter, shared, skew=skew)
     want = reference(x, w, ids, gu, dn, mlp)
     cfg = dataclasses.replace(SMALL, fuse_shared=fold)
@@ -132,19 +149,12 @@ def test_fused_matches_reference(tokens, topk, n_exp, hidden, inter, shared, ske
 # The NaN padding rows of `act` meet the interpreter's numpy multiply (and are masked off).
 @pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
 def test_tma_matches_reference_and_pointer_loads(tokens, topk, n_exp, hidden, inter, shared,
-                                                monkeypatch):
+                                                nan_empty):
     x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, hidden, inter, shared, seed=tokens)
     s_gu, s_dn = (None, None) if mlp is None else (mlp.gate_up, mlp.down)
     cfg = dataclasses.replace(SMALL, fuse_shared=False)
-    # TMA reads `act`'s padding rows, which nothing writes: new buffers start as NaN here, so
+    # TMA reads `act`'s padding rows, which nothing writes: they are NaN here (`nan_empty`), so
     # any of it that reaches a real row shows.
-    empty = torch.empty
-
-    def nan_empty(*args, **kwargs):
-        t = empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", nan_empty)
     pointer = fused_experts(x, w, ids, gu, dn, s_gu, s_dn, cfg)
     got = fused_experts(x, w, ids, gu, dn, s_gu, s_dn, dataclasses.replace(cfg, tma=True))
     close(got, reference(x, w, ids, gu, dn, mlp), 1e-5)
@@ -159,6 +169,30 @@ def test_tma_matches_reference_and_pointer_loads(tokens, topk, n_exp, hidden, in
                       config=dataclasses.replace(cfg, tma=True))
 
 
+@pytest.mark.parametrize("tokens,topk,n_exp,skew", [
+    (64, 2, 8, False),   # runs of 1 and 2 units: 3 whole tiles, 5 half tiles
+    (40, 6, 64, False),  # every run one half tile; empty experts
+    (30, 2, 8, True),    # one expert takes every token: a whole tile, then half tiles
+])
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
+def test_halves_match_whole_tiles_and_reference(tokens, topk, n_exp, skew, tma):
+    """`MoEConfig.halves`: runs padded to half tiles, two units a program (one whole tile or
+    up to two half tiles): the reference's result and the whole-tile layout's."""
+    x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, 32, 16, 1, skew=skew, seed=tokens)
+    cfg = MoEConfig(8 * 4, (32, 64, 4, 1), (64, 32, 4, 1), fuse_shared=False, tma=tma)
+    whole = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg)
+    got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
+                        dataclasses.replace(cfg, halves=True))
+    close(got, reference(x, w, ids, gu, dn, mlp), 1e-5)
+    close(got, whole, 1e-6)  # numpy's products of another height may round otherwise
+    for bad in (dataclasses.replace(cfg, halves=True, fuse_shared=True, tma=False),
+                dataclasses.replace(DIRECT, halves=True),
+                dataclasses.replace(cfg, halves=True, block_m=16)):
+        with pytest.raises(ValueError, match="halves needs"):
+            fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, bad)
+
+
 @pytest.mark.parametrize("tokens,topk,n_exp,hidden,inter,shared,fuse_shared", [
     (1, 6, 64, 64, 32, 2, None),   # decode: no expert read twice
     (2, 2, 8, 64, 32, 1, None),
@@ -167,7 +201,7 @@ def test_tma_matches_reference_and_pointer_loads(tokens, topk, n_exp, hidden, in
     (4, 2, 8, 64, 32, 1, False),   # shared MLP apart: added in the (fused) sum
 ])
 def test_direct_matches_reference_and_aligned(tokens, topk, n_exp, hidden, inter, shared,
-                                              fuse_shared):
+                                              fuse_shared, nan_empty):
     x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, hidden, inter, shared, seed=tokens)
     s_gu, s_dn = (None, None) if mlp is None else (mlp.gate_up, mlp.down)
     want = reference(x, w, ids, gu, dn, mlp)
@@ -190,11 +224,9 @@ def test_direct_matches_reference_and_aligned(tokens, topk, n_exp, hidden, inter
     (DIRECT_SUM, 1, None, False),   # the down GEMM sums: the add and the norm run after it
 ])
 def test_add_norm_equals_experts_then_add_rmsnorm(cfg, shared, fuse_shared, wide,
-                                                  monkeypatch):
+                                                  monkeypatch, nan_empty):
     """`add_norm` gives the bits of `norm.add_rmsnorm(residual, experts)` (the rounding of
     the two launches it replaces), and the reference's values through `experts_add_norm`."""
-    from mla_func.kernels import fused_moe
-
     if wide:  # 96 columns stand for V3's 7168
         monkeypatch.setattr(fused_moe, "ADD_NORM_MAX_WIDTH", 64)
     x, w, ids, gu, dn, mlp = make(4, 6, 64, 96, 32, shared, seed=11)
@@ -216,6 +248,47 @@ def test_add_norm_equals_experts_then_add_rmsnorm(cfg, shared, fuse_shared, wide
     with pytest.raises(ValueError, match="add_norm: the residual is"):
         fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg,
                       add_norm=(residual.double(), weight, 1e-6))
+
+
+def test_add_norm_wider_than_one_program(nan_empty):
+    """Rows wider than ADD_NORM_MAX_WIDTH (V3's 7168 on a GPU; here 2112 columns, so the last
+    of the sum's column blocks is partial) on a decode step's table row: the sum, then
+    `norm.add_rmsnorm` over the whole row, against the reference (the other paths to it run
+    at 96 columns in the test above)."""
+    x, w, ids, gu, dn, mlp = make(3, 2, 8, 2112, 16, 1, seed=12)
+    assert x.shape[1] > ADD_NORM_MAX_WIDTH
+    residual = torch.randn_like(x)
+    weight = 1 + 0.1 * torch.randn(x.shape[1])
+    h, y = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, pick_config(3),
+                         add_norm=(residual, weight, 1e-6))
+    ref_h = residual + reference(x, w, ids, gu, dn, mlp)
+    close(h, ref_h, 1e-5)
+    close(y, rmsnorm_ref(ref_h, weight, 1e-6), 1e-5)
+
+
+@pytest.mark.parametrize("bound", [128, 256, 512, 1024, 4096])
+@pytest.mark.parametrize("triton_align", [False, True])
+@pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
+def test_table_rows_match_reference(bound, triton_align, nan_empty, monkeypatch):
+    """The aligned rows of the config table as they are (block_m, tiles, TMA; hidden 256 and
+    moe_inter 128 leave every tile unshrunk, with K a multiple of BLOCK_K as at real sizes) on
+    150 skewed tokens, from the layout of `align_torch` (`align` on the CPU) or of
+    `align_triton` (on a GPU): its sliced launches with the shared experts folded in, its one
+    program with them apart."""
+    cfg = pick_config(bound)
+    if bound > FUSE_SHARED_MAX_TOKENS:  # apart, as at the row's own token counts (TMA needs it)
+        cfg = dataclasses.replace(cfg, fuse_shared=False)
+    calls = []
+    if triton_align:
+        def spy(*args):
+            calls.append(args)
+            return align_triton(*args)
+
+        monkeypatch.setattr(fused_moe, "align", spy)
+    x, w, ids, gu, dn, mlp = make(150, 6, 64, 256, 128, 2, skew=True, seed=bound)
+    got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg)
+    close(got, reference(x, w, ids, gu, dn, mlp), 1e-5)
+    assert len(calls) == triton_align
 
 
 def test_direct_config_checks():
@@ -273,7 +346,7 @@ def test_routing_methods(method):
 
 
 @pytest.mark.parametrize("impl", ["sorted_torch", "triton"])
-def test_padded_rows_do_not_change_real_rows(impl):
+def test_padded_rows_do_not_change_real_rows(impl, nan_empty):
     x, w, ids, gu, dn, mlp = make(12, 2, 8, 64, 32, 1, seed=2)
     real = experts(x[:5], w[:5], ids[:5], gu, dn, mlp, impl=impl)
     padded = experts(x, w, ids, gu, dn, mlp, impl=impl)  # rows 5.. stand for bucket padding
@@ -310,20 +383,28 @@ from sm90_ptxas import ptxas_usage
 from mla_func.kernels.moe_gemm import down_kernel, down_sum_kernel, gate_up_kernel
 ptrs = dict(weights_ptr="*fp32", ids_ptr="*i64", sorted_ptr="*i32", block_expert_ptr="*i32",
             block_rows_ptr="*i32")
-no_tma = dict(TMA=False, w_desc=None)
+no_tma = dict(TMA=False, w_desc=None, HALVES=False)
+no_act = dict(act_desc=None, act_half_desc=None)
 for fn, (bm, bn, bk, warps, stages), const in [
         (gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=False, PDL=True, **no_tma)),
         (gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=True, PDL=True, **no_tma)),
-        (down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=False, act_desc=None, **no_tma)),
-        (down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=True, act_desc=None, **no_tma)),
+        (down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=False, **no_act, **no_tma)),
+        (down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=True, **no_act, **no_tma)),
         (down_sum_kernel, (16, 16, 256, 4, 4), dict(HAS_EXTRA=False)),
-        # The large-token configuration: expert weights (and act) through TMA descriptors.
-        (gate_up_kernel, (128, 128, 64, 8, 4), dict(DIRECT=False, PDL=True, TMA=True)),
-        (down_kernel, (128, 256, 64, 8, 4), dict(DIRECT=False, TMA=True))]:
+        # The large-token configuration: expert weights (and act) through TMA descriptors,
+        # whole tiles only or also half tiles.
+        (gate_up_kernel, (128, 128, 64, 8, 4), dict(DIRECT=False, PDL=True, TMA=True,
+                                                    HALVES=False)),
+        (down_kernel, (128, 256, 64, 8, 4), dict(DIRECT=False, TMA=True, HALVES=False,
+                                                 act_half_desc=None)),
+        (gate_up_kernel, (128, 128, 64, 8, 4), dict(DIRECT=False, PDL=True, TMA=True,
+                                                    HALVES=True)),
+        (down_kernel, (128, 256, 64, 8, 4), dict(DIRECT=False, TMA=True, HALVES=True))]:
     const = dict(PAIRS_PER_TOKEN=8, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32",
                  EVEN_K=(1408 if fn is not gate_up_kernel else 2048) % bk == 0, **const)
     w_block = f"1, 2, {bn}, {bk}" if fn is gate_up_kernel else f"{bn}, {bk}"
-    descs = dict(w_desc=f"tensordesc<bf16[{w_block}]>", act_desc=f"tensordesc<bf16[{bm}, {bk}]>")
+    descs = dict(w_desc=f"tensordesc<bf16[{w_block}]>", act_desc=f"tensordesc<bf16[{bm}, {bk}]>",
+                 act_half_desc=f"tensordesc<bf16[{bm // 2}, {bk}]>")
     sig = {n: "constexpr" if n in const else descs[n] if n in descs
            else ptrs.get(n, "*bf16") if n.endswith("_ptr") else "i32" for n in fn.arg_names}
     # What a launch at V2-Lite sizes specialises on: aligned pointers, strides and dims.
@@ -387,7 +468,8 @@ def test_cuda_real_sizes(shape, tokens, skew):
     (1, {**V3, "n_exp": 16}), (32, {**V3, "n_exp": 16})])  # V3's width, fewer experts
 def test_cuda_add_norm_equals_experts_then_add_rmsnorm(tokens, shape):
     """At V2-Lite size on each table row's path, and at V3's width (the sum, then
-    `add_rmsnorm`): the two launches it replaces."""
+    `add_rmsnorm`): the two launches it replaces, and the torch reference's values (at V3's
+    width the first check runs the very code the op runs; this one does not)."""
     x, w, ids, gu, dn, mlp = make(tokens, **shape, dtype=torch.bfloat16, device="cuda")
     residual = torch.randn_like(x)
     weight = (1 + 0.1 * torch.randn(x.shape[1], device="cuda")).to(torch.bfloat16)
@@ -396,6 +478,13 @@ def test_cuda_add_norm_equals_experts_then_add_rmsnorm(tokens, shape):
     assert torch.equal(h, want_h)
     # The same sum of squares in another program: at most the last bit of a bf16 apart.
     torch.testing.assert_close(y, want_y, rtol=2**-7, atol=0)
+    ref_h = residual + reference(x, w, ids, gu, dn, mlp)
+    for got, want in ((h, ref_h), (y, rmsnorm_ref(ref_h, weight, 1e-6))):
+        # bf16, as in test_cuda_real_sizes: the two round gate/up/act at different points
+        # (H100: 4-6e-3 at every size here).
+        err = (got.float() - want.float()).norm() / want.float().norm()
+        assert err < 2e-2, err
+        close(got, want, 0.05)
 
 
 @pytest.mark.cuda
@@ -407,6 +496,21 @@ def test_cuda_tma_matches_pointer_loads(tokens):
     cfg = MoEConfig(128, (128, 64, 8, 4), (128, 64, 8, 4), fuse_shared=False)
     got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
                         dataclasses.replace(cfg, tma=True))
+    want = reference(x, w, ids, gu, dn, mlp)
+    assert ((got.float() - want.float()).norm() / want.float().norm()) < 2e-2
+    assert torch.equal(got, fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [300, 2048, 4096])
+@pytest.mark.parametrize("tma", [False, True])
+def test_cuda_halves_match_whole_tiles(tokens, tma):
+    """Half tiles (`MoEConfig.halves`) at V2-Lite size: the reference's result, and the bits
+    of whole tiles (every row's products run over K in the same order)."""
+    x, w, ids, gu, dn, mlp = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda")
+    cfg = MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), fuse_shared=False, tma=tma)
+    got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
+                        dataclasses.replace(cfg, halves=True))
     want = reference(x, w, ids, gu, dn, mlp)
     assert ((got.float() - want.float()).norm() / want.float().norm()) < 2e-2
     assert torch.equal(got, fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg))

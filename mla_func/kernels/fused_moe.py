@@ -169,6 +169,9 @@ def fused_experts(
     pdl = cfg.pdl and pdl_supported(x.device)
     if cfg.tma and (cfg.direct or n_shared):
         raise ValueError("MoEConfig.tma needs the aligned layout and the shared experts apart")
+    if cfg.halves and (cfg.direct or n_shared or cfg.block_m < 32):
+        raise ValueError("MoEConfig.halves needs the aligned layout, the shared experts apart "
+                         "and block_m >= 32")
     if cfg.shared_stream and n_shared:
         raise ValueError("MoEConfig.shared_stream needs the shared experts apart")
     if cfg.direct and tokens > DIRECT_BLOCK_M:
@@ -195,9 +198,10 @@ def fused_experts(
             layout = (ids, ids, ids)  # no alignment: the kernels read the tiles off `ids`
         else:
             bm = cfg.block_m
-            layout = align(ids, n_routed, n_shared, bm, pdl)
-            n_tiles = layout[1].shape[0]
-        tiles = (ids, *layout, tokens, topk)
+            layout = align(ids, n_routed, n_shared, bm // 2 if cfg.halves else bm, pdl)
+            n_tiles = triton.cdiv(layout[1].shape[0], 2) if cfg.halves else layout[1].shape[0]
+        n_units = layout[1].shape[0]  # M-tiles of the layout (units, with halves)
+        tiles = (ids, *layout, tokens, n_units, topk)
         common = dict(PAIRS_PER_TOKEN=pairs_per_token, BLOCK_M=bm,
                       PRECISION="ieee" if x.dtype == torch.float32 else "tf32")
 
@@ -210,7 +214,7 @@ def fused_experts(
             gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
             s_gate_up.stride(0), s_gate_up.stride(1), s_gate_up.stride(2),
             BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_hidden % bk == 0, DIRECT=cfg.direct, **common,
-            PDL=pdl, TMA=cfg.tma, num_warps=warps, num_stages=stages,
+            PDL=pdl, TMA=cfg.tma, HALVES=cfg.halves, num_warps=warps, num_stages=stages,
             **({"launch_pdl": True} if pdl else {}))
 
         out = torch.empty_like(x)
@@ -219,12 +223,16 @@ def fused_experts(
         if not cfg.fused_sum:
             buf = torch.empty(tokens * pairs_per_token, n_hidden, dtype=x.dtype,
                               device=x.device)
-            descs = (_desc(act, [bm, bk]), _desc(down, [bn, bk])) if cfg.tma else (None, None)
+            descs = (None, None, None)
+            if cfg.tma:  # act (whole and half tiles), down
+                half = _desc(act, [bm // 2, bk]) if cfg.halves else None
+                descs = (_desc(act, [bm, bk]), half, _desc(down, [bn, bk]))
             n_n = triton.cdiv(n_hidden, bn)
             down_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
                 act, down, s_down, *descs, buf, weights, *tiles, n_hidden, n_inter, n_routed,
                 *strides, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0,
-                DIRECT=cfg.direct, **common, TMA=cfg.tma, num_warps=warps, num_stages=stages)
+                DIRECT=cfg.direct, **common, TMA=cfg.tma, HALVES=cfg.halves, num_warps=warps,
+                num_stages=stages)
     finally:
         if side is not None:
             main.wait_stream(side)  # the join: `extra` is read below, on this stream

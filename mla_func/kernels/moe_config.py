@@ -20,7 +20,11 @@ class MoEConfig:
     GEMM, are read through TMA tensor descriptors instead of pointer loads.
     `shared_stream` (shared experts apart): they run on a side CUDA stream, beside the
     alignment and the routed GEMMs, joined before the sum (the same kernels, the same bits);
-    off CUDA (the Triton interpreter) they run in order on the one stream there is."""
+    off CUDA (the Triton interpreter) they run in order on the one stream there is.
+    `halves` (aligned layout, shared experts apart): experts' runs are padded to block_m / 2
+    rows, not block_m; a GEMM program takes two such units, as one block_m-row tile when both
+    are one expert's, else as one or two half tiles (the end of a run, the start of the next),
+    so the last tile of a run computes at most half a tile of padding rows."""
 
     block_m: int
     gate_up: tuple[int, int, int, int]
@@ -31,6 +35,7 @@ class MoEConfig:
     pdl: bool = False
     tma: bool = False
     shared_stream: bool = False
+    halves: bool = False
 
 
 # (max tokens, config): the first row whose bound is >= the step's static token count.
@@ -55,7 +60,11 @@ class MoEConfig:
 # `exp_shared_stream.py`, medians of 3 alternating rounds): 517 against 532 us at 1024 tokens,
 # 691 against 722 at 2048, 1205 against 1226 at 4096. Past 2048 it stays off: in the piecewise
 # prefill step at 4096 tokens it was slower (runs 5-6: 52.2-53.2 against 50.2-51.1 ms), at
-# 2048 faster (27.9-28.1 against 28.3-28.5 ms).
+# 2048 faster (27.9-28.1 against 28.3-28.5 ms). `halves` from 4096 tokens: H100, 2026-11-23
+# (docs/perf/2026-11-23-h100-run53, `exp_halves.py`, the layer alone, medians of 3 alternating
+# rounds, whole tiles against halves): 1240 against 1213 us at 4096 tokens, 2302 against 2199
+# at 8192, but 517 against 528 at 1024 and 679 against 818 at 2048; between 2049 and 4095
+# tokens it is not measured and stays off.
 CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 4), direct=True, pdl=True)),
     (2, MoEConfig(16, (32, 128, 4, 4), (128, 64, 4, 4), direct=True, pdl=True)),
@@ -69,7 +78,9 @@ CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
                      shared_stream=True)),
     (2048, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True,
                      shared_stream=True)),
-    (1 << 62, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True)),
+    (4095, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True)),
+    (1 << 62, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True,
+                        halves=True)),
 )
 
 DIRECT_MAX_TOKENS = max(bound for bound, cfg in CONFIGS if cfg.direct)

@@ -16,7 +16,7 @@ from typing import no_type_check
 import triton
 import triton.language as tl
 
-from mla_func.kernels.moe_align import direct_tile, is_shared_tile, tile
+from mla_func.kernels.moe_align import direct_tile, is_shared_tile, tile, unit_rows
 from mla_func.kernels.norm import rms_scaled
 
 
@@ -44,30 +44,18 @@ def _k_masks(row_ok, n_ok, k_ok, EVEN_K: tl.constexpr):
     return a_mask, b_mask
 
 
-# The token count only sizes the direct layout: not specialised, one compile serves every bucket.
-@triton.jit(do_not_specialize=["n_tokens"])
+@triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def gate_up_kernel(
-    x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
-    block_rows_ptr, n_tokens, topk, n_inter, n_hidden, n_routed, stride_x,
-    stride_we, stride_wg, stride_wn, stride_se, stride_sg, stride_sn,
-    PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr, TMA: tl.constexpr,
+def _gate_up_rows(
+    x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e, pair, row_ok, act_row0, pid_n,
+    n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn, stride_se,
+    stride_sg, stride_sn,
+    PAIRS_PER_TOKEN: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+    TMA: tl.constexpr,
 ):
-    if DIRECT:
-        pid_m = tl.program_id(0)
-        pid_n = tl.program_id(1)
-    else:  # N-tiles fastest: the shared experts' M-tiles, the first, launch first
-        pid_n = tl.program_id(0)
-        pid_m = tl.program_id(1)
-    if PDL:  # launched while the router (and alignment) run: routed tiles need their output
-        if not is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN, BLOCK_M, DIRECT):
-            tl.extra.cuda.gdc_wait()
-    e, pair, row_ok = tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
-                            n_tokens, topk, n_routed, PAIRS_PER_TOKEN, BLOCK_M, DIRECT)
-    if e < 0:
-        return
+    """silu(x W_gate^T) * (x W_up^T) of BM rows of expert e (token rows gathered from `pair`)
+    and N-tile pid_n, stored to `act` rows act_row0.."""
     shared = e >= n_routed
     base = _expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
     stride_g = tl.where(shared, stride_sg, stride_wg)
@@ -79,11 +67,11 @@ def gate_up_kernel(
     a_ptrs = x_ptr + tok[:, None] * stride_x + offs_k[None, :]
     g_ptrs = base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
     u_ptrs = g_ptrs + stride_g
-    if TMA:  # one [BLOCK_M, 2 * BLOCK_N] product: gate's columns, then up's (one wgmma of
-        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)  # twice the width)
+    if TMA:  # one [BM, 2 * BLOCK_N] product: gate's columns, then up's (one wgmma of
+        acc = tl.zeros((BM, 2 * BLOCK_N), dtype=tl.float32)  # twice the width)
     else:
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_g = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
     for k in range(0, n_hidden, BLOCK_K):
         a_mask, b_mask = _k_masks(row_ok, n_ok, offs_k + k < n_hidden, EVEN_K)
         a = tl.load(a_ptrs, mask=a_mask, other=0.0)
@@ -99,39 +87,101 @@ def gate_up_kernel(
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
     if TMA:
-        acc_g, acc_u = tl.split(tl.permute(acc.reshape(BLOCK_M, 2, BLOCK_N), (0, 2, 1)))
+        acc_g, acc_u = tl.split(tl.permute(acc.reshape(BM, 2, BLOCK_N), (0, 2, 1)))
     act = acc_g * tl.sigmoid(acc_g) * acc_u
-    act_rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    act_rows = (act_row0 + tl.arange(0, BM)).to(tl.int64)
     act_ptrs = act_ptr + act_rows[:, None] * n_inter + offs_n[None, :]
     if PDL:  # shared tiles too: `act` may reuse memory the router still uses (its partials)
         tl.extra.cuda.gdc_wait()
     tl.store(act_ptrs, act.to(act_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
+# The token count only sizes the direct layout, the unit count only the halves' last tile: not
+# specialised, one compile serves every bucket.
+@triton.jit(do_not_specialize=["n_tokens", "n_units"])
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def gate_up_kernel(
+    x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
+    block_rows_ptr, n_tokens, n_units, topk, n_inter, n_hidden, n_routed, stride_x,
+    stride_we, stride_wg, stride_wn, stride_se, stride_sg, stride_sn,
+    PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr, TMA: tl.constexpr, HALVES: tl.constexpr,
+):
+    if DIRECT:
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+    else:  # N-tiles fastest: the shared experts' M-tiles, the first, launch first
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+    if PDL:  # launched while the router (and alignment) run: routed tiles need their output
+        if HALVES or not is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN, BLOCK_M,
+                                        DIRECT):
+            tl.extra.cuda.gdc_wait()
+    if HALVES:  # units 2 pid_m and 2 pid_m + 1 (BLOCK_M // 2 rows each, no shared experts)
+        u = 2 * pid_m
+        e0 = tl.load(block_expert_ptr + u)
+        e1 = tl.load(block_expert_ptr + u + 1, mask=u + 1 < n_units, other=-1)
+        if e0 < 0:
+            return
+        if e0 == e1:  # one expert's 2 units: one BLOCK_M-row tile
+            pair2, ok2 = unit_rows(u, sorted_ptr, block_rows_ptr, BLOCK_M // 2, 2)
+            _gate_up_rows(
+                x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e0, pair2, ok2, u * (BLOCK_M // 2),
+                pid_n, n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn,
+                stride_se, stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K,
+                EVEN_K, PRECISION, PDL, TMA)
+        else:  # the end of one expert's run, then the start of the next: two half tiles
+            pair0, ok0 = unit_rows(u, sorted_ptr, block_rows_ptr, BLOCK_M // 2, 1)
+            _gate_up_rows(
+                x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e0, pair0, ok0, u * (BLOCK_M // 2),
+                pid_n, n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn,
+                stride_se, stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M // 2, BLOCK_N,
+                BLOCK_K, EVEN_K, PRECISION, PDL, TMA)
+            if e1 >= 0:
+                pair1, ok1 = unit_rows(u + 1, sorted_ptr, block_rows_ptr, BLOCK_M // 2, 1)
+                _gate_up_rows(
+                    x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e1, pair1, ok1,
+                    (u + 1) * (BLOCK_M // 2), pid_n, n_inter, n_hidden, n_routed, stride_x,
+                    stride_we, stride_wg, stride_wn, stride_se, stride_sg, stride_sn,
+                    PAIRS_PER_TOKEN, BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, PDL,
+                    TMA)
+    else:
+        e, pair, row_ok = tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
+                                n_tokens, topk, n_routed, PAIRS_PER_TOKEN, BLOCK_M, DIRECT)
+        if e < 0:
+            return
+        _gate_up_rows(
+            x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e, pair, row_ok, pid_m * BLOCK_M, pid_n,
+            n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn, stride_se,
+            stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+            PRECISION, PDL, TMA)
+
+
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _down_tile(
-    act_ptr, w_ptr, ws_ptr, act_desc, w_desc, weights_ptr, m_tile, e, pair, row_ok, n0, n_ok,
-    n_hidden, n_inter, n_routed, topk, stride_we, stride_wn, stride_se, stride_sn,
+    act_ptr, w_ptr, ws_ptr, act_desc, w_desc, weights_ptr, act_row0, e, pair, row_ok, n0,
+    n_ok, n_hidden, n_inter, n_routed, topk, stride_we, stride_wn, stride_se, stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
-    """(act W_down^T) * routing weight of one M-tile and N-tile (columns n0 + BLOCK_N), fp32
-    (padding rows are dropped by the caller's store; with TMA they hold whatever `act` held)."""
+    """(act W_down^T) * routing weight of the BLOCK_M `act` rows from act_row0 and the N-tile
+    of columns n0 + BLOCK_N, fp32 (padding rows are dropped by the caller's store; with TMA
+    they hold whatever `act` held)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     base = _expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
     stride_n = tl.where(e >= n_routed, stride_sn, stride_wn)
     offs_k = tl.arange(0, BLOCK_K)
-    act_rows = (m_tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    act_rows = (act_row0 + tl.arange(0, BLOCK_M)).to(tl.int64)
     a_ptrs = act_ptr + act_rows[:, None] * n_inter + offs_k[None, :]
     b_ptrs = base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
     if TMA:  # rows of the [experts * hidden, moe_inter] view, and of `act`
         row_w = e * n_hidden + n0
-        row_a = m_tile * BLOCK_M
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, n_inter, BLOCK_K):
         if TMA:
-            a = act_desc.load([row_a, k])
+            a = act_desc.load([act_row0, k])
             b = tl.trans(w_desc.load([row_w, k]))
         else:
             a_mask, b_mask = _k_masks(row_ok, n_ok, offs_k + k < n_inter, EVEN_K)
@@ -147,35 +197,81 @@ def _down_tile(
     return acc.to(act_ptr.dtype.element_ty).to(tl.float32) * w[:, None]
 
 
-@triton.jit(do_not_specialize=["n_tokens"])
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _down_rows(
+    act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr, act_row0, e, pair,
+    row_ok, pid_n, n_hidden, n_inter, n_routed, topk, stride_we, stride_wn, stride_se,
+    stride_sn,
+    PAIRS_PER_TOKEN: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+):
+    """`_down_tile` of BM rows, stored to each pair's row of `out`."""
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < n_hidden
+    y = _down_tile(act_ptr, w_ptr, ws_ptr, act_desc, w_desc, weights_ptr, act_row0, e, pair,
+                   row_ok, pid_n * BLOCK_N, n_ok, n_hidden, n_inter, n_routed, topk,
+                   stride_we, stride_wn, stride_se, stride_sn,
+                   PAIRS_PER_TOKEN, BM, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, TMA)
+    out_ptrs = out_ptr + pair.to(tl.int64)[:, None] * n_hidden + offs_n[None, :]
+    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["n_tokens", "n_units"])
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def down_kernel(
-    act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr, ids_ptr, sorted_ptr,
-    block_expert_ptr, block_rows_ptr, n_tokens, topk, n_hidden, n_inter, n_routed,
-    stride_we, stride_wn, stride_se, stride_sn,
+    act_ptr, w_ptr, ws_ptr, act_desc, act_half_desc, w_desc, out_ptr, weights_ptr, ids_ptr,
+    sorted_ptr, block_expert_ptr, block_rows_ptr, n_tokens, n_units, topk, n_hidden, n_inter,
+    n_routed, stride_we, stride_wn, stride_se, stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, HALVES: tl.constexpr,
 ):
-    """Each pair's weighted expert output to its own row of `out` ([pairs, hidden])."""
+    """Each pair's weighted expert output to its own row of `out` ([pairs, hidden]); with
+    HALVES, M-tiles as in `gate_up_kernel` (`act_half_desc`: TMA blocks of half the rows)."""
     if DIRECT:
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
     else:  # N-tiles fastest: an M-tile's `act` rows are read from L2 by all its N-tiles
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
-    e, pair, row_ok = tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
-                            n_tokens, topk, n_routed, PAIRS_PER_TOKEN, BLOCK_M, DIRECT)
-    if e < 0:
-        return
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < n_hidden
-    y = _down_tile(act_ptr, w_ptr, ws_ptr, act_desc, w_desc, weights_ptr, pid_m, e, pair,
-                   row_ok, pid_n * BLOCK_N, n_ok, n_hidden, n_inter, n_routed, topk,
-                   stride_we, stride_wn, stride_se, stride_sn,
-                   PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, TMA)
-    out_ptrs = out_ptr + pair.to(tl.int64)[:, None] * n_hidden + offs_n[None, :]
-    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+    if HALVES:
+        u = 2 * pid_m
+        e0 = tl.load(block_expert_ptr + u)
+        e1 = tl.load(block_expert_ptr + u + 1, mask=u + 1 < n_units, other=-1)
+        if e0 < 0:
+            return
+        if e0 == e1:
+            pair2, ok2 = unit_rows(u, sorted_ptr, block_rows_ptr, BLOCK_M // 2, 2)
+            _down_rows(
+                act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr,
+                u * (BLOCK_M // 2), e0, pair2, ok2, pid_n, n_hidden, n_inter, n_routed, topk,
+                stride_we, stride_wn, stride_se, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N,
+                BLOCK_K, EVEN_K, PRECISION, TMA)
+        else:
+            pair0, ok0 = unit_rows(u, sorted_ptr, block_rows_ptr, BLOCK_M // 2, 1)
+            _down_rows(
+                act_ptr, w_ptr, ws_ptr, act_half_desc, w_desc, out_ptr, weights_ptr,
+                u * (BLOCK_M // 2), e0, pair0, ok0, pid_n, n_hidden, n_inter, n_routed, topk,
+                stride_we, stride_wn, stride_se, stride_sn, PAIRS_PER_TOKEN, BLOCK_M // 2,
+                BLOCK_N, BLOCK_K, EVEN_K, PRECISION, TMA)
+            if e1 >= 0:
+                pair1, ok1 = unit_rows(u + 1, sorted_ptr, block_rows_ptr, BLOCK_M // 2, 1)
+                _down_rows(
+                    act_ptr, w_ptr, ws_ptr, act_half_desc, w_desc, out_ptr, weights_ptr,
+                    (u + 1) * (BLOCK_M // 2), e1, pair1, ok1, pid_n, n_hidden, n_inter,
+                    n_routed, topk, stride_we, stride_wn, stride_se, stride_sn,
+                    PAIRS_PER_TOKEN, BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, TMA)
+    else:
+        e, pair, row_ok = tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
+                                n_tokens, topk, n_routed, PAIRS_PER_TOKEN, BLOCK_M, DIRECT)
+        if e < 0:
+            return
+        _down_rows(
+            act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr, pid_m * BLOCK_M, e,
+            pair, row_ok, pid_n, n_hidden, n_inter, n_routed, topk, stride_we, stride_wn,
+            stride_se, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+            PRECISION, TMA)
 
 
 @triton.jit(do_not_specialize=["n_tokens", "n_tiles"])
@@ -203,8 +299,8 @@ def down_sum_kernel(
     for q in range(0, n_tiles):
         e, pair, row_ok = direct_tile(q, ids_ptr, n_tokens, topk, n_routed, PAIRS_PER_TOKEN,
                                       BLOCK_M)
-        y = _down_tile(act_ptr, w_ptr, ws_ptr, None, None, weights_ptr, q, e, pair, row_ok,
-                       n0, n_ok, n_hidden, n_inter, n_routed, topk,
+        y = _down_tile(act_ptr, w_ptr, ws_ptr, None, None, weights_ptr, q * BLOCK_M, e, pair,
+                       row_ok, n0, n_ok, n_hidden, n_inter, n_routed, topk,
                        stride_we, stride_wn, stride_se, stride_sn,
                        PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, False)
         total += y.to(out_ptr.dtype.element_ty).to(tl.float32)

@@ -26,7 +26,7 @@ def main() -> None:
         x = torch.randn(tokens, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
         floor, _ = floor_us(x, layers, cfg, ceil)
         base = pick_config(tokens)
-        variants = {"whole": base, "halves": replace(base, halves=True)}
+        variants = {"whole": replace(base, halves=False), "halves": replace(base, halves=True)}
         fns = {n: (lambda x, layer, c, v=v: fused_layer(x, layer, c, v))
                for n, v in variants.items()}
         times: dict[str, list[float]] = {n: [] for n in variants}
