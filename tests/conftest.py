@@ -18,3 +18,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def nan_empty(monkeypatch):
+    """New buffers (`torch.empty`, `torch.empty_like`) start as NaN, or -7 for integer ones:
+    a kernel that reads a row or a layout entry nothing wrote shows."""
+    def poisoned(alloc):
+        def make(*args, **kwargs):
+            t = alloc(*args, **kwargs)
+            if t.is_floating_point():
+                return t.fill_(float("nan"))
+            return t.fill_(-7) if t.dtype in (torch.int32, torch.int64) else t
+        return make
+
+    monkeypatch.setattr(torch, "empty", poisoned(torch.empty))
+    monkeypatch.setattr(torch, "empty_like", poisoned(torch.empty_like))

@@ -1,0 +1,290 @@
+"""The MoE kernels on a GPU (`pytest -m cuda`: real V2-Lite / V3 shapes in bf16, CUDA-graph
+capture and replay) and their ahead-of-time sm90 compiles (no GPU needed). CPU tests:
+test_moe.py."""
+
+import dataclasses
+
+import pytest
+import torch
+from moe_helpers import close, make, reference
+from sm90_ptxas import run_compile_script
+
+from mla_func.config import MLAConfig
+from mla_func.kernels.fused_moe import fused_experts, side_stream
+from mla_func.kernels.moe_align import align_torch, align_triton
+from mla_func.kernels.moe_config import (
+    MoEConfig,
+    pick_config,
+)
+from mla_func.kernels.norm import add_rmsnorm
+from mla_func.kernels.router import route_fused
+from mla_func.moe import experts, experts_add_norm
+from mla_func.ops.norm import rmsnorm as rmsnorm_ref
+
+_AOT = """
+import triton
+from triton.backends.compiler import GPUTarget
+from sm90_ptxas import ptxas_usage
+from mla_func.kernels.moe_gemm import down_kernel, down_sum_kernel, gate_up_kernel
+ptrs = dict(weights_ptr="*fp32", ids_ptr="*i64", sorted_ptr="*i32", block_expert_ptr="*i32",
+            block_rows_ptr="*i32")
+no_tma = dict(TMA=False, w_desc=None, HALVES=False)
+no_act = dict(act_desc=None, act_half_desc=None)
+for fn, (bm, bn, bk, warps, stages), const in [
+        (gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=False, PDL=True, **no_tma)),
+        (gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=True, PDL=True, **no_tma)),
+        (down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=False, **no_act, **no_tma)),
+        (down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=True, **no_act, **no_tma)),
+        (down_sum_kernel, (16, 16, 256, 4, 4), dict(HAS_EXTRA=False)),
+        # The large-token configuration: expert weights (and act) through TMA descriptors,
+        # whole tiles only or also half tiles.
+        (gate_up_kernel, (128, 128, 64, 8, 4), dict(DIRECT=False, PDL=True, TMA=True,
+                                                    HALVES=False)),
+        (down_kernel, (128, 256, 64, 8, 4), dict(DIRECT=False, TMA=True, HALVES=False,
+                                                 act_half_desc=None)),
+        (gate_up_kernel, (128, 128, 64, 8, 4), dict(DIRECT=False, PDL=True, TMA=True,
+                                                    HALVES=True)),
+        (down_kernel, (128, 256, 64, 8, 4), dict(DIRECT=False, TMA=True, HALVES=True))]:
+    const = dict(PAIRS_PER_TOKEN=8, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32",
+                 EVEN_K=(1408 if fn is not gate_up_kernel else 2048) % bk == 0, **const)
+    w_block = f"1, 2, {bn}, {bk}" if fn is gate_up_kernel else f"{bn}, {bk}"
+    descs = dict(w_desc=f"tensordesc<bf16[{w_block}]>", act_desc=f"tensordesc<bf16[{bm}, {bk}]>",
+                 act_half_desc=f"tensordesc<bf16[{bm // 2}, {bk}]>")
+    sig = {n: "constexpr" if n in const else descs[n] if n in descs
+           else ptrs.get(n, "*bf16") if n.endswith("_ptr") else "i32" for n in fn.arg_names}
+    # What a launch at V2-Lite sizes specialises on: aligned pointers, strides and dims.
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n][0] == "*" or n.startswith(("stride", "n_inter", "n_hidden"))}
+    kernel = triton.compile(
+        triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+    _, spills, report = ptxas_usage(kernel)
+    assert spills == 0, report
+from mla_func.kernels.moe_gemm import sum_kernel
+for add_norm, block in ((False, 1024), (True, 2048)):  # as fused_experts launches it
+    const = dict(PAIRS_PER_TOKEN=8, HAS_EXTRA=True, ADD_NORM=add_norm, BLOCK=block)
+    sig = {n: "constexpr" if n in const else "fp32" if n == "eps"
+           else "*bf16" if n.endswith("_ptr") else "i32" for n in sum_kernel.arg_names}
+    kernel = triton.compile(
+        triton.compiler.ASTSource(fn=sum_kernel, signature=sig, constexprs=const),
+        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    _, spills, report = ptxas_usage(kernel)
+    assert spills == 0, report
+"""
+
+
+def test_compiles_for_sm90_at_v2_lite_sizes():
+    """Ahead-of-time sm90 compile (no GPU needed) of both layouts, the fused sum and the final
+    sum with and without the residual add and norm."""
+    out = run_compile_script(_AOT, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# ---- GPU: real sizes, bf16 ------------------------------------------------------------------
+
+V2_LITE = dict(topk=6, n_exp=64, hidden=2048, inter=1408, shared=2)
+V3 = dict(topk=8, n_exp=256, hidden=7168, inter=2048, shared=1)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape,tokens", [
+    pytest.param(shape, t, id=f"{name}-{t}") for name, shape, tokens in (
+        ("v2lite", V2_LITE, (1, 7, 32, 128, 512, 4096)), ("v3", V3, (1, 512)))
+    for t in tokens])
+@pytest.mark.parametrize("skew", [False, True])
+def test_cuda_real_sizes(shape, tokens, skew):
+    torch.cuda.empty_cache()
+    x, w, ids, gu, dn, mlp = make(tokens, **shape, dtype=torch.bfloat16, device="cuda",
+                                  skew=skew)
+    want = reference(x, w, ids, gu, dn, mlp)
+    got = experts(x, w, ids, gu, dn, mlp)
+    assert got.dtype == torch.bfloat16
+    err = (got.float() - want.float()).norm() / want.float().norm()
+    assert err < 2e-2, err  # bf16: the two round gate/up/act at different points
+    close(got, want, 0.05)
+    a, b = align_torch(ids, shape["n_exp"], 1, 16), align_triton(ids, shape["n_exp"], 1, 16)
+    assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
+    assert torch.equal(runs(a, 16), runs(b, 16))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens, shape", [
+    (1, V2_LITE), (32, V2_LITE), (128, V2_LITE), (1024, V2_LITE),
+    (1, {**V3, "n_exp": 16}), (32, {**V3, "n_exp": 16})])  # V3's width, fewer experts
+def test_cuda_add_norm_equals_experts_then_add_rmsnorm(tokens, shape):
+    """At V2-Lite size on each table row's path, and at V3's width (the sum, then
+    `add_rmsnorm`): the two launches it replaces, and the torch reference's values (at V3's
+    width the first check runs the very code the op runs; this one does not)."""
+    x, w, ids, gu, dn, mlp = make(tokens, **shape, dtype=torch.bfloat16, device="cuda")
+    residual = torch.randn_like(x)
+    weight = (1 + 0.1 * torch.randn(x.shape[1], device="cuda")).to(torch.bfloat16)
+    want_h, want_y = add_rmsnorm(residual, experts(x, w, ids, gu, dn, mlp), weight, 1e-6)
+    h, y = experts_add_norm(x, w, ids, gu, dn, mlp, residual, weight, 1e-6)
+    assert torch.equal(h, want_h)
+    # The same sum of squares in another program: at most the last bit of a bf16 apart.
+    torch.testing.assert_close(y, want_y, rtol=2**-7, atol=0)
+    ref_h = residual + reference(x, w, ids, gu, dn, mlp)
+    for got, want in ((h, ref_h), (y, rmsnorm_ref(ref_h, weight, 1e-6))):
+        # bf16, as in test_cuda_real_sizes: the two round gate/up/act at different points
+        # (H100: 4-6e-3 at every size here).
+        err = (got.float() - want.float()).norm() / want.float().norm()
+        assert err < 2e-2, err
+        close(got, want, 0.05)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [300, 4096])
+def test_cuda_tma_matches_pointer_loads(tokens):
+    """The large-token tiles with TMA loads: the reference's result, and the pointer-load
+    kernels' bits (the same tiles and the same order of sums)."""
+    x, w, ids, gu, dn, mlp = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda")
+    cfg = MoEConfig(128, (128, 64, 8, 4), (128, 64, 8, 4), fuse_shared=False)
+    got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
+                        dataclasses.replace(cfg, tma=True))
+    want = reference(x, w, ids, gu, dn, mlp)
+    assert ((got.float() - want.float()).norm() / want.float().norm()) < 2e-2
+    assert torch.equal(got, fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [300, 2048, 4096])
+@pytest.mark.parametrize("tma", [False, True])
+def test_cuda_halves_match_whole_tiles(tokens, tma):
+    """Half tiles (`MoEConfig.halves`) at V2-Lite size: the reference's result, and the bits
+    of whole tiles (every row's products run over K in the same order)."""
+    x, w, ids, gu, dn, mlp = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda")
+    cfg = MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), fuse_shared=False, tma=tma)
+    got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
+                        dataclasses.replace(cfg, halves=True))
+    want = reference(x, w, ids, gu, dn, mlp)
+    assert ((got.float() - want.float()).norm() / want.float().norm()) < 2e-2
+    assert torch.equal(got, fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg))
+
+
+def runs(layout, block_m):
+    """Each real row as (expert, pair), sorted: the pairs of every expert's run, whatever their
+    order inside it (the one-program kernel's follows atomic timing on a GPU)."""
+    sorted_pairs, block_expert, block_rows = layout
+    real = (torch.arange(block_m, device=block_rows.device)[None] < block_rows[:, None])
+    expert = block_expert[:, None].expand(-1, block_m)[real].long()
+    return (expert * (1 << 32) + sorted_pairs.view(-1, block_m)[real].long()).sort().values
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [1, 2, 4])
+def test_cuda_direct_matches_aligned(tokens):
+    x, w, ids, gu, dn, mlp = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda")
+    aligned = dataclasses.replace(pick_config(tokens), direct=False, pdl=False)  # same tiles
+    want = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, aligned)
+    close(want, reference(x, w, ids, gu, dn, mlp), 0.05)
+    for fused_sum, pdl in ((False, False), (True, False), (False, True)):
+        cfg = dataclasses.replace(aligned, direct=True, fused_sum=fused_sum, pdl=pdl)
+        got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg)
+        assert torch.equal(got, want), (fused_sum, pdl)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [1, 4, 8, 128, 1024, 4096])
+def test_cuda_pdl_behind_router_matches(tokens):
+    """The alignment and the gate_up kernel launched while the router runs (`pdl`: shared
+    tiles start early, routed tiles wait for the ids / layout) give the results of the plain
+    launches, eagerly and replayed. The inputs alternate, so a tile that read the routing too
+    early would read the other input's."""
+    cfg = MLAConfig.preset("v2-lite")
+    router = torch.randn(64, 2048, device="cuda") * 2048**-0.5
+    inputs = [make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda", seed=seed)
+              for seed in (5, 6)]
+    gu, dn, mlp = inputs[0][3:]
+
+    def layer(x, pdl):
+        w, ids = route_fused(x, router, None, cfg)
+        config = dataclasses.replace(pick_config(tokens), pdl=pdl)
+        return fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, config)
+
+    wants = [layer(inp[0], False) for inp in inputs]
+    # Bit-identical up to the direct layout; the aligned one's routed rows may be ordered
+    # otherwise by the alignment's atomics, which changes no bit either (rows are independent).
+    for i in range(20):
+        assert torch.equal(layer(inputs[i % 2][0], True), wants[i % 2]), i
+    static = inputs[0][0].clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer(static, True)
+    for i in range(20):
+        static.copy_(inputs[i % 2][0])
+        graph.replay()
+        assert torch.equal(out, wants[i % 2]), i
+
+
+DIRECT_SUM_V2 = MoEConfig(16, (32, 128, 4, 4), (16, 256, 4, 4), direct=True, fused_sum=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens,config", [
+    (1, None), (8, None), (128, None), (4096, None), (1, DIRECT_SUM_V2), (4, DIRECT_SUM_V2)])
+def test_cuda_graph_replay_matches_eager(tokens, config):
+    x, w, ids, gu, dn, mlp = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda")
+    static = [t.clone() for t in (x, w, ids)]
+    if config is None:
+        run = lambda *a: experts(*a, gu, dn, mlp)  # noqa: E731
+    else:
+        run = lambda *a: fused_experts(*a, gu, dn, mlp.gate_up, mlp.down, config)  # noqa: E731
+    fn = lambda: run(*static)  # noqa: E731
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # warm-up: compiles the kernels outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    for seed in (3, 4):  # fresh routing every replay
+        x2, w2, ids2, *_ = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda",
+                                seed=seed)
+        for dst, src in zip(static, (x2, w2, ids2), strict=True):
+            dst.copy_(src)
+        graph.replay()
+        torch.testing.assert_close(out, run(x2, w2, ids2), rtol=0, atol=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [600, 4096])
+def test_cuda_shared_stream_matches_serial(tokens):
+    """The shared experts on the side stream give the serial path's bits, eagerly (many calls
+    queued without a sync: a block the caching allocator handed out too early would show) and
+    replayed. Router included, as in the model: the fork follows it (and its PDL dependents).
+    The inputs alternate, so a sum that read the shared result before the join would read the
+    other input's."""
+    cfg = MLAConfig.preset("v2-lite")
+    router = torch.randn(64, 2048, device="cuda") * 2048**-0.5
+    inputs = [make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda", seed=seed)[0]
+              for seed in (8, 9)]
+    gu, dn, mlp = make(1, **V2_LITE, dtype=torch.bfloat16, device="cuda", seed=10)[3:]
+    assert side_stream(inputs[0].device) is side_stream(inputs[0].device)
+    assert side_stream(inputs[0].device) != torch.cuda.current_stream()
+
+    def layer(x, on):
+        w, ids = route_fused(x, router, None, cfg)
+        config = dataclasses.replace(pick_config(tokens), fuse_shared=False, shared_stream=on)
+        return fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, config)
+
+    wants = [layer(x, False) for x in inputs]
+    w, ids = route_fused(inputs[0], router, None, cfg)
+    close(wants[0], reference(inputs[0], w, ids, gu, dn, mlp), 0.05)
+    outs = [layer(inputs[i % 2], True) for i in range(10)]
+    for i, out in enumerate(outs):
+        assert torch.equal(out, wants[i % 2]), i
+    for on in (False, True):
+        static = inputs[0].clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            layer(static, on)  # warm-up outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = layer(static, on)
+        for i in range(1, 7):
+            static.copy_(inputs[i % 2])
+            graph.replay()
+            assert torch.equal(out, wants[i % 2]), (on, i)
