@@ -27,6 +27,7 @@ from mla_func.dims import VOCABULARY
 from mla_func.model import forward
 from mla_func.params import Params
 from mla_func.state import SCRATCH_PAGE, KVState
+from mla_func.validation import positive_int
 
 ATTENTION_OP = "mla_func::mla_attention"
 LOGITS_OP = "mla_func::logits"
@@ -63,8 +64,7 @@ def plan_step(params: Params, state: KVState, *, max_tokens: int | None = None,
     example = decode_batch(2, max_pages, state.page_size, params.device, backend)
     sizes = {k: v for k, v in (("tokens", max_tokens), ("seqs", max_seqs)) if v is not None}
     for name, v in sizes.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"max_{name} must be a positive int; got {v!r}")
+        positive_int(f"max_{name}", v)
     cfg = params.cfg
     return plan_capture(
         forward, params, state, example, dims=VOCABULARY, max_sizes=sizes,

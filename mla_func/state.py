@@ -16,6 +16,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mla_func.config import MLAConfig
+from mla_func.validation import positive_int
 
 LatentCache = Float[Tensor, "layers pages page_size latent"]
 SCRATCH_PAGE = 0
@@ -86,10 +87,8 @@ def init_state(
     dtype: torch.dtype = torch.float32,
 ) -> KVState:
     """An empty cache of `num_pages` pages (page 0 is scratch)."""
-    # At least two pages: page 0 is the scratch page padded rows read and write.
-    for name, value, least in (("num_pages", num_pages, 2), ("page_size", page_size, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(f"{name} must be an int >= {least}; got {value!r}")
+    positive_int("num_pages", num_pages, 2)  # page 0 is the scratch page
+    positive_int("page_size", page_size)
     cache = torch.zeros(cfg.num_hidden_layers, num_pages, page_size, cfg.latent_dim,
                         device=device, dtype=dtype)
     return KVState(cache=cache, allocator=PageAllocator(num_pages, page_size))

@@ -41,8 +41,8 @@ def test_allocator_needs_two_pages():
 
 
 @pytest.mark.parametrize("kw, words", [
-    (dict(num_pages=1), "num_pages must be an int >= 2; got 1"),
-    (dict(num_pages=8, page_size=0), "page_size must be an int >= 1; got 0"),
+    (dict(num_pages=1), r"num_pages must be an int >= 2 \(page 0 is scratch\), got 1"),
+    (dict(num_pages=8, page_size=0), "page_size must be an int >= 1, got 0"),
 ])
 def test_init_state_checks_its_sizes(kw, words):
     with pytest.raises(ValueError, match=words):

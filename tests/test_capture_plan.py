@@ -455,3 +455,30 @@ def test_shape_assumption_failing_at_a_bucket_is_an_error():
     would compute x * 2 for an 8-token call (eager: x)."""
     with pytest.raises(CaptureError, match=r"assumes Ne\(tokens, 8\).*piecewise bucket 8"):
         plan_capture(branch_on_size, torch.randn(5, 4), dims=VOCAB)
+
+
+def _flip_add_out(x, *, out):
+    out.copy_(x.flip(0) + 1)
+
+
+def returns_an_op_result_read_on(x: Float[Tensor, "tokens hidden"]):
+    a = _flip_add(x.sin())  # op 0, written into a static buffer: piece 1 reads it
+    d = _flip_add(_flip_add(a * 2) * 3) * 5  # op 2's buffer (piece 3 reads it) could be op 0's
+    return a, d
+
+
+def test_returned_op_buffer_is_not_reused():
+    """An op result the next piece reads and the function returns is handed out from its
+    static buffer: no later op may write there."""
+    from mla_func.capture.compile import compile_plan
+
+    x = torch.randn(5, 8)
+    plan = plan_capture(returns_an_op_result_read_on, x, dims=VOCAB,
+                        splitting_ops=["capture_test::flip_add"],
+                        out_variants={"capture_test::flip_add": _flip_add_out})
+    step = compile_plan(plan, returns_an_op_result_read_on, [x], mode="piecewise", bound=(),
+                        progress=False, emulate=True)
+    assert step.buffers.op_out[(0, 0)] is not step.buffers.op_out[(2, 0)]
+    y = torch.randn(7, 8)
+    for got, want in zip(step(y), returns_an_op_result_read_on(y), strict=True):
+        torch.testing.assert_close(got, want)

@@ -157,18 +157,17 @@ def allocate(plan: CapturePlan, leaves: Sequence[torch.Tensor], top: int) -> Buf
             buf.leaves[spec.index] = b
     device = next(t.device for s, t in zip(plan.signature.leaves, leaves, strict=True)
                   if not s.host)
-    # Splitting-op outputs: a buffer is free again after the last segment reading it.
+    # Splitting-op outputs: a buffer is free again after its last reader (a later segment, or
+    # a later op straight: given an out variant, an op must not write into the buffer it
+    # reads); never, if the function also returns it (dispatch hands out the buffer).
     free: list[tuple[int, torch.Tensor]] = []  # (free from segment index, buffer)
+    readers, returned = last_readers(plan), set(plan.output_node().all_input_nodes)
     for op in plan.ops:
         for j, node in enumerate(op.outputs):
             val = node.meta["val"]
-            # Read by later segments, or straight by a later op (which, given an out variant,
-            # must not write into the buffer it reads).
-            readers = [s.index for s in plan.segments if node in s.inputs]
-            readers += [o.index for o in plan.ops if node in o.node.all_input_nodes]
-            if not readers:  # only the function's output: dispatch returns the op's result
+            if node not in readers:  # only the function's output: dispatch returns the result
                 continue
-            last = max(readers)
+            last = len(plan.segments) if node in returned else readers[node]
             shape = shape_at(plan, val, top)
             reuse = next((f for f in free if f[0] <= op.index and list(f[1].shape) == shape
                           and f[1].dtype == val.dtype), None)
@@ -220,18 +219,25 @@ def segment_inputs(plan: CapturePlan, seg_index: int, size: int, leaves: Sequenc
     return out
 
 
-def release_after(plan: CapturePlan) -> dict[fx.Node, int]:
-    """Per value a piece produces: the index of the last piece after which nothing reads it
-    any more, so that later pieces may reuse its pool memory. Its readers: later pieces, and
-    splitting ops (op k runs after piece k, before piece k+1); what the function returns is
-    read after the last piece (never released within a bucket)."""
+def last_readers(plan: CapturePlan) -> dict[fx.Node, int]:
+    """Per value that pieces or splitting ops read: the index of the last piece after which
+    none of them reads it any more (op k runs after piece k, before piece k+1)."""
     last = {n: seg.index for seg in plan.segments for n in seg.inputs}
     for op in plan.ops:
         for n in op.node.all_input_nodes:
             last[n] = max(last.get(n, -1), op.index)
-    for n in plan.output_node().all_input_nodes:
-        last[n] = len(plan.segments)
     return {n: i for n, i in last.items() if n.op not in ("placeholder", "get_attr")}
+
+
+def release_after(plan: CapturePlan) -> dict[fx.Node, int]:
+    """Per value a piece produces: the index of the last piece after which nothing reads it
+    any more, so that later pieces may reuse its pool memory: `last_readers`, and what the
+    function returns, read after the last piece (never released within a bucket)."""
+    last = last_readers(plan)
+    for n in plan.output_node().all_input_nodes:
+        if n.op not in ("placeholder", "get_attr"):
+            last[n] = len(plan.segments)
+    return last
 
 
 def capture_piecewise(plan: CapturePlan, leaves: Sequence[torch.Tensor], buf: Buffers,

@@ -100,10 +100,9 @@ class CompiledStep:
         leaves = self._leaves_of(full_args)
         # Before dispatch: a call that runs eagerly must be bound to the same tensors too (it
         # writes the caller's state, which later graph replays would not see).
-        self._check_bound(leaves)
-        self._check_static(leaves)
+        self._check(leaves)
         kind, size = self._choose(full_args, leaves)
-        return self._run(kind, size, full_args, leaves, checked=True)
+        return self._run(kind, size, full_args, leaves)
 
     def _leaves_of(self, full_args: Sequence[Any]) -> list[torch.Tensor]:
         if self.bound_leaves is None:
@@ -147,17 +146,16 @@ class CompiledStep:
     def run(self, kind: str, size: int, full_args: Sequence[Any]) -> Any:
         """Run one call as `kind` at bucket `size` (benchmarks force a kind this way)."""
         leaves = [] if kind == "eager" else self._leaves_of(full_args)
+        if leaves:
+            self._check(leaves)
         return self._run(kind, size, full_args, leaves)
 
     def _run(self, kind: str, size: int, full_args: Sequence[Any],
-             leaves: list[torch.Tensor], checked: bool = False) -> Any:
-        if kind == "eager":
-            self.counts[kind] += 1
-            return self.fn(*full_args)
-        if not checked:
-            self._check_bound(leaves)
-            self._check_static(leaves)
+             leaves: list[torch.Tensor]) -> Any:
+        """One checked call (`_check`) as `kind` at bucket `size`."""
         self.counts[kind] += 1
+        if kind == "eager":
+            return self.fn(*full_args)
         real = self.plan.signature.dynamic_sizes(leaves)
         # Piecewise graphs read only the leaves segments use (the splitting ops get the live
         # ones); full graphs read them all.
@@ -170,6 +168,11 @@ class CompiledStep:
         else:
             outs, fresh = self._replay_piecewise(self.piecewise[size], leaves, real)
         return self._outputs(outs, leaves, real, full_args, fresh)
+
+    def _check(self, leaves: Sequence[torch.Tensor]) -> None:
+        """BindingError unless the bound tensors and every static axis are the captured ones."""
+        self._check_bound(leaves)
+        self._check_static(leaves)
 
     def _check_bound(self, leaves: Sequence[torch.Tensor]) -> None:
         for i, ptr in self.bound_ptrs.items():

@@ -133,9 +133,9 @@ def plan_capture(
     segments, ops = split_graph(traced.gm, splitting_ops)
     absent = sorted(set(splitting_ops) - {op.name for op in ops})
     if absent:  # a misspelt name would leave the op inside the graphs
-        present = sorted({op_base_name(n.target) for n in traced.gm.graph.nodes
-                          if n.op == "call_function" and op_base_name(n.target)
-                          and not op_base_name(n.target).startswith(("aten::", "prims::"))})
+        names = {op_base_name(n.target) for n in traced.gm.graph.nodes
+                 if n.op == "call_function"}
+        present = sorted(n for n in names if n and not n.startswith(("aten::", "prims::")))
         raise CaptureError(f"splitting ops {absent} do not occur in the traced function "
                            f"(its custom ops: {present})")
     validate(traced.gm, sig, segments)
@@ -167,20 +167,23 @@ def plan_capture(
         policy = policies.get(name, entry.policy)
         buckets[mode] = bucket_sizes(entry.max_size, policy)
         used[name] = policy if isinstance(policy, str) or policy is None else policy.name
+    keys: dict[str, int] = {}
+    distinct = [keys.setdefault(seg.key, len(keys)) for seg in segments]
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    plan = CapturePlan(name, sig, traced, segments, ops, support, buckets, mode_dims,
+                       distinct, dict(meta or {}), out_fns=out_fns,
+                       policies={k: v or "bounded" for k, v in used.items()})
+    from mla_func.capture.capture import sizes_at  # the sizes a bucket's graphs run at
+
     for mode, sizes in buckets.items():
         for size in sizes:
-            at = {n: min(size, sig.dims[n].max_size or size) for n in traced.symbols}
-            failed = traced.holds_at(at)
+            at = sizes_at(plan, size)
+            failed = traced.failing_at(at)
             if failed:
                 raise CaptureError(f"the traced code assumes {failed[0]}, which fails at the "
                                    f"{mode} bucket {size} (dims {at}): that graph would be "
                                    "wrong")
-    keys: dict[str, int] = {}
-    distinct = [keys.setdefault(seg.key, len(keys)) for seg in segments]
-    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
-    return CapturePlan(name, sig, traced, segments, ops, support, buckets, mode_dims,
-                       distinct, dict(meta or {}), out_fns=out_fns,
-                       policies={k: v or "bounded" for k, v in used.items()})
+    return plan
 
 
 def op_names(plan: CapturePlan) -> list[str]:

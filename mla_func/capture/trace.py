@@ -11,7 +11,7 @@ jaxtyping runtime checks are switched off while tracing (see `_no_runtime_checks
 Data-dependent control flow or host syncs raise during tracing (`GuardOnDataDependentSymNode`):
 we turn them into a `CaptureError` with the user's line. A dynamic dim that the code pins to a
 constant, or a shape assumption that fails with every dynamic dim at a probe size (here) or at
-any bucket's sizes (`Traced.holds_at`, which `plan_capture` asks per bucket), is an error too:
+any bucket's sizes (`Traced.failing_at`, which `plan_capture` asks per bucket), is an error too:
 it would be a silent wrong graph (or a recompile) later.
 """
 
@@ -59,12 +59,10 @@ class Traced:
     assumptions: tuple[str, ...]  # shape guards on dynamic dims, in dim names
     guards: tuple[tuple[str, sympy.Basic], ...] = ()  # (text, expression) of each assumption
 
-    def holds_at(self, sizes: dict[str, int]) -> list[str]:
+    def failing_at(self, sizes: dict[str, int]) -> list[str]:
         """The assumptions that fail with the dynamic dims at `sizes` (a bucket's)."""
         subs = {self.symbols[n]: sympy.Integer(v) for n, v in sizes.items()}
-        return [text for text, expr in self.guards
-                if (value := expr.xreplace(subs)) is sympy.false
-                or (value.is_Boolean and not bool(value))]
+        return [text for text, expr in self.guards if _fails(expr, subs)]
 
     def evaluate(self, value: Any, sizes: dict[str, int]) -> Any:
         """A SymInt (or int) with the dynamic dims set to `sizes`."""
@@ -205,6 +203,12 @@ def _guard_where(guard: Any) -> str | None:
     return _sloc_where(getattr(guard, "sloc", None)) or str(getattr(guard, "stack", "") or "")
 
 
+def _fails(expr: sympy.Basic, subs: dict) -> bool:
+    """Whether a shape guard is false with its symbols replaced by `subs`."""
+    value = expr.xreplace(subs)
+    return value is sympy.false or (value.is_Boolean and not bool(value))
+
+
 def _check_specialisation(sig: Signature, env: ShapeEnv, symbols: dict[str, sympy.Symbol],
                           probe_sizes: Sequence[int]) -> list[tuple[str, sympy.Basic]]:
     names = {s: n for n, s in symbols.items()}
@@ -221,8 +225,7 @@ def _check_specialisation(sig: Signature, env: ShapeEnv, symbols: dict[str, symp
             continue
         text = str(guard.expr.xreplace({s: sympy.Symbol(names[s]) for s in free}))
         for size in probe_sizes:
-            value = guard.expr.xreplace({s: sympy.Integer(size) for s in symbols.values()})
-            if value is sympy.false or (value.is_Boolean and not bool(value)):
+            if _fails(guard.expr, {s: sympy.Integer(size) for s in symbols.values()}):
                 pinned = " (pins a dynamic dim to a constant)" if "Eq(" in text else ""
                 raise CaptureError(
                     f"the traced code assumes {text}{pinned}, which fails when every dynamic "

@@ -88,6 +88,7 @@ class TritonMLA:
 
 BACKEND = TritonMLA()
 
+
 def unavailable(device: torch.device) -> str | None:
     """Triton kernels need a CUDA device, or Triton's CPU interpreter (TRITON_INTERPRET=1,
     read when Triton is first imported: set it before importing mla_func)."""
