@@ -44,8 +44,17 @@ STATIC_BINDINGS: dict[str, Callable[[MLAConfig], int]] = {
     "layers": lambda c: c.num_hidden_layers,
 }
 
+# Piecewise graphs stop at TOKENS_MAX_CAPTURED tokens; a larger step runs eagerly (the same
+# results). Past it the eager V2-Lite step is bound by the GPU, so a graph saves it nothing, while
+# padding to the next bucket (up to 12.5%) costs it: on an H100 (docs/perf/2026-11-23-h100-run58,
+# -run59), piecewise against eager was 41.1 / 38.4 ms at 3073 tokens (bucket 3328) and 79.9 /
+# 75.9 at 6145 (bucket 6656); up to 2560 every eager round (34.4-63 ms at 2049-2560 tokens, host-
+# bound) was slower than the bucket's replay (29.5-32.6 ms).
+TOKENS_MAX_CAPTURED = 2560
+
 VOCABULARY: dict[str, DimSpec] = {
-    "tokens": DimSpec("tokens", "dynamic", "flattened tokens of one step", 8192, "bounded"),
+    "tokens": DimSpec("tokens", "dynamic", "flattened tokens of one step", TOKENS_MAX_CAPTURED,
+                      "bounded"),
     "seqs": DimSpec("seqs", "dynamic", "sequences in one step", 512, "bounded"),
     "pages": DimSpec("pages", "capacity", "cache pages, fixed at allocation"),
     "page_size": DimSpec("page_size", "capacity", "tokens per cache page"),

@@ -11,7 +11,8 @@ Policy, once per step:
    One that does not fit waits, and keeps the ones behind it waiting (arrival order); reserving
    up front means nothing is ever preempted.
 2. Decodes first (one token each, as `make_batch` requires), then prefill chunks in arrival
-   order, up to `max_batch_tokens` tokens and `max_seqs` sequences.
+   order, up to `max_batch_tokens` tokens and `max_seqs` sequences. In graph modes a step of
+   more than `dims.TOKENS_MAX_CAPTURED` tokens runs eagerly (graphs stop there: see dims.py).
 3. Greedy argmax of the float32 logits, on the device. A request ends at eos (kept in its
    tokens) or after max_new_tokens, and frees its pages then.
 A row's math depends only on its own sequence, so batch composition never changes the tokens.
@@ -57,6 +58,7 @@ from mla_func import model
 from mla_func.attention import get_backend
 from mla_func.batch import SeqWork, make_batch
 from mla_func.config import MLAConfig
+from mla_func.dims import TOKENS_MAX_CAPTURED
 from mla_func.params import Params
 from mla_func.progress import AUTO_PROGRESS_DELAY_S, Progress
 from mla_func.request import Launched, Request
@@ -112,7 +114,10 @@ def _step_function(params: Params, state: KVState, mode: str, backend: str, max_
     # Imported here: eager never loads the compiler.
     from mla_func.compile_step import compile_step
 
-    return compile_step(params, state, mode=mode, max_tokens=max_tokens, max_seqs=max_seqs,
+    # The scheduling budget may exceed the graphs' range: larger steps run eagerly, where a
+    # graph would only add padding (dims.TOKENS_MAX_CAPTURED).
+    return compile_step(params, state, mode=mode,
+                        max_tokens=min(max_tokens, TOKENS_MAX_CAPTURED), max_seqs=max_seqs,
                         max_pages=max_pages, backend=backend, progress=progress is not False)
 
 

@@ -165,7 +165,12 @@ def bench_prefill(params, state, args) -> list[dict]:
             for mode in (("eager", "piecewise") if r % 2 == 0 else ("piecewise", "eager")):
                 rounds[mode].append(cuda_time_ms(steps[mode], reps=5))
         eager, piece = (statistics.median(rounds[m]) for m in ("eager", "piecewise"))
-        rows.append({"tokens": n, "eager_ms": eager, "piecewise_ms": piece,
+        # Which path the piecewise step took: graphs up to its largest bucket, eager past it.
+        before = dict(piecewise.counts)
+        piecewise(state, batch)
+        path = next(k for k, v in piecewise.counts.items() if v > before.get(k, 0))
+        rows.append({"tokens": n, "piecewise_path": path, "eager_ms": eager,
+                     "piecewise_ms": piece,
                      "eager_tok_s": n / eager * 1e3, "piecewise_tok_s": n / piece * 1e3,
                      "eager_rounds_ms": rounds["eager"],
                      "piecewise_rounds_ms": rounds["piecewise"]})
@@ -177,7 +182,7 @@ def bench_generate(cfg, params, args, floor_ms: float | None) -> dict:
     prompts = torch.randint(2, 100000, (args.gen_requests, args.gen_prompt)).tolist()
     kw = dict(max_new_tokens=args.gen_new, mode="full_and_piecewise",
               attention_backend=args.backend, eos_token_id=None, page_size=args.page_size,
-              max_seqs=args.gen_requests, max_batch_tokens=args.max_tokens)
+              max_seqs=args.gen_requests, max_batch_tokens=args.gen_batch_tokens)
     # A warm-up call with the same prompts and 2 new tokens first: it runs the prefill and
     # decode shapes once, so Triton's first compiles (seconds on a machine with an empty
     # kernel cache: 5.8k against 8.1k tokens/s on the H100, docs/perf/2026-11-23-h100-run12
@@ -280,7 +285,8 @@ def summarize(result: dict) -> None:
             "hf_grouped_mm_ms", "best_over_floor", "distinct_experts"]
     print_table(result.get("decode", []), cols, "decode step (ms)")
     print_table(result.get("prefill", []), ["tokens", "eager_ms", "piecewise_ms",
-                                            "eager_tok_s", "piecewise_tok_s"], "prefill")
+                                            "piecewise_path", "eager_tok_s",
+                                            "piecewise_tok_s"], "prefill")
     print_table(result.get("hf_compile", []), ["batch", "ctx", "hf_compile_ms", "compile_s"],
                 "HF + torch.compile(reduce-overhead)")
     if result.get("generate"):
@@ -298,7 +304,11 @@ def add_arguments(p) -> None:
     p.add_argument("--hf-ctx", type=int, default=1024)
     p.add_argument("--hf-compile-batches", type=int, nargs="+", default=[1])
     p.add_argument("--page-size", type=int, default=64)
-    p.add_argument("--max-tokens", type=int, default=8192)
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="largest piecewise bucket (default: the compiler's, "
+                        "dims.TOKENS_MAX_CAPTURED)")
+    p.add_argument("--gen-batch-tokens", type=int, default=8192,
+                   help="generate: the engine's max_batch_tokens")
     p.add_argument("--backend", default="triton")
     p.add_argument("--gen-requests", type=int, default=128)
     p.add_argument("--gen-prompt", type=int, default=512)

@@ -9,7 +9,7 @@ from torch import Tensor
 
 import mla_func as mf
 from mla_func.capture import CaptureError, SignatureError, plan_capture
-from mla_func.dims import DimSpec
+from mla_func.dims import TOKENS_MAX_CAPTURED, DimSpec
 
 VOCAB = {
     "tokens": DimSpec("tokens", "dynamic", "", 64, "bounded"),
@@ -246,7 +246,7 @@ def test_tiny_model_splits_once_per_layer(tiny_plan):
     assert list(leaf.users) == [plan.ops[-1].node]
     assert plan.signature.dynamic == ("tokens", "seqs")
     assert plan.mode_dims == {"piecewise": "tokens", "full": "seqs"}
-    assert plan.buckets["piecewise"][-1] == 8192 and plan.buckets["full"][-1] == 512
+    assert plan.buckets["piecewise"][-1] == TOKENS_MAX_CAPTURED and plan.buckets["full"][-1] == 512
     assert plan.full_support == 1  # the torch backend: uniform single-token decode
     host = [leaf for leaf in plan.signature.leaves if leaf.host]
     assert [leaf.path for leaf in host] == ["batch.host"]

@@ -259,6 +259,29 @@ def test_graph_mode_step_emulated_on_cpu(model, reference, monkeypatch):
     check_same(out, [0, 1, 2], reference, n=4)
 
 
+def test_graph_range_stops_at_tokens_max_captured(model, reference, monkeypatch):
+    """A scheduling budget above dims.TOKENS_MAX_CAPTURED: the graphs stop at the cap, a larger
+    step runs eagerly, and the tokens are the reference's (emulated graphs, as above)."""
+    import functools
+
+    import mla_func.compile_step as cs
+
+    monkeypatch.setattr(cs, "compile_step", functools.partial(cs.compile_step, emulate=True))
+    monkeypatch.setattr(eng, "check_mode", lambda mode, params: None)
+    monkeypatch.setattr(eng, "TOKENS_MAX_CAPTURED", 8)
+    cfg, params = model
+    engine = eng.Engine(cfg, params, num_pages=32, page_size=4, mode="piecewise",
+                        max_batch_tokens=32, max_seqs=4, eos_token_id=None)
+    step = engine._step_fn
+    assert step.plan.buckets["piecewise"][-1] == 8
+    rids = [engine.submit(p, 3) for p in PROMPTS[:3]]  # 19 prompt tokens in the first step
+    engine.run()
+    assert step.counts["eager"] == 1 and step.counts["piecewise"] == 2
+    tokens, _ = reference
+    for rid, i in zip(rids, range(3), strict=True):
+        assert engine.result(rid).tokens == tokens[i][:3]
+
+
 def test_progress_without_tqdm(model, monkeypatch, capsys):
     cfg, params = model
     monkeypatch.setitem(__import__("sys").modules, "tqdm", None)
