@@ -67,6 +67,7 @@ from mla_func.state import KVState, init_state
 from mla_func.validation import (
     MODES,
     EmptyPromptError,
+    IntArray,
     Prompt,
     PromptTooLongError,
     RequestError,
@@ -305,8 +306,9 @@ class Engine:
 
 
 def generate(
-    cfg: MLAConfig, params: Params, prompts: Sequence[Prompt] | Tensor, max_new_tokens: int = 8,
-    mode: str = "eager", attention_backend: str = "torch", return_logits: bool = False, *,
+    cfg: MLAConfig, params: Params, prompts: Sequence[Prompt] | Tensor | IntArray,
+    max_new_tokens: int = 8, mode: str = "eager", attention_backend: str = "torch",
+    return_logits: bool = False, *,
     page_size: int = 16, num_pages: int | None = None, max_batch_tokens: int = 512,
     max_seqs: int = 64, eos_token_id: int | Sequence[int] | Literal["config"] | None = "config",
     progress: bool | None = None, on_error: str = "raise",

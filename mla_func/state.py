@@ -9,6 +9,8 @@ read or write a live page. The host-side `PageAllocator` hands out the other pag
 its address stays fixed for CUDA graphs, and the returned state holds the same buffer.
 """
 
+import math
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -89,6 +91,33 @@ def init_state(
     """An empty cache of `num_pages` pages (page 0 is scratch)."""
     positive_int("num_pages", num_pages, 2)  # page 0 is the scratch page
     positive_int("page_size", page_size)
+    shape = (cfg.num_hidden_layers, num_pages, page_size, cfg.latent_dim)
+    _check_fits(math.prod(shape) * dtype.itemsize, torch.device(device), shape, dtype)
     cache = torch.zeros(cfg.num_hidden_layers, num_pages, page_size, cfg.latent_dim,
                         device=device, dtype=dtype)
     return KVState(cache=cache, allocator=PageAllocator(num_pages, page_size))
+
+
+def _device_bytes(device: torch.device) -> tuple[int, str] | None:
+    """(bytes a new cache may take, a phrase saying so) on `device`, where that is known."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free, f"{free / 2**30:.3g} GiB are free on {device}"
+    if device.type == "cpu" and hasattr(os, "sysconf"):
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):  # names this platform does not define
+            return None
+        return total, f"the host has {total / 2**30:.3g} GiB"
+    return None  # meta (planning) and other devices: nothing to check
+
+
+def _check_fits(nbytes: int, device: torch.device, shape: tuple[int, ...],
+                dtype: torch.dtype) -> None:
+    """A ValueError naming the sizes when the cache cannot fit, instead of the allocator's
+    raw error (or, on the host, the machine swapping)."""
+    room = _device_bytes(device)
+    if room is not None and nbytes > room[0]:
+        raise ValueError(
+            f"a cache of {shape[1]} pages x {shape[2]} tokens x {shape[3]} values x {shape[0]} "
+            f"layers in {dtype} needs {nbytes / 2**30:.3g} GiB; {room[1]}: lower num_pages")

@@ -6,8 +6,8 @@ models: reject a prompt the cache or the positions can never hold, and token ids
 vocabulary, with a message that names the problem). This module owns:
 - the error classes: `RequestError` (a ValueError) and its kinds `TokenIdError`,
   `EmptyPromptError`, `PromptTooLongError`;
-- `check_prompt`: a prompt (list, sequence or 1-D integer tensor) as a list of ints, or one of
-  those errors;
+- `check_prompt`: a prompt (list, sequence, 1-D integer tensor or numpy array) as a list of
+  ints, or one of those errors;
 - the argument checks `positive_int`, `check_mode` (known mode; graph modes need CUDA) and
   `seq_limit` (the most tokens one sequence can ever hold, and what sets it).
 `mla_func.engine` calls these and re-exports the public names.
@@ -15,6 +15,7 @@ vocabulary, with a message that names the problem). This module owns:
 
 from collections.abc import Sequence
 from numbers import Integral
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -75,9 +76,20 @@ def seq_limit(cfg: MLAConfig, num_pages: int | None, page_size: int) -> tuple[in
     return limit
 
 
+@runtime_checkable
+class IntArray(Protocol):
+    """A numpy-like array, as check_prompt reads one (numpy itself stays optional)."""
+
+    ndim: int
+    shape: tuple
+    dtype: object
+
+    def tolist(self) -> list: ...
+
+
 # Prompts are typed loosely on purpose: check_prompt's errors name a bad token id; a type
 # checker would only sample one element and fail with a less useful message.
-Prompt = Sequence[object] | Tensor
+Prompt = Sequence[object] | Tensor | IntArray
 
 
 def check_prompt(
@@ -89,14 +101,22 @@ def check_prompt(
             raise TokenIdError(f"a prompt tensor must be 1-D integer, got {prompt.dtype} "
                                f"{tuple(prompt.shape)}")
         prompt = prompt.tolist()
+    elif isinstance(prompt, IntArray):  # numpy: read as the tensor branch above
+        if prompt.ndim != 1 or getattr(prompt.dtype, "kind", "") not in ("i", "u"):
+            raise TokenIdError(f"a prompt array must be 1-D integer, got {prompt.dtype} "
+                               f"{tuple(prompt.shape)}")
+        prompt = prompt.tolist()
     if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
         raise TokenIdError(f"a prompt must be a sequence of token ids, got {type(prompt)}")
     ids = [int(t) if isinstance(t, Integral) and not isinstance(t, bool) else t
            for t in prompt]
     if not ids:
         raise EmptyPromptError("empty prompt: a prompt needs at least one token")
-    bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int)
-           or not 0 <= t < vocab_size]
+    typed = [t for t in ids if isinstance(t, bool) or not isinstance(t, int)]
+    if typed:
+        raise TokenIdError(f"token ids must be ints; got {typed[0]!r} "
+                           f"({type(typed[0]).__name__})")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
         raise TokenIdError(f"token id(s) {bad[:5]} outside the vocabulary [0, {vocab_size})")
     need = len(ids) + max_new_tokens - 1

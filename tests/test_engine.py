@@ -146,7 +146,8 @@ def test_every_eos_of_a_config_list_stops(model, reference):
 @pytest.mark.parametrize("prompt,error,words", [
     ([1, 2, 256], eng.TokenIdError, "256"),
     ([1, -1], eng.TokenIdError, "-1"),
-    ([1, 2.0], eng.TokenIdError, "vocabulary"),
+    ([1, 2.0], eng.TokenIdError, r"token ids must be ints; got 2.0 \(float\)"),
+    ([True, 2], eng.TokenIdError, r"got True \(bool\)"),
     ([], eng.EmptyPromptError, "empty"),
     (list(range(2, 40)), eng.PromptTooLongError, "cache of 5 pages of 4 .* at most 16"),
 ])
@@ -348,6 +349,17 @@ def test_tensor_prompts(model, reference):
     assert out.tokens == [reference[0][0][:2]]
     with pytest.raises(eng.TokenIdError, match="1-D integer"):
         mf.generate(cfg, params, [torch.tensor([1.0, 2.0])], 2)
+
+
+def test_numpy_prompts(model, reference):
+    np = pytest.importorskip("numpy")
+    cfg, params = model
+    for prompts in (np.array([PROMPTS[0]]), [np.array(PROMPTS[0], dtype=np.uint16)]):
+        out = mf.generate(cfg, params, prompts, 2, page_size=4, eos_token_id=None)
+        assert out.tokens == [reference[0][0][:2]]
+    for bad in (np.array([1.0, 2.0]), np.array([[1, 2]])):
+        with pytest.raises(eng.TokenIdError, match="prompt array must be 1-D integer"):
+            mf.generate(cfg, params, [bad], 2)
 
 
 def test_empty_prompt_list(model):
