@@ -109,3 +109,15 @@ def test_make_batch_errors(work, kw, words):
     with pytest.raises(mf.BatchError, match=words):
         mf.make_batch(work, page_size=4, max_pages=3, **kw)
     assert issubclass(mf.BatchError, ValueError)
+
+
+@pytest.mark.cuda
+def test_init_state_past_free_gpu_memory():
+    """On a GPU the bound is the free device memory, named in the error; nothing allocated."""
+    cfg = mf.MLAConfig.preset("v2-lite")
+    free, _ = torch.cuda.mem_get_info()
+    before = torch.cuda.memory_allocated()
+    pages = free // (cfg.num_hidden_layers * 64 * cfg.latent_dim * 2) + 16
+    with pytest.raises(ValueError, match=r"GiB are free on cuda"):
+        mf.init_state(cfg, num_pages=pages, page_size=64, device="cuda", dtype=torch.bfloat16)
+    assert torch.cuda.memory_allocated() == before
