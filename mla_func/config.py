@@ -185,6 +185,11 @@ class MLAConfig:
                 errors.append(f"first_k_dense_replace={self.first_k_dense_replace} outside "
                               f"0..num_hidden_layers")
         self._validate_numbers(errors)
+        # A string "false" in a hand-edited config.json is truthy: it would flip the routing's
+        # normalisation or the rope layout without a word.
+        errors += [f"{name} must be true or false, got {getattr(self, name)!r}" for name in
+                   ("norm_topk_prob", "rope_interleave", "tie_word_embeddings")
+                   if not isinstance(getattr(self, name), bool)]
         if errors:
             raise ConfigError("invalid MLAConfig: " + "; ".join(errors))
 

@@ -132,6 +132,9 @@ YARN = mf.MLAConfig.preset("tiny").rope_scaling
     ({"extra_eos_token_ids": (2, 300)}, r"extra_eos_token_ids must be .* got 300"),
     ({"extra_eos_token_ids": [2]}, "extra_eos_token_ids must be a tuple of ints"),
     ({"eos_token_id": None, "extra_eos_token_ids": (2,)}, "needs an eos_token_id"),
+    ({"norm_topk_prob": "false"}, "norm_topk_prob must be true or false, got 'false'"),
+    ({"rope_interleave": 1}, "rope_interleave must be true or false, got 1"),
+    ({"tie_word_embeddings": None}, "tie_word_embeddings must be true or false, got None"),
 ])
 def test_invalid_number_fields_name_the_field_and_value(change, message, monkeypatch):
     # Outside tests nothing checks annotations: validate itself must catch a wrong type.
