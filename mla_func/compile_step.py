@@ -80,7 +80,9 @@ def compile_step(params: Params, state: KVState, *, mode: str, max_tokens: int |
                  emulate: bool = False) -> CompiledStep:
     """A step `(state, batch) -> (logits, state)` running `forward` in `mode` ("eager",
     "piecewise", "full", "full_and_piecewise"). Batches must use `max_pages` columns of page
-    table (default: every page of the cache but the scratch one) and `backend`. `emulate`
+    table (default: every page of the cache but the scratch one) and `backend`. Piecewise
+    graphs cover 1..`max_tokens` tokens (default `dims.TOKENS_MAX_CAPTURED`, 2560: past it a
+    graph saves nothing and its padding costs); larger steps run eagerly. `emulate`
     runs the capture/dispatch machinery without CUDA graphs (CPU tests of padding/dispatch)."""
     if mode == "eager":  # nothing to trace: the step is `forward` itself
         return CompiledStep(forward, None, "eager", "eager", {0: params})

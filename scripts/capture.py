@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default="torch", choices=("torch", "triton"))
     p.add_argument("--mode", default="full_and_piecewise",
                    choices=("piecewise", "full", "full_and_piecewise"))
-    p.add_argument("--max-tokens", type=_positive, default=None)
+    p.add_argument("--max-tokens", type=_positive, default=None,
+                   help="largest piecewise bucket (default: dims.TOKENS_MAX_CAPTURED, 2560)")
     p.add_argument("--max-seqs", type=_positive, default=None)
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
     p.add_argument("--check", default=[1, 8, 32, 128, 512], type=_sizes,
