@@ -12,7 +12,8 @@ Policy, once per step:
    up front means nothing is ever preempted.
 2. Decodes first (one token each, as `make_batch` requires), then prefill chunks in arrival
    order, up to `max_batch_tokens` tokens and `max_seqs` sequences. In graph modes a step of
-   more than `dims.TOKENS_MAX_CAPTURED` tokens runs eagerly (graphs stop there: see dims.py).
+   more than `max_graph_tokens` tokens (default `dims.TOKENS_MAX_CAPTURED`, where graphs stop
+   paying: see dims.py) runs eagerly.
 3. Greedy argmax of the float32 logits, on the device. A request ends at eos (kept in its
    tokens) or after max_new_tokens, and frees its pages then.
 A row's math depends only on its own sequence, so batch composition never changes the tokens.
@@ -115,10 +116,7 @@ def _step_function(params: Params, state: KVState, mode: str, backend: str, max_
     # Imported here: eager never loads the compiler.
     from mla_func.compile_step import compile_step
 
-    # The scheduling budget may exceed the graphs' range: larger steps run eagerly, where a
-    # graph would only add padding (dims.TOKENS_MAX_CAPTURED).
-    return compile_step(params, state, mode=mode,
-                        max_tokens=min(max_tokens, TOKENS_MAX_CAPTURED), max_seqs=max_seqs,
+    return compile_step(params, state, mode=mode, max_tokens=max_tokens, max_seqs=max_seqs,
                         max_pages=max_pages, backend=backend, progress=progress is not False)
 
 
@@ -149,6 +147,7 @@ class Engine:
         max_seqs: int = 64, max_seq_len: int | None = None,
         eos_token_id: int | Sequence[int] | Literal["config"] | None = "config",
         return_logits: bool = False, progress: bool | None = None,
+        max_graph_tokens: int = TOKENS_MAX_CAPTURED,
     ) -> None:
         check_mode(mode, params)
         if params.cfg != cfg:
@@ -159,7 +158,7 @@ class Engine:
                              "loaded with")
         get_backend(attention_backend, params.device)
         for name, value in (("page_size", page_size), ("max_batch_tokens", max_batch_tokens),
-                            ("max_seqs", max_seqs)):
+                            ("max_seqs", max_seqs), ("max_graph_tokens", max_graph_tokens)):
             positive_int(name, value)
         positive_int("num_pages", num_pages, 2)
         self.max_seq_len, self.limit = seq_limit(cfg, num_pages, page_size)
@@ -172,8 +171,11 @@ class Engine:
         self.eos = eos_ids(eos_token_id, cfg)
         self.return_logits = return_logits
         self.state: KVState = init_state(cfg, num_pages, page_size, params.device, params.dtype)
+        # The scheduling budget may exceed the graphs' range: larger steps run eagerly, where a
+        # graph would only add padding (dims.TOKENS_MAX_CAPTURED).
         self._step_fn = _step_function(params, self.state, mode, attention_backend,
-                                       max_batch_tokens, max_seqs, self.max_pages, progress)
+                                       min(max_batch_tokens, max_graph_tokens), max_seqs,
+                                       self.max_pages, progress)
         self._requests: dict[int, Request] = {}
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
@@ -312,13 +314,15 @@ def generate(
     page_size: int = 16, num_pages: int | None = None, max_batch_tokens: int = 512,
     max_seqs: int = 64, eos_token_id: int | Sequence[int] | Literal["config"] | None = "config",
     progress: bool | None = None, on_error: str = "raise",
+    max_graph_tokens: int = TOKENS_MAX_CAPTURED,
 ) -> GenerateOutput:
     """Greedy generation for every prompt with continuous batching (see the module docstring).
 
     `num_pages=None` sizes the cache so that `max_seqs` requests can run at once; eos_token_id
     "config" means cfg.eos_token_ids (every id a config.json list gives), None disables it, an
     id or a sequence of ids replaces them; progress None shows a bar only on runs
-    longer than a couple of seconds."""
+    longer than a couple of seconds; graph modes capture steps of up to `max_graph_tokens`
+    tokens (and `max_batch_tokens`), larger ones run eagerly."""
     check_mode(mode, params)
     positive_int("max_new_tokens", max_new_tokens)
     positive_int("page_size", page_size)
@@ -343,7 +347,7 @@ def generate(
         cfg, params, num_pages=num_pages, mode=mode, attention_backend=attention_backend,
         page_size=page_size, max_batch_tokens=max_batch_tokens, max_seqs=max_seqs,
         max_seq_len=longest, eos_token_id=eos_token_id, return_logits=return_logits,
-        progress=progress)
+        progress=progress, max_graph_tokens=max_graph_tokens)
     rids = [engine.submit(p, max_new_tokens) if isinstance(p, list) else None for p in checked]
     start = time.perf_counter()
     setup = start - setup

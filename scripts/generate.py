@@ -59,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--page-size", type=_count(1), default=16)
     ap.add_argument("--max-batch-tokens", type=_count(1), default=512)
     ap.add_argument("--max-seqs", type=_count(1), default=64)
+    ap.add_argument("--max-graph-tokens", type=_count(1), default=None,
+                    help="graph modes: steps of more tokens run eagerly (default: the "
+                         "package's, dims.TOKENS_MAX_CAPTURED)")
     ap.add_argument("--no-eos", action="store_true", help="ignore eos: always generate M tokens")
     ap.add_argument("--show", type=_count(0), default=3, help="prompts whose tokens are printed")
     args = ap.parse_args(argv)
@@ -96,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg, params, prompts.tolist(), args.max_new_tokens, mode=args.mode,
             attention_backend=args.backend, page_size=args.page_size,
             max_batch_tokens=args.max_batch_tokens, max_seqs=args.max_seqs,
-            eos_token_id=None if args.no_eos else "config")
+            eos_token_id=None if args.no_eos else "config",
+            **({"max_graph_tokens": args.max_graph_tokens} if args.max_graph_tokens else {}))
     except ValueError as err:  # the package's input errors are ValueError subclasses
         print(f"error: {err}", file=sys.stderr)
         return 2

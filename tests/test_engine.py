@@ -9,6 +9,7 @@ import torch
 
 import mla_func as mf
 from mla_func import engine as eng
+from mla_func.dims import TOKENS_MAX_CAPTURED
 
 NEW = 5
 PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 23)), [3], list(range(30, 100))]
@@ -124,6 +125,8 @@ def test_config_eos_and_none(model):
     assert eng.Engine(cfg, params, num_pages=4, eos_token_id=[3, 4]).eos == (3, 4)
     with pytest.raises(ValueError, match="eos_token_id must be"):
         eng.Engine(cfg, params, num_pages=4, eos_token_id=cfg.vocab_size)
+    with pytest.raises(ValueError, match="max_graph_tokens must be an int >= 1, got 0"):
+        eng.Engine(cfg, params, num_pages=4, max_graph_tokens=0)
     for bad in ("eos", [3, -1], True):  # what the type checks (off outside tests) let through
         with pytest.raises(ValueError, match="eos_token_id must be"):
             eng.eos_ids(bad, cfg)
@@ -260,19 +263,22 @@ def test_graph_mode_step_emulated_on_cpu(model, reference, monkeypatch):
     check_same(out, [0, 1, 2], reference, n=4)
 
 
-def test_graph_range_stops_at_tokens_max_captured(model, reference, monkeypatch):
-    """A scheduling budget above dims.TOKENS_MAX_CAPTURED: the graphs stop at the cap, a larger
-    step runs eagerly, and the tokens are the reference's (emulated graphs, as above)."""
+def test_graph_range_stops_at_max_graph_tokens(model, reference, monkeypatch):
+    """A scheduling budget above the graphs' range (dims.TOKENS_MAX_CAPTURED by default,
+    `max_graph_tokens` when given): the graphs stop there, a larger step runs eagerly, and the
+    tokens are the reference's (emulated graphs, as above)."""
     import functools
 
     import mla_func.compile_step as cs
 
     monkeypatch.setattr(cs, "compile_step", functools.partial(cs.compile_step, emulate=True))
     monkeypatch.setattr(eng, "check_mode", lambda mode, params: None)
-    monkeypatch.setattr(eng, "TOKENS_MAX_CAPTURED", 8)
     cfg, params = model
+    default = eng.Engine(cfg, params, num_pages=32, page_size=4, mode="piecewise",
+                         max_batch_tokens=4096, max_seqs=4)
+    assert default._step_fn.plan.buckets["piecewise"][-1] == TOKENS_MAX_CAPTURED < 4096
     engine = eng.Engine(cfg, params, num_pages=32, page_size=4, mode="piecewise",
-                        max_batch_tokens=32, max_seqs=4, eos_token_id=None)
+                        max_batch_tokens=32, max_seqs=4, eos_token_id=None, max_graph_tokens=8)
     step = engine._step_fn
     assert step.plan.buckets["piecewise"][-1] == 8
     rids = [engine.submit(p, 3) for p in PROMPTS[:3]]  # 19 prompt tokens in the first step
