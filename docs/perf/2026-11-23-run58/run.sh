@@ -6,7 +6,8 @@
 # CUDA tests of the committed tree (tests: run52's part, baseline2/ = `git archive HEAD`);
 # the decode step, full graphs (step: run40's part, STEP_ORDER); capture time and graph pool of
 # `full_and_piecewise` at the default buckets, trees in turn (capture: CAPTURE_ORDER; new = this
-# tree, base = baseline/, the session's start).
+# tree, base = baseline/, the session's start); end-to-end `generate`, 128 requests of 512 + 256
+# tokens, trees in turn (generate: GEN_ORDER).
 set -u
 OUT=$(realpath ${OUT:-out}); mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -26,6 +27,12 @@ for part in ${*:-sync}; do
            tail -3 "$OUT/pyspy.log"
            python3 $HERE/pyspy_summary.py "$OUT/pyspy_raw.txt" > "$OUT/pyspy_summary.txt" 2>&1
            head -95 "$OUT/pyspy_summary.txt" ;;
+    generate) for v in ${GEN_ORDER:-new base}; do  # end-to-end generate, trees in turn
+                d=.; [ $v = base ] && d=baseline
+                (cd $d && PYTHONPATH=.:/tmp/site timeout 280 python3 -m scripts.bench step \
+                   --parts generate --out "/tmp/gen_$v" > "$OUT/generate_$v.log" 2>&1)
+                echo "--- $v"; grep -A3 "## generate" "$OUT/generate_$v.log" | tail -2
+              done ;;
     tests) OUT=$OUT bash docs/perf/2026-11-23-run52/run.sh tests 2>&1 | grep -v "^===" ;;
     step) OUT=$OUT bash docs/perf/2026-11-23-run40/run.sh step 2>&1 | grep -v "^===" ;;
     capture) for v in ${CAPTURE_ORDER:-new base}; do
