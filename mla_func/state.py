@@ -93,8 +93,7 @@ def init_state(
     positive_int("page_size", page_size)
     shape = (cfg.num_hidden_layers, num_pages, page_size, cfg.latent_dim)
     _check_fits(math.prod(shape) * dtype.itemsize, torch.device(device), shape, dtype)
-    cache = torch.zeros(cfg.num_hidden_layers, num_pages, page_size, cfg.latent_dim,
-                        device=device, dtype=dtype)
+    cache = torch.zeros(shape, device=device, dtype=dtype)
     return KVState(cache=cache, allocator=PageAllocator(num_pages, page_size))
 
 

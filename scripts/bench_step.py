@@ -165,10 +165,8 @@ def bench_prefill(params, state, args) -> list[dict]:
             for mode in (("eager", "piecewise") if r % 2 == 0 else ("piecewise", "eager")):
                 rounds[mode].append(cuda_time_ms(steps[mode], reps=5))
         eager, piece = (statistics.median(rounds[m]) for m in ("eager", "piecewise"))
-        # Which path the piecewise step took: graphs up to its largest bucket, eager past it.
-        before = dict(piecewise.counts)
-        piecewise(state, batch)
-        path = next(k for k, v in piecewise.counts.items() if v > before.get(k, 0))
+        # Which path the piecewise step takes: graphs up to its largest bucket, eager past it.
+        path = piecewise.choose(piecewise._merge((state, batch)))[0]
         rows.append({"tokens": n, "piecewise_path": path, "eager_ms": eager,
                      "piecewise_ms": piece,
                      "eager_tok_s": n / eager * 1e3, "piecewise_tok_s": n / piece * 1e3,
