@@ -304,6 +304,37 @@ def test_emulated_dispatch_matches_eager():
     assert last.name == "mla_func::logits" and (last.index, 0) not in step.buffers.op_out
 
 
+def test_dispatch_copy_plans_repad_and_stay_bounded(monkeypatch):
+    """The copy targets kept per bucket and input shapes (`CompiledStep._fill`): steps of
+    different token counts in one bucket, in turn, each pad their own rows again (a longer
+    step wrote real ones there) and match eager; the kept plans never pass their bound."""
+    from mla_func.capture import dispatch
+    from mla_func.compile_step import compile_step
+
+    monkeypatch.setattr(dispatch, "FILL_PLANS_KEPT", 2)
+    cfg = mf.MLAConfig.preset("tiny")
+    params = mf.init_params(cfg, seed=3)
+    state = mf.init_state(cfg, num_pages=32, page_size=4)
+    step = compile_step(params, state, mode="piecewise", max_tokens=16, max_seqs=4,
+                        max_pages=4, emulate=True, progress=False)
+    alloc = state.allocator
+    g = torch.Generator().manual_seed(0)
+    for seq, n in enumerate([7, 5, 6, 5, 7, 8]):  # bucket 8 each time, three shapes
+        ref = mf.init_state(cfg, num_pages=32, page_size=4)
+        work = [mf.SeqWork(torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist(), 0,
+                           alloc.reserve(seq, n))]
+        batch = mf.make_batch(work, 4, 4)
+        assert step.choose(step._merge((state, batch))) == ("piecewise", 8)
+        logits, _ = step(state, batch)
+        want, _ = mf.forward(params, ref, mf.make_batch(work, 4, 4))
+        torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
+        assert 1 <= len(step.fill_plans) <= 2
+        # The segments' copy of the token ids: this step's, then the pad value 0.
+        ids = next(step.buffers.leaves[sp.index] for sp in step.plan.signature.leaves
+                   if sp.path == "batch.token_ids")
+        assert torch.equal(ids[:n], batch.token_ids) and ids[n:8].eq(0).all()
+
+
 def test_piecewise_logits_run_on_real_sequences():
     """In a piecewise step whose bucket pads `seqs`, the logits projection sees the real
     sequences' rows only, and the step returns its result as it is."""

@@ -25,12 +25,15 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from mla_func.capture.buckets import pad_to
 from mla_func.capture.capture import Buffers, FullBucket, PiecewiseBucket, narrow_to, sizes_at
 from mla_func.capture.errors import BindingError
 from mla_func.capture.plan import CapturePlan
 from mla_func.capture.tree import TreeDef, unflatten
 
 MODES = ("eager", "piecewise", "full", "full_and_piecewise")
+# `_fill`'s copy plans kept per step (one per bucket and input shapes; cleared when full).
+FILL_PLANS_KEPT = 256
 
 
 def _leaves(td: TreeDef, obj: Any, out: list[torch.Tensor], path: str) -> None:
@@ -88,7 +91,12 @@ class CompiledStep:
     report: dict[str, Any] = field(default_factory=dict)
     capture_leaves: list[torch.Tensor] = field(default_factory=list)  # the args' leaves
     bound_leaves: dict[int, list[torch.Tensor]] | None = None
-    unbound_specs: list | None = field(default=None, repr=False)
+    # Per-call host work is GPU idle time for a caller that waits on each step: what depends
+    # only on the plan is worked out once (static axes to check), and the copy targets once per
+    # bucket and input shapes (`_fill`).
+    static_axes: list[tuple[int, int, int]] | None = field(default=None, repr=False)
+    fill_plans: dict[tuple, tuple[list[torch.Tensor], list[tuple[torch.Tensor, Any]]]] = field(
+        default_factory=dict, repr=False)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("eager", "piecewise", "full"), 0))
 
@@ -127,8 +135,6 @@ class CompiledStep:
     def _choose(self, full_args: Sequence[Any], leaves: list[torch.Tensor]) -> tuple[str, int]:
         sizes = self.plan.signature.dynamic_sizes(leaves)
         n = max(sizes.values())
-        from mla_func.capture.buckets import pad_to
-
         dims = self.plan.signature.dims
         if any(v > (dims[k].max_size or v) for k, v in sizes.items()):
             return "eager", 0  # a dim beyond its own range: no graph holds it
@@ -183,17 +189,18 @@ class CompiledStep:
 
     def _check_static(self, leaves: Sequence[torch.Tensor]) -> None:
         # The bound arguments' leaves are the compiled step's own: check only the caller's.
-        if self.unbound_specs is None:
-            self.unbound_specs = [sp for sp in self.plan.signature.leaves
-                                  if sp.arg not in self.bound]
-        for spec in self.unbound_specs:
-            t = leaves[spec.index]
-            dyn = dict(spec.dynamic)
-            for axis, (want, got) in enumerate(zip(spec.shape, t.shape, strict=True)):
-                if axis not in dyn and want != got:
-                    raise BindingError(
-                        f"`{spec.path}` axis {axis} ({spec.dims[axis]}) is {got}; the graphs "
-                        f"were captured with {want}")
+        if self.static_axes is None:
+            self.static_axes = [
+                (spec.index, axis, want) for spec in self.plan.signature.leaves
+                if spec.arg not in self.bound
+                for axis, want in enumerate(spec.shape) if axis not in dict(spec.dynamic)]
+        for i, axis, want in self.static_axes:
+            got = leaves[i].shape[axis]
+            if got != want:
+                spec = self.plan.signature.leaves[i]
+                raise BindingError(
+                    f"`{spec.path}` axis {axis} ({spec.dims[axis]}) is {got}; the graphs "
+                    f"were captured with {want}")
 
     def _segment_leaves(self) -> set[int]:
         cached = self.plan.meta_cache.get("segment_leaves")
@@ -204,24 +211,38 @@ class CompiledStep:
         return cached
 
     def _fill(self, leaves: Sequence[torch.Tensor], size: int, only: set[int] | None) -> None:
+        """Copy the live leaves into the static buffers at bucket `size` and pad the rest."""
+        indices = [i for i in self.buffers.leaves if only is None or i in only]
+        key = (size, only is None, *(leaves[i].shape for i in indices))
+        fill_plan = self.fill_plans.get(key)
+        if fill_plan is None:
+            if len(self.fill_plans) >= FILL_PLANS_KEPT:  # token counts vary step to step
+                self.fill_plans.clear()
+            fill_plan = self.fill_plans[key] = self._fill_plan(leaves, size, indices)
+        dsts, pads = fill_plan
+        # One launch for all the copies where torch can (a decode step has ~10 small inputs:
+        # one copy each cost ~10 us of host time a step).
+        torch._foreach_copy_(dsts, [leaves[i] for i in indices])
+        for view, value in pads:
+            view.fill_(value)
+
+    def _fill_plan(self, leaves: Sequence[torch.Tensor], size: int, indices: list[int]
+                   ) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, Any]]]:
+        """(the copy targets of leaves `indices`, (padding view, pad value) pairs) at bucket
+        `size` for leaves of these shapes: views of the static buffers, which never move."""
         at = sizes_at(self.plan, size)
-        dsts, srcs = [], []
-        for i, buf in self.buffers.leaves.items():
-            if only is not None and i not in only:
-                continue
-            spec, t = self.plan.signature.leaves[i], leaves[i]
+        dsts, pads = [], []
+        for i in indices:
+            spec, t, buf = self.plan.signature.leaves[i], leaves[i], self.buffers.leaves[i]
             names = dict(spec.dynamic)
             target = narrow_to(buf, [at[names[a]] if a in names else s
                                      for a, s in enumerate(buf.shape)])
             dsts.append(narrow_to(target, t.shape))
-            srcs.append(t)
             for axis, name in spec.dynamic:
                 n = t.shape[axis]
                 if n < at[name]:
-                    target.narrow(axis, n, at[name] - n).fill_(spec.pad or 0)
-        # One launch for all the copies where torch can (a decode step has ~10 small inputs:
-        # one copy each cost ~10 us of host time a step).
-        torch._foreach_copy_(dsts, srcs)
+                    pads.append((target.narrow(axis, n, at[name] - n), spec.pad or 0))
+        return dsts, pads
 
     def _real(self, node: fx.Node, t: torch.Tensor, real: dict[str, int]) -> torch.Tensor:
         val = node.meta.get("val")
