@@ -221,6 +221,7 @@ def plot(rows: list[dict], path: Path, gpu: str) -> None:
         xs = [r["batch"] for r in sub]
         for key, label, color in (("eager_ms", "eager", "C0"), ("piecewise_ms", "piecewise", "C1"),
                                   ("full_ms", "full", "C2"),
+                                  ("full_pipelined_ms", "full, back to back", "C4"),
                                   ("hf_grouped_mm_ms", "HF grouped_mm", "C3"),
                                   ("floor_ms", "floor", "k")):
             ys = [r.get(key) for r in sub]
