@@ -35,6 +35,14 @@ def _inputs(cfg, tokens, hidden, dtype=torch.float32, device=DEVICE):
     return x, router, bias
 
 
+def _cpu_ties(tokens: int, method: str, k: int) -> dict[str, int]:
+    """`_assert_same_routing`'s allowance in the small-size tests: one near tie from 32 tokens
+    (the interpreter's dot sums in another order than torch's CPU GEMM; seen once, 2026-11-23:
+    one token of 100, noaux_tc, 64 experts), a group's experts where groups are ranked."""
+    return dict(near_ties=1 if tokens >= 32 else 0,
+                max_swaps=1 if method == "greedy" else k)
+
+
 def _assert_same_routing(got, want, near_ties=0, max_swaps=1):
     """The same expert set per token and the same weights per expert. `near_ties`: tokens
     that may swap one expert at the selection boundary. The kernel's logits (TF32 products
@@ -99,7 +107,8 @@ def test_matches_route(method, experts, n_group, topk_group, k, norm, scale, tok
     cfg = _cfg(method, experts, k, n_group, topk_group, norm, scale)
     x, router, bias = _inputs(cfg, tokens, hidden)
     bias = bias if method == "noaux_tc" else None
-    _assert_same_routing(route_fused(x, router, bias, cfg), route(x, router, bias, cfg))
+    _assert_same_routing(route_fused(x, router, bias, cfg), route(x, router, bias, cfg),
+                         **_cpu_ties(tokens, method, k))
 
 
 def test_cases_cover_the_kernel_paths():
@@ -133,7 +142,8 @@ def test_forced_configs_match_route(monkeypatch, experts, n_group, tokens, hidde
     monkeypatch.setattr(fused, "launch_config", lambda *args: forced)
     x, router, bias = _inputs(cfg, tokens, hidden, dtype)
     bias = bias if method == "noaux_tc" else None
-    _assert_same_routing(route_fused(x, router, bias, cfg), route(x, router, bias, cfg))
+    _assert_same_routing(route_fused(x, router, bias, cfg), route(x, router, bias, cfg),
+                         **_cpu_ties(tokens, method, cfg.num_experts_per_tok))
 
 
 @pytest.mark.parametrize("experts, hidden, n_group", [(64, 2048, 1), (256, 7168, 8),
