@@ -11,27 +11,16 @@ import torch
 
 
 def cuda_time_ms(fn: Callable[[], object], warmup: int = 3, reps: int = 20) -> float:
-    """Median milliseconds of `fn()` timed with CUDA events."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """Median milliseconds of `fn()` timed with CUDA events, synced after each call."""
+    return pipelined_ms(fn, calls=1, reps=reps, warmup=warmup)
 
 
 def pipelined_ms(fn: Callable[[], object], calls: int = 20, reps: int = 5,
                  warmup: int = 3) -> float:
     """Median milliseconds a call of `fn` over `calls` calls made back to back, with no sync
     between them: the host prepares call k+1 while the GPU runs call k, as a serving loop with
-    a step in flight does. (`cuda_time_ms` syncs after every call, so there the host's work
-    before the GPU's counts too.)"""
+    a step in flight does. (`cuda_time_ms`, one call a timing, syncs after every call, so there
+    the host's work before the GPU's counts too.)"""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
