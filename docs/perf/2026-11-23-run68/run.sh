@@ -6,7 +6,8 @@
 # side stream speed up the skinny GEMM after it (l2: exp_l2.py), and the decode step
 # (pfstep: exp_prefetch_step.py); host time of a compiled full step, trees in turn (host:
 # exp_host.py, HOST_ORDER); bench step decode, this tree (bstep); bf16 against fp32 split-KV
-# partials in the decode step (partials: exp_partials.py); earlier drivers' parts:
+# partials in the decode step (partials: exp_partials.py); the skinny GEMMs in other forms and
+# with larger cuBLAS workspaces (gemm: exp_gemm_forms.py); earlier drivers' parts:
 # tests, step, prefill, capture, generate.
 set -u
 OUT=$(realpath ${OUT:-out}); mkdir -p "$OUT"
@@ -45,6 +46,11 @@ for part in ${*:-timeline}; do
            grep -A11 "## decode step" "$OUT/bstep.log" ;;
     partials) timeout 500 python3 $HERE/exp_partials.py > "$OUT/partials.log" 2>&1
               grep -v Warning "$OUT/partials.log" | grep -v "^  " ;;
+    gemm) timeout 200 python3 $HERE/exp_gemm_forms.py > "$OUT/gemm_forms.log" 2>&1
+          grep -v Warning "$OUT/gemm_forms.log" | grep -v "^  "
+          TORCH_CUBLASLT_WORKSPACE_SIZE=65536 CUBLAS_WORKSPACE_CONFIG=:65536:8 timeout 200 \
+            python3 $HERE/exp_gemm_forms.py > "$OUT/gemm_forms_ws.log" 2>&1
+          grep -v Warning "$OUT/gemm_forms_ws.log" | grep -v "^  " ;;
     l2) timeout 300 python3 $HERE/exp_l2.py ${SLEEP:-30000} > "$OUT/l2.log" 2>&1
         grep -v Warning "$OUT/l2.log" | grep -v "^  " ;;
     tests|step|prefill|capture|generate)
