@@ -7,7 +7,8 @@
 # (pfstep: exp_prefetch_step.py); host time of a compiled full step, trees in turn (host:
 # exp_host.py, HOST_ORDER); bench step decode, this tree (bstep); bf16 against fp32 split-KV
 # partials in the decode step (partials: exp_partials.py); the skinny GEMMs in other forms and
-# with larger cuBLAS workspaces (gemm: exp_gemm_forms.py); earlier drivers' parts:
+# with larger cuBLAS workspaces (gemm: exp_gemm_forms.py); what PDL saves between small kernels
+# (pdlgap: exp_pdl_gap.py); earlier drivers' parts:
 # tests, step, prefill, capture, generate.
 set -u
 OUT=$(realpath ${OUT:-out}); mkdir -p "$OUT"
@@ -51,6 +52,8 @@ for part in ${*:-timeline}; do
           TORCH_CUBLASLT_WORKSPACE_SIZE=65536 CUBLAS_WORKSPACE_CONFIG=:65536:8 timeout 200 \
             python3 $HERE/exp_gemm_forms.py > "$OUT/gemm_forms_ws.log" 2>&1
           grep -v Warning "$OUT/gemm_forms_ws.log" | grep -v "^  " ;;
+    pdlgap) timeout 200 python3 $HERE/exp_pdl_gap.py > "$OUT/pdl_gap.log" 2>&1
+            grep -v Warning "$OUT/pdl_gap.log" | grep -v "^  " ;;
     l2) timeout 300 python3 $HERE/exp_l2.py ${SLEEP:-30000} > "$OUT/l2.log" 2>&1
         grep -v Warning "$OUT/l2.log" | grep -v "^  " ;;
     tests|step|prefill|capture|generate)
