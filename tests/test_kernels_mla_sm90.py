@@ -65,7 +65,6 @@ for heads, page, fields, clean, buffers in [
                torch.empty(32 * 2 * 4 * 2 * 64))
     _, call, kwargs = md.split_launch(*args[:7], plan, *args[7:], scratch)
     kwargs["PDL"] = plan.pdl  # split_launch turns it off off CUDA
-    kwargs["WAIT"] = kwargs["launch_pdl"] = plan.pdl  # and the wait for the launch before
     kwargs["ASM_SYNC"] = True  # split_launch picks the interpreter's barrier off CUDA
     regs, spills, smem, bufs, warps = compile_sm90(md._split_kernel, call, kwargs)
     print("split", heads, page, fields, "regs", regs, "spills", spills, "smem", smem, bufs,

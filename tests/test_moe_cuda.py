@@ -47,8 +47,6 @@ for fn, (bm, bn, bk, warps, stages), const in [
         (down_kernel, (128, 256, 64, 8, 4), dict(DIRECT=False, TMA=True, HALVES=True))]:
     const = dict(PAIRS_PER_TOKEN=8, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32",
                  EVEN_K=(1408 if fn is not gate_up_kernel else 2048) % bk == 0, **const)
-    if "WAIT" in fn.arg_names:  # as launched on sm90 (`pdl.dependent`)
-        const["WAIT"] = True
     w_block = f"1, 2, {bn}, {bk}" if fn is gate_up_kernel else f"{bn}, {bk}"
     descs = dict(w_desc=f"tensordesc<bf16[{w_block}]>", act_desc=f"tensordesc<bf16[{bm}, {bk}]>",
                  act_half_desc=f"tensordesc<bf16[{bm // 2}, {bk}]>")
@@ -64,7 +62,7 @@ for fn, (bm, bn, bk, warps, stages), const in [
     assert spills == 0, report
 from mla_func.kernels.moe_gemm import sum_kernel
 for add_norm, block in ((False, 1024), (True, 2048)):  # as fused_experts launches it
-    const = dict(PAIRS_PER_TOKEN=8, HAS_EXTRA=True, ADD_NORM=add_norm, BLOCK=block, WAIT=True)
+    const = dict(PAIRS_PER_TOKEN=8, HAS_EXTRA=True, ADD_NORM=add_norm, BLOCK=block)
     sig = {n: "constexpr" if n in const else "fp32" if n == "eps"
            else "*bf16" if n.endswith("_ptr") else "i32" for n in sum_kernel.arg_names}
     kernel = triton.compile(

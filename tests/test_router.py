@@ -214,7 +214,6 @@ for tokens, e, h, k, method, g, tg, xdt in [
     c = launch_config(tokens, e, h, g)
     noaux = method == "noaux_tc"
     const = kernel_constants(c, xdt, e, k, g, tg, method, noaux, noaux)
-    const["WAIT"] = True  # as launched on sm90 (`pdl.dependent`): it waits for the norm first
     sig = dict(x_ptr="*bf16" if xdt == bf16 else "*fp32", r_ptr="*fp32", bias_ptr="*fp32",
                part_ptr="*fp32", cnt_ptr="*i32", w_out="*fp32", id_out="*i64", T="i32",
                hidden="i32", x_stride="i32", chunk="i32", n_split="i32", scale="fp32")

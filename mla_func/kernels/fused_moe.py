@@ -74,7 +74,6 @@ from mla_func.kernels.moe_gemm import (
     sum_kernel,
 )
 from mla_func.kernels.norm import add_rmsnorm
-from mla_func.kernels.pdl import dependent
 from mla_func.kernels.pdl import supported as pdl_supported
 from mla_func.kernels.swiglu import swiglu
 
@@ -117,14 +116,6 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
     if index not in _SIDE_STREAMS:
         _SIDE_STREAMS[index] = torch.cuda.Stream(index)
     return _SIDE_STREAMS[index]
-
-
-def _after(device: torch.device, same_stream: bool = True) -> dict:
-    """Launch options of a kernel that waits at its top for the one before it on the stream
-    (`pdl.dependent`); not after a join with the side stream (its input comes from there)."""
-    if same_stream and dependent(device):
-        return {"WAIT": True, "launch_pdl": True}
-    return {}
 
 
 def shared_as_experts(
@@ -241,7 +232,7 @@ def fused_experts(
                 act, down, s_down, *descs, buf, weights, *tiles, n_hidden, n_inter, n_routed,
                 *strides, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0,
                 DIRECT=cfg.direct, **common, TMA=cfg.tma, HALVES=cfg.halves, num_warps=warps,
-                num_stages=stages, **_after(x.device))
+                num_stages=stages)
     finally:
         if side is not None:
             main.wait_stream(side)  # the join: `extra` is read below, on this stream
@@ -255,8 +246,7 @@ def fused_experts(
         sum_kernel[(tokens, 1)](
             buf, buf if extra is None else extra, out, residual.contiguous(), y, weight,
             n_hidden, eps, PAIRS_PER_TOKEN=pairs_per_token, HAS_EXTRA=extra is not None,
-            ADD_NORM=True, BLOCK=triton.next_power_of_2(n_hidden), num_warps=4,
-            **_after(x.device, side is None))
+            ADD_NORM=True, BLOCK=triton.next_power_of_2(n_hidden), num_warps=4)
         return out, y
     if cfg.fused_sum:
         down_sum_kernel[(triton.cdiv(n_hidden, bn),)](
@@ -269,7 +259,7 @@ def fused_experts(
         sum_kernel[(tokens, triton.cdiv(n_hidden, block))](
             buf, buf if extra is None else extra, out, out, out, out, n_hidden, 0.0,
             PAIRS_PER_TOKEN=pairs_per_token, HAS_EXTRA=extra is not None, ADD_NORM=False,
-            BLOCK=block, num_warps=4, **_after(x.device, side is None))
+            BLOCK=block, num_warps=4)
     if add_norm is None:
         return out
     # The fused sum's programs own columns, not rows, and a row wider than one program holds

@@ -58,7 +58,6 @@ from mla_func.kernels.decode_plan import (
 )
 from mla_func.kernels.mla_merge import launch_merge, merge_shape, merge_tile, split_chunk
 from mla_func.kernels.p_scratch import through_memory
-from mla_func.kernels.pdl import dependent
 from mla_func.kernels.pdl import supported as pdl_supported
 
 __all__ = ["MAX_SPLITS", "MERGES", "DecodePlan", "DecodeWorkspace", "attend_absorbed",
@@ -93,12 +92,10 @@ def _split_kernel(
     BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, PAGE_TILES: tl.constexpr,
     PREFETCH: tl.constexpr, FUSED: tl.constexpr, FUSED_H: tl.constexpr,
     SPLITS_P2: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr, SHARED_P: tl.constexpr,
-    ASM_SYNC: tl.constexpr, WAIT: tl.constexpr = False,
+    ASM_SYNC: tl.constexpr,
 ):
     if PDL:  # the merge may launch once every program has started; it waits for our end
         tl.extra.cuda.gdc_launch_dependents()
-    if WAIT:  # launched as a dependent of the launch before (`pdl.dependent`): q, the cache
-        tl.extra.cuda.gdc_wait()
     hb = tl.program_id(0)
     split = tl.program_id(1)
     t = tl.program_id(2).to(tl.int64)
@@ -298,8 +295,6 @@ def split_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, pl
         PREFETCH=plan.prefetch, FUSED=fused, FUSED_H=fused_h, SPLITS_P2=p2, CHUNK=chunk,
         PDL=pdl(plan, q_lat.device), SHARED_P=plan.shared_p, ASM_SYNC=cache.is_cuda,
         num_warps=plan.num_warps, num_stages=plan.num_stages)
-    if plan.pdl and dependent(q_lat.device):
-        kwargs.update(WAIT=True, launch_pdl=True)
     return (head_blocks, splits, tokens), args, kwargs
 
 

@@ -225,13 +225,10 @@ def down_kernel(
     n_routed, stride_we, stride_wn, stride_se, stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
-    TMA: tl.constexpr, HALVES: tl.constexpr, WAIT: tl.constexpr = False,
+    TMA: tl.constexpr, HALVES: tl.constexpr,
 ):
     """Each pair's weighted expert output to its own row of `out` ([pairs, hidden]); with
-    HALVES, M-tiles as in `gate_up_kernel` (`act_half_desc`: TMA blocks of half the rows).
-    WAIT: launched as a programmatic dependent of the gate_up kernel (`pdl.dependent`)."""
-    if WAIT:  # before anything: `act` is the gate_up kernel's output
-        tl.extra.cuda.gdc_wait()
+    HALVES, M-tiles as in `gate_up_kernel` (`act_half_desc`: TMA blocks of half the rows)."""
     if DIRECT:
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -328,14 +325,11 @@ def _pair_sum(buf_ptr, extra_ptr, t, offs, ok, n_hidden, PAIRS_PER_TOKEN: tl.con
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def sum_kernel(buf_ptr, extra_ptr, out_ptr, res_ptr, y_ptr, w_ptr, n_hidden, eps,
                PAIRS_PER_TOKEN: tl.constexpr, HAS_EXTRA: tl.constexpr, ADD_NORM: tl.constexpr,
-               BLOCK: tl.constexpr, WAIT: tl.constexpr = False):
+               BLOCK: tl.constexpr):
     """out[t] = the sum of token t's pair rows (+ extra[t]), rounded to out's dtype, BLOCK
     columns a program. ADD_NORM (one program a row, BLOCK >= n_hidden: the row stays in
     registers): out[t] = res[t] + that sum and y[t] = rmsnorm(out[t]) * w, with
-    `norm.add_rmsnorm`'s rounding (the sum, then the residual add, in out's dtype).
-    WAIT: launched as a programmatic dependent of the down kernel (`pdl.dependent`)."""
-    if WAIT:  # before anything: the pair rows are the down kernel's output
-        tl.extra.cuda.gdc_wait()
+    `norm.add_rmsnorm`'s rounding (the sum, then the residual add, in out's dtype)."""
     t = tl.program_id(0).to(tl.int64)
     dt = out_ptr.dtype.element_ty
     if ADD_NORM:

@@ -44,7 +44,6 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.config import MLAConfig
-from mla_func.kernels.pdl import dependent
 from mla_func.kernels.pdl import supported as pdl_supported
 from mla_func.kernels.router_select import expert_of, select_experts
 from mla_func.ops.moe import route
@@ -190,11 +189,9 @@ def _router_kernel(x_ptr, r_ptr, bias_ptr, part_ptr, cnt_ptr, w_out, id_out, T, 
                    METHOD: tl.constexpr, N_GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
                    TOPK_GROUP: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_GS: tl.constexpr,
                    NORMALIZE: tl.constexpr, HAS_BIAS: tl.constexpr, REDUCE: tl.constexpr,
-                   X_EXACT: tl.constexpr, PDL: tl.constexpr, WAIT: tl.constexpr = False):
+                   X_EXACT: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # the alignment / experts' GEMM may launch now (shared tiles need no routing)
         tl.extra.cuda.gdc_launch_dependents()
-    if WAIT:  # launched as a dependent of the norm before (`pdl.dependent`): x is its output
-        tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
     s = tl.program_id(1)
     rows = b.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -283,11 +280,9 @@ def _launch(x: Tensor, router: Tensor, score_bias: Tensor | None, top_k: int, n_
     counters = _counters(x.device)
     const = kernel_constants(cfg, x.dtype, experts, top_k, n_group, topk_group, method, normalize,
                              score_bias is not None, pdl_supported(x.device))
-    after = {"WAIT": True, "launch_pdl": True} if dependent(x.device) else {}
     _router_kernel[(cfg.blocks, cfg.n_split)](
         x, router, bias, part, counters, weights, ids, tokens, hidden, x.stride(0), cfg.chunk,
-        cfg.n_split, scale, **const, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **after)
+        cfg.n_split, scale, **const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return weights, ids
 
 
