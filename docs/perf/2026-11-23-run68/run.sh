@@ -8,7 +8,8 @@
 # exp_host.py, HOST_ORDER); bench step decode, this tree (bstep); bf16 against fp32 split-KV
 # partials in the decode step (partials: exp_partials.py); the skinny GEMMs in other forms and
 # with larger cuBLAS workspaces (gemm: exp_gemm_forms.py); what PDL saves between small kernels
-# (pdlgap: exp_pdl_gap.py); earlier drivers' parts:
+# (pdlgap: exp_pdl_gap.py) and in the decode step (pdlstep: exp_pdl_step.py); earlier drivers'
+# parts:
 # tests, step, prefill, capture, generate.
 set -u
 OUT=$(realpath ${OUT:-out}); mkdir -p "$OUT"
@@ -54,6 +55,8 @@ for part in ${*:-timeline}; do
           grep -v Warning "$OUT/gemm_forms_ws.log" | grep -v "^  " ;;
     pdlgap) timeout 200 python3 $HERE/exp_pdl_gap.py > "$OUT/pdl_gap.log" 2>&1
             grep -v Warning "$OUT/pdl_gap.log" | grep -v "^  " ;;
+    pdlstep) timeout 400 python3 $HERE/exp_pdl_step.py > "$OUT/pdl_step.log" 2>&1
+             grep -v Warning "$OUT/pdl_step.log" | grep -v "^  " ;;
     l2) timeout 300 python3 $HERE/exp_l2.py ${SLEEP:-30000} > "$OUT/l2.log" 2>&1
         grep -v Warning "$OUT/l2.log" | grep -v "^  " ;;
     tests|step|prefill|capture|generate)
