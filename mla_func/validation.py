@@ -96,14 +96,12 @@ def check_prompt(
     prompt: Prompt, max_new_tokens: int, vocab_size: int, max_len: int, limit: str = "the limit"
 ) -> list[int]:
     """The prompt as a list of ints, or a RequestError naming what is wrong with it."""
-    if isinstance(prompt, Tensor):
-        if prompt.dim() != 1 or prompt.is_floating_point() or prompt.dtype == torch.bool:
-            raise TokenIdError(f"a prompt tensor must be 1-D integer, got {prompt.dtype} "
-                               f"{tuple(prompt.shape)}")
-        prompt = prompt.tolist()
-    elif isinstance(prompt, IntArray):  # numpy: read as the tensor branch above
-        if prompt.ndim != 1 or getattr(prompt.dtype, "kind", "") not in ("i", "u"):
-            raise TokenIdError(f"a prompt array must be 1-D integer, got {prompt.dtype} "
+    if isinstance(prompt, (Tensor, IntArray)):  # a torch tensor or a numpy array
+        kind = "tensor" if isinstance(prompt, Tensor) else "array"
+        integer = (not prompt.is_floating_point() and prompt.dtype != torch.bool
+                   if kind == "tensor" else getattr(prompt.dtype, "kind", "") in ("i", "u"))
+        if prompt.ndim != 1 or not integer:
+            raise TokenIdError(f"a prompt {kind} must be 1-D integer, got {prompt.dtype} "
                                f"{tuple(prompt.shape)}")
         prompt = prompt.tolist()
     if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
