@@ -9,6 +9,8 @@ import torch
 from mla_helpers import make_problem, poisoned_workspace, ref_args, rel_err
 
 from mla_func.batch import SeqWork, make_batch
+from mla_func.kernels.absorb import NewRows
+from mla_func.kernels.cache_write import reference_write
 from mla_func.kernels.mla_decode import (
     DecodeWorkspace,
     attend_absorbed,
@@ -18,6 +20,7 @@ from mla_func.kernels.mla_decode import (
 )
 from mla_func.kernels.mla_prefill import mha_prefill
 from mla_func.ops import attention as ref
+from mla_func.ops.attention import prologue
 
 V2_LITE = {"heads": 16, "nope": 128, "rope": 64, "v": 128, "kv_lora": 512}
 V3 = dict(V2_LITE, heads=128)
@@ -147,3 +150,58 @@ def test_cuda_backend_decode_step_in_graph_matches_eager():
         cache.copy_(before)
         assert torch.equal(step(), got)
         assert torch.equal(cache, got_cache)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("heads", [16, 128])
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_cuda_early_split_after_absorb_matches_plain(heads, page_size):
+    """The split kernel launched early (`DecodePlan.early`: a programmatic dependent of the
+    absorb + prologue launch, warming L2 with cache rows before it waits) gives the bits of a
+    plain launch, eagerly and replayed from a CUDA graph, and the reference's result: the new
+    row each sequence's absorb program writes in the same step is read after the wait."""
+    dims = dict(V2_LITE, heads=heads)
+    lens = [1, 1000, 4097, 300, 65]
+    p = make_problem([n - 1 for n in lens], [1] * len(lens), page_size, dims, "cuda",
+                     torch.bfloat16, max_pages=8192 // page_size + 1)
+    g = torch.Generator().manual_seed(1)
+    t, latent = len(lens), dims["kv_lora"] + dims["rope"]
+    pos = p["positions"].long()
+    slots = (p["page_table"][p["token_seq"].long(), pos // page_size].long() * page_size
+             + pos % page_size).to(torch.int32)
+    kv = torch.randn(t, latent, generator=g).to("cuda", torch.bfloat16)
+    kv_norm = (1 + 0.1 * torch.randn(dims["kv_lora"], generator=g)).to("cuda", torch.bfloat16)
+    rope = dims["rope"]
+    inv_freq = (1.0 / 1e4 ** (torch.arange(0, rope, 2).float() / rope)).repeat_interleave(2)
+    new = NewRows(p["q_pe"], kv, slots, p["positions"], kv_norm, inv_freq.cuda(), 1.0, 1e-6)
+    capacity = p["page_table"].shape[1] * page_size
+    plan = plan_decode(t, capacity, num_sms(torch.device("cuda")), heads, page_size=page_size)
+    assert plan.early
+    old_cache = p["cache"].clone()
+
+    def run(early: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        p["cache"].copy_(old_cache)
+        ws = poisoned_workspace(p, plan.num_splits, plan)
+        out = attend_absorbed(p["q_nope"], None, *ref_args(p)[2:], ws,
+                              replace(plan, early=early), new=new)
+        return out, p["cache"].clone()
+
+    (early_out, early_cache), (plain_out, plain_cache) = run(True), run(False)
+    assert torch.equal(early_out, plain_out) and torch.equal(early_cache, plain_cache)
+    q_pe, rows = prologue(new.q_pe, kv, kv_norm, p["positions"], new.inv_freq, 1.0, 1e-6)
+    want_cache = old_cache.clone()
+    reference_write(want_cache, rows, slots)
+    fp32 = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v)
+            for k, v in dict(p, cache=want_cache, q_pe=q_pe).items()}
+    assert rel_err(early_out, ref.attend_absorbed(*ref_args(fp32), chunk=1)) < 2e-2
+
+    p["cache"].copy_(old_cache)
+    ws = DecodeWorkspace()
+    args = (p["q_nope"], None, *ref_args(p)[2:], ws, plan)
+    attend_absorbed(*args, new=new)  # warm-up: compiles and allocates the workspace
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attend_absorbed(*args, new=new)
+    p["cache"].copy_(old_cache)
+    graph.replay()
+    assert torch.equal(out, plain_out) and torch.equal(p["cache"], plain_cache)

@@ -13,6 +13,7 @@ from sm90_ptxas import ptxas_usage
 from mla_func.kernels import mla_decode as md, mla_merge as mm
 
 TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
+LAST_PTX = [""]
 
 def compile_sm90(kernel, args, kwargs):
     # As a launch specialises: 16-byte aligned pointers and multiples of 16 get the
@@ -36,6 +37,7 @@ def compile_sm90(kernel, args, kwargs):
     k = triton.compile(triton.compiler.ASTSource(kernel, sig, const, attrs),
                        target=GPUTarget("cuda", 90, 32), options=opts)
     regs, spills, _ = ptxas_usage(k)
+    LAST_PTX[0] = k.asm["ptx"]
     ttgir = k.asm["ttgir"]
     buffers = re.findall(r"local_alloc : \(\) -> !ttg.memdesc<(\d+)x\d+x512", ttgir)
     warps = set(re.findall(r"nvidia_mma<\{[^}]*warpsPerCTA = \[(\d+), (\d+)\]", ttgir))
@@ -55,9 +57,13 @@ for heads, page, fields, clean, buffers in [
         (16, 64, {}, True, None),
         (16, 64, dict(page_tiles=True, prefetch=True, num_stages=3, merge="fused"), True, 2),
         (16, 64, dict(page_tiles=True, prefetch=True, num_stages=3, pdl=True), True, 2),
+        (16, 64, dict(page_tiles=True, prefetch=True, num_stages=3, pdl=True, early=True),
+         True, 2),
+        (16, 1, dict(prefetch=True, num_stages=3, early=True), True, 2),
         (16, 16, dict(prefetch=True, num_stages=3), True, 2),
         (128, 64, dict(shared_p=False), False, None),
         (128, 64, dict(shared_p=True), True, 2),
+        (128, 64, dict(shared_p=True, early=True), True, 2),
         (128, 1, dict(shared_p=True), False, 2)]:  # per-key gather: 100 B spilled
     plan = replace(md.plan_decode(32, 4096, 132, heads), num_splits=4, **fields)
     args = tensors(heads, 32, 4096, page, 4)
@@ -66,7 +72,14 @@ for heads, page, fields, clean, buffers in [
     _, call, kwargs = md.split_launch(*args[:7], plan, *args[7:], scratch)
     kwargs["PDL"] = plan.pdl  # split_launch turns it off off CUDA
     kwargs["ASM_SYNC"] = True  # split_launch picks the interpreter's barrier off CUDA
+    if plan.early:  # split_launch turns it off off CUDA
+        kwargs.update(md.early_launch(plan, args[2]))
+        assert kwargs["L2_KEYS"] == plan.num_warps * 32
     regs, spills, smem, bufs, warps = compile_sm90(md._split_kernel, call, kwargs)
+    ptx = LAST_PTX[0]
+    # Early: the L2 prefetch, then the wait, before the first load of q_lat.
+    assert ("cp.async.bulk.prefetch.L2.global" in ptx) == plan.early
+    assert ("griddepcontrol.wait" in ptx) == plan.early
     print("split", heads, page, fields, "regs", regs, "spills", spills, "smem", smem, bufs,
           "mma warps", warps)
     assert spills == 0 or not clean
@@ -97,7 +110,9 @@ for heads, rows in ((16, 1), (128, 300)):  # one token block; several
         q[..., :128], torch.empty(heads, 128, 512, dtype=bf),
         torch.empty(heads, rows, 512, dtype=bf), torch.empty(100, 64, 576, dtype=bf), new,
         torch.empty(rows, heads, 64, dtype=bf))
+    kwargs["PDL"] = True  # absorb_launch turns it off off CUDA: the split may launch early
     regs, spills, smem, _, _ = compile_sm90(ab._absorb_prologue_kernel, call, kwargs)
+    assert "griddepcontrol.launch_dependents" in LAST_PTX[0]
     print("absorb", heads, rows, "regs", regs, "spills", spills, "smem", smem)
     assert spills == 0
 """

@@ -25,6 +25,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.kernels.cache_write import write_row_args
+from mla_func.kernels.pdl import supported as pdl_supported
 from mla_func.kernels.rope import prologue_blocks, prologue_row
 
 BLOCK_T = 16  # tl.dot's smallest M
@@ -55,8 +56,10 @@ def _absorb_prologue_kernel(
     tokens, heads, qk_nope, col_blocks, token_blocks,
     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
     ROPE: tl.constexpr, KV_LORA: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_L: tl.constexpr,
-    ROWS: tl.constexpr, PRECISION: tl.constexpr,
+    ROWS: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # the split kernel may launch now: it warms L2 with old cache rows, then waits
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     absorb_programs = tl.num_programs(0) - tokens
     if pid < absorb_programs:
@@ -113,7 +116,8 @@ def absorb_launch(q_nope, w_uk, q_lat, cache, new: NewRows, q_pe,
     kwargs = dict(
         BLOCK_T=BLOCK_T, BLOCK_K=max(16, triton.next_power_of_2(qk_nope)), BLOCK_C=block_c,
         ROPE=rope, KV_LORA=kv_lora, BLOCK_H=blocks["BLOCK_H"], BLOCK_L=blocks["BLOCK_C"],
-        ROWS=ROWS, PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32", num_warps=4)
+        ROWS=ROWS, PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32",
+        PDL=pdl_supported(q_lat.device), num_warps=4)
     return (heads * col_blocks * token_blocks + tokens,), args, kwargs
 
 

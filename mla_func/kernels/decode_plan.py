@@ -35,6 +35,7 @@ class DecodePlan:
     merge_cols: int = 0  # "tile": latent columns per merge program (0: all splits in one tile)
     pdl: bool = False  # "tile": launch the merge as a programmatic dependent of the split (sm90)
     shared_p: bool = False  # score -> value product through scratch: no duplicate score tile
+    early: bool = False  # sm90: launch while the absorb kernel runs, warm L2, then wait
 
 
 MERGES = ("tile", "serial", "fused")
@@ -42,7 +43,8 @@ MERGES = ("tile", "serial", "fused")
 
 def legacy_plan(plan: DecodePlan) -> DecodePlan:
     """`plan` as the first version ran it: per-key page gather, no prefetch, serial merge."""
-    return replace(plan, page_tiles=False, prefetch=False, merge="serial", pdl=False)
+    return replace(plan, page_tiles=False, prefetch=False, merge="serial", pdl=False,
+                   early=False)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -74,7 +76,8 @@ def plan_decode(
     at 3 stages). The tile merge launches as a programmatic dependent of the split kernel
     (sm90+): about 1 us less at B=1, the same elsewhere. 64-head programs hand p to the value
     product through scratch (`shared_p`, 64-key tiles) where that measured faster
-    (`_shared_p_pays`)."""
+    (`_shared_p_pays`). `early`: on sm90 the split kernel launches while the absorb kernel
+    runs and warms L2 with its first cache rows (mla_decode.py)."""
     if block_h is None:
         block_h = 16 if heads <= 16 else 64
     num_warps = 4 if block_h <= 16 else 8
@@ -96,7 +99,7 @@ def plan_decode(
         block_n = 64 if long_splits or shared_p else 32
     stages = 3 if block_n < 64 else 2  # 64-key tiles: a third stage does not fit at 64 heads
     return DecodePlan(splits, block_h, block_n, num_warps, num_stages=stages, page_tiles=True,
-                      prefetch=True, merge="tile", pdl=True, shared_p=shared_p)
+                      prefetch=True, merge="tile", pdl=True, shared_p=shared_p, early=True)
 
 
 def _shared_p_pays(splits: int, max_seq_len: int) -> bool:

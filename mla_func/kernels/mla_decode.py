@@ -26,6 +26,9 @@ tile's page entries one iteration ahead, so the KV tile load no longer waits on 
 load in the same iteration (sm90 compiles then double-buffer it at num_stages 3, where the
 per-iteration table load left a single buffer); `merge` picks the merge (mla_merge.py);
 `pdl` lets the merge launch while the split kernel runs (its programs wait for its end);
+`early` (sm90) launches the split kernel itself while the absorb kernel before it runs: it
+reads the batch's metadata and bulk-prefetches the first cache rows of its chunk into L2
+(`l2_prefetch.py`), then waits for the absorbed query and the new rows;
 `shared_p` hands p and the rescale factor to the value product through per-program scratch
 (`p_scratch.through_memory`), so that at 64 heads a program the two warpgroups split the score
 tile instead of both computing it.
@@ -56,6 +59,7 @@ from mla_func.kernels.decode_plan import (
     plan_decode,
     shared_p_numel,
 )
+from mla_func.kernels.l2_prefetch import prefetch_rows
 from mla_func.kernels.mla_merge import launch_merge, merge_shape, merge_tile, split_chunk
 from mla_func.kernels.p_scratch import through_memory
 from mla_func.kernels.pdl import supported as pdl_supported
@@ -92,7 +96,8 @@ def _split_kernel(
     BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, PAGE_TILES: tl.constexpr,
     PREFETCH: tl.constexpr, FUSED: tl.constexpr, FUSED_H: tl.constexpr,
     SPLITS_P2: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr, SHARED_P: tl.constexpr,
-    ASM_SYNC: tl.constexpr,
+    ASM_SYNC: tl.constexpr, EARLY: tl.constexpr = False, L2_KEYS: tl.constexpr = 0,
+    ROW_BYTES: tl.constexpr = 0,
 ):
     if PDL:  # the merge may launch once every program has started; it waits for our end
         tl.extra.cuda.gdc_launch_dependents()
@@ -115,12 +120,6 @@ def _split_kernel(
     hm = h < heads
     cm = c < kv_lora
     rm = r < rope
-    q = tl.load(q_lat + h[:, None] * sq_h + t * sq_t + c[None, :],
-                mask=hm[:, None] & cm[None, :], other=0.0)
-    qp = tl.load(q_pe + t * sp_t + h[:, None] * sp_h + r[None, :],
-                 mask=hm[:, None] & rm[None, :], other=0.0)
-    q = q.to(cache.dtype.element_ty)
-    qp = qp.to(cache.dtype.element_ty)
 
     pt = page_table + seq * s_pt
     nn = tl.arange(0, BLOCK_N)
@@ -129,6 +128,18 @@ def _split_kernel(
     kp_off = nn[:, None] * s_row + kv_lora + r[None, :]
     if PREFETCH:
         nxt = _tile_pages(pt, start, nn, end, page_size, max_pages, PAGE_TILES)
+    if EARLY:  # launched while the absorb kernel runs: the batch's metadata and the old cache
+        if L2_KEYS > 0:  # rows are ready, its q_lat, q_pe and new rows are not yet
+            if hb == 0:  # the other head blocks read the same rows
+                prefetch_rows(cache, pt, start, end, page_size, max_pages, s_row, ROW_BYTES,
+                              L2_KEYS)
+        tl.extra.cuda.gdc_wait()
+    q = tl.load(q_lat + h[:, None] * sq_h + t * sq_t + c[None, :],
+                mask=hm[:, None] & cm[None, :], other=0.0)
+    qp = tl.load(q_pe + t * sp_t + h[:, None] * sp_h + r[None, :],
+                 mask=hm[:, None] & rm[None, :], other=0.0)
+    q = q.to(cache.dtype.element_ty)
+    qp = qp.to(cache.dtype.element_ty)
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     lsum = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
@@ -295,7 +306,20 @@ def split_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, pl
         PREFETCH=plan.prefetch, FUSED=fused, FUSED_H=fused_h, SPLITS_P2=p2, CHUNK=chunk,
         PDL=pdl(plan, q_lat.device), SHARED_P=plan.shared_p, ASM_SYNC=cache.is_cuda,
         num_warps=plan.num_warps, num_stages=plan.num_stages)
+    if plan.early and pdl_supported(q_lat.device):
+        kwargs.update(early_launch(plan, cache))
     return (head_blocks, splits, tokens), args, kwargs
+
+
+def early_launch(plan: DecodePlan, cache: Tensor) -> dict:
+    """Keyword arguments of an early split launch (`DecodePlan.early`): a programmatic
+    dependent of the launch before it, warming L2 with up to one cache row a thread of its
+    chunk (none where a row is not a whole number of 16-byte units) before it waits."""
+    row_bytes = cache.shape[-1] * cache.element_size()
+    aligned = (row_bytes % 16 == 0 and cache.stride(1) * cache.element_size() % 16 == 0
+               and cache.data_ptr() % 16 == 0)
+    keys = plan.num_warps * 32 if aligned else 0
+    return dict(EARLY=True, L2_KEYS=keys, ROW_BYTES=row_bytes, launch_pdl=True)
 
 
 def attend_absorbed(

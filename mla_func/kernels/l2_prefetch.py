@@ -1,0 +1,34 @@
+"""Warm L2 with the latent cache rows a program is about to read (sm90: one bulk prefetch per
+row, `cp.async.bulk.prefetch.L2.global`, PTX ISA 8.0).
+
+Used by the absorbed MLA decode's split kernel (`mla_decode`) while it waits for the launch
+before it (PDL, `kernels/pdl.py`): the absorb + prologue kernel that writes the query and the
+new cache rows leaves the memory system idle for a few microseconds, and the rows the split
+reads first are the only thing that does not depend on it. A prefetch only fetches into L2;
+it reads no register and writes nothing, so a row rewritten by the kernel before (the new
+row) is still read afterwards from L2, the point of coherence, with its new bytes.
+"""
+
+from typing import no_type_check
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def prefetch_rows(cache, pt, start, end, page_size, max_pages, s_row,
+                  ROW_BYTES: tl.constexpr, KEYS: tl.constexpr):
+    """Bulk-prefetch rows start .. min(start + KEYS, end) of one sequence's paged cache (`pt`:
+    its page-table row) into L2, one row per element. ROW_BYTES: the bytes of a cache row,
+    a multiple of 16. Rows past `end` issue nothing."""
+    n = start + tl.arange(0, KEYS)
+    live = n < end
+    slot = n // page_size
+    page = tl.load(pt + slot, mask=live & (slot < max_pages), other=0)
+    row = cache + (page.to(tl.int64) * page_size + n % page_size) * s_row
+    size = tl.full([KEYS], ROW_BYTES, tl.int32)
+    tl.inline_asm_elementwise(
+        "{\n .reg .pred p;\n setp.ne.s32 p, $2, 0;\n"
+        " @p cp.async.bulk.prefetch.L2.global [$1], $3;\n mov.u32 $0, 0;\n}",
+        "=r,l,r,r", [row, live.to(tl.int32), size], dtype=tl.int32, is_pure=False, pack=1)
