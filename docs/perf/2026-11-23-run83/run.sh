@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs of 2026-11-23, ninth session (bash run.sh <parts>): the decode split kernel launched
 # early (DecodePlan.early) against plainly, in the whole-step graph (early: exp_early_step.py,
-# EARLY_ARGS); the MLA CUDA tests only (mlatests); earlier drivers' parts: timeline (run68's
+# EARLY_ARGS); where a synced graph replay loses time (launch: exp_launch.py); the MLA CUDA
+# tests only (mlatests); earlier drivers' parts: timeline (run68's
 # exp_timeline.py, TL_ARGS), bstep, bmoe, tests, step, prefill, capture, generate.
 set -u
 OUT=$(realpath ${OUT:-out}); mkdir -p "$OUT"
@@ -15,6 +16,8 @@ for part in ${*:-early}; do
   case $part in
     early) timeout 400 python3 $HERE/exp_early_step.py ${EARLY_ARGS:-} > "$OUT/early.log" 2>&1
            grep -v Warning "$OUT/early.log" | grep -v "^  " ;;
+    launch) timeout 300 python3 $HERE/exp_launch.py ${LAUNCH_ARGS:-} > "$OUT/launch.log" 2>&1
+            grep -v Warning "$OUT/launch.log" | grep -v "^  " ;;
     mlatests) (cd baseline2 && timeout 300 python3 -m pytest -q -m cuda -p no:cacheprovider \
                  tests/test_kernels_mla_cuda.py tests/test_capture_cuda.py \
                  > "$OUT/mla_tests.log" 2>&1)
