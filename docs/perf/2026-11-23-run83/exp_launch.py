@@ -71,7 +71,7 @@ def main() -> None:
         host = host_ms(g.replay)
         synced = cuda_time_ms(g.replay, reps=30)
         back = pipelined_ms(g.replay)
-        two = cuda_time_ms(lambda: (g.replay(), g.replay()), reps=30)
+        two = cuda_time_ms(lambda g=g: (g.replay(), g.replay()), reps=30)
         slept = cuda_time_ms(sleep_then(g.replay, 1000), reps=30)
         sleep = cuda_time_ms(sleep_then(lambda: None, 1000), reps=30)
         print(f"| {bsz} | {host:.3f} | {synced:.3f} | {back:.3f} | {two:.3f} "
