@@ -2,7 +2,8 @@
 early (`DecodePlan.early`, this tree's default: a programmatic dependent of the absorb kernel
 that warms L2 with its first cache rows, then waits) against launched plainly (early=False),
 all graphs in one process, alternating rounds (GPU). The logits must be equal to the bit.
-Variants `early<K>` prefetch K rows a program (this tree: one a thread, 128 at 16 heads);
+Variants `early<K>` prefetch K rows a program (this tree: one a thread, 128 at 16 heads),
+`s<N>` and `n<N>` launch early with N splits or N-key tiles;
 `--profile` prints each variant's mean absorb / split / merge times per layer (profiler).
 
     PYTHONPATH=. python3 exp_early_step.py [--batch 1 8 32 128] [--ctx 1024] [--rounds 4]
@@ -28,10 +29,23 @@ PLAN = mla_decode.plan_decode
 EARLY = mla_decode.early_launch
 
 
+def fields_of(variant: str) -> dict:
+    """Plan fields of a variant: `plain` (early off), `early`, or early with `s<N>` splits or
+    `n<N>`-key tiles (2 stages at 64)."""
+    if variant == "plain":
+        return {"early": False}
+    if variant[0] == "s":
+        return {"early": True, "num_splits": int(variant[1:])}
+    if variant[0] == "n":
+        n = int(variant[1:])
+        return {"early": True, "block_n": n, "num_stages": 2 if n >= 64 else 3}
+    return {"early": True}
+
+
 def capture(params, state, batch, variant: str):
-    early = variant != "plain"
-    keys = variant[len("early"):]
-    mla_decode.plan_decode = lambda *a, **k: replace(PLAN(*a, **k), early=early)
+    fields = fields_of(variant)
+    keys = variant[len("early"):] if variant.startswith("early") else ""
+    mla_decode.plan_decode = lambda *a, **k: replace(PLAN(*a, **k), **fields)
     if keys:
         mla_decode.early_launch = lambda *a: dict(EARLY(*a), L2_KEYS=int(keys))
     try:
