@@ -2,7 +2,7 @@
 # Runs of 2026-11-23, ninth session (bash run.sh <parts>): the decode split kernel launched
 # early (DecodePlan.early) against plainly, in the whole-step graph (early: exp_early_step.py,
 # EARLY_ARGS); where a synced graph replay loses time (launch: exp_launch.py); the MLA CUDA
-# tests only (mlatests); earlier drivers' parts: timeline (run68's
+# tests only (mlatests); Nsight Compute on the split kernel alone (ncu: ncu_split.py, NCU_ARGS); earlier drivers' parts: timeline (run68's
 # exp_timeline.py, TL_ARGS), bstep, bmoe, tests, step, prefill, capture, generate.
 set -u
 OUT=$(realpath ${OUT:-out}); mkdir -p "$OUT"
@@ -18,6 +18,12 @@ for part in ${*:-early}; do
            grep -v Warning "$OUT/early.log" | grep -v "^  " ;;
     launch) timeout 300 python3 $HERE/exp_launch.py ${LAUNCH_ARGS:-} > "$OUT/launch.log" 2>&1
             grep -v Warning "$OUT/launch.log" | grep -v "^  " ;;
+    ncu) PYTHONPATH=.:tests:/tmp/site timeout 300 ncu --clock-control none \
+           --kernel-name regex:_split_kernel --launch-skip 3 --launch-count 1 \
+           --section SpeedOfLight --section Occupancy --section LaunchStats \
+           --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+           python3 $HERE/ncu_split.py ${NCU_ARGS:-} > "$OUT/ncu.log" 2>&1
+         grep -v "^==PROF==" "$OUT/ncu.log" | grep -vi warning | head -150 ;;
     mlatests) (cd baseline2 && timeout 300 python3 -m pytest -q -m cuda -p no:cacheprovider \
                  tests/test_kernels_mla_cuda.py tests/test_capture_cuda.py \
                  > "$OUT/mla_tests.log" 2>&1)
