@@ -87,18 +87,22 @@ for heads, page, fields, clean, buffers in [
     assert smem <= 232448  # sm90's shared memory per block
     if plan.shared_p:  # no dot with every warp along its 64 rows: no duplicated score tile
         assert plan.block_n == 64 and warps == {("4", "2")}, warps
-for mh, mc, pdl in ((1, 0, True), (16, 64, False)):  # all splits in one tile; split chunks
+# all splits in one tile; split chunks; W_UV warmed in L2 before the wait
+for mh, mc, pdl, warm in ((1, 0, True, False), (16, 64, False, False), (1, 0, True, True)):
     mh, mc, chunk = mm.merge_shape(16, 512, 32, mh, mc)
     po, pl = torch.empty(8, 16, 32, 512), torch.empty(8, 16, 32)
     out = torch.empty(16, 8, 512, dtype=torch.bfloat16)
     pos = torch.empty(8, dtype=torch.int32)
+    w_uv = torch.empty(16, 128, 512, dtype=torch.bfloat16)
     regs, spills, _, _, _ = compile_sm90(mm._merge_kernel,
-                                         (po, pl, pos, out, 4096, 512, 16, 512, 32),
+                                         (po, pl, pos, out, w_uv, w_uv.numel() * 2, 4096, 512,
+                                          16, 512, 32),
                                          dict(MERGE_H=mh, MERGE_C=mc, SPLITS_P2=32, CHUNK=chunk,
                                               PDL=pdl, launch_pdl=pdl, BLOCK_N=32,
-                                              ACTIVE=pdl, num_warps=4))
-    print("merge", mh, mc, chunk, "regs", regs, "spills", spills)
+                                              ACTIVE=pdl, WARM=warm, num_warps=4))
+    print("merge", mh, mc, chunk, warm, "regs", regs, "spills", spills)
     assert spills == 0
+    assert ("cp.async.bulk.prefetch.L2.global" in LAST_PTX[0]) == warm
 from mla_func.kernels import absorb as ab
 bf = torch.bfloat16
 for heads, rows in ((16, 1), (128, 300)):  # one token block; several

@@ -36,6 +36,7 @@ class DecodePlan:
     pdl: bool = False  # "tile": launch the merge as a programmatic dependent of the split (sm90)
     shared_p: bool = False  # score -> value product through scratch: no duplicate score tile
     early: bool = False  # sm90: launch while the absorb kernel runs, warm L2, then wait
+    warm: bool = False  # "tile" merge launched early: it warms L2 with W_UV before it waits
 
 
 MERGES = ("tile", "serial", "fused")
@@ -44,7 +45,7 @@ MERGES = ("tile", "serial", "fused")
 def legacy_plan(plan: DecodePlan) -> DecodePlan:
     """`plan` as the first version ran it: per-key page gather, no prefetch, serial merge."""
     return replace(plan, page_tiles=False, prefetch=False, merge="serial", pdl=False,
-                   early=False)
+                   early=False, warm=False)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -77,7 +78,8 @@ def plan_decode(
     (sm90+): about 1 us less at B=1, the same elsewhere. 64-head programs hand p to the value
     product through scratch (`shared_p`, 64-key tiles) where that measured faster
     (`_shared_p_pays`). `early`: on sm90 the split kernel launches while the absorb kernel
-    runs and warms L2 with its first cache rows (mla_decode.py)."""
+    runs and warms L2 with its first cache rows, and the merge, launched while the split
+    kernel runs, warms it with W_UV (mla_decode.py)."""
     if block_h is None:
         block_h = 16 if heads <= 16 else 64
     num_warps = 4 if block_h <= 16 else 8
@@ -99,7 +101,8 @@ def plan_decode(
         block_n = 64 if long_splits or shared_p else 32
     stages = 3 if block_n < 64 else 2  # 64-key tiles: a third stage does not fit at 64 heads
     return DecodePlan(splits, block_h, block_n, num_warps, num_stages=stages, page_tiles=True,
-                      prefetch=True, merge="tile", pdl=True, shared_p=shared_p, early=True)
+                      prefetch=True, merge="tile", pdl=True, shared_p=shared_p, early=True,
+                      warm=True)
 
 
 def _shared_p_pays(splits: int, max_seq_len: int) -> bool:

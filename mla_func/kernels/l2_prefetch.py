@@ -1,10 +1,12 @@
 """Warm L2 with the latent cache rows a program is about to read (sm90: one bulk prefetch per
 row, `cp.async.bulk.prefetch.L2.global`, PTX ISA 8.0).
 
-Used by the absorbed MLA decode's split kernel (`mla_decode`) while it waits for the launch
-before it (PDL, `kernels/pdl.py`): the absorb + prologue kernel that writes the query and the
-new cache rows leaves the memory system idle for a few microseconds, and the rows the split
-reads first are the only thing that does not depend on it. A prefetch only fetches into L2;
+Used by the absorbed MLA decode's kernels while they wait for the launch before them (PDL,
+`kernels/pdl.py`): the split kernel while the absorb + prologue kernel that writes the query
+and the new cache rows leaves the memory system idle for a few microseconds (the rows the
+split reads first are the only thing that does not depend on it: `prefetch_rows`), and the
+merge while the split kernel runs, below copy bandwidth, warming the W_UV weights of the
+product after it (`prefetch_span`). A prefetch only fetches into L2;
 it reads no register and writes nothing, so a row rewritten by the kernel before (the new
 row) is still read afterwards from L2, the point of coherence, with its new bytes.
 """
@@ -32,3 +34,20 @@ def prefetch_rows(cache, pt, start, end, page_size, max_pages, s_row,
         "{\n .reg .pred p;\n setp.ne.s32 p, $2, 0;\n"
         " @p cp.async.bulk.prefetch.L2.global [$1], $3;\n mov.u32 $0, 0;\n}",
         "=r,l,r,r", [row, live.to(tl.int32), size], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def prefetch_span(base, nbytes, part, parts, THREADS: tl.constexpr):
+    """Bulk-prefetch share `part` of `parts` of the `nbytes` bytes at `base` (16-byte aligned,
+    nbytes a multiple of 16) into L2: THREADS slices of 16-byte units, one per element."""
+    units = tl.cdiv(nbytes, 16)
+    per = tl.cdiv(units, parts * THREADS) * 16  # bytes a slice
+    offset = (part * THREADS + tl.arange(0, THREADS)).to(tl.int64) * per
+    size = tl.minimum(per, nbytes - offset).to(tl.int32)
+    live = size > 0
+    at = base.to(tl.pointer_type(tl.int8)) + tl.where(live, offset, 0)
+    tl.inline_asm_elementwise(
+        "{\n .reg .pred p;\n setp.gt.s32 p, $2, 0;\n"
+        " @p cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;\n}",
+        "=r,l,r", [at, tl.where(live, size, 0)], dtype=tl.int32, is_pure=False, pack=1)

@@ -28,7 +28,8 @@ per-iteration table load left a single buffer); `merge` picks the merge (mla_mer
 `pdl` lets the merge launch while the split kernel runs (its programs wait for its end);
 `early` (sm90) launches the split kernel itself while the absorb kernel before it runs: it
 reads the batch's metadata and bulk-prefetches the first cache rows of its chunk into L2
-(`l2_prefetch.py`), then waits for the absorbed query and the new rows;
+(`l2_prefetch.py`), then waits for the absorbed query and the new rows; `warm` has the merge,
+launched early, prefetch W_UV into L2 for the product after it;
 `shared_p` hands p and the rescale factor to the value product through per-program scratch
 (`p_scratch.through_memory`), so that at 64 heads a program the two warpgroups split the score
 tile instead of both computing it.
@@ -238,11 +239,13 @@ def mla_decode(
     part_lse: Float[Tensor, "tokens heads _"],
     counters: Int[Tensor, " _"] | None = None,
     scratch: tuple[Tensor, Tensor] | None = None,
+    warm: Tensor | None = None,
 ) -> Float[Tensor, "heads tokens kv_lora"]:
     """o_lat[h, t] = softmax over keys 0..positions[t] of sequence token_seq[t]; into `out`.
     `counters` (zeros, at least tokens x head blocks): needed by the fused merge only.
     `scratch` (p in the cache dtype, alpha in fp32; `DecodeWorkspace.shared_p`): needed by
-    plan.shared_p only."""
+    plan.shared_p only. `warm`: what plan.warm prefetches into L2 (the next product's
+    weights)."""
     assert q_lat.stride(-1) == 1 and q_pe.stride(-1) == 1 and out.stride(-1) == 1
     assert cache.stride(-1) == 1 and cache.stride(0) == cache.shape[1] * cache.stride(1)
     plan = effective_plan(plan)
@@ -260,7 +263,8 @@ def mla_decode(
             _SHRUNK[plan] = plan = smaller
     if plan.num_splits > 1 and plan.merge != "fused":
         launch_merge(plan.merge, plan.merge_heads, plan.merge_cols, plan.block_n, part_o,
-                     part_lse, positions, out, pdl(plan, q_lat.device))
+                     part_lse, positions, out, pdl(plan, q_lat.device),
+                     warm if plan.warm else None)
     return out
 
 
@@ -363,13 +367,14 @@ def attend_absorbed(
     else:  # an earlier launch on the stream: the split kernel sees the new rows
         q_pe = workspace.q_pe(q_nope.device, new.q_pe.dtype, tokens, heads, new.q_pe.shape[-1])
         absorb_prologue(q_nope, w_uk, q_lat, q_pe, cache, new)
+    w_uv = w_uv.to(dtype)
     mla_decode(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, o_lat,
-               part_o, part_lse, counters, scratch)
+               part_o, part_lse, counters, scratch, warm=w_uv)
     # Written straight in [tokens, heads, v_head] order (cuBLAS takes the strided output), so
     # o_proj reads it without a transposing copy.
     o = out if out is not None and out.dtype == dtype else torch.empty(
         tokens, heads, w_uv.shape[1], dtype=dtype, device=q_nope.device)
-    torch.bmm(o_lat, w_uv.to(dtype).transpose(1, 2), out=o.transpose(0, 1))
+    torch.bmm(o_lat, w_uv.transpose(1, 2), out=o.transpose(0, 1))
     if out is None:
         return o.to(q_nope.dtype)
     return out if o is out else out.copy_(o)

@@ -23,6 +23,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from mla_func.kernels.l2_prefetch import prefetch_span
+
 # fp32 elements of one [heads, splits, columns] tile a merge program holds (64 per thread at
 # 4 warps): bounds registers whatever the split count.
 MERGE_TILE = 8192
@@ -95,10 +97,16 @@ def merge_tile(
 @triton.jit(do_not_specialize=["num_splits"])
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _merge_kernel(
-    part_o, part_lse, positions, out, so_h, so_t, heads, kv_lora, num_splits,
+    part_o, part_lse, positions, out, warm, warm_bytes, so_h, so_t, heads, kv_lora, num_splits,
     MERGE_H: tl.constexpr, MERGE_C: tl.constexpr, SPLITS_P2: tl.constexpr,
     CHUNK: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, ACTIVE: tl.constexpr,
+    WARM: tl.constexpr = False,
 ):
+    if WARM:  # while the split kernel runs: the next product's weights into L2, this
+        part = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) \
+            * tl.num_programs(2) + tl.program_id(2)  # program's share
+        parts = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
+        prefetch_span(warm, warm_bytes, part, parts, 128)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * MERGE_H + tl.arange(0, MERGE_H)
     c = tl.program_id(2) * MERGE_C + tl.arange(0, MERGE_C)
@@ -148,12 +156,14 @@ def merge_shape(heads: int, kv_lora: int, splits: int, merge_heads: int,
 
 def launch_merge(merge: str, merge_heads: int, merge_cols: int, block_n: int,
                  part_o: Tensor, part_lse: Tensor, positions: Tensor, out: Tensor,
-                 pdl: bool = False) -> None:
+                 pdl: bool = False, warm: Tensor | None = None) -> None:
     """Merge the partials [tokens, heads, splits, kv_lora] into out [heads, tokens, kv_lora]
     with the "tile" or "serial" kernel (`block_n`: the split kernel's key block, from which
     they find a row's active splits: the serial merge always, the tile merge from
     ACTIVE_MIN_SPLITS splits). `pdl`: launch the tile merge as a programmatic dependent of the
-    split kernel (sm90; it triggers it)."""
+    split kernel (sm90; it triggers it). `warm` (with `pdl`; contiguous, 16-byte aligned and
+    sized): a tensor the tile merge prefetches into L2 before it waits, spread over its
+    programs."""
     tokens, heads, splits, kv_lora = part_o.shape
     p2 = triton.next_power_of_2(splits)
     if merge == "serial":
@@ -164,8 +174,12 @@ def launch_merge(merge: str, merge_heads: int, merge_cols: int, block_n: int,
         return
     assert merge == "tile", merge
     mh, mc, chunk = merge_shape(heads, kv_lora, splits, merge_heads, merge_cols)
+    nbytes = warm.numel() * warm.element_size() if warm is not None else 0
+    warm_ok = (pdl and warm is not None and warm.is_contiguous() and nbytes % 16 == 0
+               and warm.data_ptr() % 16 == 0)
     _merge_kernel[(tokens, triton.cdiv(heads, mh), triton.cdiv(kv_lora, mc))](
-        part_o, part_lse, positions, out, out.stride(0), out.stride(1), heads, kv_lora, splits,
+        part_o, part_lse, positions, out, warm if warm_ok else part_lse, nbytes if warm_ok else 0,
+        out.stride(0), out.stride(1), heads, kv_lora, splits,
         MERGE_H=mh, MERGE_C=mc, SPLITS_P2=p2, CHUNK=chunk, PDL=pdl, BLOCK_N=block_n,
-        ACTIVE=splits >= ACTIVE_MIN_SPLITS, num_warps=4,
+        ACTIVE=splits >= ACTIVE_MIN_SPLITS, WARM=warm_ok, num_warps=4,
         **({"launch_pdl": True} if pdl else {}))

@@ -3,7 +3,8 @@ early (`DecodePlan.early`, this tree's default: a programmatic dependent of the 
 that warms L2 with its first cache rows, then waits) against launched plainly (early=False),
 all graphs in one process, alternating rounds (GPU). The logits must be equal to the bit.
 Variants `early<K>` prefetch K rows a program (this tree: one a thread, 128 at 16 heads),
-`s<N>` and `n<N>` launch early with N splits or N-key tiles;
+`s<N>` and `n<N>` launch early with N splits or N-key tiles; `nowarm`: the merge does not
+warm L2 with W_UV (`DecodePlan.warm`); `plain`: neither;
 `--profile` prints each variant's mean absorb / split / merge times per layer (profiler).
 
     PYTHONPATH=. python3 exp_early_step.py [--batch 1 8 32 128] [--ctx 1024] [--rounds 4]
@@ -30,10 +31,12 @@ EARLY = mla_decode.early_launch
 
 
 def fields_of(variant: str) -> dict:
-    """Plan fields of a variant: `plain` (early off), `early`, or early with `s<N>` splits or
-    `n<N>`-key tiles (2 stages at 64)."""
+    """Plan fields of a variant: `plain` (early and warm off), `nowarm` (warm off), `early`
+    (the tree's plan), or early with `s<N>` splits or `n<N>`-key tiles (2 stages at 64)."""
     if variant == "plain":
-        return {"early": False}
+        return {"early": False, "warm": False}
+    if variant == "nowarm":
+        return {"early": True, "warm": False}
     if variant[0] == "s":
         return {"early": True, "num_splits": int(variant[1:])}
     if variant[0] == "n":
