@@ -157,9 +157,10 @@ def test_cuda_backend_decode_step_in_graph_matches_eager():
 @pytest.mark.parametrize("page_size", [1, 64])
 def test_cuda_early_split_after_absorb_matches_plain(heads, page_size):
     """The split kernel launched early (`DecodePlan.early`: a programmatic dependent of the
-    absorb + prologue launch, warming L2 with cache rows before it waits) gives the bits of a
-    plain launch, eagerly and replayed from a CUDA graph, and the reference's result: the new
-    row each sequence's absorb program writes in the same step is read after the wait."""
+    absorb + prologue launch, warming L2 with cache rows before it waits) and the merge warming
+    L2 with W_UV (`warm`) give the bits of a plain launch, eagerly and replayed from a CUDA
+    graph, and the reference's result: the new row each sequence's absorb program writes in
+    the same step is read after the wait."""
     dims = dict(V2_LITE, heads=heads)
     lens = [1, 1000, 4097, 300, 65]
     p = make_problem([n - 1 for n in lens], [1] * len(lens), page_size, dims, "cuda",
@@ -176,14 +177,14 @@ def test_cuda_early_split_after_absorb_matches_plain(heads, page_size):
     new = NewRows(p["q_pe"], kv, slots, p["positions"], kv_norm, inv_freq.cuda(), 1.0, 1e-6)
     capacity = p["page_table"].shape[1] * page_size
     plan = plan_decode(t, capacity, num_sms(torch.device("cuda")), heads, page_size=page_size)
-    assert plan.early
+    assert plan.early and plan.warm
     old_cache = p["cache"].clone()
 
     def run(early: bool) -> tuple[torch.Tensor, torch.Tensor]:
         p["cache"].copy_(old_cache)
         ws = poisoned_workspace(p, plan.num_splits, plan)
         out = attend_absorbed(p["q_nope"], None, *ref_args(p)[2:], ws,
-                              replace(plan, early=early), new=new)
+                              replace(plan, early=early, warm=early), new=new)
         return out, p["cache"].clone()
 
     (early_out, early_cache), (plain_out, plain_cache) = run(True), run(False)
