@@ -288,6 +288,10 @@ def test_plan_is_a_function_of_shapes_and_fills_the_gpu():
     assert plan_decode(128, 4096, 132, 16, waves=1).num_splits == 1
     assert plan_decode(128, 4096, 132, 16).num_splits == 2  # two waves by default
     assert plan_decode(32, 4096, 132, 16).num_splits == 8
+    # Launched early everywhere; the merge warms W_UV in L2 at small batches only.
+    assert all(plan_decode(rows, 8256, 132, 16).early for rows in (1, 8, 32, 128))
+    assert [plan_decode(rows, 8256, 132, 16).warm for rows in (1, 8, 9, 32)] == [
+        True, True, False, False]
     assert plan_decode(1, 1 << 20, 132, 128).num_splits <= MAX_SPLITS
     for rows in (1, 8, 32, 128):
         for heads in (16, 128):

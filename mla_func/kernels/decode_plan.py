@@ -17,6 +17,11 @@ from torch import Tensor
 MAX_SPLITS = 128
 # A launch grid is "full" when it keeps this share of the SMs busy in its last wave.
 FILL = 0.85
+# The merge warms L2 with W_UV (`DecodePlan.warm`) up to this many rows. H100, 2026-11-23,
+# V2-Lite whole-step graphs, ctx 1024, synced / back to back, warm against not
+# (docs/perf/2026-11-23-h100-run88): B=1 2.611 / 2.601 against 2.629 / 2.616 ms, B=8 7.262 /
+# 7.057 against 7.308 / 7.062; B=32 11.641 / 11.467 against 11.589 / 11.451, B=128 even.
+WARM_MAX_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -78,8 +83,12 @@ def plan_decode(
     (sm90+): about 1 us less at B=1, the same elsewhere. 64-head programs hand p to the value
     product through scratch (`shared_p`, 64-key tiles) where that measured faster
     (`_shared_p_pays`). `early`: on sm90 the split kernel launches while the absorb kernel
-    runs and warms L2 with its first cache rows, and the merge, launched while the split
-    kernel runs, warms it with W_UV (mla_decode.py)."""
+    runs and warms L2 with its first cache rows, and, up to WARM_MAX_ROWS rows, the merge,
+    launched while the split kernel runs, warms it with W_UV (mla_decode.py). Early against
+    plain, V2-Lite whole-step graphs, ctx 1024, H100, 2026-11-23, back to back
+    (docs/perf/2026-11-23-h100-run84, run86, run88): B=1 2.615 against 2.647 ms, B=32 11.35-
+    11.46 against 11.40-11.51, B=128 13.37-13.47 against 13.42-13.52, logits equal to the
+    bit; absorb start to merge end 27.1-27.5 against 29.0-29.1 µs a layer at B=32."""
     if block_h is None:
         block_h = 16 if heads <= 16 else 64
     num_warps = 4 if block_h <= 16 else 8
@@ -102,7 +111,7 @@ def plan_decode(
     stages = 3 if block_n < 64 else 2  # 64-key tiles: a third stage does not fit at 64 heads
     return DecodePlan(splits, block_h, block_n, num_warps, num_stages=stages, page_tiles=True,
                       prefetch=True, merge="tile", pdl=True, shared_p=shared_p, early=True,
-                      warm=True)
+                      warm=num_rows <= WARM_MAX_ROWS)
 
 
 def _shared_p_pays(splits: int, max_seq_len: int) -> bool:
