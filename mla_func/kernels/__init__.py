@@ -12,4 +12,7 @@
   one launch.
 - swiglu: the shared experts' SwiGLU apart (large steps): cuBLAS GEMMs, one fused silu * up.
 - pdl: where programmatic dependent launch (sm90+) is available, and its rules.
+- l2_prefetch: bulk L2 prefetches the decode's early-launched split and merge issue before they
+  wait; absorb: the decode's query absorption and new rows in one launch; p_scratch: the
+  64-head split kernel's p hand-off through scratch.
 """
