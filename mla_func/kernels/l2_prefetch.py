@@ -1,14 +1,15 @@
-"""Warm L2 with the latent cache rows a program is about to read (sm90: one bulk prefetch per
-row, `cp.async.bulk.prefetch.L2.global`, PTX ISA 8.0).
+"""Warm L2 with what a program, or the launch after it, is about to read (sm90: bulk
+prefetches, `cp.async.bulk.prefetch.L2.global`, PTX ISA 8.0).
 
 Used by the absorbed MLA decode's kernels while they wait for the launch before them (PDL,
 `kernels/pdl.py`): the split kernel while the absorb + prologue kernel that writes the query
 and the new cache rows leaves the memory system idle for a few microseconds (the rows the
 split reads first are the only thing that does not depend on it: `prefetch_rows`), and the
 merge while the split kernel runs, below copy bandwidth, warming the W_UV weights of the
-product after it (`prefetch_span`). A prefetch only fetches into L2;
-it reads no register and writes nothing, so a row rewritten by the kernel before (the new
-row) is still read afterwards from L2, the point of coherence, with its new bytes.
+product after it (`prefetch_span`). A prefetch only fetches into L2; it reads no register
+and writes nothing, so a row rewritten by the kernel before (the new row) is still read
+afterwards from L2, the point of coherence, with its new bytes. Off sm90 (the interpreter
+included) the callers compile these out.
 """
 
 from typing import no_type_check
