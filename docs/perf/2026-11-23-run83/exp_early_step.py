@@ -3,8 +3,9 @@ early (`DecodePlan.early`, this tree's default: a programmatic dependent of the 
 that warms L2 with its first cache rows, then waits) against launched plainly (early=False),
 all graphs in one process, alternating rounds (GPU). The logits must be equal to the bit.
 Variants `early<K>` prefetch K rows a program (this tree: one a thread, 128 at 16 heads),
-`s<N>` and `n<N>` launch early with N splits or N-key tiles; `nowarm`: the merge does not
-warm L2 with W_UV (`DecodePlan.warm`); `plain`: neither;
+'-'-joined `km` (keys along M, `DecodePlan.keys_m`), `s<N>` and `n<N>` launch early with
+the products transposed, N splits or N-key tiles; `nowarm`: the merge does not warm L2 with
+W_UV (`DecodePlan.warm`); `plain`: neither;
 `--profile` prints each variant's mean absorb / split / merge times per layer (profiler).
 
     PYTHONPATH=. python3 exp_early_step.py [--batch 1 8 32 128] [--ctx 1024] [--rounds 4]
@@ -31,18 +32,27 @@ EARLY = mla_decode.early_launch
 
 
 def fields_of(variant: str) -> dict:
-    """Plan fields of a variant: `plain` (early and warm off), `nowarm` (warm off), `early`
-    (the tree's plan), or early with `s<N>` splits or `n<N>`-key tiles (2 stages at 64)."""
+    """Plan fields of a variant: `plain` (early and warm off), `nowarm` (warm off), `early` or
+    `early<K>` (the tree's plan), or '-'-joined tokens over the tree's plan: `km` (keys_m),
+    `s<N>` splits, `n<N>`-key tiles (2 stages at 64, else 3)."""
     if variant == "plain":
         return {"early": False, "warm": False}
     if variant == "nowarm":
         return {"early": True, "warm": False}
-    if variant[0] == "s":
-        return {"early": True, "num_splits": int(variant[1:])}
-    if variant[0] == "n":
-        n = int(variant[1:])
-        return {"early": True, "block_n": n, "num_stages": 2 if n >= 64 else 3}
-    return {"early": True}
+    if variant.startswith("early"):
+        return {"early": True}
+    fields: dict = {"early": True}
+    for tok in variant.split("-"):
+        if tok == "km":
+            fields["keys_m"] = True
+        elif tok[0] == "s":
+            fields["num_splits"] = int(tok[1:])
+        elif tok[0] == "n":
+            fields["block_n"] = int(tok[1:])
+            fields["num_stages"] = 2 if int(tok[1:]) >= 64 else 3
+        else:
+            raise ValueError(f"unknown variant token {tok!r}")
+    return fields
 
 
 def capture(params, state, batch, variant: str):
