@@ -19,7 +19,7 @@ for part in ${*:-early}; do
     launch) timeout 300 python3 $HERE/exp_launch.py ${LAUNCH_ARGS:-} > "$OUT/launch.log" 2>&1
             grep -v Warning "$OUT/launch.log" | grep -v "^  " ;;
     ncu) PYTHONPATH=.:tests:/tmp/site timeout 300 ncu --clock-control none \
-           --kernel-name regex:_split_kernel --launch-skip 3 --launch-count 1 \
+           --kernel-name regex:split_kernel --launch-skip 3 --launch-count 1 \
            --section SpeedOfLight --section Occupancy --section LaunchStats \
            --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
            python3 $HERE/ncu_split.py ${NCU_ARGS:-} > "$OUT/ncu.log" 2>&1
