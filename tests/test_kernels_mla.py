@@ -147,6 +147,8 @@ VARIANTS = {
     "km-pt16-n16-serial": (16, 16, dict(block_n=16, page_tiles=True, num_splits=5,
                                         merge="serial", keys_m=True)),
     "km-p1-n32-onesplit": (1, 4, dict(block_n=32, prefetch=True, num_splits=1, keys_m=True)),
+    "km-pt64-n16-pointers": (64, 4, dict(block_n=16, page_tiles=True, prefetch=True,
+                                         num_splits=3, keys_m=True, km_tma=False)),
     "p1-n32-fused": (1, 4, dict(block_n=32, num_splits=2, merge="fused")),
     "h128-pt64-h64-prefetch-tile": (64, 128, dict(block_h=64, block_n=32, page_tiles=True,
                                                   prefetch=True, num_splits=3,

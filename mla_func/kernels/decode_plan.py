@@ -43,6 +43,7 @@ class DecodePlan:
     early: bool = False  # sm90: launch while the absorb kernel runs, warm L2, then wait
     warm: bool = False  # "tile" merge launched early: it warms L2 with W_UV before it waits
     keys_m: bool = False  # 16 heads: products transposed, keys along M (mla_decode_km.py)
+    km_tma: bool = True  # keys_m: KV tiles by TMA descriptor loads where the shapes allow
 
 
 MERGES = ("tile", "serial", "fused")

@@ -49,6 +49,7 @@ import triton.language as tl
 from jaxtyping import Float, Int
 from torch import Tensor
 from triton.runtime.errors import OutOfResources
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from mla_func.kernels.absorb import NewRows, absorb_prologue
 from mla_func.kernels.decode_plan import (
@@ -317,16 +318,25 @@ def _km_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan
     """Arguments of the keys-along-M kernel: 16 heads a program, no fused merge or shared_p."""
     assert plan.block_h == 16 and plan.merge != "fused" and not plan.shared_p, plan
     heads, _, kv_lora = q_lat.shape
+    block_c = triton.next_power_of_2(kv_lora)
+    block_r = max(16, triton.next_power_of_2(q_pe.shape[-1]))
+    page_tiles = plan.page_tiles and cache.shape[1] % plan.block_n == 0
+    rows = cache.view(-1, cache.shape[-1]) if cache.is_contiguous() else None
+    tma = (plan.km_tma and page_tiles and rows is not None and block_c == kv_lora
+           and block_r == q_pe.shape[-1] and block_c // 2 <= 256 and plan.block_n <= 256)
+    kv_desc = kp_desc = cache  # unused without TMA
+    if tma:
+        kv_desc = TensorDescriptor.from_tensor(rows, [plan.block_n, block_c // 2])
+        kp_desc = TensorDescriptor.from_tensor(rows, [plan.block_n, block_r])
     args = (q_lat, q_pe, cache, page_table, token_seq, positions, part_o, part_lse, out,
-            q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1), cache.stride(1),
-            page_table.stride(0), out.stride(0), out.stride(1), heads, kv_lora, q_pe.shape[-1],
-            cache.shape[1], page_table.shape[1], scale * 1.4426950408889634, plan.num_splits)
+            kv_desc, kp_desc, q_lat.stride(0), q_lat.stride(1), q_pe.stride(0),
+            q_pe.stride(1), cache.stride(1), page_table.stride(0), out.stride(0),
+            out.stride(1), heads, kv_lora, q_pe.shape[-1], cache.shape[1],
+            page_table.shape[1], scale * 1.4426950408889634, plan.num_splits)
     kwargs = dict(
         SPLIT=plan.num_splits > 1, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n,
-        BLOCK_C=triton.next_power_of_2(kv_lora),
-        BLOCK_R=max(16, triton.next_power_of_2(q_pe.shape[-1])),
-        PAGE_TILES=plan.page_tiles and cache.shape[1] % plan.block_n == 0,
-        PREFETCH=plan.prefetch, PDL=pdl(plan, q_lat.device), num_warps=plan.num_warps,
+        BLOCK_C=block_c, BLOCK_R=block_r, PAGE_TILES=page_tiles, PREFETCH=plan.prefetch,
+        PDL=pdl(plan, q_lat.device), TMA=tma, num_warps=plan.num_warps,
         num_stages=plan.num_stages)
     if plan.early and pdl_supported(q_lat.device):
         kwargs.update(early_launch(plan, cache))

@@ -25,7 +25,7 @@ for part in ${*:-early}; do
            python3 $HERE/ncu_split.py ${NCU_ARGS:-} > "$OUT/ncu.log" 2>&1
          grep -v "^==PROF==" "$OUT/ncu.log" | grep -vi warning | head -150 ;;
     mlatests) (cd baseline2 && timeout 300 python3 -m pytest -q -m cuda -p no:cacheprovider \
-                 tests/test_kernels_mla_cuda.py tests/test_capture_cuda.py \
+                 tests/test_kernels_mla_cuda.py tests/test_capture_cuda.py ${MLA_K:-} \
                  > "$OUT/mla_tests.log" 2>&1)
               grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/mla_tests.log" | tail -15 ;;
     *) OUT=$OUT bash docs/perf/2026-11-23-run68/run.sh $part 2>&1 | grep -v "^===" ;;
