@@ -141,14 +141,6 @@ VARIANTS = {
     "p16-n32-prefetch-tile-h4": (16, 4, dict(block_n=32, page_tiles=True, prefetch=True,
                                              num_splits=3, merge_heads=4)),
     "p1-n16-prefetch-tile": (1, 4, dict(block_n=16, prefetch=True, num_splits=7)),
-    # keys_m: the products transposed, keys along M (mla_decode_km.py)
-    "km-pt64-n16-prefetch-tile": (64, 4, dict(block_n=16, page_tiles=True, prefetch=True,
-                                              num_splits=3, keys_m=True)),
-    "km-pt16-n16-serial": (16, 16, dict(block_n=16, page_tiles=True, num_splits=5,
-                                        merge="serial", keys_m=True)),
-    "km-p1-n32-onesplit": (1, 4, dict(block_n=32, prefetch=True, num_splits=1, keys_m=True)),
-    "km-pt64-n16-pointers": (64, 4, dict(block_n=16, page_tiles=True, prefetch=True,
-                                         num_splits=3, keys_m=True, km_tma=False)),
     "p1-n32-fused": (1, 4, dict(block_n=32, num_splits=2, merge="fused")),
     "h128-pt64-h64-prefetch-tile": (64, 128, dict(block_h=64, block_n=32, page_tiles=True,
                                                   prefetch=True, num_splits=3,
@@ -262,7 +254,6 @@ def test_decode_long_rows_default_plan(heads, page_size):
 # id: (heads, plan fields): merges that read only the splits a row reaches (tile from
 # ACTIVE_MIN_SPLITS splits, serial), the fused one's counters, shared_p's scratch.
 REUSE = {
-    "km-tile12": (4, dict(num_splits=12, block_n=16, merge="tile", keys_m=True)),
     "tile12": (4, dict(num_splits=12, block_n=16, merge="tile")),
     "fused6": (4, dict(num_splits=6, block_n=16, merge="fused")),
     "serial12": (4, dict(num_splits=12, block_n=16, merge="serial")),

@@ -39,8 +39,6 @@ CUDA_VARIANTS = {
     "pages-prefetch-n64-s2": dict(page_tiles=True, prefetch=True, block_n=64, num_stages=2),
     "shared-p": dict(shared_p=True),
     "shared-p-n64-s2": dict(shared_p=True, block_n=64, num_stages=2),
-    "keys-m-n64-s2": dict(keys_m=True, block_n=64, num_stages=2),  # 16 heads only
-    "keys-m-n32-pointers": dict(keys_m=True, km_tma=False),
 }
 
 
@@ -55,8 +53,6 @@ def cuda_plan(variant, rows, capacity, heads):
 @pytest.mark.parametrize("heads", [16, 128])
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 def test_cuda_decode_real_sizes(heads, page_size, variant):
-    if variant.startswith("keys-m") and heads != 16:
-        pytest.skip("keys_m runs 16 heads a program")
     dims = dict(V2_LITE, heads=heads)
     lens = [1, 1000, 4097, 16384 - 3] if heads == 16 else [1, 777, 16384]
     p = make_problem([n - 1 for n in lens], [1] * len(lens), page_size, dims, "cuda",

@@ -9,7 +9,6 @@ import re
 from dataclasses import replace
 import torch, triton
 from triton.backends.compiler import GPUTarget
-from triton.tools.tensor_descriptor import TensorDescriptor
 from sm90_ptxas import ptxas_usage
 from mla_func.kernels import mla_decode as md, mla_merge as mm
 
@@ -24,10 +23,7 @@ def compile_sm90(kernel, args, kwargs):
     opts = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "launch_pdl") if k in kwargs}
     sig, attrs, const = {}, {}, dict(kwargs)
     for i, (name, v) in enumerate(zip(names, args)):
-        if isinstance(v, TensorDescriptor):
-            dtype = TYPES[v.base.dtype][1:]
-            sig[name], div = f"tensordesc<{dtype}{list(v.block_shape)}>", False
-        elif torch.is_tensor(v):
+        if torch.is_tensor(v):
             sig[name], div = TYPES[v.dtype], v.data_ptr() % 16 == 0
         elif isinstance(v, int):
             if v == 1 and name not in keep:

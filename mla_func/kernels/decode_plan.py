@@ -42,8 +42,6 @@ class DecodePlan:
     shared_p: bool = False  # score -> value product through scratch: no duplicate score tile
     early: bool = False  # sm90: launch while the absorb kernel runs, warm L2, then wait
     warm: bool = False  # "tile" merge launched early: it warms L2 with W_UV before it waits
-    keys_m: bool = False  # 16 heads: products transposed, keys along M (mla_decode_km.py)
-    km_tma: bool = True  # keys_m: KV tiles by TMA descriptor loads where the shapes allow
 
 
 MERGES = ("tile", "serial", "fused")
@@ -52,7 +50,7 @@ MERGES = ("tile", "serial", "fused")
 def legacy_plan(plan: DecodePlan) -> DecodePlan:
     """`plan` as the first version ran it: per-key page gather, no prefetch, serial merge."""
     return replace(plan, page_tiles=False, prefetch=False, merge="serial", pdl=False,
-                   early=False, warm=False, keys_m=False)
+                   early=False, warm=False)
 
 
 def _cdiv(a: int, b: int) -> int:

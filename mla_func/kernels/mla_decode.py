@@ -32,8 +32,7 @@ reads the batch's metadata and bulk-prefetches the first cache rows of its chunk
 launched early, prefetch W_UV into L2 for the product after it;
 `shared_p` hands p and the rescale factor to the value product through per-program scratch
 (`p_scratch.through_memory`), so that at 64 heads a program the two warpgroups split the score
-tile instead of both computing it; `keys_m` runs the 16-head kernel with the products
-transposed, keys along M (mla_decode_km.py).
+tile instead of both computing it.
 
 The absorbed query is a cuBLAS bmm, or, given the step's new rows as the input projection left
 them (`absorb.NewRows`), one launch of absorb.py that computes it and runs their prologue (q_pe
@@ -49,7 +48,6 @@ import triton.language as tl
 from jaxtyping import Float, Int
 from torch import Tensor
 from triton.runtime.errors import OutOfResources
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from mla_func.kernels.absorb import NewRows, absorb_prologue
 from mla_func.kernels.decode_plan import (
@@ -63,7 +61,6 @@ from mla_func.kernels.decode_plan import (
     shared_p_numel,
 )
 from mla_func.kernels.l2_prefetch import prefetch_rows
-from mla_func.kernels.mla_decode_km import split_kernel_km, tile_pages
 from mla_func.kernels.mla_merge import launch_merge, merge_shape, merge_tile, split_chunk
 from mla_func.kernels.p_scratch import through_memory
 from mla_func.kernels.pdl import supported as pdl_supported
@@ -74,6 +71,20 @@ __all__ = ["MAX_SPLITS", "MERGES", "DecodePlan", "DecodeWorkspace", "attend_abso
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _tile_pages(pt, n0, nn, end, page_size, max_pages, PAGE_TILES: tl.constexpr):
+    """Page ids of the key tile at n0: one scalar (PAGE_TILES: the tile lies in one page) or
+    one per key. Keys at or past `end` load nothing; a row past its page table reads the
+    scratch page 0 instead of another row's pages."""
+    if PAGE_TILES:
+        n = n0
+    else:
+        n = n0 + nn
+    slot = n // page_size
+    return tl.load(pt + slot, mask=(n < end) & (slot < max_pages), other=0)
 
 
 @triton.jit(do_not_specialize=["s_pt", "max_pages", "num_splits"])  # fewer compiled variants
@@ -117,7 +128,7 @@ def _split_kernel(
     kv_off = nn[:, None] * s_row + c[None, :]
     kp_off = nn[:, None] * s_row + kv_lora + r[None, :]
     if PREFETCH:
-        nxt = tile_pages(pt, start, nn, end, page_size, max_pages, PAGE_TILES)
+        nxt = _tile_pages(pt, start, nn, end, page_size, max_pages, PAGE_TILES)
     if EARLY:  # launched while the absorb kernel runs: the batch's metadata and the old cache
         if L2_KEYS > 0:  # rows are ready, its q_lat, q_pe and new rows are not yet
             if hb == 0:  # the other head blocks read the same rows
@@ -138,9 +149,9 @@ def _split_kernel(
         nm = n < end
         if PREFETCH:
             page = nxt
-            nxt = tile_pages(pt, n0 + BLOCK_N, nn, end, page_size, max_pages, PAGE_TILES)
+            nxt = _tile_pages(pt, n0 + BLOCK_N, nn, end, page_size, max_pages, PAGE_TILES)
         else:
-            page = tile_pages(pt, n0, nn, end, page_size, max_pages, PAGE_TILES)
+            page = _tile_pages(pt, n0, nn, end, page_size, max_pages, PAGE_TILES)
         if PAGE_TILES:  # n0 is a multiple of BLOCK_N, which divides page_size
             tile = cache + (page.to(tl.int64) * page_size + n0 % page_size) * s_row
             kv_ptr = tile + kv_off
@@ -243,7 +254,7 @@ def mla_decode(
             grid, args, kwargs = split_launch(q_lat, q_pe, cache, page_table, token_seq,
                                               positions, scale, plan, out, part_o, part_lse,
                                               counters, scratch)
-            split_kernel(plan)[grid](*args, **kwargs)
+            _split_kernel[grid](*args, **kwargs)
             break
         except OutOfResources:
             smaller = _smaller(plan)
@@ -263,25 +274,16 @@ def pdl(plan: DecodePlan, device: torch.device) -> bool:
     return plan.pdl and plan.merge == "tile" and plan.num_splits > 1 and pdl_supported(device)
 
 
-def split_kernel(plan: DecodePlan):
-    """The split kernel `plan` launches: keys along M (`keys_m`, mla_decode_km.py) or heads."""
-    return split_kernel_km if plan.keys_m else _split_kernel
-
-
 def split_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, out,
                  part_o, part_lse, counters, scratch=None) -> tuple[tuple, tuple, dict]:
-    """(grid, arguments, keyword arguments) of `split_kernel(plan)` (the sm90 compile test
-    reads the same)."""
+    """(grid, arguments, keyword arguments) of the split kernel for `plan` (the sm90 compile
+    test reads the same)."""
     heads, tokens, kv_lora = q_lat.shape
     splits = plan.num_splits
     assert plan.merge in MERGES, plan.merge
     if splits > 1:
         assert part_o.shape[2] == splits and part_lse.shape[2] == splits
     head_blocks = _cdiv(heads, plan.block_h)
-    if plan.keys_m:
-        return (head_blocks, splits, tokens), *_km_launch(
-            q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, out, part_o,
-            part_lse)
     fused = splits > 1 and plan.merge == "fused"
     block_c = triton.next_power_of_2(kv_lora)
     fused_h, p2, chunk = 1, 1, 1  # constant unless fused: no recompiles per split count
@@ -311,36 +313,6 @@ def split_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, pl
     if plan.early and pdl_supported(q_lat.device):
         kwargs.update(early_launch(plan, cache))
     return (head_blocks, splits, tokens), args, kwargs
-
-
-def _km_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, out,
-               part_o, part_lse) -> tuple[tuple, dict]:
-    """Arguments of the keys-along-M kernel: 16 heads a program, no fused merge or shared_p."""
-    assert plan.block_h == 16 and plan.merge != "fused" and not plan.shared_p, plan
-    heads, _, kv_lora = q_lat.shape
-    block_c = triton.next_power_of_2(kv_lora)
-    block_r = max(16, triton.next_power_of_2(q_pe.shape[-1]))
-    page_tiles = plan.page_tiles and cache.shape[1] % plan.block_n == 0
-    rows = cache.view(-1, cache.shape[-1]) if cache.is_contiguous() else None
-    tma = (plan.km_tma and page_tiles and rows is not None and block_c == kv_lora
-           and block_r == q_pe.shape[-1] and block_c // 2 <= 256 and plan.block_n <= 256)
-    kv_desc = kp_desc = cache  # unused without TMA
-    if tma:
-        kv_desc = TensorDescriptor.from_tensor(rows, [plan.block_n, block_c // 2])
-        kp_desc = TensorDescriptor.from_tensor(rows, [plan.block_n, block_r])
-    args = (q_lat, q_pe, cache, page_table, token_seq, positions, part_o, part_lse, out,
-            kv_desc, kp_desc, q_lat.stride(0), q_lat.stride(1), q_pe.stride(0),
-            q_pe.stride(1), cache.stride(1), page_table.stride(0), out.stride(0),
-            out.stride(1), heads, kv_lora, q_pe.shape[-1], cache.shape[1],
-            page_table.shape[1], scale * 1.4426950408889634, plan.num_splits)
-    kwargs = dict(
-        SPLIT=plan.num_splits > 1, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n,
-        BLOCK_C=block_c, BLOCK_R=block_r, PAGE_TILES=page_tiles, PREFETCH=plan.prefetch,
-        PDL=pdl(plan, q_lat.device), TMA=tma, num_warps=plan.num_warps,
-        num_stages=plan.num_stages)
-    if plan.early and pdl_supported(q_lat.device):
-        kwargs.update(early_launch(plan, cache))
-    return args, kwargs
 
 
 def early_launch(plan: DecodePlan, cache: Tensor) -> dict:

@@ -3,7 +3,7 @@ early (`DecodePlan.early`, this tree's default: a programmatic dependent of the 
 that warms L2 with its first cache rows, then waits) against launched plainly (early=False),
 all graphs in one process, alternating rounds (GPU). The logits must be equal to the bit.
 Variants `early<K>` prefetch K rows a program (this tree: one a thread, 128 at 16 heads),
-'-'-joined `km` (keys along M, `DecodePlan.keys_m`), `s<N>` and `n<N>` launch early with
+'-'-joined `km` (keys along M, `DecodePlan.keys_m`: needs keys_m.patch applied), `s<N>` and `n<N>` launch early with
 the products transposed, N splits or N-key tiles; `nowarm`: the merge does not warm L2 with
 W_UV (`DecodePlan.warm`); `plain`: neither;
 `--profile` prints each variant's mean absorb / split / merge times per layer (profiler).

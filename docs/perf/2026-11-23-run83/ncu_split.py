@@ -25,7 +25,7 @@ dims = {"heads": 16, "nope": 128, "rope": 64, "v": 128, "kv_lora": 512}
 prob = make_problem([args.ctx] * args.batch, [1] * args.batch, 64, dims, "cuda",
                     torch.bfloat16, max_pages=129)
 plan = plan_decode(args.batch, 129 * 64, num_sms(torch.device("cuda")), 16)
-fields = {"keys_m": args.keys_m}
+fields = {"keys_m": True} if args.keys_m else {}  # keys_m: needs keys_m.patch
 if args.block_n:
     fields.update(block_n=args.block_n, num_stages=2 if args.block_n >= 64 else 3)
 if args.splits:

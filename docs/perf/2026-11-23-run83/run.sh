@@ -2,8 +2,10 @@
 # Runs of 2026-11-23, ninth session (bash run.sh <parts>): the decode split kernel launched
 # early (DecodePlan.early) against plainly, in the whole-step graph (early: exp_early_step.py,
 # EARLY_ARGS); where a synced graph replay loses time (launch: exp_launch.py); the MLA CUDA
-# tests only (mlatests); Nsight Compute on the split kernel alone (ncu: ncu_split.py, NCU_ARGS); earlier drivers' parts: timeline (run68's
-# exp_timeline.py, TL_ARGS), bstep, bmoe, tests, step, prefill, capture, generate.
+# tests only (mlatests, MLA_K); Nsight Compute on the split kernel alone (ncu: ncu_split.py,
+# NCU_ARGS). The keys-along-M kernel of runs 91-92 is keys_m.patch (not in the package).
+# Earlier drivers' parts: timeline (run68's exp_timeline.py, TL_ARGS), bstep, bmoe, tests, step,
+# prefill, capture, generate.
 set -u
 OUT=$(realpath ${OUT:-out}); mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
