@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from mla_func.kernels.pdl import supported as pdl_supported
+
 # Splits never exceed this (workspace and merge cost grow with it).
 MAX_SPLITS = 128
 # A launch grid is "full" when it keeps this share of the SMs busy in its last wave.
@@ -125,6 +127,35 @@ def _shared_p_pays(splits: int, max_seq_len: int) -> bool:
     if splits == 1:
         return max_seq_len >= 4096
     return keys >= 256
+
+
+_SHRUNK: dict[DecodePlan, DecodePlan] = {}
+
+
+def effective_plan(plan: DecodePlan) -> DecodePlan:
+    """The plan launches really use: `plan`, or a smaller tiling if it ran out of resources."""
+    return _SHRUNK.get(plan, plan)
+
+
+def smaller_plan(plan: DecodePlan) -> DecodePlan | None:
+    """A plan that needs less shared memory (same splits, so the workspace is unchanged)."""
+    if plan.num_stages > 1:
+        return replace(plan, num_stages=plan.num_stages - 1)
+    if plan.block_n > 16:
+        return replace(plan, block_n=plan.block_n // 2, num_stages=2)
+    return None
+
+
+def shrink(plan: DecodePlan, smaller: DecodePlan) -> DecodePlan:
+    """Record that launches of `plan` run `smaller` (it ran out of resources); `smaller`."""
+    _SHRUNK[plan] = smaller
+    return smaller
+
+
+def pdl(plan: DecodePlan, device: torch.device) -> bool:
+    """Programmatic dependent launch of the tile merge (sm90+), only where a separate merge
+    follows."""
+    return plan.pdl and plan.merge == "tile" and plan.num_splits > 1 and pdl_supported(device)
 
 
 def shared_p_numel(plan: DecodePlan, rows: int, heads: int) -> tuple[int, int]:

@@ -39,7 +39,6 @@ them (`absorb.NewRows`), one launch of absorb.py that computes it and runs their
 rotated, cache rows normed, rotated and written) in the same grid (the backend's decode path).
 """
 
-from dataclasses import replace
 from typing import no_type_check
 
 import torch
@@ -55,10 +54,14 @@ from mla_func.kernels.decode_plan import (
     MERGES,
     DecodePlan,
     DecodeWorkspace,
+    effective_plan,
     legacy_plan,
     num_sms,
+    pdl,
     plan_decode,
     shared_p_numel,
+    shrink,
+    smaller_plan,
 )
 from mla_func.kernels.l2_prefetch import prefetch_rows
 from mla_func.kernels.mla_merge import launch_merge, merge_shape, merge_tile, split_chunk
@@ -208,23 +211,6 @@ def _split_kernel(
                 tl.store(cnt, 0)  # zero again for the next launch (and graph replay)
 
 
-_SHRUNK: dict[DecodePlan, DecodePlan] = {}
-
-
-def effective_plan(plan: DecodePlan) -> DecodePlan:
-    """The plan launches really use: `plan`, or a smaller tiling if it ran out of resources."""
-    return _SHRUNK.get(plan, plan)
-
-
-def _smaller(plan: DecodePlan) -> DecodePlan | None:
-    """A plan that needs less shared memory (same splits, so the workspace is unchanged)."""
-    if plan.num_stages > 1:
-        return replace(plan, num_stages=plan.num_stages - 1)
-    if plan.block_n > 16:
-        return replace(plan, block_n=plan.block_n // 2, num_stages=2)
-    return None
-
-
 def mla_decode(
     q_lat: Float[Tensor, "heads tokens kv_lora"],
     q_pe: Float[Tensor, "tokens heads qk_rope"],
@@ -257,21 +243,15 @@ def mla_decode(
             _split_kernel[grid](*args, **kwargs)
             break
         except OutOfResources:
-            smaller = _smaller(plan)
+            smaller = smaller_plan(plan)
             if smaller is None:
                 raise
-            _SHRUNK[plan] = plan = smaller
+            plan = shrink(plan, smaller)
     if plan.num_splits > 1 and plan.merge != "fused":
         launch_merge(plan.merge, plan.merge_heads, plan.merge_cols, plan.block_n, part_o,
                      part_lse, positions, out, pdl(plan, q_lat.device),
                      warm if plan.warm else None)
     return out
-
-
-def pdl(plan: DecodePlan, device: torch.device) -> bool:
-    """Programmatic dependent launch of the tile merge (sm90+), only where a separate merge
-    follows."""
-    return plan.pdl and plan.merge == "tile" and plan.num_splits > 1 and pdl_supported(device)
 
 
 def split_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, out,
