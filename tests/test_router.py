@@ -43,6 +43,51 @@ def _cpu_ties(tokens: int, method: str, k: int) -> dict[str, int]:
                 max_swaps=1 if method == "greedy" else k)
 
 
+# Selection margins under this (scores in (0, 1)) are ties for the GPU tests: the kernel's and
+# cuBLAS's float32 logits differ by ~1e-6, so such a token may pick either side.
+TIE = 1e-5
+
+
+def _boundary_margin(x, router, bias, cfg) -> torch.Tensor:
+    """Per token, in float64: how far the routing is from choosing otherwise, the smaller of
+    the gap between the last kept and the first dropped group (group-limited methods) and the
+    gap between the k-th and the next expert among the kept groups."""
+    logits = x.double() @ router.double().T
+    k, n_exp, method = cfg.num_experts_per_tok, router.shape[0], cfg.topk_method
+    if method == "noaux_tc":
+        choice = logits.sigmoid() + bias.double()
+        group_scores = choice.view(-1, cfg.n_group, n_exp // cfg.n_group).topk(2, -1).values
+        group_scores, fill = group_scores.sum(-1), float("-inf")
+    else:
+        choice = logits.softmax(dim=-1)
+        group_scores = choice.view(-1, cfg.n_group, n_exp // cfg.n_group).amax(-1)
+        fill = 0.0
+    margin = torch.full((x.shape[0],), float("inf"), dtype=torch.float64, device=x.device)
+    if method != "greedy" and cfg.topk_group < cfg.n_group:
+        gs = group_scores.sort(dim=-1, descending=True).values
+        margin = gs[:, cfg.topk_group - 1] - gs[:, cfg.topk_group]
+        keep = group_scores.topk(cfg.topk_group, dim=-1).indices
+        mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep, True)
+        choice = choice.masked_fill(~mask.repeat_interleave(n_exp // cfg.n_group, 1), fill)
+    cs = choice.sort(dim=-1, descending=True).values
+    return torch.minimum(margin, cs[:, k - 1] - cs[:, k])
+
+
+def _assert_same_routing_up_to_ties(got, want, inputs, max_swaps=1):
+    """`_assert_same_routing`, where a token may choose otherwise only at a tie: its float64
+    selection margin under TIE (`_boundary_margin` of `inputs` = (x, router, bias, cfg))."""
+    (w, ids), (rw, rids) = got, want
+    same = (ids.sort(dim=1).values == rids.sort(dim=1).values).all(dim=1)
+    tied = _boundary_margin(*inputs) < TIE
+    assert bool((same | tied).all()), (
+        f"{int((~same & ~tied).sum())} tokens chose other experts without a tie; margins "
+        f"{_boundary_margin(*inputs)[~same].tolist()}")
+    _assert_same_routing((w[same], ids[same]), (rw[same], rids[same]))
+    differ = ~same
+    swapped = (ids[differ][:, :, None] != rids[differ][:, None, :]).all(dim=2).sum(dim=1)
+    assert bool((swapped <= max_swaps).all()), f"swaps {swapped.tolist()}"
+
+
 def _assert_same_routing(got, want, near_ties=0, max_swaps=1):
     """The same expert set per token and the same weights per expert. `near_ties`: tokens
     that may swap one expert at the selection boundary. The kernel's logits (TF32 products
@@ -242,8 +287,8 @@ GPU_TOKENS = [1, 7, 64, 128, 300, 512, 4096]
 def test_v2_lite_size_on_gpu(tokens):
     cfg = MLAConfig.preset("v2-lite")
     x, router, _ = _inputs(cfg, tokens, cfg.hidden_size, torch.bfloat16, "cuda")
-    _assert_same_routing(route_fused(x, router, None, cfg), route(x, router, None, cfg),
-                         near_ties=tokens // 1000)
+    _assert_same_routing_up_to_ties(route_fused(x, router, None, cfg),
+                                    route(x, router, None, cfg), (x, router, None, cfg))
 
 
 @pytest.mark.cuda
@@ -252,9 +297,11 @@ def test_v2_lite_size_on_gpu(tokens):
 def test_v3_size_on_gpu(tokens, dtype):
     cfg = MLAConfig.preset("v3")
     x, router, bias = _inputs(cfg, tokens, cfg.hidden_size, dtype, "cuda")
-    # H100, 2026-11-22: one of 4096 tokens swapped 3 experts (a near tie between two groups).
-    _assert_same_routing(route_fused(x, router, bias, cfg), route(x, router, bias, cfg),
-                         near_ties=tokens // 1000, max_swaps=cfg.num_experts_per_tok)
+    # H100: one of 4096 tokens swapped 3 experts (2026-11-22), one of 512 (2026-11-23, run
+    # 94): near ties between two groups. A token may differ only at a float64 tie.
+    _assert_same_routing_up_to_ties(route_fused(x, router, bias, cfg),
+                                    route(x, router, bias, cfg), (x, router, bias, cfg),
+                                    max_swaps=cfg.num_experts_per_tok)
 
 
 @pytest.mark.cuda
