@@ -83,9 +83,13 @@ def _assert_same_routing_up_to_ties(got, want, inputs, max_swaps=1):
         f"{int((~same & ~tied).sum())} tokens chose other experts without a tie; margins "
         f"{_boundary_margin(*inputs)[~same].tolist()}")
     _assert_same_routing((w[same], ids[same]), (rw[same], rids[same]))
-    differ = ~same
-    swapped = (ids[differ][:, :, None] != rids[differ][:, None, :]).all(dim=2).sum(dim=1)
+    swapped = _swaps(ids, rids, ~same)
     assert bool((swapped <= max_swaps).all()), f"swaps {swapped.tolist()}"
+
+
+def _swaps(ids, rids, differ):
+    """Per token of `differ`: how many of its experts the reference did not choose."""
+    return (ids[differ][:, :, None] != rids[differ][:, None, :]).all(dim=2).sum(dim=1)
 
 
 def _assert_same_routing(got, want, near_ties=0, max_swaps=1):
@@ -102,7 +106,7 @@ def _assert_same_routing(got, want, near_ties=0, max_swaps=1):
     same = (s.values == rs.values).all(dim=1)
     if near_ties:
         differ = ~same
-        swapped = (ids[differ][:, :, None] != rids[differ][:, None, :]).all(dim=2).sum(dim=1)
+        swapped = _swaps(ids, rids, differ)
         assert int(differ.sum()) <= near_ties and bool((swapped <= max_swaps).all()), \
             f"different experts for {int(differ.sum())} tokens, swaps {swapped.tolist()}"
     else:

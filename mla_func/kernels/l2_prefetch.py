@@ -20,6 +20,17 @@ import triton.language as tl
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _bulk_prefetch(at, size):
+    """One bulk prefetch into L2 per element: `size` bytes (int32, a multiple of 16) from the
+    16-byte aligned address `at`; elements of size 0 issue nothing."""
+    tl.inline_asm_elementwise(
+        "{\n .reg .pred p;\n setp.gt.s32 p, $2, 0;\n"
+        " @p cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;\n}",
+        "=r,l,r", [at, size.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def prefetch_rows(cache, pt, start, end, page_size, max_pages, s_row,
                   ROW_BYTES: tl.constexpr, KEYS: tl.constexpr):
     """Bulk-prefetch rows start .. min(start + KEYS, end) of one sequence's paged cache (`pt`:
@@ -30,11 +41,7 @@ def prefetch_rows(cache, pt, start, end, page_size, max_pages, s_row,
     slot = n // page_size
     page = tl.load(pt + slot, mask=live & (slot < max_pages), other=0)
     row = cache + (page.to(tl.int64) * page_size + n % page_size) * s_row
-    size = tl.full([KEYS], ROW_BYTES, tl.int32)
-    tl.inline_asm_elementwise(
-        "{\n .reg .pred p;\n setp.ne.s32 p, $2, 0;\n"
-        " @p cp.async.bulk.prefetch.L2.global [$1], $3;\n mov.u32 $0, 0;\n}",
-        "=r,l,r,r", [row, live.to(tl.int32), size], dtype=tl.int32, is_pure=False, pack=1)
+    _bulk_prefetch(row, tl.where(live, ROW_BYTES, 0))
 
 
 @triton.jit
@@ -48,7 +55,4 @@ def prefetch_span(base, nbytes, part, parts, THREADS: tl.constexpr):
     size = tl.minimum(per, nbytes - offset).to(tl.int32)
     live = size > 0
     at = base.to(tl.pointer_type(tl.int8)) + tl.where(live, offset, 0)
-    tl.inline_asm_elementwise(
-        "{\n .reg .pred p;\n setp.gt.s32 p, $2, 0;\n"
-        " @p cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;\n}",
-        "=r,l,r", [at, tl.where(live, size, 0)], dtype=tl.int32, is_pure=False, pack=1)
+    _bulk_prefetch(at, tl.where(live, size, 0))
