@@ -39,6 +39,7 @@ CUDA_VARIANTS = {
     "pages-prefetch-n64-s2": dict(page_tiles=True, prefetch=True, block_n=64, num_stages=2),
     "shared-p": dict(shared_p=True),
     "shared-p-n64-s2": dict(shared_p=True, block_n=64, num_stages=2),
+    "merge-uv": dict(uv=True),
 }
 
 
@@ -206,3 +207,32 @@ def test_cuda_early_split_after_absorb_matches_plain(heads, page_size):
     p["cache"].copy_(old_cache)
     graph.replay()
     assert torch.equal(out, plain_out) and torch.equal(p["cache"], plain_cache)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("rows", [1, 8, 32, 128])
+def test_cuda_merge_uv_matches_the_bmm_path_and_replays(rows):
+    """The merge fused with W_UV (`DecodePlan.uv`, launched early with its W_UV rows warmed)
+    against the tile merge + cuBLAS bmm it replaces: the same o_lat up to the order of the
+    split sum, then one bf16 rounding of o apart; a CUDA-graph replay gives the eager bits."""
+    g = torch.Generator().manual_seed(rows)
+    lens = torch.randint(1, 4097, (rows,), generator=g).tolist()
+    p = make_problem([n - 1 for n in lens], [1] * rows, 64, V2_LITE, "cuda", torch.bfloat16,
+                     max_pages=129)
+    plan = plan_decode(rows, 129 * 64, num_sms(torch.device("cuda")), 16)
+    assert plan.num_splits > 1 and plan.merge == "tile"
+    uv, bmm = replace(plan, uv=True), replace(plan, uv=False)
+    got = attend_absorbed(*ref_args(p), poisoned_workspace(p, plan.num_splits, plan), uv)
+    want = attend_absorbed(*ref_args(p), poisoned_workspace(p, plan.num_splits, plan), bmm)
+    assert rel_err(got, want) < 1e-2
+    fp32 = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v)
+            for k, v in p.items()}
+    assert rel_err(got, ref.attend_absorbed(*ref_args(fp32), chunk=1)) < 2e-2
+    ws = poisoned_workspace(p, plan.num_splits, plan)
+    attend_absorbed(*ref_args(p), ws, uv)  # warm-up: compiles and allocates the workspace
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attend_absorbed(*ref_args(p), ws, uv)
+    out.fill_(float("nan"))
+    graph.replay()
+    assert torch.equal(out, got)

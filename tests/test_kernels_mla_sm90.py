@@ -1,6 +1,6 @@
 """Ahead-of-time sm90 compile of the MLA decode, merge and fused absorb + cache write kernels
 (no GPU needed): register use, spills and the number of KV buffers the pipeliner allocates, at
-V2-Lite / V3 sizes."""
+V2-Lite / V3 sizes; the merge fused with W_UV (mla_merge_uv)."""
 
 from sm90_ptxas import run_compile_script
 
@@ -119,6 +119,20 @@ for heads, rows in ((16, 1), (128, 300)):  # one token block; several
     assert "griddepcontrol.launch_dependents" in LAST_PTX[0]
     print("absorb", heads, rows, "regs", regs, "spills", spills, "smem", smem)
     assert spills == 0
+from mla_func.kernels import mla_merge_uv as uv
+for rows, splits, pdl in ((1, 32, True), (8, 29, True), (2, 128, False)):
+    po, pl = torch.empty(rows, 16, splits, 512), torch.empty(rows, 16, splits)
+    w_uv = torch.empty(16, 128, 512, dtype=torch.bfloat16)
+    out = torch.empty(rows, 16, 128, dtype=torch.bfloat16)
+    _, call, kwargs = uv.merge_uv_launch(po, pl, torch.empty(rows, dtype=torch.int32), w_uv, out,
+                                         32, pdl)
+    regs, spills, smem, _, _ = compile_sm90(uv._merge_uv_kernel, call, kwargs)
+    print("merge_uv", rows, splits, pdl, "regs", regs, "spills", spills, "smem", smem)
+    assert spills == 0
+    assert ("griddepcontrol.wait" in LAST_PTX[0]) == pdl
+    if pdl:  # the W_UV rows are loaded before the wait
+        ptx = LAST_PTX[0]
+        assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
 """
 
 
@@ -128,6 +142,7 @@ def test_decode_compiles_for_sm90():
     double-buffer the KV tile (one buffer without: the tile load waits on the table load).
     shared_p at 128 heads: spill-free at page 64, still double-buffered (the scratch reload and its
     barrier do not stop the pipeliner), and every dot splits over the two warpgroups. The fused
-    absorb + prologue compiles spill-free at 16 and 128 heads."""
+    absorb + prologue compiles spill-free at 16 and 128 heads; so does the merge fused with
+    W_UV, which loads its W_UV rows before it waits when launched as a dependent."""
     out = run_compile_script(_SM90, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -24,6 +24,13 @@ FILL = 0.85
 # (docs/perf/2026-11-23-h100-run88): B=1 2.611 / 2.601 against 2.629 / 2.616 ms, B=8 7.262 /
 # 7.057 against 7.308 / 7.062; B=32 11.641 / 11.467 against 11.589 / 11.451, B=128 even.
 WARM_MAX_ROWS = 8
+# The merge multiplies by W_UV itself (`DecodePlan.uv`, mla_merge_uv.py) up to this many rows.
+# H100, 2026-11-23, V2-Lite whole-step graphs, ctx 1024, ms synced / back to back, fused
+# against merge + bmm (docs/perf/2026-11-23-h100-run101, run102): B=1 2.594 / 2.583 against
+# 2.626 / 2.608 and 2.588 / 2.583 against 2.614 / 2.607; B=2 3.721 / 3.567 against 3.691 /
+# 3.545 and 3.680 / 3.575 against 3.661 / 3.535; slower from B=4 on (B=8 7.744 / 7.492 against
+# 7.312 / 7.217): each program reads its W_UV rows again per row.
+UV_MAX_ROWS = 1
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,7 @@ class DecodePlan:
     shared_p: bool = False  # score -> value product through scratch: no duplicate score tile
     early: bool = False  # sm90: launch while the absorb kernel runs, warm L2, then wait
     warm: bool = False  # "tile" merge launched early: it warms L2 with W_UV before it waits
+    uv: bool = False  # "tile" merge fused with the W_UV product (mla_merge_uv): no o_lat
 
 
 MERGES = ("tile", "serial", "fused")
@@ -52,7 +60,7 @@ MERGES = ("tile", "serial", "fused")
 def legacy_plan(plan: DecodePlan) -> DecodePlan:
     """`plan` as the first version ran it: per-key page gather, no prefetch, serial merge."""
     return replace(plan, page_tiles=False, prefetch=False, merge="serial", pdl=False,
-                   early=False, warm=False)
+                   early=False, warm=False, uv=False)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -86,7 +94,8 @@ def plan_decode(
     product through scratch (`shared_p`, 64-key tiles) where that measured faster
     (`_shared_p_pays`). `early`: on sm90 the split kernel launches while the absorb kernel
     runs and warms L2 with its first cache rows, and, up to WARM_MAX_ROWS rows, the merge,
-    launched while the split kernel runs, warms it with W_UV (mla_decode.py). Early against
+    launched while the split kernel runs, warms it with W_UV (mla_decode.py); at UV_MAX_ROWS
+    rows the merge multiplies by W_UV itself (`uv`, mla_merge_uv.py). Early against
     plain, V2-Lite whole-step graphs, ctx 1024, H100, 2026-11-23, back to back
     (docs/perf/2026-11-23-h100-run84, run86, run88): B=1 2.615 against 2.647 ms, B=32 11.35-
     11.46 against 11.40-11.51, B=128 13.37-13.47 against 13.42-13.52, logits equal to the
@@ -113,7 +122,7 @@ def plan_decode(
     stages = 3 if block_n < 64 else 2  # 64-key tiles: a third stage does not fit at 64 heads
     return DecodePlan(splits, block_h, block_n, num_warps, num_stages=stages, page_tiles=True,
                       prefetch=True, merge="tile", pdl=True, shared_p=shared_p, early=True,
-                      warm=num_rows <= WARM_MAX_ROWS)
+                      warm=num_rows <= WARM_MAX_ROWS, uv=num_rows <= UV_MAX_ROWS)
 
 
 def _shared_p_pays(splits: int, max_seq_len: int) -> bool:

@@ -29,7 +29,8 @@ per-iteration table load left a single buffer); `merge` picks the merge (mla_mer
 `early` (sm90) launches the split kernel itself while the absorb kernel before it runs: it
 reads the batch's metadata and bulk-prefetches the first cache rows of its chunk into L2
 (`l2_prefetch.py`), then waits for the absorbed query and the new rows; `warm` has the merge,
-launched early, prefetch W_UV into L2 for the product after it;
+launched early, prefetch W_UV into L2 for the product after it; `uv` fuses that product into
+the merge (mla_merge_uv.py: o written directly, no o_lat, no bmm launch);
 `shared_p` hands p and the rescale factor to the value product through per-program scratch
 (`p_scratch.through_memory`), so that at 64 heads a program the two warpgroups split the score
 tile instead of both computing it.
@@ -65,6 +66,7 @@ from mla_func.kernels.decode_plan import (
 )
 from mla_func.kernels.l2_prefetch import prefetch_rows
 from mla_func.kernels.mla_merge import launch_merge, merge_shape, merge_tile, split_chunk
+from mla_func.kernels.mla_merge_uv import merge_uv
 from mla_func.kernels.p_scratch import through_memory
 from mla_func.kernels.pdl import supported as pdl_supported
 
@@ -226,12 +228,14 @@ def mla_decode(
     counters: Int[Tensor, " _"] | None = None,
     scratch: tuple[Tensor, Tensor] | None = None,
     warm: Tensor | None = None,
+    merge: bool = True,
 ) -> Float[Tensor, "heads tokens kv_lora"]:
     """o_lat[h, t] = softmax over keys 0..positions[t] of sequence token_seq[t]; into `out`.
     `counters` (zeros, at least tokens x head blocks): needed by the fused merge only.
     `scratch` (p in the cache dtype, alpha in fp32; `DecodeWorkspace.shared_p`): needed by
     plan.shared_p only. `warm`: what plan.warm prefetches into L2 (the next product's
-    weights)."""
+    weights). `merge` False: a "tile" merge is left to the caller (`mla_merge_uv`), which
+    reads the partials; `out` is then written only by a single split."""
     assert q_lat.stride(-1) == 1 and q_pe.stride(-1) == 1 and out.stride(-1) == 1
     assert cache.stride(-1) == 1 and cache.stride(0) == cache.shape[1] * cache.stride(1)
     plan = effective_plan(plan)
@@ -247,7 +251,7 @@ def mla_decode(
             if smaller is None:
                 raise
             plan = shrink(plan, smaller)
-    if plan.num_splits > 1 and plan.merge != "fused":
+    if plan.num_splits > 1 and plan.merge != "fused" and (merge or plan.merge != "tile"):
         launch_merge(plan.merge, plan.merge_heads, plan.merge_cols, plan.block_n, part_o,
                      part_lse, positions, out, pdl(plan, q_lat.device),
                      warm if plan.warm else None)
@@ -348,13 +352,18 @@ def attend_absorbed(
         q_pe = workspace.q_pe(q_nope.device, new.q_pe.dtype, tokens, heads, new.q_pe.shape[-1])
         absorb_prologue(q_nope, w_uk, q_lat, q_pe, cache, new)
     w_uv = w_uv.to(dtype)
+    uv = plan.uv and plan.merge == "tile" and plan.num_splits > 1
     mla_decode(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, o_lat,
-               part_o, part_lse, counters, scratch, warm=w_uv)
+               part_o, part_lse, counters, scratch, warm=w_uv, merge=not uv)
     # Written straight in [tokens, heads, v_head] order (cuBLAS takes the strided output), so
     # o_proj reads it without a transposing copy.
     o = out if out is not None and out.dtype == dtype else torch.empty(
         tokens, heads, w_uv.shape[1], dtype=dtype, device=q_nope.device)
-    torch.bmm(o_lat, w_uv.transpose(1, 2), out=o.transpose(0, 1))
+    if uv:  # the merge multiplies by W_UV itself: no o_lat, no bmm launch
+        merge_uv(part_o, part_lse, positions, w_uv, o, effective_plan(plan).block_n,
+                 pdl(plan, q_nope.device))
+    else:
+        torch.bmm(o_lat, w_uv.transpose(1, 2), out=o.transpose(0, 1))
     if out is None:
         return o.to(q_nope.dtype)
     return out if o is out else out.copy_(o)

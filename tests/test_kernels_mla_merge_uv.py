@@ -1,0 +1,103 @@
+"""The split-KV merge fused with the W_UV product (mla_func/kernels/mla_merge_uv.py) against
+the torch reference and against the tile merge + bmm it replaces.
+
+CPU runs use the Triton interpreter at small sizes (V2-Lite sizes in bf16 on a GPU:
+test_kernels_mla_cuda.py; the sm90 compile: test_kernels_mla_sm90.py). Inputs are fresh random
+values; workspaces and outputs are NaN-poisoned.
+"""
+
+import os
+from dataclasses import replace
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # before any @triton.jit kernel is defined (CPU only)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from mla_helpers import DEV, NAN, SMALL, TOL, make_problem, poisoned_workspace, ref_args, rel_err  # noqa: E402,E501
+
+from mla_func.kernels import mla_merge  # noqa: E402
+from mla_func.kernels.mla_decode import attend_absorbed, mla_decode, plan_decode  # noqa: E402
+from mla_func.kernels.mla_merge_uv import merge_uv  # noqa: E402
+from mla_func.ops import attention as ref  # noqa: E402
+
+# id: (page_size, heads, query rows' context lengths, plan fields). 12 splits reach the merge's
+# "reached splits only" path; 40 splits take 3 chunks of the split tile; one row of length 1.
+CASES = {
+    "3rows-3splits": (16, 4, [1, 37, 100], dict(block_n=16, num_splits=3)),
+    "20rows-5splits": (16, 4, [1 + 7 * i for i in range(20)], dict(block_n=16, num_splits=5)),
+    "2rows-40splits": (4, 4, [77, 300], dict(block_n=4, num_splits=40)),
+    "4rows-12splits": (16, 4, [300, 151, 1, 64], dict(block_n=16, num_splits=12)),
+    "h128-3rows-3splits": (64, 128, [1, 37, 100], dict(block_h=64, block_n=32,
+                                                       num_splits=3)),
+}
+
+
+def _solve(case: str, uv: bool):
+    page, heads, lens, fields = CASES[case]
+    p = make_problem([n - 1 for n in lens], [1] * len(lens), page, dict(SMALL, heads=heads),
+                     seed=len(lens) + heads, max_pages=-(-320 // page))
+    plan = replace(plan_decode(len(lens), 320, 4, heads), page_tiles=True, prefetch=True,
+                   merge="tile", uv=uv, **fields)
+    ws = poisoned_workspace(p, plan.num_splits, plan)
+    out = attend_absorbed(*ref_args(p), ws, plan)
+    o_lat = ws.get(p["q_nope"].device, p["cache"].dtype, len(lens), heads,
+                   p["w_uk"].shape[-1], plan.num_splits)[1]
+    assert o_lat.isnan().all() == uv  # the fused merge never writes o_lat
+    return p, out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_merge_uv_matches_reference_and_the_unfused_path(case):
+    p, got = _solve(case, uv=True)
+    assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < TOL
+    _, unfused = _solve(case, uv=False)
+    assert rel_err(got, unfused) < 1e-5  # fp32 here: only the summation order differs
+
+
+def test_merge_uv_reads_only_the_splits_a_row_reaches():
+    """Rows of 1, 15, 17 and 100 keys reach 1, 2, 3 and 7 of 9 splits (as in
+    test_kernels_mla's tile-merge test); the others' lse and partials are NaN here, so a merge
+    that read them would give NaN."""
+    assert mla_merge.ACTIVE_MIN_SPLITS <= 9
+    p = make_problem([0, 14, 16, 99], [1] * 4, 4, SMALL, seed=11)
+    plan = replace(plan_decode(4, 128, 4, 4), num_splits=9, block_n=8, merge="tile",
+                   page_tiles=True, prefetch=True)
+    t, h = p["q_nope"].shape[:2]
+    q_lat = torch.einsum("thn,hnc->htc", p["q_nope"], p["w_uk"])
+    o_lat = torch.full((h, t, 32), NAN, device=DEV)
+    part_o = torch.full((t, h, 9, 32), NAN, device=DEV)
+    part_lse = torch.full((t, h, 9), NAN, device=DEV)
+    mla_decode(q_lat, p["q_pe"], p["cache"], p["page_table"], p["token_seq"], p["positions"],
+               p["scale"], plan, o_lat, part_o, part_lse, merge=False)
+    assert o_lat.isnan().all()  # the merge was left to the caller
+    cdiv = lambda a, b: -(-a // b)  # noqa: E731
+    for row, n in enumerate((1, 15, 17, 100)):
+        used = cdiv(n, cdiv(cdiv(n, 9), 8) * 8)  # split_chunk
+        assert used < 9
+        part_lse[row, :, used:] = NAN
+        assert part_o[row, :, used:].isnan().all()
+    out = torch.full((t, h, p["w_uv"].shape[1]), NAN, device=DEV)
+    merge_uv(part_o, part_lse, p["positions"], p["w_uv"], out, plan.block_n)
+    assert rel_err(out, ref.attend_absorbed(*ref_args(p))) < TOL
+
+
+def test_merge_uv_writes_into_a_strided_output():
+    """The output may be a view (o_proj's input buffer); nothing outside it is written."""
+    p = make_problem([5, 40], [1] * 2, 16, SMALL, seed=3, max_pages=20)
+    plan = replace(plan_decode(2, 320, 4, 4), num_splits=4, block_n=16, merge="tile",
+                   page_tiles=True, prefetch=True, uv=True)
+    t, h, v = 2, p["q_nope"].shape[1], p["w_uv"].shape[1]
+    big = torch.full((t + 3, h, v + 4), NAN, device=DEV)
+    got = attend_absorbed(*ref_args(p), poisoned_workspace(p, 4, plan), plan,
+                          out=big[:t, :, :v])
+    assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < TOL
+    assert big[t:].isnan().all() and big[:, :, v:].isnan().all()
+
+
+def test_merge_uv_needs_split_partials():
+    po, pl = torch.zeros(1, 4, 1, 32), torch.zeros(1, 4, 1)
+    with pytest.raises(ValueError, match="single split"):
+        merge_uv(po, pl, torch.zeros(1, dtype=torch.int32), torch.zeros(4, 16, 32),
+                 torch.zeros(1, 4, 16), 16)
