@@ -7,7 +7,8 @@ experts, span tokens / block_m M-tiles, each of which reads their weights again.
 Variants: `cur` (the table's config), or '-'-joined tokens over it: `bm<M>` block_m,
 `g<N>.<K>.<W>.<S>` / `d<N>.<K>.<W>.<S>` the gate_up / down tiles, `apart` (shared experts
 through `kernels.swiglu`, not folded), `tma` (weights through TMA; needs `apart`), `ss` (the
-shared experts on a side stream; needs `apart`). `--profile` prints each variant's median gate_up, down
+shared experts on a side stream; needs `apart`), `ed` (`early_down`: the down GEMM launched
+while gate_up runs, prefetching its weight rows; needs early_down.patch applied). `--profile` prints each variant's median gate_up, down
 and shared-MLP kernel durations per layer (profiler).
 
     PYTHONPATH=. python3 exp_moe_step.py [--batch 32 128] [--rounds 4]
@@ -43,6 +44,8 @@ def config_of(variant: str, tokens: int):
             cfg = replace(cfg, tma=True)
         elif tok == "ss":
             cfg = replace(cfg, shared_stream=True)
+        elif tok == "ed":
+            cfg = replace(cfg, early_down=True)
         elif tok.startswith("bm"):
             cfg = replace(cfg, block_m=int(tok[2:]))
         elif tok[0] in "gd":
