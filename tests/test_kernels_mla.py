@@ -292,8 +292,10 @@ def test_plan_is_a_function_of_shapes_and_fills_the_gpu():
     assert all(plan_decode(rows, 8256, 132, 16).early for rows in (1, 8, 32, 128))
     assert [plan_decode(rows, 8256, 132, 16).warm for rows in (1, 8, 9, 32)] == [
         True, True, False, False]
-    # ...and multiplies by W_UV itself (mla_merge_uv) at one row only.
-    assert [plan_decode(rows, 8256, 132, 16).uv for rows in (1, 2, 32)] == [True, False, False]
+    # ...and multiplies by W_UV itself (mla_merge_uv) at one row of up to 32 splits only.
+    assert [plan_decode(rows, 1024, 132, 16).uv for rows in (1, 2, 32)] == [True, False, False]
+    assert plan_decode(1, 1024, 132, 16).num_splits == 32
+    assert not plan_decode(1, 1056, 132, 16).uv  # 33 splits
     assert plan_decode(1, 1 << 20, 132, 128).num_splits <= MAX_SPLITS
     for rows in (1, 8, 32, 128):
         for heads in (16, 128):

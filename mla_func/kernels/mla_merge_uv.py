@@ -13,10 +13,12 @@ products and sums), writing o. o_lat never goes to memory. Launched as a program
 dependent of the split kernel (sm90), a program loads its W_UV rows before it waits, so the
 weights are read while the split kernel runs.
 
-Each program reads its head's W_UV rows again per row, so this pays at a few rows only
-(`decode_plan.UV_MAX_ROWS`); larger batches keep the merge + bmm, where one GEMM reads W_UV
-once. An earlier form, blocks of 16 rows multiplied on the tensor cores, was slower than the
-merge + bmm at every batch size (docs/perf/2026-11-23-run97/merge_uv_dot.py).
+Each program reads its head's W_UV rows again per row, and its row's reached splits again per
+block of value columns, so this pays at one row and a few splits only (`decode_plan`'s
+UV_MAX_ROWS, UV_MAX_SPLITS); elsewhere the merge + bmm stays, where one GEMM reads W_UV once
+and the merge spreads a row's splits over many programs. An earlier form, blocks of 16 rows
+multiplied on the tensor cores, was slower than the merge + bmm at every batch size
+(docs/perf/2026-11-23-run97/merge_uv_dot.py).
 """
 
 from typing import no_type_check
@@ -31,10 +33,11 @@ from mla_func.kernels.mla_merge import ACTIVE_MIN_SPLITS, reached_splits
 # Value columns a program writes (W_UV: BLOCK_V x kv_lora, 8 KiB in bf16), warps, and the fp32
 # partials it loads at once (64 a thread at 4 warps). H100, V2-Lite whole-step graphs, B=1,
 # ctx 1024, ms synced / back to back against the merge + bmm (docs/perf/2026-11-23-h100-run101,
-# run102): 8 columns 2.594 / 2.583 and 2.588 / 2.583 against 2.626 / 2.608 and 2.614 / 2.607;
-# 16 columns 2.657 / 2.643, 16 at 8 warps with 16384 partials 2.591 / 2.579, 32 at 8 warps
-# 2.600 / 2.589 and 2.600 / 2.588, with 16384 partials 2.667 / 2.659; 64 at 8 warps with 16384
-# 2.627 / 2.612.
+# run102, run105): 8 columns 2.594 / 2.583, 2.588 / 2.583 and 2.590 / 2.577 against 2.626 /
+# 2.608, 2.614 / 2.607 and 2.616 / 2.602; 16 columns 2.657 / 2.643, 16 at 8 warps with 16384
+# partials 2.591 / 2.579, 32 at 8 warps 2.600 / 2.589, 2.600 / 2.588 and 2.595 / 2.581, with
+# 16384 partials 2.667 / 2.659; 64 at 8 warps with 16384 partials 2.627 / 2.612 and 2.611 /
+# 2.604.
 BLOCK_V = 8
 NUM_WARPS = 4
 SPLIT_TILE = 8192  # fp32 partials a program holds at once (64 a thread at 4 warps)

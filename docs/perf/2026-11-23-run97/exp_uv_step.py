@@ -6,7 +6,7 @@ fused with the W_UV product (`DecodePlan.uv`, kernels/mla_merge_uv.py) against t
 from the split kernel's end to the start of the kernel after the merge (o_proj).
 
     PYTHONPATH=. python3 exp_uv_step.py [--batch 1 8 32 128] [--rounds 4]
-        [--variants bmm uv uv-v64 uv-w8] [--profile]
+        [--variants bmm uv uv-v64 uv-w8] [--profile] [--ctx 1024 4096] [--max-pages 129]
 """
 
 import argparse
@@ -94,38 +94,40 @@ def profile_layers(graph) -> str:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 128])
-    p.add_argument("--ctx", type=int, default=1024)
+    p.add_argument("--ctx", type=int, nargs="+", default=[1024])
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--max-pages", type=int, default=129, help="page-table width (capacity)")
     p.add_argument("--variants", nargs="+", default=["bmm", "uv"])
     p.add_argument("--profile", action="store_true")
     args = p.parse_args()
     cfg = mf.MLAConfig.preset("v2-lite")
     params = mf.init_params(cfg, seed=0, device="cuda", dtype=torch.bfloat16)
-    pages = max(args.batch) * math.ceil((args.ctx + 1) / 64) + 130
+    pages = max(args.batch) * math.ceil((max(args.ctx) + 1) / 64) + 130
     state = mf.init_state(cfg, pages, 64, device="cuda", dtype=torch.bfloat16)
     state.cache.normal_()
     variants = tuple(args.variants)
     print(f"# {torch.cuda.get_device_name()}")
-    for bsz in args.batch:
-        batch = decode_batch(state, bsz, args.ctx, "triton", seed=bsz, max_pages=129)
-        graphs = {v: capture(params, state, batch, v) for v in variants}
-        ref = graphs[variants[0]][1].float()
-        errs = {v: ((o.float() - ref).abs().max() / ref.abs().max()).item()
-                for v, (_, o) in graphs.items()}
-        times: dict[str, list[float]] = {v: [] for v in variants}
-        back: dict[str, list[float]] = {v: [] for v in variants}
-        for r in range(args.rounds):
-            for v in (variants if r % 2 == 0 else variants[::-1]):
-                times[v].append(cuda_time_ms(graphs[v][0].replay, reps=30))
-                back[v].append(pipelined_ms(graphs[v][0].replay))
-        print(f"ctx {args.ctx} B={bsz}: " + ", ".join(
-            f"{v} {statistics.median(times[v]):.3f} ms (back to back "
-            f"{statistics.median(back[v]):.3f}; logits rel diff {errs[v]:.2g})"
-            for v in variants), flush=True)
-        if args.profile:
-            for v in variants:
-                print(f"- profile {v}: {profile_layers(graphs[v][0])} us", flush=True)
-        del graphs
+    for ctx in args.ctx:
+        for bsz in args.batch:
+            batch = decode_batch(state, bsz, ctx, "triton", seed=bsz, max_pages=args.max_pages)
+            graphs = {v: capture(params, state, batch, v) for v in variants}
+            ref = graphs[variants[0]][1].float()
+            errs = {v: ((o.float() - ref).abs().max() / ref.abs().max()).item()
+                    for v, (_, o) in graphs.items()}
+            times: dict[str, list[float]] = {v: [] for v in variants}
+            back: dict[str, list[float]] = {v: [] for v in variants}
+            for r in range(args.rounds):
+                for v in (variants if r % 2 == 0 else variants[::-1]):
+                    times[v].append(cuda_time_ms(graphs[v][0].replay, reps=30))
+                    back[v].append(pipelined_ms(graphs[v][0].replay))
+            print(f"ctx {ctx} B={bsz}: " + ", ".join(
+                f"{v} {statistics.median(times[v]):.3f} ms (back to back "
+                f"{statistics.median(back[v]):.3f}; logits rel diff {errs[v]:.2g})"
+                for v in variants), flush=True)
+            if args.profile:
+                for v in variants:
+                    print(f"- profile {v}: {profile_layers(graphs[v][0])} us", flush=True)
+            del graphs
 
 
 if __name__ == "__main__":
