@@ -28,14 +28,14 @@ WARM_MAX_ROWS = 8
 # and splits. Its programs read a row's every reached split once per block of value columns,
 # so its cost grows with the splits a row reaches. H100, 2026-11-23, V2-Lite whole-step
 # graphs, B=1, a 129-page table (128 splits), ms synced / back to back, fused against merge +
-# bmm (docs/perf/2026-11-23-h100-run101, run102, run105, run106): ctx 1024 (33 splits reached) 2.594 /
-# 2.583 against 2.626 / 2.608, 2.588 / 2.583 against 2.614 / 2.607, 2.590 / 2.577 against
-# 2.616 / 2.602; ctx 4096 (65 reached) 2.841 / 2.715 against 2.838 / 2.691; ctx 8000 (126
-# reached) 2.963 / 2.878 against 2.889 / 2.749. B=2 3.721 / 3.567 against 3.691 / 3.545 and
-# 3.680 / 3.575 against 3.661 / 3.535; slower from B=4 on (B=8 7.744 / 7.492 against 7.312 /
-# 7.217). So one row, and a page table short enough that no row reaches more than 32 splits:
-# with a 16-page table (32 splits) at B=1, ctx 1000 2.556 / 2.550 against 2.616 / 2.605, ctx
-# 600 2.578 / 2.546 against 2.692 / 2.600 (run106).
+# bmm (docs/perf/2026-11-23-h100-run101, run102, run105, run106): ctx 1024 (33 splits
+# reached) 2.594 / 2.583 against 2.626 / 2.608, 2.588 / 2.583 against 2.614 / 2.607, 2.590 /
+# 2.577 against 2.616 / 2.602; ctx 4096 (65 reached) 2.841 / 2.715 against 2.838 / 2.691; ctx
+# 8000 (126 reached) 2.963 / 2.878 against 2.889 / 2.749. B=2 3.721 / 3.567 against 3.691 /
+# 3.545 and 3.680 / 3.575 against 3.661 / 3.535; slower from B=4 on (B=8 7.744 / 7.492
+# against 7.312 / 7.217). So one row, and a page table short enough that no row reaches more
+# than 32 splits: with a 16-page table (32 splits) at B=1, ctx 1000 2.556 / 2.550 against
+# 2.616 / 2.605, ctx 600 2.578 / 2.546 against 2.692 / 2.600 (run106).
 UV_MAX_ROWS = 1
 UV_MAX_SPLITS = 32
 
