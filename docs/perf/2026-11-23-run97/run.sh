@@ -3,7 +3,8 @@
 # (moestep: exp_moe_step.py, MOESTEP_<B> variants per batch, MOESTEP_B batches); Nsight Compute
 # on the MoE GEMMs (ncumoe: ncu_moe.py, NCUMOE_T token counts, NCUMOE_ARGS); the split-KV
 # merge fused with W_UV in the step (uvstep: exp_uv_step.py, UV_ARGS) and the MLA + capture CUDA
-# tests of baseline2/ (uvtests, UVT_K); its MoE CUDA tests (moetests, MOET_K). Earlier drivers' parts
+# tests of baseline2/ (uvtests, UVT_K); its MoE CUDA tests (moetests, MOET_K); the absorb kernel's tiles in the step (absorb:
+# exp_absorb_step.py, AB_ARGS). Earlier drivers' parts
 # (run83's: early, launch, ncu, mlatests; run68's: timeline, bstep, bmoe, tests, step, ...).
 set -u
 OUT=$(realpath ${OUT:-out}); mkdir -p "$OUT"
@@ -41,6 +42,8 @@ for part in ${*:-moestep}; do
     moetests) (cd baseline2 && timeout 300 python3 -m pytest -q -m cuda -p no:cacheprovider \
                  tests/test_moe_cuda.py ${MOET_K:-} > "$OUT/moe_tests.log" 2>&1)
               grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/moe_tests.log" | tail -15 ;;
+    absorb) timeout 500 python3 $HERE/exp_absorb_step.py ${AB_ARGS:-} > "$OUT/absorb.log" 2>&1
+            grep -v Warning "$OUT/absorb.log" | grep -v "^  " ;;
     *) OUT=$OUT bash docs/perf/2026-11-23-run83/run.sh $part 2>&1 | grep -v "^===" ;;
   esac
 done
