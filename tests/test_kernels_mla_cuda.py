@@ -212,9 +212,11 @@ def test_cuda_early_split_after_absorb_matches_plain(heads, page_size):
 @pytest.mark.cuda
 @pytest.mark.parametrize("rows", [1, 8, 32, 128])
 def test_cuda_merge_uv_matches_the_bmm_path_and_replays(rows):
-    """The merge fused with W_UV (`DecodePlan.uv`, launched early with its W_UV rows warmed)
-    against the tile merge + cuBLAS bmm it replaces: the same o_lat up to the order of the
-    split sum, then one bf16 rounding of o apart; a CUDA-graph replay gives the eager bits."""
+    """The merge fused with W_UV (`DecodePlan.uv`, launched early: it loads its W_UV rows
+    before it waits) against the tile merge + cuBLAS bmm it replaces: the same o_lat up to the
+    order of the split sum, then one bf16 rounding of o apart; the reference; and a CUDA-graph
+    replay gives the eager bits. Forced on at 1 to 128 rows (128 splits at one row; the plan
+    keeps it to one row of up to 32 splits)."""
     g = torch.Generator().manual_seed(rows)
     lens = torch.randint(1, 4097, (rows,), generator=g).tolist()
     p = make_problem([n - 1 for n in lens], [1] * rows, 64, V2_LITE, "cuda", torch.bfloat16,

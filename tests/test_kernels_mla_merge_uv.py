@@ -15,15 +15,25 @@ import torch
 if not torch.cuda.is_available():  # before any @triton.jit kernel is defined (CPU only)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from mla_helpers import DEV, NAN, SMALL, TOL, make_problem, poisoned_workspace, ref_args, rel_err  # noqa: E402,E501
+from mla_helpers import (  # noqa: E402
+    DEV,
+    NAN,
+    SMALL,
+    TOL,
+    make_problem,
+    poisoned_workspace,
+    ref_args,
+    rel_err,
+)
 
-from mla_func.kernels import mla_merge  # noqa: E402
+from mla_func.kernels import mla_merge, mla_merge_uv  # noqa: E402
 from mla_func.kernels.mla_decode import attend_absorbed, mla_decode, plan_decode  # noqa: E402
 from mla_func.kernels.mla_merge_uv import merge_uv  # noqa: E402
 from mla_func.ops import attention as ref  # noqa: E402
 
 # id: (page_size, heads, query rows' context lengths, plan fields). 12 splits reach the merge's
-# "reached splits only" path; 40 splits take 3 chunks of the split tile; one row of length 1.
+# "reached splits only" path; 40 splits take 3 chunks of 16 (SPLIT_TILE cut below); one row
+# of length 1.
 CASES = {
     "3rows-3splits": (16, 4, [1, 37, 100], dict(block_n=16, num_splits=3)),
     "20rows-5splits": (16, 4, [1 + 7 * i for i in range(20)], dict(block_n=16, num_splits=5)),
@@ -49,7 +59,12 @@ def _solve(case: str, uv: bool):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_merge_uv_matches_reference_and_the_unfused_path(case):
+def test_merge_uv_matches_reference_and_the_unfused_path(case, monkeypatch):
+    if case == "2rows-40splits":  # 16 splits of 32 columns a load: the merge loops 3 times
+        monkeypatch.setattr(mla_merge_uv, "SPLIT_TILE", 512)
+        assert mla_merge_uv.merge_uv_launch(
+            torch.zeros(1, 4, 40, 32), torch.zeros(1, 4, 40), torch.zeros(1, dtype=torch.int32),
+            torch.zeros(4, 16, 32), torch.zeros(1, 4, 16), 4)[2]["CHUNK"] == 16
     p, got = _solve(case, uv=True)
     assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < TOL
     _, unfused = _solve(case, uv=False)

@@ -78,14 +78,15 @@ def _merge_uv_kernel(
                      mask=live[:, None] & cm[None, :], other=0.0)
         # where(w > 0, ...), not w * po: an empty split's partial is never written (NaN).
         acc += tl.sum(tl.where(w[:, None] > 0, w[:, None] * po, 0.0), 0)
-    o_lat = (acc / total).to(w_uv.dtype.element_ty)  # rounded as the o_lat buffer holds it
+    safe = tl.where(total > 0, total, 1.0)
+    o_lat = (acc / safe).to(w_uv.dtype.element_ty)  # rounded as the o_lat buffer holds it
     o = tl.sum(wt.to(tl.float32) * o_lat.to(tl.float32)[None, :], 1)  # [BLOCK_V], fp32
     tl.store(out + t * so_t + h * so_h + v, o.to(out.dtype.element_ty), mask=vm)
 
 
 def merge_uv_launch(
-    part_o: Float[Tensor, "tokens heads splits kv_lora"],
-    part_lse: Float[Tensor, "tokens heads splits"],
+    part_o: Float[Tensor, "tokens heads _ kv_lora"],
+    part_lse: Float[Tensor, "tokens heads _"],
     positions: Int[Tensor, " tokens"],
     w_uv: Float[Tensor, "heads v_head kv_lora"],
     out: Float[Tensor, "tokens heads v_head"],
@@ -110,8 +111,8 @@ def merge_uv_launch(
 
 
 def merge_uv(
-    part_o: Float[Tensor, "tokens heads splits kv_lora"],
-    part_lse: Float[Tensor, "tokens heads splits"],
+    part_o: Float[Tensor, "tokens heads _ kv_lora"],
+    part_lse: Float[Tensor, "tokens heads _"],
     positions: Int[Tensor, " tokens"],
     w_uv: Float[Tensor, "heads v_head kv_lora"],
     out: Float[Tensor, "tokens heads v_head"],
