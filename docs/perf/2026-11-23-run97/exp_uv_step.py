@@ -2,7 +2,7 @@
 fused with the W_UV product (`DecodePlan.uv`, kernels/mla_merge_uv.py) against the tile merge
 + cuBLAS bmm, all graphs in one process, alternating rounds (GPU). Variants: `bmm` (uv off),
 `uv` (the module's tiles), `uv-v<N>` (N value columns a program), `uv-w<N>` (N warps),
-`uv-t<N>` (N fp32 partials a program loads at once). `--profile`: median merge duration per layer and the time
+`uv-t<N>` (N fp32 partials a program loads at once), `-s<N>` (N splits; `bmm-s<N>` too). `--profile`: median merge duration per layer and the time
 from the split kernel's end to the start of the kernel after the merge (o_proj).
 
     PYTHONPATH=. python3 exp_uv_step.py [--batch 1 8 32 128] [--rounds 4]
@@ -31,11 +31,11 @@ TILES = (mla_merge_uv.BLOCK_V, mla_merge_uv.NUM_WARPS, mla_merge_uv.SPLIT_TILE)
 def apply(variant: str) -> dict:
     """Plan fields of a variant; sets the uv kernel's module tiles."""
     mla_merge_uv.BLOCK_V, mla_merge_uv.NUM_WARPS, mla_merge_uv.SPLIT_TILE = TILES
-    if variant == "bmm":
-        return {"uv": False}
-    fields = {"uv": True}
+    fields = {"uv": not variant.startswith("bmm")}
     for tok in variant.split("-")[1:]:
-        if tok[0] == "v":
+        if tok[0] == "s":
+            fields["num_splits"] = int(tok[1:])
+        elif tok[0] == "v":
             mla_merge_uv.BLOCK_V = int(tok[1:])
         elif tok[0] == "w":
             mla_merge_uv.NUM_WARPS = int(tok[1:])
