@@ -252,11 +252,13 @@ def test_decode_long_rows_default_plan(heads, page_size):
 
 
 # id: (heads, plan fields): merges that read only the splits a row reaches (tile from
-# ACTIVE_MIN_SPLITS splits, serial), the fused one's counters, shared_p's scratch.
+# ACTIVE_MIN_SPLITS splits, serial), the fused one's counters, shared_p's scratch, the merge
+# fused with W_UV (its counters and shares).
 REUSE = {
     "tile12": (4, dict(num_splits=12, block_n=16, merge="tile")),
     "fused6": (4, dict(num_splits=6, block_n=16, merge="fused")),
     "serial12": (4, dict(num_splits=12, block_n=16, merge="serial")),
+    "tile12-uv": (4, dict(num_splits=12, block_n=16, merge="tile", uv=True)),
     "h128-sharedp-tile3": (128, dict(num_splits=3, block_n=64, merge="tile", shared_p=True,
                                      merge_heads=16)),
 }
@@ -292,10 +294,9 @@ def test_plan_is_a_function_of_shapes_and_fills_the_gpu():
     assert all(plan_decode(rows, 8256, 132, 16).early for rows in (1, 8, 32, 128))
     assert [plan_decode(rows, 8256, 132, 16).warm for rows in (1, 8, 9, 32)] == [
         True, True, False, False]
-    # ...and multiplies by W_UV itself (mla_merge_uv) at one row of up to 32 splits only.
-    assert [plan_decode(rows, 1024, 132, 16).uv for rows in (1, 2, 32)] == [True, False, False]
-    assert plan_decode(1, 1024, 132, 16).num_splits == 32
-    assert not plan_decode(1, 1056, 132, 16).uv  # 33 splits
+    # ...and multiplies by W_UV itself (mla_merge_uv) up to 4 rows, at any page-table width.
+    assert [plan_decode(rows, cap, 132, 16).uv for rows in (1, 4, 5, 32) for cap in (
+        1024, 8256)] == [True, True, True, True, False, False, False, False]
     assert plan_decode(1, 1 << 20, 132, 128).num_splits <= MAX_SPLITS
     for rows in (1, 8, 32, 128):
         for heads in (16, 128):

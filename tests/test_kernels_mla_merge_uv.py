@@ -31,22 +31,32 @@ from mla_func.kernels.mla_decode import attend_absorbed, mla_decode, plan_decode
 from mla_func.kernels.mla_merge_uv import merge_uv  # noqa: E402
 from mla_func.ops import attention as ref  # noqa: E402
 
-# id: (page_size, heads, query rows' context lengths, plan fields). 12 splits reach the merge's
-# "reached splits only" path; 40 splits take 3 chunks of 16 (SPLIT_TILE cut below); one row
-# of length 1.
+# id: (page_size, dims over SMALL, query rows' context lengths, plan fields). 12 splits reach
+# the merge's "reached splits only" path; 40 splits take 3 chunks of 16 (SPLIT_TILE is cut);
+# 40 kv_lora columns make 3 blocks of 16, the last one partly masked; one row of length 1.
 CASES = {
-    "3rows-3splits": (16, 4, [1, 37, 100], dict(block_n=16, num_splits=3)),
-    "20rows-5splits": (16, 4, [1 + 7 * i for i in range(20)], dict(block_n=16, num_splits=5)),
-    "2rows-40splits": (4, 4, [77, 300], dict(block_n=4, num_splits=40)),
-    "4rows-12splits": (16, 4, [300, 151, 1, 64], dict(block_n=16, num_splits=12)),
-    "h128-3rows-3splits": (64, 128, [1, 37, 100], dict(block_h=64, block_n=32,
-                                                       num_splits=3)),
+    "3rows-3splits": (16, {}, [1, 37, 100], dict(block_n=16, num_splits=3)),
+    "20rows-5splits": (16, {}, [1 + 7 * i for i in range(20)], dict(block_n=16, num_splits=5)),
+    "2rows-40splits": (4, {}, [77, 300], dict(block_n=4, num_splits=40)),
+    "4rows-12splits": (16, {}, [300, 151, 1, 64], dict(block_n=16, num_splits=12)),
+    "kvlora40-3rows": (16, {"kv_lora": 40}, [1, 37, 100], dict(block_n=16, num_splits=3)),
+    "h128-3rows-3splits": (64, {"heads": 128}, [1, 37, 100], dict(block_h=64, block_n=32,
+                                                                  num_splits=3)),
 }
 
 
+def _scratch(tokens: int, heads: int, kv_lora: int, v_head: int):
+    """(shares, counters) of merge_uv: NaN shares, zero counters (as the workspace's)."""
+    n = mla_merge_uv.shares_numel(tokens, heads, kv_lora, v_head)
+    return (torch.full((n,), NAN, device=DEV),
+            torch.zeros(tokens * heads, dtype=torch.int32, device=DEV))
+
+
 def _solve(case: str, uv: bool):
-    page, heads, lens, fields = CASES[case]
-    p = make_problem([n - 1 for n in lens], [1] * len(lens), page, dict(SMALL, heads=heads),
+    page, dims, lens, fields = CASES[case]
+    dims = {**SMALL, **dims}
+    heads = dims["heads"]
+    p = make_problem([n - 1 for n in lens], [1] * len(lens), page, dims,
                      seed=len(lens) + heads, max_pages=-(-320 // page))
     plan = replace(plan_decode(len(lens), 320, 4, heads), page_tiles=True, prefetch=True,
                    merge="tile", uv=uv, **fields)
@@ -55,16 +65,20 @@ def _solve(case: str, uv: bool):
     o_lat = ws.get(p["q_nope"].device, p["cache"].dtype, len(lens), heads,
                    p["w_uk"].shape[-1], plan.num_splits)[1]
     assert o_lat.isnan().all() == uv  # the fused merge never writes o_lat
+    assert not ws.counters(p["q_nope"].device, len(lens) * heads).any()  # left at zero
     return p, out
 
 
+@pytest.mark.parametrize("cols", [8, 16, 64])  # 4, 2 and 1 column blocks at 32 columns
 @pytest.mark.parametrize("case", list(CASES))
-def test_merge_uv_matches_reference_and_the_unfused_path(case, monkeypatch):
-    if case == "2rows-40splits":  # 16 splits of 32 columns a load: the merge loops 3 times
-        monkeypatch.setattr(mla_merge_uv, "SPLIT_TILE", 512)
+def test_merge_uv_matches_reference_and_the_unfused_path(case, cols, monkeypatch):
+    monkeypatch.setattr(mla_merge_uv, "COLS", cols)
+    if case == "2rows-40splits":  # 16 splits a load: the merge loops 3 times
+        monkeypatch.setattr(mla_merge_uv, "SPLIT_TILE", 16 * min(cols, 32))
         assert mla_merge_uv.merge_uv_launch(
             torch.zeros(1, 4, 40, 32), torch.zeros(1, 4, 40), torch.zeros(1, dtype=torch.int32),
-            torch.zeros(4, 16, 32), torch.zeros(1, 4, 16), 4)[2]["CHUNK"] == 16
+            torch.zeros(4, 16, 32), torch.zeros(1, 4, 16), 4, False, *_scratch(1, 4, 32, 16)
+        )[2]["CHUNK"] == 16
     p, got = _solve(case, uv=True)
     assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < TOL
     _, unfused = _solve(case, uv=False)
@@ -94,7 +108,8 @@ def test_merge_uv_reads_only_the_splits_a_row_reaches():
         part_lse[row, :, used:] = NAN
         assert part_o[row, :, used:].isnan().all()
     out = torch.full((t, h, p["w_uv"].shape[1]), NAN, device=DEV)
-    merge_uv(part_o, part_lse, p["positions"], p["w_uv"], out, plan.block_n)
+    merge_uv(part_o, part_lse, p["positions"], p["w_uv"], out, plan.block_n, False,
+             *_scratch(t, h, 32, p["w_uv"].shape[1]))
     assert rel_err(out, ref.attend_absorbed(*ref_args(p))) < TOL
 
 
@@ -115,4 +130,4 @@ def test_merge_uv_needs_split_partials():
     po, pl = torch.zeros(1, 4, 1, 32), torch.zeros(1, 4, 1)
     with pytest.raises(ValueError, match="single split"):
         merge_uv(po, pl, torch.zeros(1, dtype=torch.int32), torch.zeros(4, 16, 32),
-                 torch.zeros(1, 4, 16), 16)
+                 torch.zeros(1, 4, 16), 16, False, *_scratch(1, 4, 32, 16))

@@ -124,8 +124,9 @@ for rows, splits, pdl in ((1, 32, True), (8, 29, True), (2, 128, False)):
     po, pl = torch.empty(rows, 16, splits, 512), torch.empty(rows, 16, splits)
     w_uv = torch.empty(16, 128, 512, dtype=torch.bfloat16)
     out = torch.empty(rows, 16, 128, dtype=torch.bfloat16)
+    shares = torch.empty(uv.shares_numel(rows, 16, 512, 128))
     _, call, kwargs = uv.merge_uv_launch(po, pl, torch.empty(rows, dtype=torch.int32), w_uv, out,
-                                         32, pdl)
+                                         32, pdl, shares, torch.zeros(rows * 16, dtype=torch.int32))
     regs, spills, smem, _, _ = compile_sm90(uv._merge_uv_kernel, call, kwargs)
     print("merge_uv", rows, splits, pdl, "regs", regs, "spills", spills, "smem", smem)
     assert spills == 0

@@ -25,19 +25,13 @@ FILL = 0.85
 # 7.057 against 7.308 / 7.062; B=32 11.641 / 11.467 against 11.589 / 11.451, B=128 even.
 WARM_MAX_ROWS = 8
 # The merge multiplies by W_UV itself (`DecodePlan.uv`, mla_merge_uv.py) up to this many rows
-# and splits. Its programs read a row's every reached split once per block of value columns,
-# so its cost grows with the splits a row reaches. H100, 2026-11-23, V2-Lite whole-step
-# graphs, B=1, a 129-page table (128 splits), ms synced / back to back, fused against merge +
-# bmm (docs/perf/2026-11-23-h100-run101, run102, run105, run106): ctx 1024 (33 splits
-# reached) 2.594 / 2.583 against 2.626 / 2.608, 2.588 / 2.583 against 2.614 / 2.607, 2.590 /
-# 2.577 against 2.616 / 2.602; ctx 4096 (65 reached) 2.841 / 2.715 against 2.838 / 2.691; ctx
-# 8000 (126 reached) 2.963 / 2.878 against 2.889 / 2.749. B=2 3.721 / 3.567 against 3.691 /
-# 3.545 and 3.680 / 3.575 against 3.661 / 3.535; slower from B=4 on (B=8 7.744 / 7.492
-# against 7.312 / 7.217). So one row, and a page table short enough that no row reaches more
-# than 32 splits: with a 16-page table (32 splits) at B=1, ctx 1000 2.556 / 2.550 against
-# 2.616 / 2.605, ctx 600 2.578 / 2.546 against 2.692 / 2.600 (run106).
-UV_MAX_ROWS = 1
-UV_MAX_SPLITS = 32
+# (its programs read W_UV again per row). H100, 2026-11-23, V2-Lite whole-step graphs, a
+# 129-page table, ms synced / back to back, fused against merge + bmm
+# (docs/perf/2026-11-23-h100-run111): B=1 2.561 / 2.556 against 2.608 / 2.603 at ctx 1024,
+# 2.667 / 2.633 against 2.708 / 2.676 at 4096, 2.733 / 2.704 against 2.774 / 2.739 at 8000;
+# ctx 1024: B=2 3.551 / 3.546 against 3.583 / 3.575, B=4 5.202 / 5.155 against 5.248 / 5.170,
+# B=8 7.319 / 7.245 against 7.257 / 7.177.
+UV_MAX_ROWS = 4
 
 
 @dataclass(frozen=True)
@@ -101,9 +95,8 @@ def plan_decode(
     product through scratch (`shared_p`, 64-key tiles) where that measured faster
     (`_shared_p_pays`). `early`: on sm90 the split kernel launches while the absorb kernel
     runs and warms L2 with its first cache rows, and, up to WARM_MAX_ROWS rows, the merge,
-    launched while the split kernel runs, warms it with W_UV (mla_decode.py); at UV_MAX_ROWS
-    rows and UV_MAX_SPLITS splits the merge multiplies by W_UV itself (`uv`, mla_merge_uv.py).
-    Early against
+    launched while the split kernel runs, warms it with W_UV (mla_decode.py); up to UV_MAX_ROWS
+    rows the merge multiplies by W_UV itself (`uv`, mla_merge_uv.py). Early against
     plain, V2-Lite whole-step graphs, ctx 1024, H100, 2026-11-23, back to back
     (docs/perf/2026-11-23-h100-run84, run86, run88): B=1 2.615 against 2.647 ms, B=32 11.35-
     11.46 against 11.40-11.51, B=128 13.37-13.47 against 13.42-13.52, logits equal to the
@@ -131,7 +124,7 @@ def plan_decode(
     return DecodePlan(splits, block_h, block_n, num_warps, num_stages=stages, page_tiles=True,
                       prefetch=True, merge="tile", pdl=True, shared_p=shared_p, early=True,
                       warm=num_rows <= WARM_MAX_ROWS,
-                      uv=num_rows <= UV_MAX_ROWS and splits <= UV_MAX_SPLITS)
+                      uv=num_rows <= UV_MAX_ROWS)
 
 
 def _shared_p_pays(splits: int, max_seq_len: int) -> bool:
@@ -233,9 +226,15 @@ class DecodeWorkspace:
         return (self._take("p", device, dtype, (p_numel,)),
                 self._take("alpha", device, torch.float32, (a_numel,)))
 
+    def shares(self, device: torch.device, numel: int) -> Tensor:
+        """fp32 scratch of the merge fused with W_UV (`mla_merge_uv`): its programs' shares of
+        o, summed by the last of a row's programs."""
+        return self._take("shares", device, torch.float32, (numel,))
+
     def counters(self, device: torch.device, n: int) -> Tensor:
-        """n arrival counters for the fused merge, zero at allocation; each launch leaves them
-        zero (the last program of a (row, head block) resets its own)."""
+        """n arrival counters for the fused merges (in the split kernel, `mla_merge_uv`), zero at
+        allocation; each launch leaves them zero (the last program of a (row, head block) or a
+        (row, head) resets its own)."""
         return self._take("counters", device, torch.int32, (n,), zero=True)
 
 

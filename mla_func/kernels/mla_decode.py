@@ -66,7 +66,7 @@ from mla_func.kernels.decode_plan import (
 )
 from mla_func.kernels.l2_prefetch import prefetch_rows
 from mla_func.kernels.mla_merge import launch_merge, merge_shape, merge_tile, split_chunk
-from mla_func.kernels.mla_merge_uv import merge_uv
+from mla_func.kernels.mla_merge_uv import merge_uv, shares_numel
 from mla_func.kernels.p_scratch import through_memory
 from mla_func.kernels.pdl import supported as pdl_supported
 
@@ -360,8 +360,11 @@ def attend_absorbed(
     o = out if out is not None and out.dtype == dtype else torch.empty(
         tokens, heads, w_uv.shape[1], dtype=dtype, device=q_nope.device)
     if uv:  # the merge multiplies by W_UV itself: no o_lat, no bmm launch
+        dev, v_head = q_nope.device, w_uv.shape[1]
         merge_uv(part_o, part_lse, positions, w_uv, o, effective_plan(plan).block_n,
-                 pdl(plan, q_nope.device))
+                 pdl(plan, dev), workspace.shares(dev, shares_numel(tokens, heads, kv_lora,
+                                                                     v_head)),
+                 workspace.counters(dev, tokens * heads))
     else:
         torch.bmm(o_lat, w_uv.transpose(1, 2), out=o.transpose(0, 1))
     if out is None:

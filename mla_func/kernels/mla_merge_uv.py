@@ -5,20 +5,25 @@ for small decode batches.
 `mla_merge` merges the partials into o_lat (the latent output, [heads, tokens, kv_lora]) and
 a cuBLAS bmm then multiplies it by W_UV into o ([tokens, heads, v_head]): at a few rows that
 bmm is a launch of its own (3-4 us on an H100 for 2 MB of weights) between the merge and
-o_proj. Here one program per (row, head, block of BLOCK_V value columns) merges the row's
-partials for that head as `merge_tile` does (weights 2^(lse_s - top) over the splits the row
-reaches, CHUNK splits at a time; empty splits never read), rounds o_lat to the cache dtype as
-the o_lat buffer would, and multiplies it by its BLOCK_V rows of the head's W_UV (fp32
-products and sums), writing o. o_lat never goes to memory. Launched as a programmatic
-dependent of the split kernel (sm90), a program loads its W_UV rows before it waits, so the
-weights are read while the split kernel runs.
+o_proj. Here one program per (row, head, block of COLS kv_lora columns) merges the row's
+partials for that head and those columns as `merge_tile` does (weights 2^(lse_s - top) over
+the splits the row reaches, CHUNK splits at a time; empty splits never read), rounds its
+o_lat columns to the cache dtype as the o_lat buffer would, and multiplies them by the same
+columns of the head's W_UV: its share of o (fp32). It stores the share to scratch; the last
+of the row's programs to arrive (an acq_rel counter, reset by that program) sums the shares in
+column order, deterministic whatever the arrival order, and writes o. o_lat never goes to
+memory. Launched as a programmatic dependent of the split kernel (sm90), a program loads its
+W_UV columns before it waits, so the weights are read while the split kernel runs.
 
-Each program reads its head's W_UV rows again per row, and its row's reached splits again per
-block of value columns, so this pays at one row and a few splits only (`decode_plan`'s
-UV_MAX_ROWS, UV_MAX_SPLITS); elsewhere the merge + bmm stays, where one GEMM reads W_UV once
-and the merge spreads a row's splits over many programs. An earlier form, blocks of 16 rows
-multiplied on the tensor cores, was slower than the merge + bmm at every batch size
-(docs/perf/2026-11-23-run97/merge_uv_dot.py).
+Each program reads its head's W_UV columns again per row, so this pays at a few rows only
+(`decode_plan.UV_MAX_ROWS`); larger batches keep the merge + bmm, where one GEMM reads W_UV
+once. Two earlier forms are kept as records in docs/perf/2026-11-23-run97: 16-row blocks
+multiplied on the tensor cores (`merge_uv_dot.py`: slower at every batch size), and one
+program per (row, head, block of value columns) over all kv_lora columns (`merge_uv_row.py`:
+each program read all of the row's splits, slower from 65 splits reached on).
+
+Graph capture: the counters and the scratch come from the caller (`DecodeWorkspace`); the
+counters must be zero before the first launch, and every launch leaves them zero.
 """
 
 from typing import no_type_check
@@ -30,31 +35,32 @@ from torch import Tensor
 
 from mla_func.kernels.mla_merge import ACTIVE_MIN_SPLITS, reached_splits
 
-# Value columns a program writes (W_UV: BLOCK_V x kv_lora, 8 KiB in bf16), warps, and the fp32
-# partials it loads at once (64 a thread at 4 warps). H100, V2-Lite whole-step graphs, B=1,
-# ctx 1024, ms synced / back to back against the merge + bmm (docs/perf/2026-11-23-h100-run101,
-# run102, run105): 8 columns 2.594 / 2.583, 2.588 / 2.583 and 2.590 / 2.577 against 2.626 /
-# 2.608, 2.614 / 2.607 and 2.616 / 2.602; 16 columns 2.657 / 2.643, 16 at 8 warps with 16384
-# partials 2.591 / 2.579, 32 at 8 warps 2.600 / 2.589, 2.600 / 2.588 and 2.595 / 2.581, with
-# 16384 partials 2.667 / 2.659; 64 at 8 warps with 16384 partials 2.627 / 2.612 and 2.611 /
-# 2.604.
-BLOCK_V = 8
+# kv_lora columns a program merges (8 programs a row and head at V2/V3's 512; W_UV: 128 x 64 in
+# bf16, 16 KiB) and the fp32 partials it loads at once (64 a thread at 4 warps). H100, V2-Lite
+# whole-step graphs, B=1, a 129-page table, ms synced / back to back against the merge + bmm
+# (docs/perf/2026-11-23-h100-run111): 64 columns 2.561 / 2.556, 2.667 / 2.633 and 2.733 /
+# 2.704 at ctx 1024, 4096 and 8000 against 2.608 / 2.603, 2.708 / 2.676 and 2.774 / 2.739; 32
+# columns 2.586 / 2.582, 2.689 / 2.663 and 2.771 / 2.748.
+COLS = 64
 NUM_WARPS = 4
-SPLIT_TILE = 8192  # fp32 partials a program holds at once (64 a thread at 4 warps)
+SPLIT_TILE = 8192
 
 
 @triton.jit(do_not_specialize=["num_splits"])
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _merge_uv_kernel(
-    part_o, part_lse, positions, w_uv, out, heads, kv_lora, v_head, num_splits,
-    s_wh, s_wv, so_t, so_h,
-    BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr, SPLITS_P2: tl.constexpr,
-    CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, ACTIVE: tl.constexpr, PDL: tl.constexpr,
+    part_o, part_lse, positions, w_uv, out, shares, counters, heads, kv_lora, v_head,
+    num_splits, s_wh, s_wv, so_t, so_h,
+    BLOCK_V: tl.constexpr, COLS: tl.constexpr, COL_BLOCKS_P2: tl.constexpr,
+    SPLITS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr,
+    ACTIVE: tl.constexpr, PDL: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
-    v = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
-    c = tl.arange(0, BLOCK_C)
+    cb = tl.program_id(2)
+    n_cb = tl.num_programs(2)
+    v = tl.arange(0, BLOCK_V)
+    c = cb * COLS + tl.arange(0, COLS)
     vm, cm = v < v_head, c < kv_lora
     # W_UV does not depend on the split kernel: loaded while it runs (launched early).
     wt = tl.load(w_uv + h * s_wh + v[:, None] * s_wv + c[None, :],
@@ -69,8 +75,8 @@ def _merge_uv_kernel(
     lse = tl.load(part_lse + base + s, mask=s < active, other=float("-inf"))
     top = tl.max(lse, 0)
     total = tl.sum(tl.exp2(lse - top), 0)
-    acc = tl.zeros([BLOCK_C], tl.float32)
-    for s0 in range(0, active, CHUNK):  # CHUNK splits of the row at a time, as merge_tile
+    acc = tl.zeros([COLS], tl.float32)
+    for s0 in range(0, active, CHUNK):
         sc = s0 + tl.arange(0, CHUNK)
         live = sc < active
         w = tl.exp2(tl.load(part_lse + base + sc, mask=live, other=float("-inf")) - top)
@@ -80,8 +86,32 @@ def _merge_uv_kernel(
         acc += tl.sum(tl.where(w[:, None] > 0, w[:, None] * po, 0.0), 0)
     safe = tl.where(total > 0, total, 1.0)
     o_lat = (acc / safe).to(w_uv.dtype.element_ty)  # rounded as the o_lat buffer holds it
-    o = tl.sum(wt.to(tl.float32) * o_lat.to(tl.float32)[None, :], 1)  # [BLOCK_V], fp32
-    tl.store(out + t * so_t + h * so_h + v, o.to(out.dtype.element_ty), mask=vm)
+    share = tl.sum(wt.to(tl.float32) * o_lat.to(tl.float32)[None, :], 1)  # [BLOCK_V]
+    row = t * heads + h
+    tl.store(shares + (row * COL_BLOCKS_P2 + cb) * BLOCK_V + v, share)
+    tl.debug_barrier()  # every thread's share stored before the release
+    cnt = counters + row
+    arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+    if arrived == n_cb - 1:  # the row's last program: the shares in column order
+        k = tl.arange(0, COL_BLOCKS_P2)
+        parts = tl.load(shares + (row * COL_BLOCKS_P2 + k)[:, None] * BLOCK_V + v[None, :],
+                        mask=(k < n_cb)[:, None], other=0.0, cache_modifier=".cg")
+        tl.store(out + t * so_t + h * so_h + v, tl.sum(parts, 0).to(out.dtype.element_ty),
+                 mask=vm)
+        tl.store(cnt, 0)  # zero again for the next launch (and graph replay)
+
+
+def _blocks(kv_lora: int, v_head: int) -> tuple[int, int, int, int]:
+    """(columns a program, column blocks, their next power of 2, v_head's next power of 2)."""
+    cols = min(COLS, triton.next_power_of_2(kv_lora))
+    n_cb = triton.cdiv(kv_lora, cols)
+    return cols, n_cb, triton.next_power_of_2(n_cb), triton.next_power_of_2(v_head)
+
+
+def shares_numel(tokens: int, heads: int, kv_lora: int, v_head: int) -> int:
+    """fp32 elements of the scratch: each program's share of o."""
+    _, _, cb_p2, v_p2 = _blocks(kv_lora, v_head)
+    return tokens * heads * cb_p2 * v_p2
 
 
 def merge_uv_launch(
@@ -91,7 +121,9 @@ def merge_uv_launch(
     w_uv: Float[Tensor, "heads v_head kv_lora"],
     out: Float[Tensor, "tokens heads v_head"],
     block_n: int,
-    pdl: bool = False,
+    pdl: bool,
+    shares: Float[Tensor, " _"],
+    counters: Int[Tensor, " _"],
 ) -> tuple[tuple, tuple, dict]:
     """(grid, arguments, keyword arguments) of the fused merge (the sm90 compile test reads
     the same)."""
@@ -99,15 +131,17 @@ def merge_uv_launch(
     v_head = w_uv.shape[1]
     assert w_uv.shape == (heads, v_head, kv_lora) and w_uv.stride(-1) == 1
     assert w_uv.stride(1) == kv_lora and out.stride(-1) == 1
-    block_c, p2 = triton.next_power_of_2(kv_lora), triton.next_power_of_2(splits)
-    grid = (tokens, heads, triton.cdiv(v_head, BLOCK_V))
-    args = (part_o, part_lse, positions, w_uv, out, heads, kv_lora, v_head, splits,
-            w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1))
-    kwargs = dict(BLOCK_V=BLOCK_V, BLOCK_C=block_c, SPLITS_P2=p2,
-                  CHUNK=min(p2, max(1, SPLIT_TILE // block_c)), BLOCK_N=block_n,
+    cols, n_cb, cb_p2, v_p2 = _blocks(kv_lora, v_head)
+    assert shares.numel() >= shares_numel(tokens, heads, kv_lora, v_head)
+    assert counters.numel() >= tokens * heads
+    p2 = triton.next_power_of_2(splits)
+    args = (part_o, part_lse, positions, w_uv, out, shares, counters, heads, kv_lora, v_head,
+            splits, w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1))
+    kwargs = dict(BLOCK_V=v_p2, COLS=cols, COL_BLOCKS_P2=cb_p2, SPLITS_P2=p2,
+                  CHUNK=min(p2, max(1, SPLIT_TILE // cols)), BLOCK_N=block_n,
                   ACTIVE=splits >= ACTIVE_MIN_SPLITS, PDL=pdl, num_warps=NUM_WARPS,
                   **({"launch_pdl": True} if pdl else {}))
-    return grid, args, kwargs
+    return (tokens, heads, n_cb), args, kwargs
 
 
 def merge_uv(
@@ -117,14 +151,18 @@ def merge_uv(
     w_uv: Float[Tensor, "heads v_head kv_lora"],
     out: Float[Tensor, "tokens heads v_head"],
     block_n: int,
-    pdl: bool = False,
+    pdl: bool,
+    shares: Float[Tensor, " _"],
+    counters: Int[Tensor, " _"],
 ) -> Float[Tensor, "tokens heads v_head"]:
     """o[t, h] = (LSE merge of row t's partials for head h, in w_uv's dtype) @ W_UV[h]^T, into
     `out` (any strides with unit last); `block_n`: the split kernel's key block (from which a
     row's reached splits follow). `pdl`: launched as a programmatic dependent of the split
-    kernel (sm90; it triggers it)."""
+    kernel (sm90; it triggers it). `shares`: fp32 scratch of `shares_numel` elements;
+    `counters`: tokens * heads int32 zeros, left zero."""
     if part_o.shape[2] < 2:
         raise ValueError("merge_uv merges split partials: a single split writes o_lat itself")
-    grid, args, kwargs = merge_uv_launch(part_o, part_lse, positions, w_uv, out, block_n, pdl)
+    grid, args, kwargs = merge_uv_launch(part_o, part_lse, positions, w_uv, out, block_n, pdl,
+                                         shares, counters)
     _merge_uv_kernel[grid](*args, **kwargs)
     return out

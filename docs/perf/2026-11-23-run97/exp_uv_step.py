@@ -2,7 +2,10 @@
 fused with the W_UV product (`DecodePlan.uv`, kernels/mla_merge_uv.py) against the tile merge
 + cuBLAS bmm, all graphs in one process, alternating rounds (GPU). Variants: `bmm` (uv off),
 `uv` (the module's tiles), `uv-v<N>` (N value columns a program), `uv-w<N>` (N warps),
-`uv-t<N>` (N fp32 partials a program loads at once), `-s<N>` (N splits; `bmm-s<N>` too). `--profile`: median merge duration per layer and the time
+`uv-t<N>` (N fp32 partials a program loads at once), `-s<N>` (N splits; `bmm-s<N>` too);
+from run 111 on `uv` is the column form (a program per row, head and block of kv_lora
+columns; the last of a row's programs sums their shares of o), `uv-row` the row form,
+`uv-c<N>` N columns a program. `--profile`: median merge duration per layer and the time
 from the split kernel's end to the start of the kernel after the merge (o_proj).
 
     PYTHONPATH=. python3 exp_uv_step.py [--batch 1 8 32 128] [--rounds 4]
@@ -25,16 +28,23 @@ from scripts.bench_common import cuda_time_ms, pipelined_ms
 from scripts.bench_step import decode_batch
 
 PLAN = mla_decode.plan_decode
-TILES = (mla_merge_uv.BLOCK_V, mla_merge_uv.NUM_WARPS, mla_merge_uv.SPLIT_TILE)
+# The module's tiles as imported (the final tree has no BLOCK_V or FORM: the column form only).
+NAMES = ("BLOCK_V", "NUM_WARPS", "SPLIT_TILE", "FORM", "COLS")
+TILES = {n: getattr(mla_merge_uv, n) for n in NAMES if hasattr(mla_merge_uv, n)}
 
 
 def apply(variant: str) -> dict:
     """Plan fields of a variant; sets the uv kernel's module tiles."""
-    mla_merge_uv.BLOCK_V, mla_merge_uv.NUM_WARPS, mla_merge_uv.SPLIT_TILE = TILES
+    for name, value in TILES.items():
+        setattr(mla_merge_uv, name, value)
     fields = {"uv": not variant.startswith("bmm")}
     for tok in variant.split("-")[1:]:
-        if tok[0] == "s":
+        if tok == "row":  # the row form (one program per row, head and value block)
+            mla_merge_uv.FORM = "row"
+        elif tok[0] == "s":
             fields["num_splits"] = int(tok[1:])
+        elif tok[0] == "c":  # the column form's columns a program
+            mla_merge_uv.COLS = int(tok[1:])
         elif tok[0] == "v":
             mla_merge_uv.BLOCK_V = int(tok[1:])
         elif tok[0] == "w":
