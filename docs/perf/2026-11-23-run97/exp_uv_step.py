@@ -5,7 +5,7 @@ fused with the W_UV product (`DecodePlan.uv`, kernels/mla_merge_uv.py) against t
 `uv-t<N>` (N fp32 partials a program loads at once), `-s<N>` (N splits; `bmm-s<N>` too);
 from run 111 on `uv` is the column form (a program per row, head and block of kv_lora
 columns; the last of a row's programs sums their shares of o), `uv-row` the row form,
-`uv-c<N>` N columns a program. `--profile`: median merge duration per layer and the time
+`uv-c<N>` N columns a program; `uv-r<N>` N rows a program above 4 rows (run 113; needs merge_uv_rows.patch). `--profile`: median merge duration per layer and the time
 from the split kernel's end to the start of the kernel after the merge (o_proj).
 
     PYTHONPATH=. python3 exp_uv_step.py [--batch 1 8 32 128] [--rounds 4]
@@ -29,7 +29,7 @@ from scripts.bench_step import decode_batch
 
 PLAN = mla_decode.plan_decode
 # The module's tiles as imported (the final tree has no BLOCK_V or FORM: the column form only).
-NAMES = ("BLOCK_V", "NUM_WARPS", "SPLIT_TILE", "FORM", "COLS")
+NAMES = ("BLOCK_V", "NUM_WARPS", "SPLIT_TILE", "FORM", "COLS", "ROWS")
 TILES = {n: getattr(mla_merge_uv, n) for n in NAMES if hasattr(mla_merge_uv, n)}
 
 
@@ -45,6 +45,8 @@ def apply(variant: str) -> dict:
             fields["num_splits"] = int(tok[1:])
         elif tok[0] == "c":  # the column form's columns a program
             mla_merge_uv.COLS = int(tok[1:])
+        elif tok[0] == "r":  # rows a program above ONE_ROW_MAX rows (run 113 on)
+            mla_merge_uv.ROWS = int(tok[1:])
         elif tok[0] == "v":
             mla_merge_uv.BLOCK_V = int(tok[1:])
         elif tok[0] == "w":
