@@ -33,7 +33,8 @@ from mla_func.ops import attention as ref  # noqa: E402
 
 # id: (page_size, dims over SMALL, query rows' context lengths, plan fields). 12 splits reach
 # the merge's "reached splits only" path; 40 splits take 3 chunks of 16 (SPLIT_TILE is cut);
-# 40 kv_lora columns make 3 blocks of 16, the last one partly masked; one row of length 1.
+# 40 kv_lora columns make 3 blocks at 16 columns a program (5 at 8), the last one partly
+# masked; one row of length 1.
 CASES = {
     "3rows-3splits": (16, {}, [1, 37, 100], dict(block_n=16, num_splits=3)),
     "20rows-5splits": (16, {}, [1 + 7 * i for i in range(20)], dict(block_n=16, num_splits=5)),
