@@ -32,7 +32,7 @@ from mla_func.kernels.mla_merge_uv import merge_uv  # noqa: E402
 from mla_func.ops import attention as ref  # noqa: E402
 
 # id: (page_size, dims over SMALL, query rows' context lengths, plan fields). 12 splits reach
-# the merge's "reached splits only" path; 40 splits take 3 chunks of 16 (SPLIT_TILE is cut);
+# the merge's "reached splits only" path; 40 splits take 3 chunks of 16 (MERGE_TILE is cut);
 # 40 kv_lora columns make 3 blocks at 16 columns a program (5 at 8), the last one partly
 # masked; one row of length 1.
 CASES = {
@@ -75,7 +75,7 @@ def _solve(case: str, uv: bool):
 def test_merge_uv_matches_reference_and_the_unfused_path(case, cols, monkeypatch):
     monkeypatch.setattr(mla_merge_uv, "COLS", cols)
     if case == "2rows-40splits":  # 16 splits a load: the merge loops 3 times
-        monkeypatch.setattr(mla_merge_uv, "SPLIT_TILE", 16 * min(cols, 32))
+        monkeypatch.setattr(mla_merge, "MERGE_TILE", 16 * min(cols, 32))
         assert mla_merge_uv.merge_uv_launch(
             torch.zeros(1, 4, 40, 32), torch.zeros(1, 4, 40), torch.zeros(1, dtype=torch.int32),
             torch.zeros(4, 16, 32), torch.zeros(1, 4, 16), 4, False, *_scratch(1, 4, 32, 16)

@@ -33,17 +33,17 @@ import triton.language as tl
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mla_func.kernels import mla_merge
 from mla_func.kernels.mla_merge import ACTIVE_MIN_SPLITS, reached_splits
 
 # kv_lora columns a program merges (8 programs a row and head at V2/V3's 512; W_UV: 128 x 64 in
-# bf16, 16 KiB) and the fp32 partials it loads at once (64 a thread at 4 warps). H100, V2-Lite
-# whole-step graphs, B=1, a 129-page table, ms synced / back to back against the merge + bmm
-# (docs/perf/2026-11-23-h100-run111): 64 columns 2.561 / 2.556, 2.667 / 2.633 and 2.733 /
-# 2.704 at ctx 1024, 4096 and 8000 against 2.608 / 2.603, 2.708 / 2.676 and 2.774 / 2.739; 32
-# columns 2.586 / 2.582, 2.689 / 2.663 and 2.771 / 2.748.
+# bf16, 16 KiB); it loads `mla_merge.MERGE_TILE` fp32 partials at a time, as the tile merge.
+# H100, V2-Lite whole-step graphs, B=1, a 129-page table, ms synced / back to back against
+# the merge + bmm (docs/perf/2026-11-23-h100-run111): 64 columns 2.561 / 2.556, 2.667 / 2.633
+# and 2.733 / 2.704 at ctx 1024, 4096 and 8000 against 2.608 / 2.603, 2.708 / 2.676 and 2.774
+# / 2.739; 32 columns 2.586 / 2.582, 2.689 / 2.663 and 2.771 / 2.748.
 COLS = 64
 NUM_WARPS = 4
-SPLIT_TILE = 8192
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -138,7 +138,7 @@ def merge_uv_launch(
     args = (part_o, part_lse, positions, w_uv, out, shares, counters, heads, kv_lora, v_head,
             splits, w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1))
     kwargs = dict(BLOCK_V=v_p2, COLS=cols, COL_BLOCKS_P2=cb_p2, SPLITS_P2=p2,
-                  CHUNK=min(p2, max(1, SPLIT_TILE // cols)), BLOCK_N=block_n,
+                  CHUNK=min(p2, max(1, mla_merge.MERGE_TILE // cols)), BLOCK_N=block_n,
                   ACTIVE=splits >= ACTIVE_MIN_SPLITS, PDL=pdl, num_warps=NUM_WARPS,
                   **({"launch_pdl": True} if pdl else {}))
     return (tokens, heads, n_cb), args, kwargs
