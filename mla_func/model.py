@@ -16,6 +16,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 import mla_func.kernels.norm  # noqa: F401  (registers rmsnorm / add_rmsnorm)
+import mla_func.kernels.proj_norm  # noqa: F401  (registers proj_add_rmsnorm)
+import mla_func.kernels.small_linear  # noqa: F401  (registers small_linear)
 from mla_func.attention import attend
 from mla_func.batch import Batch, BatchError
 from mla_func.config import MLAConfig
@@ -47,6 +49,17 @@ def add_norm(
     return h, rmsnorm(h, weight, eps)
 
 
+def project_add_norm(
+    o: Float[Tensor, "tokens width"], w: Float[Tensor, "hidden width"],
+    h: Float[Tensor, "tokens hidden"], weight: Float[Tensor, " hidden"], eps: float,
+) -> tuple[Float[Tensor, "tokens hidden"], Float[Tensor, "tokens hidden"]]:
+    """(h + o w^T, rmsnorm(h + o w^T)): the attention's output projection, the residual add
+    and the FFN's input norm (one launch at a few rows, `kernels/proj_norm.py`)."""
+    if _fused(h):
+        return torch.ops.mla_func.proj_add_rmsnorm(o, w, h, weight, eps)
+    return add_norm(h, o @ w.T, weight, eps)
+
+
 def norm(x: Float[Tensor, "tokens width"], weight: Float[Tensor, " width"], eps: float
          ) -> Float[Tensor, "tokens width"]:
     if _fused(x):
@@ -54,11 +67,20 @@ def norm(x: Float[Tensor, "tokens width"], weight: Float[Tensor, " width"], eps:
     return rmsnorm(x, weight, eps)
 
 
+def linear(x: Float[Tensor, "tokens width_in"], w: Float[Tensor, "width_out width_in"]
+           ) -> Float[Tensor, "tokens width_out"]:
+    """x w^T (at a few rows one launch that loads w before x is ready,
+    `kernels/small_linear.py`)."""
+    if _fused(x):
+        return torch.ops.mla_func.small_linear(x, w)
+    return x @ w.T
+
+
 def project_qkv_a(
     attn: Attention, x: Float[Tensor, "tokens hidden"], cfg: MLAConfig
 ) -> tuple[Float[Tensor, "tokens heads qk_head"], Float[Tensor, "tokens latent"]]:
     """(q, kv_a_proj(x)): both projections of x in one GEMM (`Attention.qkv_a_proj`)."""
-    qkv = x @ attn.qkv_a_proj.T
+    qkv = linear(x, attn.qkv_a_proj)
     q, kv = qkv.split((qkv.shape[1] - cfg.latent_dim, cfg.latent_dim), dim=1)
     if attn.q_b_proj is not None:
         q = norm(q, attn.q_a_norm, cfg.rms_norm_eps) @ attn.q_b_proj.flatten(0, 1).T
@@ -73,7 +95,8 @@ def attention_block(
     batch: Batch,
     inv_freq: Float[Tensor, " qk_rope"],
     cfg: MLAConfig,
-) -> Float[Tensor, "tokens hidden"]:
+) -> Float[Tensor, "tokens width"]:
+    """The attention's output per head, flattened (heads x v_head), before o_proj."""
     q, kv = project_qkv_a(attn, x, cfg)
     # The op applies the rope and the latent norm itself (the Triton decode path fuses them
     # with its first launch).
@@ -83,7 +106,7 @@ def attention_block(
         attn.w_uv, batch.slot_mapping, batch.token_seq, batch.positions, batch.page_table,
         batch.seq_lens, batch.host, cfg.softmax_scale, rope_attention_factor(cfg),
         cfg.rms_norm_eps, batch.backend)
-    return o.flatten(1, 2) @ attn.o_proj.flatten(1, 2).T
+    return o.flatten(1, 2)
 
 
 def ffn_add_norm(
@@ -116,8 +139,9 @@ def forward(
     h = params.embed[batch.token_ids]
     x = norm(h, layers[0].input_norm, eps)
     for i, layer in enumerate(layers):
-        a = attention_block(layer.attn, x, state.cache, i, batch, params.rope_inv_freq, cfg)
-        h, x = add_norm(h, a, layer.post_attn_norm, eps)
+        o = attention_block(layer.attn, x, state.cache, i, batch, params.rope_inv_freq, cfg)
+        h, x = project_add_norm(o, layer.attn.o_proj.flatten(1, 2), h, layer.post_attn_norm,
+                                eps)
         # The next layer's input norm; after the last layer, the final norm.
         after = layers[i + 1].input_norm if i + 1 < len(layers) else params.norm
         h, x = ffn_add_norm(layer.mlp, x, h, after, cfg)

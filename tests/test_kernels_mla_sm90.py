@@ -1,6 +1,7 @@
 """Ahead-of-time sm90 compile of the MLA decode, merge and fused absorb + cache write kernels
 (no GPU needed): register use, spills and the number of KV buffers the pipeliner allocates, at
-V2-Lite / V3 sizes; the merge fused with W_UV (mla_merge_uv)."""
+V2-Lite / V3 sizes; the merge fused with W_UV (mla_merge_uv) and the output projection +
+add + norm launched after it (proj_norm); the few-row linear layer (small_linear)."""
 
 from sm90_ptxas import run_compile_script
 
@@ -131,9 +132,32 @@ for rows, splits, pdl in ((1, 32, True), (8, 29, True), (2, 128, False)):
     print("merge_uv", rows, splits, pdl, "regs", regs, "spills", spills, "smem", smem)
     assert spills == 0
     assert ("griddepcontrol.wait" in LAST_PTX[0]) == pdl
-    if pdl:  # the W_UV rows are loaded before the wait
+    if pdl:  # the W_UV rows are loaded before the wait; the projection after may launch
         ptx = LAST_PTX[0]
         assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
+    assert ("griddepcontrol.launch_dependents" in LAST_PTX[0]) == pdl
+from mla_func.kernels import proj_norm as pn
+for rows in (1, 4):  # the output projection + add + norm after it, V2-Lite sizes
+    bf = torch.bfloat16
+    o, w = torch.empty(rows, 2048, dtype=bf), torch.empty(2048, 2048, dtype=bf)
+    h, nw = torch.empty(rows, 2048, dtype=bf), torch.empty(2048, dtype=bf)
+    _, call, kwargs, _ = pn.launch(o, w, h, nw, 1e-6)
+    kwargs["PDL"] = True  # pdl_supported() is False on a machine without a GPU
+    regs, spills, smem, _, _ = compile_sm90(pn._proj_add_norm_kernel, call, kwargs)
+    print("proj_norm", rows, "regs", regs, "spills", spills, "smem", smem)
+    assert spills == 0
+    ptx = LAST_PTX[0]  # the weight rows are loaded before the wait
+    assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
+from mla_func.kernels import small_linear as sl
+for rows, n_in in ((1, 2048), (1, 7168)):  # V2-Lite's and V3's fused q + kv_a
+    x, w = torch.empty(rows, n_in, dtype=bf), torch.empty(2112, n_in, dtype=bf)
+    _, call, kwargs, _ = sl.launch(x, w)
+    kwargs["PDL"] = True
+    regs, spills, smem, _, _ = compile_sm90(sl._linear_kernel, call, kwargs)
+    print("small_linear", rows, n_in, "regs", regs, "spills", spills, "smem", smem)
+    assert spills == 0
+    ptx = LAST_PTX[0]
+    assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
 """
 
 
@@ -144,6 +168,8 @@ def test_decode_compiles_for_sm90():
     shared_p at 128 heads: spill-free at page 64, still double-buffered (the scratch reload and its
     barrier do not stop the pipeliner), and every dot splits over the two warpgroups. The fused
     absorb + prologue compiles spill-free at 16 and 128 heads; so does the merge fused with
-    W_UV, which loads its W_UV rows before it waits when launched as a dependent."""
+    W_UV, which loads its W_UV rows before it waits when launched as a dependent and lets
+    the output projection after it launch at once; that projection (proj_norm) compiles
+    spill-free and loads its weight rows before it waits, as does small_linear."""
     out = run_compile_script(_SM90, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -20,16 +20,15 @@ Outputs:
 import torch
 
 def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in_10):
-    # mla_func/model.py:86 in attention_block: return o.flatten(1, 2) @ attn.o_proj.flatten(1, 2).T
+    # mla_func/model.py:109 in attention_block: return o.flatten(1, 2)
     view_default = torch.ops.aten.view.default(in_0, [in_1, 64])
+    # mla_func/model.py:143 in forward: h, x = project_add_norm(o, layer.attn.o_proj.flatten(1, 2), h, layer.post_attn_norm,
     view_default_1 = torch.ops.aten.view.default(in_2, [64, 64])
-    permute_default = torch.ops.aten.permute.default(view_default_1, [1, 0])
-    mm_default = torch.ops.aten.mm.default(view_default, permute_default)
-    # mla_func/model.py:45 in add_norm: return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
-    add_rmsnorm_default = torch.ops.mla_func.add_rmsnorm.default(in_3, mm_default, in_4, 1e-06)
-    getitem = add_rmsnorm_default[0]
-    getitem_1 = add_rmsnorm_default[1]
-    # mla_func/kernels/router.py:329 in route_fused: return torch.ops.mla_func.moe_route(
+    # mla_func/model.py:59 in project_add_norm: return torch.ops.mla_func.proj_add_rmsnorm(o, w, h, weight, eps)
+    proj_add_rmsnorm_default = torch.ops.mla_func.proj_add_rmsnorm.default(view_default, view_default_1, in_3, in_4, 1e-06)
+    getitem = proj_add_rmsnorm_default[0]
+    getitem_1 = proj_add_rmsnorm_default[1]
+    # mla_func/kernels/router.py:342 in route_fused: return torch.ops.mla_func.moe_route(
     moe_route_default = torch.ops.mla_func.moe_route.default(getitem_1, in_5, None, 2, 1, 1, 'greedy', False, 1.0)
     getitem_2 = moe_route_default[0]
     getitem_3 = moe_route_default[1]

@@ -36,7 +36,7 @@ tiles of the direct layout, the first of the aligned one, `moe_align.shared_tile
 them: the gate_up kernel launches while the router (and the alignment) run; its shared tiles
 load and multiply at once and wait for their predecessor's end only to store, the routed tiles
 wait first. Only the router and the alignment trigger early, and neither writes `x` nor the
-weights those tiles read.
+weights those tiles read (the router, itself launched early, triggers once `x`'s writer ended).
 
 With `MoEConfig.shared_stream` the shared experts, when apart, run on a side stream
 (`side_stream`, one per device, made once): it waits for the work queued so far on the current
@@ -246,7 +246,8 @@ def fused_experts(
         sum_kernel[(tokens, 1)](
             buf, buf if extra is None else extra, out, residual.contiguous(), y, weight,
             n_hidden, eps, PAIRS_PER_TOKEN=pairs_per_token, HAS_EXTRA=extra is not None,
-            ADD_NORM=True, BLOCK=triton.next_power_of_2(n_hidden), num_warps=4)
+            ADD_NORM=True, BLOCK=triton.next_power_of_2(n_hidden), PDL=pdl_supported(x.device),
+            num_warps=4)
         return out, y
     if cfg.fused_sum:
         down_sum_kernel[(triton.cdiv(n_hidden, bn),)](

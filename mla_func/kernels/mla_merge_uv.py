@@ -55,6 +55,8 @@ def _merge_uv_kernel(
     SPLITS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr,
     ACTIVE: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # the launch after (the output projection, proj_norm.py) loads its weights now
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     cb = tl.program_id(2)

@@ -325,11 +325,15 @@ def _pair_sum(buf_ptr, extra_ptr, t, offs, ok, n_hidden, PAIRS_PER_TOKEN: tl.con
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def sum_kernel(buf_ptr, extra_ptr, out_ptr, res_ptr, y_ptr, w_ptr, n_hidden, eps,
                PAIRS_PER_TOKEN: tl.constexpr, HAS_EXTRA: tl.constexpr, ADD_NORM: tl.constexpr,
-               BLOCK: tl.constexpr):
+               BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """out[t] = the sum of token t's pair rows (+ extra[t]), rounded to out's dtype, BLOCK
     columns a program. ADD_NORM (one program a row, BLOCK >= n_hidden: the row stays in
     registers): out[t] = res[t] + that sum and y[t] = rmsnorm(out[t]) * w, with
-    `norm.add_rmsnorm`'s rounding (the sum, then the residual add, in out's dtype)."""
+    `norm.add_rmsnorm`'s rounding (the sum, then the residual add, in out's dtype). PDL
+    (sm90): let the launch after (the next layer's first projection, `small_linear`) start
+    now and load its weights."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     dt = out_ptr.dtype.element_ty
     if ADD_NORM:

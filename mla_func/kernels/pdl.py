@@ -2,8 +2,9 @@
 start once every program of the kernel before it has called `gdc_launch_dependents`, and must
 call `gdc_wait` before it touches anything that kernel writes (or memory the allocator might
 hand out again: the stream-ordered allocator assumes the kernels run one after another).
-The MLA decode's absorb and split kernels and the MoE router trigger early; every other kernel
-lets its dependants start at its end, as without PDL.
+The MLA decode's absorb, split and fused merge (`mla_merge_uv`) kernels, the MoE router and
+the MoE's final sum (with the add + norm) trigger early; every other kernel lets its
+dependants start at its end, as without PDL.
 """
 
 import torch

@@ -23,9 +23,11 @@ time. With one split there is no counter: the program reads its own partials bac
 model: many splits spread the router read over the SMs (decode), but the last program reads
 every split's partials, so large steps use fewer splits and bigger token blocks (prefill).
 
-On sm90+ every program first lets its dependants launch (PDL, `kernels/pdl.py`): the expert
-alignment and the experts' gate_up kernel launch while the router runs and the shared experts'
-tiles start (`fused_moe`); a kernel launched without PDL still waits for the router's end.
+On sm90+ the router is launched as a programmatic dependent of the kernel before it (PDL,
+`kernels/pdl.py`): its programs wait for that kernel's end, then let their own dependants
+launch: the expert alignment and the experts' gate_up kernel launch while the router runs and
+the shared experts' tiles start (`fused_moe`; they read x, so the router triggers only after
+its wait); a kernel launched without PDL still waits for the router's end.
 
 Graph capture: the counters are allocated once per device, at a fixed size, on the first
 call: run the op once eagerly before a CUDA-graph capture (warm-up does), and do not
@@ -75,6 +77,13 @@ _STEP_NS = 250.0  # one dot step: a DRAM latency over the (num_stages - 1) loads
 _RESIDENT = 2  # programs per SM hiding each other's latency
 _SELECT_NS = 1500.0  # one selection step (about fifteen reductions)
 _COUNTERS: dict[torch.device, Tensor] = {}
+# sm90: launched as a programmatic dependent of the kernel before (the attention's output
+# projection + add + norm, `proj_norm`, which triggers at once), so that it starts while that
+# kernel ends. V2-Lite decode step on an H100, 2026-11-24, whole-step graphs, ctx 1024, ms
+# synced / back to back, early against plain (docs/perf/2026-11-24-h100-run7, run8,
+# exp_proj_step.py): B=1 2.430 / 2.422 against 2.446 / 2.440 and 2.417 / 2.408 against 2.455 /
+# 2.449; from B=2 on within +-0.6% either way.
+EARLY = True
 
 
 @dataclass(frozen=True)
@@ -189,8 +198,10 @@ def _router_kernel(x_ptr, r_ptr, bias_ptr, part_ptr, cnt_ptr, w_out, id_out, T, 
                    METHOD: tl.constexpr, N_GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
                    TOPK_GROUP: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_GS: tl.constexpr,
                    NORMALIZE: tl.constexpr, HAS_BIAS: tl.constexpr, REDUCE: tl.constexpr,
-                   X_EXACT: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # the alignment / experts' GEMM may launch now (shared tiles need no routing)
+                   X_EXACT: tl.constexpr, PDL: tl.constexpr, WAIT: tl.constexpr):
+    if WAIT:  # launched early itself: x is read once the kernel before (its writer) ended;
+        tl.extra.cuda.gdc_wait()  # only then may the alignment and the experts' GEMM launch
+    if PDL:  # (their shared tiles read x without waiting)
         tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     s = tl.program_id(1)
@@ -247,7 +258,8 @@ def kernel_constants(cfg: LaunchConfig, x_dtype: torch.dtype, experts: int, top_
                 TOPK_GROUP=topk_group if grouped else 1,
                 GROUP_SIZE=experts // n_group if grouped else experts, BLOCK_GS=block_gs,
                 NORMALIZE=normalize, HAS_BIAS=has_bias, REDUCE=cfg.n_split > 1,
-                X_EXACT=x_dtype in (torch.bfloat16, torch.float16), PDL=pdl)
+                X_EXACT=x_dtype in (torch.bfloat16, torch.float16), PDL=pdl,
+                WAIT=pdl and EARLY)
 
 
 def _counters(device: torch.device) -> Tensor:
@@ -282,7 +294,8 @@ def _launch(x: Tensor, router: Tensor, score_bias: Tensor | None, top_k: int, n_
                              score_bias is not None, pdl_supported(x.device))
     _router_kernel[(cfg.blocks, cfg.n_split)](
         x, router, bias, part, counters, weights, ids, tokens, hidden, x.stride(0), cfg.chunk,
-        cfg.n_split, scale, **const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        cfg.n_split, scale, **const, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({"launch_pdl": True} if const["WAIT"] else {}))
     return weights, ids
 
 

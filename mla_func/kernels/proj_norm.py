@@ -1,0 +1,135 @@
+"""A few rows' output projection, the residual add and the RMSNorm in one launch.
+
+`proj_add_rmsnorm(o, w, h, weight, eps)` returns (h + o w^T, rmsnorm(h + o w^T) * weight):
+what a decoder layer does between its attention and its FFN (HF DeepseekV2's o_proj, the
+residual add and post_attention_layernorm), with `norm.add_rmsnorm`'s numerics and the
+projection rounded to the model dtype first, as a GEMM's output is.
+
+Why a kernel of its own: at one to a few decode rows the projection is a matrix-vector product
+that streams its weight once (V2-Lite: 8 MiB), and the cuBLAS GEMM plus the add+norm launch
+after it cost two launches, each waiting for the one before. Here the projection is
+`small_linear`'s (BLOCK_N output columns a program, its weight rows loaded while the kernel
+before, the attention's last, still runs: sm90 PDL), stored to scratch; the last program to
+arrive (an acq_rel counter it resets to zero) adds the residual and normalises the rows
+whole, all rows at once. Used up to MAX_ROWS rows and rows up to MAX_WIDTH wide (the
+norm's row in one program's registers, as in the MoE sum); beyond, the op runs the GEMM and
+`norm.add_rmsnorm`.
+
+Graph capture: the counter is allocated once per device on the first call (run the op once
+eagerly before capturing; warm-up does), and two launches must not run at once on
+different streams of one device.
+"""
+
+from typing import no_type_check
+
+import torch
+import triton
+import triton.language as tl
+from jaxtyping import Float
+from torch import Tensor
+
+from mla_func.kernels.norm import add_rmsnorm, rms_scaled
+from mla_func.kernels.pdl import supported as pdl_supported
+from mla_func.kernels.small_linear import project_rows
+
+# Rows and columns a program from the V2-Lite decode step on an H100, 2026-11-24, whole-step
+# graphs, ctx 1024, ms synced / back to back against the GEMM + add_rmsnorm
+# (docs/perf/2026-11-24-h100-run3, run4, exp_proj_step.py): B=1 2.481 / 2.473 against 2.561 /
+# 2.551, B=2 3.549 / 3.461 against 3.622 / 3.521, B=4 5.223 / 5.111 against 5.225 / 5.153
+# (run 4; ctx 4096: B=1 2.659 / 2.553 against 2.756 / 2.640). 8 rows lost at B=8 (7.519 /
+# 7.396 against 7.207 / 7.083, run 3); 16 columns a program lost to 8 at every B (4 was even);
+# launched without PDL it gained nothing (B=1 2.587 / 2.573 against 2.585 / 2.572, run 3).
+MAX_ROWS = 4
+MAX_WIDTH = 2048  # output columns (the hidden size) the last program normalises at once
+BLOCK_N = 8  # output columns a program: 256 programs at V2-Lite's 2048
+BLOCK_K = 2048  # input columns a program holds at once (V2-Lite: all 16 x 128)
+NUM_WARPS = 8
+_COUNTERS: dict[torch.device, Tensor] = {}
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _proj_add_norm_kernel(
+    o_ptr, w_ptr, h_ptr, nw_ptr, a_ptr, h_out_ptr, y_ptr, counter, n_rows, n_in, n_out, so,
+    sw, eps,
+    ROWS_P2: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_OUT: tl.constexpr, PDL: tl.constexpr,
+):
+    acc, n = project_rows(o_ptr, w_ptr, n_rows, n_in, n_out, so, sw, ROWS_P2, BLOCK_N,
+                          BLOCK_K, PDL)
+    n_ok = n < n_out
+    r = tl.arange(0, ROWS_P2)
+    dt = h_out_ptr.dtype.element_ty
+    tl.store(a_ptr + r[:, None] * n_out + n[None, :], acc.to(dt),
+             mask=(r < n_rows)[:, None] & n_ok[None, :])
+    tl.debug_barrier()  # every thread's columns stored before the release
+    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+    if arrived == tl.num_programs(0) - 1:  # the last program: whole rows, add and norm
+        c = tl.arange(0, BLOCK_OUT)
+        ok = (r < n_rows)[:, None] & (c < n_out)[None, :]
+        at = r[:, None] * n_out + c[None, :]  # every row at once: one latency, not one a row
+        a = tl.load(a_ptr + at, mask=ok, other=0.0, cache_modifier=".cg")
+        res = tl.load(h_ptr + at, mask=ok, other=0.0).to(tl.float32)
+        hm = (res + a.to(tl.float32)).to(dt)  # rounded as torch's h + a
+        tl.store(h_out_ptr + at, hm, mask=ok)
+        hf = hm.to(tl.float32)
+        y = rms_scaled(hf, tl.sum(hf * hf, axis=1)[:, None], n_out, eps, nw_ptr, c,
+                       c < n_out, dt)
+        tl.store(y_ptr + at, y.to(y_ptr.dtype.element_ty), mask=ok)
+        tl.store(counter, 0)  # zero again for the next launch (and graph replay)
+
+
+def _counter(device: torch.device) -> Tensor:
+    buf = _COUNTERS.get(device)
+    if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("mla_func::proj_add_rmsnorm: run it once before CUDA-graph "
+                               "capture")
+        # Fixed, never reallocated: captured graphs keep its address.
+        buf = _COUNTERS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return buf
+
+
+def fits(o: Tensor, w: Tensor, h: Tensor) -> bool:
+    """Whether `proj_add_rmsnorm` runs the one-launch kernel for these shapes."""
+    return (0 < o.shape[0] <= MAX_ROWS and w.shape[0] <= MAX_WIDTH and o.stride(-1) == 1
+            and w.stride(-1) == 1 and h.is_contiguous() and o.dtype == w.dtype == h.dtype)
+
+
+def launch(
+    o: Float[Tensor, "tokens width_in"], w: Float[Tensor, "hidden width_in"],
+    h: Float[Tensor, "tokens hidden"], weight: Float[Tensor, " hidden"], eps: float,
+) -> tuple[tuple, tuple, dict, tuple[Tensor, Tensor]]:
+    """(grid, arguments, keyword arguments, (h + o w^T, its norm) outputs) of the kernel (the
+    sm90 compile test reads the same)."""
+    rows, n_in = o.shape
+    n_out = w.shape[0]
+    a = torch.empty(rows, n_out, dtype=h.dtype, device=h.device)
+    h_out = torch.empty_like(h)
+    y = torch.empty(h.shape, dtype=torch.promote_types(h.dtype, weight.dtype), device=h.device)
+    pdl = pdl_supported(h.device)
+    args = (o, w, h, weight, a, h_out, y, _counter(h.device), rows, n_in, n_out, o.stride(0),
+            w.stride(0), eps)
+    kwargs = dict(ROWS_P2=triton.next_power_of_2(MAX_ROWS), BLOCK_N=BLOCK_N,
+                  BLOCK_K=min(BLOCK_K, triton.next_power_of_2(n_in)),
+                  BLOCK_OUT=triton.next_power_of_2(n_out), PDL=pdl, num_warps=NUM_WARPS,
+                  **({"launch_pdl": True} if pdl else {}))
+    return (triton.cdiv(n_out, BLOCK_N),), args, kwargs, (h_out, y)
+
+
+@torch.library.custom_op("mla_func::proj_add_rmsnorm", mutates_args=())
+def proj_add_rmsnorm(o: Tensor, w: Tensor, h: Tensor, weight: Tensor, eps: float
+                     ) -> tuple[Tensor, Tensor]:
+    """(h + o w^T, rmsnorm(h + o w^T) * weight): one launch up to MAX_ROWS rows (`fits`),
+    else the GEMM and `norm.add_rmsnorm`."""
+    if not fits(o, w, h):
+        return add_rmsnorm(h, o @ w.T, weight, eps)
+    grid, args, kwargs, outs = launch(o, w, h, weight, eps)
+    _proj_add_norm_kernel[grid](*args, **kwargs)
+    return outs
+
+
+@proj_add_rmsnorm.register_fake
+def _(o, w, h, weight, eps):
+    return torch.empty_like(h), torch.empty(
+        h.shape, dtype=torch.promote_types(h.dtype, weight.dtype), device=h.device)

@@ -1,0 +1,106 @@
+"""The projection + residual add + RMSNorm launch (mla_func/kernels/proj_norm.py) against the
+torch reference: fresh random inputs, outputs NaN-poisoned (`nan_empty`).
+
+CPU runs use the Triton interpreter at small sizes (V2-Lite sizes in bf16 on a GPU:
+test_kernels_proj_norm_cuda below; the sm90 compile: test_kernels_mla_sm90.py).
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # before any @triton.jit kernel is defined (CPU only)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from mla_func.kernels import proj_norm  # noqa: E402
+from mla_func.kernels.proj_norm import fits, proj_add_rmsnorm  # noqa: E402
+from mla_func.ops.norm import rmsnorm  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _inputs(rows: int, n_in: int, n_out: int, dtype: torch.dtype, seed: int, o_stride: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    o = torch.randn(rows, n_in + o_stride, generator=g)[:, :n_in]  # a column slice if strided
+    w = torch.randn(n_out, n_in, generator=g) * n_in**-0.5
+    h = torch.randn(rows, n_out, generator=g)
+    weight = 1 + 0.1 * torch.randn(n_out, generator=g)
+    return [t.to(DEV, dtype) for t in (o, w, h, weight)]
+
+
+def _reference(o, w, h, weight, eps):
+    """The model's unfused path: the projection rounded to the dtype, h + it, the norm."""
+    a = (o.float() @ w.float().T).to(h.dtype)
+    hn = (h.float() + a.float()).to(h.dtype)
+    return hn, rmsnorm(hn, weight, eps)
+
+
+# (rows, n_in, n_out, K block): 40 outputs are 3 programs of 16, the last partly masked; 48
+# inputs under one 64-wide block; 40 inputs over 16-wide blocks take the K loop (3 blocks).
+@pytest.mark.parametrize("rows,n_in,n_out,block_k", [
+    (1, 48, 40, None), (3, 48, 40, None), (4, 40, 64, 16), (2, 32, 16, None),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_the_reference(rows, n_in, n_out, block_k, dtype, nan_empty, monkeypatch):
+    if block_k is not None:
+        monkeypatch.setattr(proj_norm, "BLOCK_K", block_k)
+    o, w, h, weight = _inputs(rows, n_in, n_out, dtype, seed=rows * 100 + n_in)
+    assert fits(o, w, h)
+    h_new, y = proj_add_rmsnorm(o, w, h, weight, 1e-6)
+    h_ref, y_ref = _reference(o, w, h, weight, 1e-6)
+    # fp32: summation order only; bf16: the projection's rounding can differ by one step.
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(h_new.float(), h_ref.float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(y.float(), y_ref.float(), rtol=tol, atol=tol)
+    assert int(proj_norm._counter(h.device)[0]) == 0  # left zero for the next launch
+
+
+def test_strided_rows_and_repeated_calls(nan_empty):
+    """o as a column slice of a wider buffer; back-to-back calls reuse the counter."""
+    o, w, h, weight = _inputs(3, 48, 40, torch.float32, seed=7, o_stride=16)
+    assert o.stride(0) == 64
+    for _ in range(3):
+        h_new, y = proj_add_rmsnorm(o, w, h, weight, 1e-6)
+        h_ref, y_ref = _reference(o, w, h, weight, 1e-6)
+        torch.testing.assert_close(h_new, h_ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_more_rows_run_the_gemm_and_add_norm():
+    """Past MAX_ROWS rows (or MAX_WIDTH columns) the op runs the GEMM and add_rmsnorm."""
+    o, w, h, weight = _inputs(proj_norm.MAX_ROWS + 1, 48, 40, torch.float32, seed=3)
+    assert not fits(o, w, h)
+    h_new, y = proj_add_rmsnorm(o, w, h, weight, 1e-6)
+    h_ref, y_ref = _reference(o, w, h, weight, 1e-6)
+    torch.testing.assert_close(h_new, h_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    wide = _inputs(1, 16, proj_norm.MAX_WIDTH + 16, torch.float32, seed=4)
+    assert not fits(*wide[:3])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+def test_cuda_v2_lite_size_after_a_kernel_and_in_a_graph(rows):
+    """bf16 at V2-Lite's sizes (16 heads x 128 -> 2048), launched right behind another kernel
+    that writes `o` (PDL: the weights load early, `o` is read after the wait), eagerly and
+    replayed from a CUDA graph: equal to the reference within bf16 rounding, replay = eager."""
+    o, w, h, weight = _inputs(rows, 2048, 2048, torch.bfloat16, seed=rows)
+    src = torch.randn_like(o)
+
+    def step():
+        o.copy_(src * 2)  # a kernel before, writing what the projection reads
+        return proj_add_rmsnorm(o, w, h, weight, 1e-6)
+
+    h_new, y = step()
+    h_ref, y_ref = _reference(o, w, h, weight, 1e-6)
+    torch.testing.assert_close(h_new.float(), h_ref.float(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(y.float(), y_ref.float(), rtol=2e-2, atol=2e-2)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_h, g_y = step()
+    src.normal_()  # new inputs for the replay
+    graph.replay()
+    h_new, y = step()
+    assert torch.equal(g_h, h_new) and torch.equal(g_y, y)
+    assert int(proj_norm._counter(h.device)[0]) == 0

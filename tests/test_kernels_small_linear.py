@@ -1,0 +1,81 @@
+"""x w^T for a few rows (mla_func/kernels/small_linear.py) against torch: fresh random inputs,
+outputs NaN-poisoned (`nan_empty`).
+
+CPU runs use the Triton interpreter at small sizes; the CUDA test runs V2-Lite's fused q +
+kv_a shape in bf16 behind another kernel and in a CUDA graph (the sm90 compile:
+test_kernels_mla_sm90.py).
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # before any @triton.jit kernel is defined (CPU only)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from mla_func.kernels import small_linear as sl  # noqa: E402
+from mla_func.kernels.small_linear import fits, small_linear  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _inputs(rows: int, n_in: int, n_out: int, dtype: torch.dtype, seed: int, x_pad: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, n_in + x_pad, generator=g)[:, :n_in]  # a column slice if padded
+    w = torch.randn(n_out, n_in, generator=g) * n_in**-0.5
+    return x.to(DEV, dtype), w.to(DEV, dtype)
+
+
+def _reference(x, w):
+    return (x.float() @ w.float().T).to(x.dtype)
+
+
+# (rows, n_in, n_out, K block): 20 outputs are 3 programs of 8, the last partly masked; 40
+# inputs over 16-wide blocks take the K loop (3 blocks, the last partly masked).
+@pytest.mark.parametrize("rows,n_in,n_out,block_k", [
+    (1, 48, 20, None), (3, 48, 20, None), (4, 40, 24, 16), (2, 32, 8, None),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_the_reference(rows, n_in, n_out, block_k, dtype, nan_empty, monkeypatch):
+    monkeypatch.setattr(sl, "MAX_ROWS", 4)  # the kernel takes any count; the model uses 1
+    if block_k is not None:
+        monkeypatch.setattr(sl, "BLOCK_K", block_k)
+    x, w = _inputs(rows, n_in, n_out, dtype, seed=rows * 100 + n_in)
+    assert fits(x, w)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: one rounding step either way
+    torch.testing.assert_close(small_linear(x, w).float(), _reference(x, w).float(), rtol=tol,
+                               atol=tol)
+
+
+def test_strided_rows_and_more_rows_run_a_gemm():
+    x, w = _inputs(1, 48, 20, torch.float32, seed=5, x_pad=16)
+    assert x.stride(0) == 64 and fits(x, w) and sl.MAX_ROWS == 1
+    torch.testing.assert_close(small_linear(x, w), _reference(x, w), rtol=1e-5, atol=1e-5)
+    x, w = _inputs(sl.MAX_ROWS + 1, 48, 20, torch.float32, seed=6)
+    assert not fits(x, w)
+    torch.testing.assert_close(small_linear(x, w), x @ w.T)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+def test_cuda_v2_lite_size_after_a_kernel_and_in_a_graph(rows, monkeypatch):
+    """V2-Lite's fused q + kv_a (2048 -> 3648) in bf16, right behind a kernel that writes x
+    (PDL: the weights load early, x is read after the wait), eagerly and replayed from a CUDA
+    graph: equal to the reference within bf16 rounding, replay = eager."""
+    monkeypatch.setattr(sl, "MAX_ROWS", 4)
+    x, w = _inputs(rows, 2048, 3648, torch.bfloat16, seed=rows)
+    src = torch.randn_like(x)
+
+    def step():
+        x.copy_(src * 2)  # a kernel before, writing what the product reads
+        return small_linear(x, w)
+
+    y = step()
+    torch.testing.assert_close(y.float(), _reference(x, w).float(), rtol=1e-2, atol=1e-2)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_y = step()
+    src.normal_()
+    graph.replay()
+    assert torch.equal(g_y, step())
