@@ -8,7 +8,10 @@ new rows, and so is the logits projection of each sequence's last row (`mla_func
 everything else is static-shape torch. On CUDA the small steps (residual add +
 RMSNorm, the MoE router) run as fused Triton kernels (`kernels/norm.py`, `router.py`) with the
 reference numerics; after an MoE the residual add and the next norm ride in the experts' final
-reduction (`moe.experts_add_norm`).
+reduction (`moe.experts_add_norm`), and after the attention in its output projection
+(`project_add_norm`; at a few rows one launch, `kernels/proj_norm.py`). Projections of a few
+rows (`linear`) may run as matrix-vector kernels that load their weights early
+(`kernels/small_linear.py`): their rounding of the bf16 product can differ from cuBLAS's.
 """
 
 import torch

@@ -20,11 +20,11 @@ Outputs:
 import torch
 
 def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in_10):
-    # mla_func/model.py:109 in attention_block: return o.flatten(1, 2)
+    # mla_func/model.py:112 in attention_block: return o.flatten(1, 2)
     view_default = torch.ops.aten.view.default(in_0, [in_1, 64])
-    # mla_func/model.py:143 in forward: h, x = project_add_norm(o, layer.attn.o_proj.flatten(1, 2), h, layer.post_attn_norm,
+    # mla_func/model.py:146 in forward: h, x = project_add_norm(o, layer.attn.o_proj.flatten(1, 2), h, layer.post_attn_norm,
     view_default_1 = torch.ops.aten.view.default(in_2, [64, 64])
-    # mla_func/model.py:59 in project_add_norm: return torch.ops.mla_func.proj_add_rmsnorm(o, w, h, weight, eps)
+    # mla_func/model.py:62 in project_add_norm: return torch.ops.mla_func.proj_add_rmsnorm(o, w, h, weight, eps)
     proj_add_rmsnorm_default = torch.ops.mla_func.proj_add_rmsnorm.default(view_default, view_default_1, in_3, in_4, 1e-06)
     getitem = proj_add_rmsnorm_default[0]
     getitem_1 = proj_add_rmsnorm_default[1]
