@@ -14,7 +14,8 @@ tree before this session had it): their times there are not the old tree's; from
 they launch those kernels as before this session (`absorb.EARLY`, `router.EARLY`). Run 8
 only (`absorb.EARLY` was in run 7's tree only, `fused_moe.TAIL_PDL` in run 8's only; neither
 is in the final tree, where `-noab` and `-notail` change nothing): the MoE's down GEMM and
-sum launched as dependents, off with `-notail` and in `gemm`. `--profile`: per layer, median time
+sum launched as dependents, off with `-notail` and in `gemm`. Run 11: `-rs<N>`, the router's
+hidden splits at one token (the cost model's pick is 64). `--profile`: per layer, median time
 from the end of the attention's last kernel (the fused merge, or the W_UV bmm) to the start
 of the router, and the projection kernel's duration.
 
@@ -29,7 +30,10 @@ import os
 import statistics
 import tempfile
 
+from dataclasses import replace
+
 import torch
+import triton
 
 import mla_func as mf
 from mla_func.kernels import absorb, fused_moe, proj_norm, router, small_linear
@@ -39,6 +43,20 @@ from scripts.bench_step import decode_batch
 DEFAULTS = {n: getattr(proj_norm, n) for n in ("MAX_ROWS", "BLOCK_N", "NUM_WARPS")}
 LINEAR = {n: getattr(small_linear, n) for n in ("MAX_ROWS", "BLOCK_N", "NUM_WARPS")}
 PDL = proj_norm.pdl_supported
+ROUTER_CONFIG = router.launch_config
+
+
+def router_splits(n: int):
+    """router.launch_config with n hidden splits at one token (run 11: `-rs<N>`)."""
+    def config(tokens, experts, hidden, n_group=1):
+        cfg = ROUTER_CONFIG(tokens, experts, hidden, n_group)
+        if tokens != 1:
+            return cfg
+        block_g, block_gs = router._group_block(experts, n_group)
+        block_s = min(max(router._TAIL_TILE // (cfg.sel_t * block_g * block_gs), 1),
+                      triton.next_power_of_2(n))
+        return replace(cfg, n_split=n, chunk=hidden // n, block_s=block_s)
+    return config
 
 
 def apply(variant: str) -> None:
@@ -47,6 +65,7 @@ def apply(variant: str) -> None:
     for name, value in LINEAR.items():
         setattr(small_linear, name, value)
     proj_norm.pdl_supported = PDL
+    router.launch_config = ROUTER_CONFIG
     absorb.EARLY = router.EARLY = fused_moe.TAIL_PDL = True  # absorb.EARLY: run 7's tree only
     if variant.startswith("gemm"):  # run 7 on: every launch of this session off
         proj_norm.MAX_ROWS = small_linear.MAX_ROWS = 0
@@ -60,6 +79,8 @@ def apply(variant: str) -> None:
             router.EARLY = False
         elif tok == "notail":  # the MoE's down GEMM and sum launched plainly (run 8 on)
             fused_moe.TAIL_PDL = False
+        elif tok.startswith("rs"):  # the router's hidden splits at one token (run 11)
+            router.launch_config = router_splits(int(tok[2:]))
         elif tok == "noproj":
             proj_norm.MAX_ROWS = 0
         elif tok.startswith("q"):  # the fused q + kv_a (small_linear): rows, columns a program
