@@ -9,7 +9,7 @@ reads the rows of x and multiplies on the CUDA cores in fp32, rounding to the mo
 a GEMM's output is. The kernel before gains from triggering its dependants early. Inputs
 wider than BLOCK_K load the rest of the weight after the wait.
 
-`small_linear(x, w)` runs it up to MAX_ROWS rows; beyond, `x @ w.T`. `rows_times` is the
+`small_linear(x, w)` runs it up to MAX_ROWS rows; beyond, `x @ w.T`. `project_rows` is the
 product itself, also used by `proj_norm.py` (the same, plus the residual add and the norm).
 """
 
