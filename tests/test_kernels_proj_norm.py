@@ -1,8 +1,8 @@
 """The projection + residual add + RMSNorm launch (mla_func/kernels/proj_norm.py) against the
 torch reference: fresh random inputs, outputs NaN-poisoned (`nan_empty`).
 
-CPU runs use the Triton interpreter at small sizes (V2-Lite sizes in bf16 on a GPU:
-test_kernels_proj_norm_cuda below; the sm90 compile: test_kernels_mla_sm90.py).
+CPU runs use the Triton interpreter at small sizes (V2-Lite sizes in bf16 on a GPU: the
+`cuda` test below; the sm90 compile: test_kernels_mla_sm90.py).
 """
 
 import os
@@ -13,20 +13,16 @@ import torch
 if not torch.cuda.is_available():  # before any @triton.jit kernel is defined (CPU only)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from linear_helpers import projection_inputs  # noqa: E402
+
 from mla_func.kernels import proj_norm  # noqa: E402
 from mla_func.kernels.proj_norm import fits, proj_add_rmsnorm  # noqa: E402
 from mla_func.ops.norm import rmsnorm  # noqa: E402
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-
 
 def _inputs(rows: int, n_in: int, n_out: int, dtype: torch.dtype, seed: int, o_stride: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    o = torch.randn(rows, n_in + o_stride, generator=g)[:, :n_in]  # a column slice if strided
-    w = torch.randn(n_out, n_in, generator=g) * n_in**-0.5
-    h = torch.randn(rows, n_out, generator=g)
-    weight = 1 + 0.1 * torch.randn(n_out, generator=g)
-    return [t.to(DEV, dtype) for t in (o, w, h, weight)]
+    """(o, w, h, norm weight)."""
+    return projection_inputs(rows, n_in, n_out, dtype, seed, pad=o_stride, residual=True)
 
 
 def _reference(o, w, h, weight, eps):
@@ -36,13 +32,15 @@ def _reference(o, w, h, weight, eps):
     return hn, rmsnorm(hn, weight, eps)
 
 
-# (rows, n_in, n_out, K block): 40 outputs are 3 programs of 16, the last partly masked; 48
-# inputs under one 64-wide block; 40 inputs over 16-wide blocks take the K loop (3 blocks).
+# (rows, n_in, n_out, K block): 44 outputs are 6 programs of BLOCK_N = 8, the last partly
+# masked; 48 inputs under one 64-wide block; 40 inputs over 16-wide blocks take the K loop
+# (3 blocks, the last partly masked).
 @pytest.mark.parametrize("rows,n_in,n_out,block_k", [
-    (1, 48, 40, None), (3, 48, 40, None), (4, 40, 64, 16), (2, 32, 16, None),
+    (1, 48, 44, None), (3, 48, 44, None), (4, 40, 64, 16), (2, 32, 16, None),
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_matches_the_reference(rows, n_in, n_out, block_k, dtype, nan_empty, monkeypatch):
+    assert proj_norm.BLOCK_N == 8  # the cases above are laid out for it
     if block_k is not None:
         monkeypatch.setattr(proj_norm, "BLOCK_K", block_k)
     o, w, h, weight = _inputs(rows, n_in, n_out, dtype, seed=rows * 100 + n_in)

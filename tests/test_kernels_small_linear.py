@@ -14,31 +14,30 @@ import torch
 if not torch.cuda.is_available():  # before any @triton.jit kernel is defined (CPU only)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from linear_helpers import projection_inputs  # noqa: E402
+
 from mla_func.kernels import small_linear as sl  # noqa: E402
 from mla_func.kernels.small_linear import fits, small_linear  # noqa: E402
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-
 
 def _inputs(rows: int, n_in: int, n_out: int, dtype: torch.dtype, seed: int, x_pad: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, n_in + x_pad, generator=g)[:, :n_in]  # a column slice if padded
-    w = torch.randn(n_out, n_in, generator=g) * n_in**-0.5
-    return x.to(DEV, dtype), w.to(DEV, dtype)
+    """(x, w)."""
+    return projection_inputs(rows, n_in, n_out, dtype, seed, pad=x_pad)
 
 
 def _reference(x, w):
     return (x.float() @ w.float().T).to(x.dtype)
 
 
-# (rows, n_in, n_out, K block): 20 outputs are 3 programs of 8, the last partly masked; 40
-# inputs over 16-wide blocks take the K loop (3 blocks, the last partly masked).
+# (rows, n_in, n_out, K block): 22 outputs are 6 programs of BLOCK_N = 4, the last partly
+# masked; 40 inputs over 16-wide blocks take the K loop (3 blocks, the last partly masked).
 @pytest.mark.parametrize("rows,n_in,n_out,block_k", [
-    (1, 48, 20, None), (3, 48, 20, None), (4, 40, 24, 16), (2, 32, 8, None),
+    (1, 48, 22, None), (3, 48, 22, None), (4, 40, 24, 16), (2, 32, 8, None),
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_matches_the_reference(rows, n_in, n_out, block_k, dtype, nan_empty, monkeypatch):
     monkeypatch.setattr(sl, "MAX_ROWS", 4)  # the kernel takes any count; the model uses 1
+    assert sl.BLOCK_N == 4  # the cases above are laid out for it
     if block_k is not None:
         monkeypatch.setattr(sl, "BLOCK_K", block_k)
     x, w = _inputs(rows, n_in, n_out, dtype, seed=rows * 100 + n_in)
