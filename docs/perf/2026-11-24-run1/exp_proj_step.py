@@ -15,7 +15,9 @@ they launch those kernels as before this session (`absorb.EARLY`, `router.EARLY`
 only (`absorb.EARLY` was in run 7's tree only, `fused_moe.TAIL_PDL` in run 8's only; neither
 is in the final tree, where `-noab` and `-notail` change nothing): the MoE's down GEMM and
 sum launched as dependents, off with `-notail` and in `gemm`. Run 11: `-rs<N>`, the router's
-hidden splits at one token (the cost model's pick is 64). `--profile`: per layer, median time
+hidden splits at one token (the cost model's pick is 64). Run 13: `-st<N>`, where the MoE sum
+triggers its dependants (`fused_moe.SUM_TRIGGER`: 1 at its start, 2 after its first store,
+3 at its end; in run 13's tree only: the final tree triggers at the start). `--profile`: per layer, median time
 from the end of the attention's last kernel (the fused merge, or the W_UV bmm) to the start
 of the router, and the projection kernel's duration.
 
@@ -66,6 +68,7 @@ def apply(variant: str) -> None:
         setattr(small_linear, name, value)
     proj_norm.pdl_supported = PDL
     router.launch_config = ROUTER_CONFIG
+    fused_moe.SUM_TRIGGER = 1
     absorb.EARLY = router.EARLY = fused_moe.TAIL_PDL = True  # absorb.EARLY: run 7's tree only
     if variant.startswith("gemm"):  # run 7 on: every launch of this session off
         proj_norm.MAX_ROWS = small_linear.MAX_ROWS = 0
@@ -79,6 +82,8 @@ def apply(variant: str) -> None:
             router.EARLY = False
         elif tok == "notail":  # the MoE's down GEMM and sum launched plainly (run 8 on)
             fused_moe.TAIL_PDL = False
+        elif tok.startswith("st"):  # where the MoE sum triggers (run 13: 1, 2 or 3)
+            fused_moe.SUM_TRIGGER = int(tok[2:])
         elif tok.startswith("rs"):  # the router's hidden splits at one token (run 11)
             router.launch_config = router_splits(int(tok[2:]))
         elif tok == "noproj":
