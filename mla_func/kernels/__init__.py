@@ -14,5 +14,9 @@
 - pdl: where programmatic dependent launch (sm90+) is available, and its rules.
 - l2_prefetch: bulk L2 prefetches the decode's early-launched split and merge issue before they
   wait; absorb: the decode's query absorption and new rows in one launch; p_scratch: the
-  64-head split kernel's p hand-off through scratch.
+  64-head split kernel's p hand-off through scratch; mla_merge_uv: the split-KV merge fused
+  with the W_UV product (a few decode rows).
+- proj_norm, small_linear: few-row projections that load their weights before the PDL wait
+  (o_proj + residual add + RMSNorm in one launch; the fused q + kv_a projection).
+- counters: the per-op, per-device arrival counters of the router and proj_norm.
 """

@@ -15,9 +15,9 @@ whole, all rows at once. Used up to MAX_ROWS rows and rows up to MAX_WIDTH wide 
 norm's row in one program's registers, as in the MoE sum); beyond, the op runs the GEMM and
 `norm.add_rmsnorm`.
 
-Graph capture: the counter is allocated once per device on the first call (run the op once
-eagerly before capturing; warm-up does), and two launches must not run at once on
-different streams of one device.
+Graph capture: the counter is allocated once per device on the first call (`counters.py`:
+run the op once eagerly before capturing; warm-up does), and two launches must not run at
+once on different streams of one device.
 """
 
 from typing import no_type_check
@@ -28,6 +28,7 @@ import triton.language as tl
 from jaxtyping import Float
 from torch import Tensor
 
+from mla_func.kernels.counters import device_counters
 from mla_func.kernels.norm import add_rmsnorm, rms_scaled
 from mla_func.kernels.pdl import supported as pdl_supported
 from mla_func.kernels.small_linear import project_rows
@@ -44,7 +45,6 @@ MAX_WIDTH = 2048  # output columns (the hidden size) the last program normalises
 BLOCK_N = 8  # output columns a program: 256 programs at V2-Lite's 2048
 BLOCK_K = 2048  # input columns a program holds at once (V2-Lite: all 16 x 128)
 NUM_WARPS = 8
-_COUNTERS: dict[torch.device, Tensor] = {}
 
 
 @triton.jit(do_not_specialize=["n_rows"])
@@ -80,14 +80,7 @@ def _proj_add_norm_kernel(
 
 
 def _counter(device: torch.device) -> Tensor:
-    buf = _COUNTERS.get(device)
-    if buf is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("mla_func::proj_add_rmsnorm: run it once before CUDA-graph "
-                               "capture")
-        # Fixed, never reallocated: captured graphs keep its address.
-        buf = _COUNTERS[device] = torch.zeros(1, dtype=torch.int32, device=device)
-    return buf
+    return device_counters("proj_add_rmsnorm", device, 1)
 
 
 def fits(o: Tensor, w: Tensor, h: Tensor) -> bool:

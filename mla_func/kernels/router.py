@@ -46,6 +46,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.config import MLAConfig
+from mla_func.kernels.counters import device_counters
 from mla_func.kernels.pdl import supported as pdl_supported
 from mla_func.kernels.router_select import expert_of, select_experts
 from mla_func.ops.moe import route
@@ -76,7 +77,6 @@ _TRIP_NS = 150.0  # one step of the last program's sum: an L2 latency over 2 in 
 _STEP_NS = 250.0  # one dot step: a DRAM latency over the (num_stages - 1) loads in flight
 _RESIDENT = 2  # programs per SM hiding each other's latency
 _SELECT_NS = 1500.0  # one selection step (about fifteen reductions)
-_COUNTERS: dict[torch.device, Tensor] = {}
 # sm90: launched as a programmatic dependent of the kernel before (the attention's output
 # projection + add + norm, `proj_norm`, which triggers at once), so that it starts while that
 # kernel ends. V2-Lite decode step on an H100, 2026-11-24, whole-step graphs, ctx 1024, ms
@@ -263,14 +263,9 @@ def kernel_constants(cfg: LaunchConfig, x_dtype: torch.dtype, experts: int, top_
 
 
 def _counters(device: torch.device) -> Tensor:
-    buf = _COUNTERS.get(device)
-    if buf is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("mla_func::moe_route: run it once before CUDA-graph capture")
-        # Fixed size, never reallocated: captured graphs keep its address.
-        buf = _COUNTERS[device] = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32,
-                                              device=device)
-    return buf
+    """The router's per-block counters (fixed size: a split launch has at most
+    _COUNTER_SLOTS token blocks)."""
+    return device_counters("moe_route", device, _COUNTER_SLOTS)
 
 
 def _launch(x: Tensor, router: Tensor, score_bias: Tensor | None, top_k: int, n_group: int,

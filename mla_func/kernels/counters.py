@@ -1,0 +1,26 @@
+"""Arrival counters of the kernels whose last program to arrive finishes the launch's work
+(the MoE router's split sum, `proj_norm`'s add + norm): int32 zeros, one buffer per op and
+device, allocated on the op's first call and never reallocated, so that captured CUDA graphs
+keep their address; every launch leaves its counters zero again.
+
+One buffer per op, not one for all: launches of different ops may overlap (PDL lets the router
+start while `proj_norm` still runs). Two launches of one op must not run at once on different
+streams of one device.
+"""
+
+import torch
+from torch import Tensor
+
+_COUNTERS: dict[tuple[str, torch.device], Tensor] = {}
+
+
+def device_counters(op: str, device: torch.device, n: int) -> Tensor:
+    """The n counters of custom op `mla_func::<op>` on `device` (zeros when first made). The
+    first call must not be inside a CUDA-graph capture: run the op once eagerly before (the
+    warm-up does)."""
+    buf = _COUNTERS.get((op, device))
+    if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"mla_func::{op}: run it once before CUDA-graph capture")
+        buf = _COUNTERS[(op, device)] = torch.zeros(n, dtype=torch.int32, device=device)
+    return buf
