@@ -53,6 +53,10 @@ class DecodePlan:
     early: bool = False  # sm90: launch while the absorb kernel runs, warm L2, then wait
     warm: bool = False  # "tile" merge launched early: it warms L2 with W_UV before it waits
     uv: bool = False  # "tile" merge fused with the W_UV product (mla_merge_uv): no o_lat
+    # sm90, 64 heads a program: the warp-specialised Gluon split kernel (mla_decode_ws.py), where
+    # it takes the cache (`mla_decode_ws.supported`: bf16, pages of a multiple of block_n);
+    # the Triton kernel runs the plan elsewhere.
+    ws: bool = False
 
 
 MERGES = ("tile", "serial", "fused")
@@ -61,7 +65,7 @@ MERGES = ("tile", "serial", "fused")
 def legacy_plan(plan: DecodePlan) -> DecodePlan:
     """`plan` as the first version ran it: per-key page gather, no prefetch, serial merge."""
     return replace(plan, page_tiles=False, prefetch=False, merge="serial", pdl=False,
-                   early=False, warm=False, uv=False)
+                   early=False, warm=False, uv=False, ws=False)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -71,7 +75,7 @@ def _cdiv(a: int, b: int) -> int:
 def plan_decode(
     num_rows: int, max_seq_len: int, num_sms: int, heads: int = 16,
     block_h: int | None = None, block_n: int | None = None, waves: int = 2,
-    page_size: int = 64,
+    page_size: int = 64, ws: bool = False,
 ) -> DecodePlan:
     """The launch shape for `num_rows` query rows (the bucket) whose keys may reach
     `max_seq_len` (the cache capacity of one sequence, not any real length): the fewest splits
@@ -100,19 +104,17 @@ def plan_decode(
     plain, V2-Lite whole-step graphs, ctx 1024, H100, 2026-11-23, back to back
     (docs/perf/2026-11-23-h100-run84, run86, run88): B=1 2.615 against 2.647 ms, B=32 11.35-
     11.46 against 11.40-11.51, B=128 13.37-13.47 against 13.42-13.52, logits equal to the
-    bit; absorb start to merge end 27.1-27.5 against 29.0-29.1 µs a layer at B=32."""
+    bit; absorb start to merge end 27.1-27.5 against 29.0-29.1 µs a layer at B=32.
+
+    `ws`: the device runs the warp-specialised kernel (mla_decode_ws.py, sm90): above 16
+    heads, pages of a multiple of 32 keys and default tiles, the plan is `_ws_plan`'s."""
+    if ws and heads > 16 and block_h in (None, 64) and block_n is None and page_size % 32 == 0:
+        return _ws_plan(num_rows, max_seq_len, num_sms, heads)
     if block_h is None:
         block_h = 16 if heads <= 16 else 64
     num_warps = 4 if block_h <= 16 else 8
-    base = max(1, num_rows) * _cdiv(heads, block_h)
     most = max(1, min(MAX_SPLITS, _cdiv(max(1, max_seq_len), block_n or 32)))
-    slots = num_sms * waves
-    splits = most
-    for s in range(1, most + 1):
-        programs = base * s
-        if programs / (_cdiv(programs, slots) * slots) >= FILL:
-            splits = s
-            break
+    splits = _fill_splits(max(1, num_rows) * _cdiv(heads, block_h), most, num_sms * waves)
     shared_p = block_h > 16 and block_n is None and _shared_p_pays(splits, max_seq_len)
     if shared_p and splits == 1:
         splits = 2
@@ -125,6 +127,31 @@ def plan_decode(
                       prefetch=True, merge="tile", pdl=True, shared_p=shared_p, early=True,
                       warm=num_rows <= WARM_MAX_ROWS,
                       uv=num_rows <= UV_MAX_ROWS)
+
+
+def _fill_splits(programs_per_split: int, most: int, slots: int) -> int:
+    """The fewest splits (at most `most`) whose programs keep FILL of `slots` busy in their last
+    wave; `most` if none does."""
+    for s in range(1, most + 1):
+        programs = programs_per_split * s
+        if programs / (_cdiv(programs, slots) * slots) >= FILL:
+            return s
+    return most
+
+
+def _ws_plan(num_rows: int, max_seq_len: int, num_sms: int, heads: int) -> DecodePlan:
+    """The warp-specialised kernel's plan: 32-key tiles in 4 stages (230 KB of shared
+    memory: one program a SM), the fewest splits that fill one wave. H100, 2026-11-24, V3's 128
+    heads, page 64, split + merge µs (docs/perf/2026-11-24-h100-run16, run17): B=128 ctx 4096
+    346 at 1 split, 392 at 2 (the Triton plan: 549); B=32 ctx 4096 101 at 2 splits, 118 at 4;
+    B=8 ctx 4096 42 at 8 splits, 61 at 15; 64-key tiles in 2 stages were slower but at B=8 ctx
+    1024."""
+    block_n = 32
+    most = max(1, min(MAX_SPLITS, _cdiv(max(1, max_seq_len), block_n)))
+    splits = _fill_splits(max(1, num_rows) * _cdiv(heads, 64), most, num_sms)
+    return DecodePlan(splits, 64, block_n, num_warps=4, num_stages=4, page_tiles=True,
+                      prefetch=True, merge="tile", pdl=True, ws=True,
+                      warm=num_rows <= WARM_MAX_ROWS, uv=num_rows <= UV_MAX_ROWS)
 
 
 def _shared_p_pays(splits: int, max_seq_len: int) -> bool:

@@ -66,6 +66,9 @@ from mla_func.kernels.decode_plan import (
 )
 from mla_func.kernels.l2_prefetch import prefetch_rows
 from mla_func.kernels.mla_merge import launch_merge, merge_shape, merge_tile, split_chunk
+from mla_func.kernels.mla_decode_ws import decode_ws
+from mla_func.kernels.mla_decode_ws import device_ok as ws_device
+from mla_func.kernels.mla_decode_ws import supported as ws_supported
 from mla_func.kernels.mla_merge_uv import merge_uv, shares_numel
 from mla_func.kernels.p_scratch import through_memory
 from mla_func.kernels.pdl import supported as pdl_supported
@@ -239,23 +242,36 @@ def mla_decode(
     assert q_lat.stride(-1) == 1 and q_pe.stride(-1) == 1 and out.stride(-1) == 1
     assert cache.stride(-1) == 1 and cache.stride(0) == cache.shape[1] * cache.stride(1)
     plan = effective_plan(plan)
+    if plan.ws and ws_supported(cache, q_lat.shape[0], plan.block_n):  # mla_decode_ws.py
+        assert plan.merge != "fused", "the warp-specialised kernel has no fused merge"
+        decode_ws(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan.num_splits,
+                  plan.block_n, plan.num_stages, out, part_o, part_lse)
+    else:
+        plan = _launch_split(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan,
+                             out, part_o, part_lse, counters, scratch)
+    if plan.num_splits > 1 and plan.merge != "fused" and (merge or plan.merge != "tile"):
+        launch_merge(plan.merge, plan.merge_heads, plan.merge_cols, plan.block_n, part_o,
+                     part_lse, positions, out, pdl(plan, q_lat.device),
+                     warm if plan.warm else None)
+    return out
+
+
+def _launch_split(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, out,
+                  part_o, part_lse, counters, scratch) -> DecodePlan:
+    """Launch the Triton split kernel; the plan it ran (smaller tiles where `plan` ran out of
+    resources)."""
     while True:
         try:
             grid, args, kwargs = split_launch(q_lat, q_pe, cache, page_table, token_seq,
                                               positions, scale, plan, out, part_o, part_lse,
                                               counters, scratch)
             _split_kernel[grid](*args, **kwargs)
-            break
+            return plan
         except OutOfResources:
             smaller = smaller_plan(plan)
             if smaller is None:
                 raise
             plan = shrink(plan, smaller)
-    if plan.num_splits > 1 and plan.merge != "fused" and (merge or plan.merge != "tile"):
-        launch_merge(plan.merge, plan.merge_heads, plan.merge_cols, plan.block_n, part_o,
-                     part_lse, positions, out, pdl(plan, q_lat.device),
-                     warm if plan.warm else None)
-    return out
 
 
 def split_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, out,
@@ -337,7 +353,7 @@ def attend_absorbed(
     if plan is None:
         capacity = page_table.shape[1] * cache.shape[1]
         plan = plan_decode(tokens, capacity, num_sms(q_nope.device), heads,
-                           page_size=cache.shape[1])
+                           page_size=cache.shape[1], ws=ws_device(q_nope.device))
     dtype = cache.dtype
     q_lat, o_lat, part_o, part_lse = workspace.get(
         q_nope.device, dtype, tokens, heads, kv_lora, plan.num_splits)

@@ -1,0 +1,91 @@
+"""The warp-specialised 64-head MLA decode (kernels/mla_decode_ws.py) without a GPU: its sm90
+ahead-of-time compile (Gluon: wgmma, TMA, three partitions), the plans that pick it, and the
+cases it refuses. Its numerics run on an sm90 GPU (test_kernels_mla_ws_cuda.py): Gluon has no
+interpreter."""
+
+import torch
+from sm90_ptxas import run_compile_script
+
+from mla_func.kernels import mla_decode_ws as ws
+from mla_func.kernels.decode_plan import plan_decode
+
+_SM90 = r"""
+import re, torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import mangle_type
+from sm90_ptxas import ptxas_usage
+from mla_func.kernels import mla_decode_ws as ws
+
+bf, i32 = torch.bfloat16, torch.int32
+heads, rows, splits = 128, 32, 4
+for block_n, stages, split in ((32, 4, True), (64, 2, True), (32, 3, False)):
+    n = splits if split else 1
+    grid, args, kwargs = ws.ws_launch(
+        torch.empty(heads, rows, 512, dtype=bf), torch.empty(rows, heads, 64, dtype=bf),
+        torch.empty(rows * 64 + 1, 64, 576, dtype=bf), torch.empty(rows, 64, dtype=i32),
+        torch.empty(rows, dtype=i32), torch.empty(rows, dtype=i32), 0.07, n, block_n, stages,
+        torch.empty(heads, rows, 512, dtype=bf), torch.empty(rows, heads, n, 512),
+        torch.empty(rows, heads, n))
+    opts = {"num_warps": kwargs.pop("num_warps")}
+    kern = ws._decode_ws_kernel
+    sig, attrs = {}, {}
+    for i, (name, v) in enumerate(zip(kern.arg_names, args + tuple(kwargs.values()))):
+        if name in kwargs:
+            sig[name] = "constexpr"
+        elif isinstance(v, float):
+            sig[name] = "fp32"
+        elif isinstance(v, int):
+            sig[name] = "i32"
+            if v % 16 == 0 and name != "num_splits":
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[name] = mangle_type(v)
+            if torch.is_tensor(v):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    k = triton.compile(GluonASTSource(kern, sig, kwargs, attrs),
+                       target=GPUTarget("cuda", 90, 32), options=opts)
+    regs, spills, _ = ptxas_usage(k)
+    ptx = k.asm["ptx"]
+    shapes = set(re.findall(r"wgmma.mma_async.sync.aligned.(m\d+n\d+k\d+)", ptx))
+    print("ws", block_n, stages, split, "regs", regs, "spills", spills, "smem",
+          k.metadata.shared, shapes)
+    # The plans' tiles spill nothing; 64-key tiles spill 100 bytes with Triton 3.9 (none
+    # with the GPU machines' 3.6).
+    assert spills == 0 or block_n == 64
+    assert k.metadata.shared <= 232448  # sm90's shared memory per block: one program a SM
+    # The score product at n = block_n and the value products in 64-column chunks.
+    assert shapes == {f"m64n{block_n}k16", "m64n64k16"}, shapes
+    assert len(re.findall(r"cp.async.bulk.tensor", ptx)) == 9  # a tile: 9 boxes of 64 columns
+    assert "mbarrier.try_wait" in ptx
+"""
+
+
+def test_ws_compiles_for_sm90():
+    """Ahead-of-time sm90 compile (no GPU needed) of the tile configurations the plans and
+    the GPU tests use: the plans' spill-free, all within sm90's shared memory per block, 9 TMA boxes a key
+    tile, wgmma at the tile's key count and in 64-column value chunks."""
+    out = run_compile_script(_SM90, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_ws_plans():
+    """On an sm90 device the 128-head plans take the kernel with the fewest splits that fill
+    one wave (one program a SM); 16 heads, small pages and other devices keep the Triton
+    plans."""
+    for rows, splits in ((128, 1), (32, 2), (8, 8), (1, 57)):
+        plan = plan_decode(rows, 8256, 132, 128, page_size=64, ws=True)
+        assert plan.ws and (plan.block_h, plan.block_n, plan.num_stages) == (64, 32, 4)
+        assert plan.num_splits == splits and not plan.shared_p and plan.merge == "tile"
+    assert plan_decode(1, 1024, 132, 128, ws=True).num_splits == 1024 // 32  # capacity-bound
+    assert not plan_decode(32, 8256, 132, 16, ws=True).ws
+    assert not plan_decode(32, 8256, 132, 128, page_size=16, ws=True).ws
+    assert not plan_decode(32, 8256, 132, 128).ws
+    assert plan_decode(32, 8256, 132, 128, ws=True, block_n=64).block_n == 64  # asked: Triton
+
+
+def test_ws_refuses_off_sm90():
+    """Off an sm90 device the kernel is not taken, whatever the cache."""
+    cache = torch.zeros(3, 64, 576, dtype=torch.bfloat16)
+    assert not ws.device_ok(cache.device)
+    assert not ws.supported(cache, 128, 32)

@@ -1,0 +1,92 @@
+"""The warp-specialised 64-head MLA decode (kernels/mla_decode_ws.py, Gluon, sm90) against the
+torch reference on an sm90 GPU: V3's 128 heads and a partial head block (80), one split and
+several, 32- and 64-key tiles, lengths that are not multiples of the tile, shuffled pages, NaN
+in every cache row past a sequence's end and in the workspace; and a CUDA-graph replay at new
+lengths against eager."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+from mla_helpers import make_problem, poisoned_workspace, ref_args, rel_err
+
+from mla_func.kernels import mla_decode_ws as ws
+from mla_func.kernels.mla_decode import DecodeWorkspace, attend_absorbed, num_sms, plan_decode
+from mla_func.ops import attention as ref
+
+V3 = {"heads": 128, "nope": 128, "rope": 64, "v": 128, "kv_lora": 512}
+CTX = [0, 31, 32, 33, 100, 1000, 2047, 3000]
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+needs_sm90 = pytest.mark.skipif(not _hopper(), reason="needs an sm90 GPU (Gluon wgmma + TMA)")
+
+
+def _problem(heads, ctx, seed=0):
+    """bf16 problem at page 64; a copy of its cache with NaN in every row past a sequence's
+    last key (the kernel reads whole pages)."""
+    p = make_problem(ctx, [1] * len(ctx), 64, dict(V3, heads=heads), device="cuda",
+                     dtype=torch.bfloat16, seed=seed)
+    poisoned = torch.full_like(p["cache"], float("nan"))
+    for i, c in enumerate(ctx):
+        for k in range(c + 1):
+            page = p["page_table"][i, k // 64]
+            poisoned[page, k % 64] = p["cache"][page, k % 64]
+    return p, poisoned
+
+
+def _plan(p, splits, block_n, stages):
+    tokens, heads = p["q_nope"].shape[:2]
+    capacity = p["page_table"].shape[1] * 64
+    base = plan_decode(tokens, capacity, num_sms(p["q_nope"].device), heads, page_size=64)
+    return replace(base, num_splits=splits, block_n=block_n, num_stages=stages, ws=True,
+                   shared_p=False)
+
+
+@pytest.mark.cuda
+@needs_sm90
+@pytest.mark.parametrize("heads", [128, 80])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("block_n,stages", [(32, 4), (64, 2), (32, 3)])
+def test_ws_matches_reference(heads, splits, block_n, stages):
+    p, poisoned = _problem(heads, CTX, seed=heads + splits + block_n + stages)
+    assert ws.supported(poisoned, heads, block_n)
+    want = ref.attend_absorbed(*ref_args(p))
+    plan = _plan(p, splits, block_n, stages)
+    got = attend_absorbed(*ref_args({**p, "cache": poisoned}),
+                          poisoned_workspace(p, splits), plan)
+    assert rel_err(got, want) < 2e-2
+
+
+@pytest.mark.cuda
+@needs_sm90
+def test_ws_graph_replay_matches_eager():
+    """Captured at one set of lengths, replayed at others (positions read on the device)."""
+    p, _ = _problem(128, [4095] * 4, seed=7)
+    plan = _plan(p, 2, 32, 4)
+    work = DecodeWorkspace()
+    out = torch.empty_like(attend_absorbed(*ref_args(p), work, plan))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        attend_absorbed(*ref_args(p), work, plan, out=out)
+    for lens in ([0, 5, 64, 4095], [4000, 1, 2048, 130]):
+        p["positions"].copy_(torch.tensor(lens, dtype=torch.int32))
+        graph.replay()
+        eager = attend_absorbed(*ref_args(p), DecodeWorkspace(), plan)
+        assert torch.equal(out, eager)
+        assert rel_err(out, ref.attend_absorbed(*ref_args(p))) < 2e-2
+
+
+def test_ws_not_supported_off_sm90_or_wrong_shapes():
+    """The cases the backend must not send to the kernel (checked without a GPU)."""
+    cache = torch.zeros(3, 64, 576, dtype=torch.bfloat16)
+    assert not ws.supported(cache, 128, 32)  # not on a CUDA device
+    if _hopper():
+        gpu = cache.cuda()
+        assert ws.supported(gpu, 128, 32) and ws.supported(gpu, 128, 64)
+        assert not ws.supported(gpu, 16, 32)  # 16 heads: the Triton kernel's tiles
+        assert not ws.supported(gpu[:, :48], 128, 32)  # page not a multiple of the tile
+        assert not ws.supported(gpu.float(), 128, 32)
