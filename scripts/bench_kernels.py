@@ -1,4 +1,5 @@
-"""Benchmark the Triton MLA kernels against their floor and the torch reference (GPU only).
+"""Benchmark the MLA kernels (Triton; Gluon's warp-specialised decode at 64 heads a program
+on sm90, where `plan_decode` picks it) against their floor and the torch reference (GPU only).
 
 Floor = max(bytes / copy bandwidth, FLOPs / bf16 matmul rate) (DESIGN.md, "Performance
 model"), both ceilings measured in this run. Times are medians of `triton.testing.do_bench`
@@ -35,6 +36,7 @@ from mla_func.kernels.mla_decode import (
     mla_decode,
     plan_decode,
 )
+from mla_func.kernels.mla_decode_ws import device_ok as ws_device
 from mla_func.kernels.mla_prefill import mha_prefill, prefill_flops
 from mla_func.ops import attention as ref
 
@@ -124,12 +126,14 @@ def _args(p: dict) -> tuple:
 
 def plan_label(plan: DecodePlan) -> str:
     """Short name of a plan: tiling, addressing (pt: page tiles, g: gather; +pf: prefetch),
-    merge (tile heads x columns per program, serial, fused; +pdl: dependent launch)."""
+    merge (tile heads x columns per program, serial, fused; +pdl: dependent launch); ws: the
+    warp-specialised kernel."""
     cols = plan.merge_cols or "auto"
     merge = plan.merge if plan.merge != "tile" else f"tile{plan.merge_heads}x{cols}"
     return (f"h{plan.block_h}n{plan.block_n}w{plan.num_warps}s{plan.num_stages}"
             f"{'pt' if plan.page_tiles else 'g'}{'+pf' if plan.prefetch else ''} {merge}"
-            f"{'+pdl' if plan.pdl else ''}{' shared-p' if plan.shared_p else ''}")
+            f"{'+pdl' if plan.pdl else ''}{' shared-p' if plan.shared_p else ''}"
+            f"{' ws' if plan.ws else ''}")
 
 
 def time_plan(p: dict, plan: DecodePlan, strict: bool = False) -> float:
@@ -168,7 +172,8 @@ def decode_row(heads, batch, ctx, page, ceil, no_ref) -> dict:
     the torch reference."""
     p = decode_inputs(heads, batch, ctx, page)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    plan = plan_decode(batch, p["page_table"].shape[1] * page, sms, heads, page_size=page)
+    plan = plan_decode(batch, p["page_table"].shape[1] * page, sms, heads, page_size=page,
+                       ws=ws_device(torch.device("cuda")))
     us, legacy_us = time_plan(p, plan), time_plan(p, legacy_plan(plan))
     full_us = bench_us(lambda: attend_absorbed(*_args(p), DecodeWorkspace(), plan))
     moved, floor_us = floors(heads, batch, ctx, ceil)
@@ -253,7 +258,7 @@ def sweep_case(heads: int, batch: int, ctx: int, ceil: dict, seconds: float) -> 
     p = decode_inputs(heads, batch, ctx, page)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     capacity = p["page_table"].shape[1] * page
-    default = plan_decode(batch, capacity, sms, heads)
+    default = plan_decode(batch, capacity, sms, heads, ws=ws_device(torch.device("cuda")))
     seen: dict[DecodePlan, float] = {}
     rows: list[dict] = []
 

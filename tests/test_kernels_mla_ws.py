@@ -63,8 +63,8 @@ for block_n, stages, split in ((32, 4, True), (64, 2, True), (32, 3, False)):
 
 def test_ws_compiles_for_sm90():
     """Ahead-of-time sm90 compile (no GPU needed) of the tile configurations the plans and
-    the GPU tests use: the plans' spill-free, all within sm90's shared memory per block, 9 TMA boxes a key
-    tile, wgmma at the tile's key count and in 64-column value chunks."""
+    the GPU tests use: the plans' spill-free, all within sm90's shared memory per block, 9
+    TMA boxes a key tile, wgmma at the tile's key count and in 64-column value chunks."""
     out = run_compile_script(_SM90, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
 

@@ -65,10 +65,10 @@ from mla_func.kernels.decode_plan import (
     smaller_plan,
 )
 from mla_func.kernels.l2_prefetch import prefetch_rows
-from mla_func.kernels.mla_merge import launch_merge, merge_shape, merge_tile, split_chunk
 from mla_func.kernels.mla_decode_ws import decode_ws
 from mla_func.kernels.mla_decode_ws import device_ok as ws_device
 from mla_func.kernels.mla_decode_ws import supported as ws_supported
+from mla_func.kernels.mla_merge import launch_merge, merge_shape, merge_tile, split_chunk
 from mla_func.kernels.mla_merge_uv import merge_uv, shares_numel
 from mla_func.kernels.p_scratch import through_memory
 from mla_func.kernels.pdl import supported as pdl_supported
