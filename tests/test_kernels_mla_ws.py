@@ -77,7 +77,8 @@ def test_ws_plans():
         plan = plan_decode(rows, 8256, 132, 128, page_size=64, ws=True)
         assert plan.ws and (plan.block_h, plan.block_n, plan.num_stages) == (64, 32, 4)
         assert plan.num_splits == splits and not plan.shared_p and plan.merge == "tile"
-    assert plan_decode(1, 1024, 132, 128, ws=True).num_splits == 1024 // 32  # capacity-bound
+    assert plan_decode(1, 4096, 132, 128, ws=True).num_splits == 57
+    assert not plan_decode(1, 1024, 132, 128, ws=True).ws  # 32 splits of 32 keys: Triton
     assert not plan_decode(32, 8256, 132, 16, ws=True).ws
     assert not plan_decode(32, 8256, 132, 128, page_size=16, ws=True).ws
     assert not plan_decode(32, 8256, 132, 128).ws

@@ -32,6 +32,12 @@ WARM_MAX_ROWS = 8
 # ctx 1024: B=2 3.551 / 3.546 against 3.583 / 3.575, B=4 5.202 / 5.155 against 5.248 / 5.170,
 # B=8 7.319 / 7.245 against 7.257 / 7.177.
 UV_MAX_ROWS = 4
+# The warp-specialised kernel (`DecodePlan.ws`) from this many keys a split: its programs load
+# 64 heads' queries and set up three partitions first. H100, 2026-11-24, 128 heads, page 64,
+# split + merge (docs/perf/2026-11-24-h100-run18): B=1 ctx 1024 (32 keys a split) 21.1 µs
+# against the Triton plan's 19.7; B=1 ctx 4096 (72) 26.4 against 31.5; B=8 ctx 1024 (128)
+# 28.3 against 43.8.
+WS_MIN_KEYS = 64
 
 
 @dataclass(frozen=True)
@@ -107,9 +113,12 @@ def plan_decode(
     bit; absorb start to merge end 27.1-27.5 against 29.0-29.1 µs a layer at B=32.
 
     `ws`: the device runs the warp-specialised kernel (mla_decode_ws.py, sm90): above 16
-    heads, pages of a multiple of 32 keys and default tiles, the plan is `_ws_plan`'s."""
+    heads, pages of a multiple of 32 keys and default tiles, the plan is `_ws_plan`'s where
+    its splits cover WS_MIN_KEYS keys or more."""
     if ws and heads > 16 and block_h in (None, 64) and block_n is None and page_size % 32 == 0:
-        return _ws_plan(num_rows, max_seq_len, num_sms, heads)
+        plan = _ws_plan(num_rows, max_seq_len, num_sms, heads)
+        if max_seq_len >= WS_MIN_KEYS * plan.num_splits:
+            return plan
     if block_h is None:
         block_h = 16 if heads <= 16 else 64
     num_warps = 4 if block_h <= 16 else 8
