@@ -18,6 +18,7 @@ from mla_func.kernels.mla_decode import (
     num_sms,
     plan_decode,
 )
+from mla_func.kernels.mla_decode_ws import device_ok as ws_device
 from mla_func.kernels.mla_prefill import mha_prefill
 from mla_func.ops import attention as ref
 from mla_func.ops.attention import prologue
@@ -40,6 +41,9 @@ CUDA_VARIANTS = {
     "shared-p": dict(shared_p=True),
     "shared-p-n64-s2": dict(shared_p=True, block_n=64, num_stages=2),
     "merge-uv": dict(uv=True),
+    # The warp-specialised kernel where it takes the case (128 heads at page 64 on sm90; the
+    # Triton kernel runs the plan elsewhere), at the Triton plan's split counts.
+    "ws": dict(ws=True, shared_p=False, block_n=32, num_stages=4),
 }
 
 
@@ -154,14 +158,15 @@ def test_cuda_backend_decode_step_in_graph_matches_eager():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("heads", [16, 128])
+@pytest.mark.parametrize("heads,ws", [(16, False), (128, False), (128, True)])
 @pytest.mark.parametrize("page_size", [1, 64])
-def test_cuda_early_split_after_absorb_matches_plain(heads, page_size):
+def test_cuda_early_split_after_absorb_matches_plain(heads, ws, page_size):
     """The split kernel launched early (`DecodePlan.early`: a programmatic dependent of the
     absorb + prologue launch, warming L2 with cache rows before it waits) and the merge warming
     L2 with W_UV (`warm`) give the bits of a plain launch, eagerly and replayed from a CUDA
     graph, and the reference's result: the new row each sequence's absorb program writes in
-    the same step is read after the wait."""
+    the same step is read after the wait. `ws`: the plan of an sm90 device, the
+    warp-specialised kernel at 128 heads and page 64 (launched after the absorb's end)."""
     dims = dict(V2_LITE, heads=heads)
     lens = [1, 1000, 4097, 300, 65]
     p = make_problem([n - 1 for n in lens], [1] * len(lens), page_size, dims, "cuda",
@@ -177,8 +182,10 @@ def test_cuda_early_split_after_absorb_matches_plain(heads, page_size):
     inv_freq = (1.0 / 1e4 ** (torch.arange(0, rope, 2).float() / rope)).repeat_interleave(2)
     new = NewRows(p["q_pe"], kv, slots, p["positions"], kv_norm, inv_freq.cuda(), 1.0, 1e-6)
     capacity = p["page_table"].shape[1] * page_size
-    plan = plan_decode(t, capacity, num_sms(torch.device("cuda")), heads, page_size=page_size)
-    assert plan.early and plan.warm
+    plan = plan_decode(t, capacity, num_sms(torch.device("cuda")), heads, page_size=page_size,
+                       ws=ws and ws_device(torch.device("cuda")))
+    assert (plan.early or plan.ws) and plan.warm
+    assert plan.ws == (ws and page_size == 64 and ws_device(torch.device("cuda")))
     old_cache = p["cache"].clone()
 
     def run(early: bool) -> tuple[torch.Tensor, torch.Tensor]:
