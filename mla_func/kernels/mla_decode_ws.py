@@ -168,10 +168,10 @@ def _store(o, k: gl.constexpr, lsum, h, t, split, kv_len, start, part_o, out, so
 
 @gluon.jit
 @no_type_check
-def _score_partition(q_smem, k_bufs, p_bufs, a_bufs, l_smem, ready, empty, p_full, p_empty,
-                     fin, positions, part_o, part_lse, out, so_h, so_t, heads, kv_lora,
-                     scale_log2, num_splits, SPLIT: gl.constexpr, BLOCK_N: gl.constexpr,
-                     STAGES: gl.constexpr, P_BUFS: gl.constexpr):
+def _score_partition(q_smem, q_ready, q_pe, sp_t, sp_h, k_bufs, p_bufs, a_bufs, l_smem, ready,
+                     empty, p_full, p_empty, fin, positions, part_o, part_lse, out, so_h, so_t,
+                     heads, kv_lora, scale_log2, num_splits, SPLIT: gl.constexpr,
+                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, P_BUFS: gl.constexpr):
     """The score warpgroup: all scores, the softmax, value columns [0, 256)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
@@ -190,6 +190,15 @@ def _score_partition(q_smem, k_bufs, p_bufs, a_bufs, l_smem, ready, empty, p_ful
     o2 = gl.zeros([BLOCK_H, COLS], gl.float32, o_layout)
     o3 = gl.zeros([BLOCK_H, COLS], gl.float32, o_layout)
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout)
+    # q_pe into the query's last chunk (q_lat arrives by TMA).
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    hq = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
+    r = gl.arange(0, COLS, layout=gl.SliceLayout(0, ld))
+    qp = gl.load(q_pe + t * sp_t + hq[:, None] * sp_h + r[None, :], mask=(hq < heads)[:, None],
+                 other=0.0)
+    q_smem.index(2 * HALF_CHUNKS).store(qp.to(gl.bfloat16))
+    fence_async_shared()
+    mbarrier.wait(q_ready, 0)
     if n_tiles > 0:
         mbarrier.wait(ready.index(0), 0)
         s_cur = warpgroup_mma_wait(0, deps=(_score(q_smem, k_bufs, 0, s_zero),))
@@ -284,8 +293,8 @@ def _value_partition(k_bufs, p_bufs, a_bufs, l_smem, empty, p_full, p_empty, fin
 @gluon.jit
 @no_type_check
 def _decode_ws_kernel(
-    q_lat, q_pe, desc, page_table, token_seq, positions, part_o, part_lse, out,
-    sq_h, sq_t, sp_t, sp_h, s_pt, so_h, so_t, heads, kv_lora, page_size, max_pages,
+    q_desc, q_pe, desc, page_table, token_seq, positions, part_o, part_lse, out,
+    sp_t, sp_h, s_pt, so_h, so_t, heads, kv_lora, page_size, max_pages,
     scale_log2, num_splits, SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     P_BUFS: gl.constexpr, LOADER_REGS: gl.constexpr, VALUE_REGS: gl.constexpr,
 ):
@@ -312,24 +321,21 @@ def _decode_ws_kernel(
         mbarrier.init(p_empty.index(i), count=1)
     mbarrier.init(fin, count=1)
 
-    # The 64 heads' absorbed query [q_lat, q_pe] into shared memory, a chunk at a time.
-    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    t = gl.program_id(2).to(gl.int64)
-    h = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
-    c = gl.arange(0, COLS, layout=gl.SliceLayout(0, ld))
-    hm = (h < heads)[:, None]
+    # The 64 heads' q_lat by TMA, under way while the partitions start (q_pe: the score
+    # partition's first work).
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    h0 = gl.program_id(0) * BLOCK_H
+    col = gl.program_id(2) * kv_lora
+    mbarrier.expect(q_ready, q_desc.block_type.nbytes * 2 * HALF_CHUNKS)
     for k in gl.static_range(2 * HALF_CHUNKS):
-        q = gl.load(q_lat + h[:, None] * sq_h + t * sq_t + (k * COLS + c)[None, :], mask=hm,
-                    other=0.0)
-        q_smem.index(k).store(q.to(gl.bfloat16))
-    qp = gl.load(q_pe + t * sp_t + h[:, None] * sp_h + c[None, :], mask=hm, other=0.0)
-    q_smem.index(2 * HALF_CHUNKS).store(qp.to(gl.bfloat16))
-    fence_async_shared()
+        _tma_load(q_desc, [h0, col + k * COLS], q_ready, q_smem.index(k))
 
     gl.warp_specialize([
-        (_score_partition, (q_smem, k_bufs, p_bufs, a_bufs, l_smem, ready, empty, p_full,
-                            p_empty, fin, positions, part_o, part_lse, out, so_h, so_t, heads,
-                            kv_lora, scale_log2, num_splits, SPLIT, BLOCK_N, STAGES, P_BUFS)),
+        (_score_partition, (q_smem, q_ready, q_pe, sp_t, sp_h, k_bufs, p_bufs, a_bufs, l_smem,
+                            ready, empty, p_full, p_empty, fin, positions, part_o, part_lse,
+                            out, so_h, so_t, heads, kv_lora, scale_log2, num_splits, SPLIT,
+                            BLOCK_N, STAGES, P_BUFS)),
         (_value_partition, (k_bufs, p_bufs, a_bufs, l_smem, empty, p_full, p_empty, fin,
                             positions, part_o, out, so_h, so_t, heads, kv_lora, num_splits,
                             SPLIT, BLOCK_N, STAGES, P_BUFS)),
@@ -394,13 +400,16 @@ def ws_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, num_s
     reads the same)."""
     heads, tokens, kv_lora = q_lat.shape
     assert (kv_lora, q_pe.shape[-1]) == (KV_LORA_SIZE, ROPE_SIZE), "V2/V3's 512 + 64"
-    assert q_lat.stride(-1) == 1 and q_pe.stride(-1) == 1 and out.stride(-1) == 1
+    assert q_lat.is_contiguous(), "q_lat is read by TMA as [heads, tokens * kv_lora]"
+    assert q_pe.stride(-1) == 1 and out.stride(-1) == 1
     assert stages >= 2 and block_n in (32, 64), (block_n, stages)
     grid = (triton.cdiv(heads, BLOCK_H), num_splits, tokens)
-    args = (q_lat, q_pe, cache_descriptor(cache, block_n), page_table, token_seq, positions,
-            part_o, part_lse, out, q_lat.stride(0), q_lat.stride(1), q_pe.stride(0),
-            q_pe.stride(1), page_table.stride(0), out.stride(0), out.stride(1), heads, kv_lora,
-            cache.shape[1], page_table.shape[1], scale * 1.4426950408889634, num_splits)
+    q_layout = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
+    q_desc = TensorDescriptor.from_tensor(q_lat.view(heads, tokens * kv_lora), [64, 64], q_layout)
+    args = (q_desc, q_pe, cache_descriptor(cache, block_n), page_table, token_seq, positions,
+            part_o, part_lse, out, q_pe.stride(0), q_pe.stride(1), page_table.stride(0),
+            out.stride(0), out.stride(1), heads, kv_lora, cache.shape[1], page_table.shape[1],
+            scale * 1.4426950408889634, num_splits)
     # One hand-over buffer at 64-key tiles: two do not fit beside 2 stages (238 KB).
     kwargs = dict(SPLIT=num_splits > 1, BLOCK_N=block_n, STAGES=stages,
                   P_BUFS=1 if block_n == 64 else 2, LOADER_REGS=24, VALUE_REGS=192,

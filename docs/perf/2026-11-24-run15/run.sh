@@ -1,6 +1,6 @@
 #!/bin/bash
 # The twelfth session's GPU driver: bash docs/perf/2026-11-24-run15/run.sh <parts>
-#   wstests: the warp-specialised decode's CUDA tests;  ws: exp_ws.py (WS_ARGS);
+#   wstests: the warp-specialised decode's CUDA tests;  ws: exp_ws.py (WS_ARGS);  ab: exp_ab.py;
 #   cudatests: the whole CUDA suite;  kern: `bench kernels` at 128 heads, this tree, then the
 #   session's start in baseline/ (KPAGE, KBATCH);  anything else: 2026-11-24-run1/run.sh's.
 set -o pipefail
@@ -14,6 +14,7 @@ for part in "$@"; do
     wstests) timeout 900 python3 -m pytest -q -x -m cuda tests/test_kernels_mla_ws_cuda.py \
                -p no:cacheprovider 2>&1 | tail -30 ;;
     ws) timeout 900 python3 "$HERE/exp_ws.py" $WS_ARGS ;;
+    ab) timeout 900 python3 "$HERE/exp_ab.py" ;;
     cudatests) timeout 900 python3 -m pytest -q -m cuda tests -p no:cacheprovider \
                  > "$OUT/cuda_tests.log" 2>&1
                grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/cuda_tests.log" | tail -15 ;;
