@@ -1,4 +1,4 @@
-"""Triton kernels, one concern per file with its launcher (DESIGN.md, "Layout").
+"""Triton (and Gluon) kernels, one concern per file with its launcher (DESIGN.md, "Layout").
 
 - cache_write: [c_kv, k_pe] rows into the paged latent cache at the slot mapping.
 - mla_decode, mla_merge, decode_plan: paged absorbed MLA decode: the split-KV kernel, the LSE
@@ -19,4 +19,6 @@
 - proj_norm, small_linear: few-row projections that load their weights before the PDL wait
   (o_proj + residual add + RMSNorm in one launch; the fused q + kv_a projection).
 - counters: the per-op, per-device arrival counters of the router and proj_norm.
+- mla_decode_ws, mla_ws_partitions: the decode's split kernel at 64 heads a program on sm90,
+  warp-specialised in Gluon (TMA loader warp, score and value warpgroups), and its partitions.
 """

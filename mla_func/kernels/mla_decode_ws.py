@@ -4,7 +4,8 @@ The math is `mla_decode`'s (DeepSeek-V2, arXiv:2405.04434, appendix C; split-KV 
 merge after FlashDecoding): scores of the 64 heads' [q_lat, q_pe] against each cached
 [c_kv, k_pe] row, o_lat = softmax . c_kv, one (row, split) at a time, its partial and lse
 written for `mla_merge` (or o_lat itself at one split). The work split between warps follows
-FlashMLA (DeepSeek, 2025) as its write-up describes it; the code is our own:
+FlashMLA (DeepSeek, 2025) as its write-up describes it; the code is our own (the partitions
+and their mbarrier protocol: mla_ws_partitions.py):
 
 - a **loader** warp streams key tiles [BLOCK_N, 576] of the paged cache into a ring of STAGES
   shared-memory buffers by TMA (a tile lies in one page: page_size % BLOCK_N == 0);
@@ -17,6 +18,15 @@ FlashMLA (DeepSeek, 2025) as its write-up describes it; the code is our own:
 Why: in Triton (`mla_decode`, `DecodePlan.shared_p`) one program runs score product, softmax
 and value product in series, and p travels through global scratch, so the tensor cores idle
 through every softmax (H100, 2026-11-23: 250-265 TFLOP/s, 2.4-2.65x the floor at B=128).
+This kernel, split + merge at 128 heads, page 64 (H100, 2026-11-24,
+docs/perf/2026-11-24-h100-run18): B=128 115 / 344 / 1311 µs at ctx 1024 / 4096 / 16384,
+1.81 / 1.59 / 1.58x the floor, against the Triton plan's 172 / 540 / 1907.
+
+Shared memory (230 KB at 32-key tiles in 4 stages: one program a SM) holds the query and the
+key tiles in chunks of 64 columns (allocations must be powers of 2, and a TMA box row may not
+exceed the 128-byte swizzle); the score product chains 9 chunk products, and each warpgroup
+keeps its 256 value columns as four 64-column accumulators. q_lat arrives by TMA while the
+partitions start.
 
 Graph safety is `mla_decode`'s: the grid and split count are the plan's; each program reads
 its row's length on the device; empty splits write lse = -inf only. The rows of the last tile
@@ -31,263 +41,21 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
-    mbarrier,
-    tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
-)
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-# Triton 3.6 (the GPU machines) names the TMA load async_copy_global_to_shared; later
-# versions (3.9 in CI) async_load, with the old name raising.
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-
-# The shapes the kernel is written for (V2 / V3): kv_lora 512 and qk_rope 64.
-KV_LORA_SIZE, ROPE_SIZE = 512, 64
-BLOCK_H = gl.constexpr(64)  # heads a program: one wgmma M
-HALF = gl.constexpr(256)  # value columns a warpgroup accumulates (kv_lora 512 = 2 x 256)
-COLS = gl.constexpr(64)  # columns of a shared-memory chunk: one 128-byte swizzle row
-LATENT = gl.constexpr(576)  # a cache row: kv_lora 512 + qk_rope 64
-CHUNKS = gl.constexpr(9)  # LATENT // COLS
-HALF_CHUNKS = gl.constexpr(4)  # HALF // COLS
-
-
-@gluon.jit
-@no_type_check  # keeps the jaxtyping import hook off Gluon kernels
-def _span(positions, t, split, num_splits, BLOCK_N: gl.constexpr):
-    """(keys of row t, first key, end) of this split: `mla_merge.split_chunk`'s chunks."""
-    kv_len = gl.load(positions + t).to(gl.int32) + 1
-    chunk = gl.cdiv(gl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * chunk
-    return kv_len, start, gl.minimum(start + chunk, kv_len)
-
-
-@gluon.jit
-@no_type_check
-def _loader(desc, k_bufs, ready, empty, page_table, token_seq, positions, s_pt, page_size,
-            max_pages, num_splits, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """One warp: key tile i into stage i % STAGES (CHUNKS boxes of 64 columns) once both
-    value products of the tile that held it are done (`empty` takes two arrivals)."""
-    t = gl.program_id(2).to(gl.int64)
-    seq = gl.load(token_seq + t).to(gl.int64)
-    _, start, end = _span(positions, t, gl.program_id(1), num_splits, BLOCK_N)
-    for i in range(gl.cdiv(end - start, BLOCK_N)):
-        s = i % STAGES
-        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-        n0 = start + i * BLOCK_N
-        slot = gl.minimum(n0 // page_size, max_pages - 1)
-        page = gl.load(page_table + seq * s_pt + slot).to(gl.int32)
-        row = page * page_size + n0 % page_size
-        mbarrier.expect(ready.index(s), desc.block_type.nbytes * CHUNKS)
-        for c in gl.static_range(CHUNKS):
-            _tma_load(desc, [row, c * COLS], ready.index(s), k_bufs.index(s * CHUNKS + c))
-
-
-@gluon.jit
-@no_type_check
-def _score(q_smem, k_bufs, stage, s_zero):
-    """S = Q K^T of the tile in `stage`, issued (CHUNKS chained products, one wgmma group
-    each)."""
-    tok = warpgroup_mma(q_smem.index(0), k_bufs.index(stage * CHUNKS).permute((1, 0)), s_zero,
-                        use_acc=False, is_async=True)
-    for c in gl.static_range(1, CHUNKS):
-        tok = warpgroup_mma(q_smem.index(c), k_bufs.index(stage * CHUNKS + c).permute((1, 0)),
-                            tok, is_async=True)
-    return tok
-
-
-@gluon.jit
-@no_type_check
-def _values(p_op, k_bufs, stage, first: gl.constexpr, o0, o1, o2, o3):
-    """o_k += p V[:, chunk first + k] for the tile in `stage`, issued (one group each)."""
-    base = stage * CHUNKS + first
-    o0 = warpgroup_mma(p_op, k_bufs.index(base), o0, is_async=True)
-    o1 = warpgroup_mma(p_op, k_bufs.index(base + 1), o1, is_async=True)
-    o2 = warpgroup_mma(p_op, k_bufs.index(base + 2), o2, is_async=True)
-    o3 = warpgroup_mma(p_op, k_bufs.index(base + 3), o3, is_async=True)
-    return o0, o1, o2, o3
-
-
-@gluon.jit
-@no_type_check
-def _softmax_step(s_cur, n0, end, m, lsum, scale_log2, s_layout: gl.constexpr,
-                  BLOCK_N: gl.constexpr):
-    keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    s = gl.where((keys < end)[None, :], s_cur * scale_log2, float("-inf"))
-    m_new = gl.maximum(m, gl.max(s, 1))
-    alpha = gl.exp2(m - m_new)
-    p = gl.exp2(s - m_new[:, None])
-    return p, alpha, m_new, lsum * alpha + gl.sum(p, 1)
-
-
-@gluon.jit
-@no_type_check
-def _hand_over(p, alpha, i, p_bufs, a_bufs, p_full, p_empty, P_BUFS: gl.constexpr):
-    """p and alpha of tile i into hand-over buffer i % P_BUFS, once the value warpgroup is
-    done with the tile that used it last."""
-    j = i % P_BUFS
-    mbarrier.wait(p_empty.index(j), ((i // P_BUFS) & 1) ^ 1)
-    p_bufs.index(j).store(p)
-    a_bufs.index(j).store(alpha)
-    mbarrier.arrive(p_full.index(j))
-
-
-@gluon.jit
-@no_type_check
-def _zero_tail(k_bufs, stage, n0, end, BLOCK_N: gl.constexpr):
-    """Value rows of the last tile at or past `end`: zero, so that p = 0 times them is 0."""
-    if end - n0 < BLOCK_N:
-        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        rows = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
-        for c in gl.static_range(2 * HALF_CHUNKS):
-            part = k_bufs.index(stage * CHUNKS + c)
-            part.store(gl.where((rows < end)[:, None], part.load(layout), 0.0))
-        fence_async_shared()  # generic-proxy stores before the wgmma reads
-
-
-@gluon.jit
-@no_type_check
-def _store(o, k: gl.constexpr, lsum, h, t, split, kv_len, start, part_o, out, so_h, so_t,
-           heads, kv_lora, num_splits, o_layout: gl.constexpr, SPLIT: gl.constexpr):
-    """Columns [64 k, 64 k + 64) of o / lsum: the split's partial, or o_lat at one split."""
-    c = k * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, o_layout))
-    safe = gl.where(lsum > 0, lsum, 1.0)
-    o = o / safe[:, None]
-    hm = h < heads
-    if SPLIT:
-        base = ((t * heads + h) * num_splits + split).to(gl.int64)
-        live = hm & ((h * 0 + start) < kv_len)
-        gl.store(part_o + base[:, None] * kv_lora + c[None, :], o,
-                 mask=live[:, None] & (c < kv_lora)[None, :])
-    else:
-        gl.store(out + h[:, None].to(gl.int64) * so_h + t * so_t + c[None, :],
-                 o.to(out.dtype.element_ty), mask=hm[:, None] & (c < kv_lora)[None, :])
-
-
-@gluon.jit
-@no_type_check
-def _score_partition(q_smem, q_ready, q_pe, sp_t, sp_h, k_bufs, p_bufs, a_bufs, l_smem, ready,
-                     empty, p_full, p_empty, fin, positions, part_o, part_lse, out, so_h, so_t,
-                     heads, kv_lora, scale_log2, num_splits, SPLIT: gl.constexpr,
-                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, P_BUFS: gl.constexpr):
-    """The score warpgroup: all scores, the softmax, value columns [0, 256)."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, COLS, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    split = gl.program_id(1)
-    t = gl.program_id(2).to(gl.int64)
-    kv_len, start, end = _span(positions, t, split, num_splits, BLOCK_N)
-    n_tiles = gl.cdiv(end - start, BLOCK_N)
-    m = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    lsum = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, s_layout))
-    o0 = gl.zeros([BLOCK_H, COLS], gl.float32, o_layout)
-    o1 = gl.zeros([BLOCK_H, COLS], gl.float32, o_layout)
-    o2 = gl.zeros([BLOCK_H, COLS], gl.float32, o_layout)
-    o3 = gl.zeros([BLOCK_H, COLS], gl.float32, o_layout)
-    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout)
-    # q_pe into the query's last chunk (q_lat arrives by TMA).
-    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    hq = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
-    r = gl.arange(0, COLS, layout=gl.SliceLayout(0, ld))
-    qp = gl.load(q_pe + t * sp_t + hq[:, None] * sp_h + r[None, :], mask=(hq < heads)[:, None],
-                 other=0.0)
-    q_smem.index(2 * HALF_CHUNKS).store(qp.to(gl.bfloat16))
-    fence_async_shared()
-    mbarrier.wait(q_ready, 0)
-    if n_tiles > 0:
-        mbarrier.wait(ready.index(0), 0)
-        s_cur = warpgroup_mma_wait(0, deps=(_score(q_smem, k_bufs, 0, s_zero),))
-        for i in range(n_tiles - 1):  # every tile but the last: the next score runs meanwhile
-            # Tile i - 1's value products are done: its stage is free on this side.
-            o0, o1, o2, o3 = warpgroup_mma_wait(0, deps=(o0, o1, o2, o3))
-            mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=i > 0)
-            nxt = (i + 1) % STAGES
-            mbarrier.wait(ready.index(nxt), ((i + 1) // STAGES) & 1)
-            s_tok = _score(q_smem, k_bufs, nxt, s_zero)
-            p, alpha, m, lsum = _softmax_step(s_cur, start + i * BLOCK_N, end, m, lsum,
-                                              scale_log2, s_layout, BLOCK_N)
-            p = p.to(gl.bfloat16)
-            _hand_over(p, alpha, i, p_bufs, a_bufs, p_full, p_empty, P_BUFS)
-            a = gl.convert_layout(alpha, rows)[:, None]
-            o0, o1, o2, o3 = _values(gl.convert_layout(p, p_layout), k_bufs, i % STAGES, 0,
-                                     o0 * a, o1 * a, o2 * a, o3 * a)
-            # In order: the next score is done, the four value products may still run.
-            s_cur, o0, o1, o2, o3 = warpgroup_mma_wait(HALF_CHUNKS,
-                                                       deps=(s_tok, o0, o1, o2, o3))
-        last = n_tiles - 1
-        o0, o1, o2, o3 = warpgroup_mma_wait(0, deps=(o0, o1, o2, o3))
-        p, alpha, m, lsum = _softmax_step(s_cur, start + last * BLOCK_N, end, m, lsum,
-                                          scale_log2, s_layout, BLOCK_N)
-        p = p.to(gl.bfloat16)
-        _zero_tail(k_bufs, last % STAGES, start + last * BLOCK_N, end, BLOCK_N)
-        _hand_over(p, alpha, last, p_bufs, a_bufs, p_full, p_empty, P_BUFS)
-        a = gl.convert_layout(alpha, rows)[:, None]
-        o0, o1, o2, o3 = _values(gl.convert_layout(p, p_layout), k_bufs, last % STAGES, 0,
-                                 o0 * a, o1 * a, o2 * a, o3 * a)
-        o0, o1, o2, o3 = warpgroup_mma_wait(0, deps=(o0, o1, o2, o3))
-    l_smem.store(lsum)
-    mbarrier.arrive(fin)
-    h = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
-    if SPLIT:
-        safe = gl.where(lsum > 0, lsum, 1.0)
-        lse = gl.where(lsum > 0, m + gl.log2(safe), float("-inf"))
-        gl.store(part_lse + (t * heads + h) * num_splits + split, lse, mask=h < heads)
-    ho = gl.convert_layout(h, rows)
-    lo = gl.convert_layout(lsum, rows)
-    _store(o0, 0, lo, ho, t, split, kv_len, start, part_o, out, so_h, so_t, heads, kv_lora,
-           num_splits, o_layout, SPLIT)
-    _store(o1, 1, lo, ho, t, split, kv_len, start, part_o, out, so_h, so_t, heads, kv_lora,
-           num_splits, o_layout, SPLIT)
-    _store(o2, 2, lo, ho, t, split, kv_len, start, part_o, out, so_h, so_t, heads, kv_lora,
-           num_splits, o_layout, SPLIT)
-    _store(o3, 3, lo, ho, t, split, kv_len, start, part_o, out, so_h, so_t, heads, kv_lora,
-           num_splits, o_layout, SPLIT)
-
-
-@gluon.jit
-@no_type_check
-def _value_partition(k_bufs, p_bufs, a_bufs, l_smem, empty, p_full, p_empty, fin, positions,
-                     part_o, out, so_h, so_t, heads, kv_lora, num_splits, SPLIT: gl.constexpr,
-                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, P_BUFS: gl.constexpr):
-    """The value warpgroup: value columns [256, 512) from the score warpgroup's p."""
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, COLS, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    split = gl.program_id(1)
-    t = gl.program_id(2).to(gl.int64)
-    kv_len, start, end = _span(positions, t, split, num_splits, BLOCK_N)
-    o0 = gl.zeros([BLOCK_H, COLS], gl.float32, o_layout)
-    o1 = gl.zeros([BLOCK_H, COLS], gl.float32, o_layout)
-    o2 = gl.zeros([BLOCK_H, COLS], gl.float32, o_layout)
-    o3 = gl.zeros([BLOCK_H, COLS], gl.float32, o_layout)
-    for i in range(gl.cdiv(end - start, BLOCK_N)):
-        j = i % P_BUFS
-        mbarrier.wait(p_full.index(j), (i // P_BUFS) & 1)
-        a = a_bufs.index(j).load(rows)[:, None]
-        p = p_bufs.index(j).load(p_layout)
-        mbarrier.arrive(p_empty.index(j))  # p and alpha are in registers
-        # Waited at once: this warpgroup has nothing else to do, and the stage is free sooner.
-        o0, o1, o2, o3 = _values(p, k_bufs, i % STAGES, HALF_CHUNKS, o0 * a, o1 * a, o2 * a,
-                                 o3 * a)
-        o0, o1, o2, o3 = warpgroup_mma_wait(0, deps=(o0, o1, o2, o3))
-        mbarrier.arrive(empty.index(i % STAGES))
-    mbarrier.wait(fin, 0)
-    lsum = l_smem.load(rows)
-    h = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=rows)
-    _store(o0, 4, lsum, h, t, split, kv_len, start, part_o, out, so_h, so_t, heads, kv_lora,
-           num_splits, o_layout, SPLIT)
-    _store(o1, 5, lsum, h, t, split, kv_len, start, part_o, out, so_h, so_t, heads, kv_lora,
-           num_splits, o_layout, SPLIT)
-    _store(o2, 6, lsum, h, t, split, kv_len, start, part_o, out, so_h, so_t, heads, kv_lora,
-           num_splits, o_layout, SPLIT)
-    _store(o3, 7, lsum, h, t, split, kv_len, start, part_o, out, so_h, so_t, heads, kv_lora,
-           num_splits, o_layout, SPLIT)
+from mla_func.kernels.mla_ws_partitions import (
+    BLOCK_H,
+    CHUNKS,
+    COLS,
+    HALF_CHUNKS,
+    KV_LORA_SIZE,
+    ROPE_SIZE,
+    loader,
+    score_partition,
+    tma_load,
+    value_partition,
+)
 
 
 @gluon.jit
@@ -325,21 +93,22 @@ def _decode_ws_kernel(
     # partition's first work).
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
+    fence_async_shared()  # the barriers' initialisation before the TMA unit uses them
     h0 = gl.program_id(0) * BLOCK_H
     col = gl.program_id(2) * kv_lora
     mbarrier.expect(q_ready, q_desc.block_type.nbytes * 2 * HALF_CHUNKS)
     for k in gl.static_range(2 * HALF_CHUNKS):
-        _tma_load(q_desc, [h0, col + k * COLS], q_ready, q_smem.index(k))
+        tma_load(q_desc, [h0, col + k * COLS], q_ready, q_smem.index(k))
 
     gl.warp_specialize([
-        (_score_partition, (q_smem, q_ready, q_pe, sp_t, sp_h, k_bufs, p_bufs, a_bufs, l_smem,
+        (score_partition, (q_smem, q_ready, q_pe, sp_t, sp_h, k_bufs, p_bufs, a_bufs, l_smem,
                             ready, empty, p_full, p_empty, fin, positions, part_o, part_lse,
                             out, so_h, so_t, heads, kv_lora, scale_log2, num_splits, SPLIT,
                             BLOCK_N, STAGES, P_BUFS)),
-        (_value_partition, (k_bufs, p_bufs, a_bufs, l_smem, empty, p_full, p_empty, fin,
+        (value_partition, (k_bufs, p_bufs, a_bufs, l_smem, empty, p_full, p_empty, fin,
                             positions, part_o, out, so_h, so_t, heads, kv_lora, num_splits,
                             SPLIT, BLOCK_N, STAGES, P_BUFS)),
-        (_loader, (desc, k_bufs, ready, empty, page_table, token_seq, positions, s_pt,
+        (loader, (desc, k_bufs, ready, empty, page_table, token_seq, positions, s_pt,
                    page_size, max_pages, num_splits, BLOCK_N, STAGES)),
     ], [4, 1], [VALUE_REGS, LOADER_REGS])
 
