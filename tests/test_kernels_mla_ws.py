@@ -19,11 +19,13 @@ from mla_func.kernels import mla_decode_ws as ws
 
 bf, i32 = torch.bfloat16, torch.int32
 heads, rows, splits = 128, 32, 4
-for block_n, stages, split in ((32, 4, True), (64, 2, True), (32, 3, False)):
+for block_n, stages, split, page in ((32, 4, True, 64), (64, 2, True, 64), (32, 3, False, 64),
+                                    (32, 4, True, 1), (32, 4, True, 16)):
     n = splits if split else 1
     grid, args, kwargs = ws.ws_launch(
         torch.empty(heads, rows, 512, dtype=bf), torch.empty(rows, heads, 64, dtype=bf),
-        torch.empty(rows * 64 + 1, 64, 576, dtype=bf), torch.empty(rows, 64, dtype=i32),
+        torch.empty(rows * 4096 // page + 1, page, 576, dtype=bf),
+        torch.empty(rows, 4096 // page, dtype=i32),
         torch.empty(rows, dtype=i32), torch.empty(rows, dtype=i32), 0.07, n, block_n, stages,
         torch.empty(heads, rows, 512, dtype=bf), torch.empty(rows, heads, n, 512),
         torch.empty(rows, heads, n))
@@ -48,7 +50,7 @@ for block_n, stages, split in ((32, 4, True), (64, 2, True), (32, 3, False)):
     regs, spills, _ = ptxas_usage(k)
     ptx = k.asm["ptx"]
     shapes = set(re.findall(r"wgmma.mma_async.sync.aligned.(m\d+n\d+k\d+)", ptx))
-    print("ws", block_n, stages, split, "regs", regs, "spills", spills, "smem",
+    print("ws", block_n, stages, split, page, "regs", regs, "spills", spills, "smem",
           k.metadata.shared, shapes)
     # With the GPU machines' Triton 3.6 nothing spills (2026-11-24); 3.9 spills 12 bytes at
     # 32-key tiles and 96 at 64.
@@ -56,24 +58,29 @@ for block_n, stages, split in ((32, 4, True), (64, 2, True), (32, 3, False)):
     assert k.metadata.shared <= 232448  # sm90's shared memory per block: one program a SM
     # The score product at n = block_n and the value products in 64-column chunks.
     assert shapes == {f"m64n{block_n}k16", "m64n64k16"}, shapes
-    # A key tile: 9 boxes of 64 columns; q_lat: 8.
-    assert len(re.findall(r"cp.async.bulk.tensor", ptx)) == 9 + 8
+    # A key tile: 9 TMA boxes of 64 columns, or, gathered, 9 x 16-byte cp.async a thread (32
+    # keys x 576 x 2 bytes over 128 threads) arriving on the tile's barrier; q_lat: 8 boxes.
+    gather = page % block_n != 0
+    assert len(re.findall(r"cp.async.bulk.tensor", ptx)) == (0 if gather else 9) + 8
+    assert len(re.findall(r"cp.async.cg.shared.global", ptx)) == (18 if gather else 0)
+    assert ("cp.async.mbarrier.arrive.noinc" in ptx) == gather
     assert "mbarrier.try_wait" in ptx
 """
 
 
 def test_ws_compiles_for_sm90():
     """Ahead-of-time sm90 compile (no GPU needed) of the tile configurations the plans and
-    the GPU tests use: within sm90's shared memory per block, 9 TMA boxes a key tile and 8
-    for q_lat, wgmma at the tile's key count and in 64-column value chunks."""
+    the GPU tests use: within sm90's shared memory per block, 9 TMA boxes a key tile (or, at
+    pages under a tile, per-key cp.async gathers) and 8 for q_lat, wgmma at the tile's key
+    count and in 64-column value chunks."""
     out = run_compile_script(_SM90, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_ws_plans():
     """On an sm90 device the 128-head plans take the kernel with the fewest splits that fill
-    one wave (one program a SM); 16 heads, small pages and other devices keep the Triton
-    plans."""
+    one wave (one program a SM), at any page size; 16 heads, short splits and other devices
+    keep the Triton plans."""
     for rows, splits in ((128, 1), (32, 2), (8, 8), (1, 57)):
         plan = plan_decode(rows, 8256, 132, 128, page_size=64, ws=True)
         assert plan.ws and (plan.block_h, plan.block_n, plan.num_stages) == (64, 32, 4)
@@ -81,7 +88,7 @@ def test_ws_plans():
     assert plan_decode(1, 4096, 132, 128, ws=True).num_splits == 57
     assert not plan_decode(1, 1024, 132, 128, ws=True).ws  # 32 splits of 32 keys: Triton
     assert not plan_decode(32, 8256, 132, 16, ws=True).ws
-    assert not plan_decode(32, 8256, 132, 128, page_size=16, ws=True).ws
+    assert plan_decode(32, 8256, 132, 128, page_size=1, ws=True).ws  # gathered key tiles
     assert not plan_decode(32, 8256, 132, 128).ws
     assert plan_decode(32, 8256, 132, 128, ws=True, block_n=64).block_n == 64  # asked: Triton
 

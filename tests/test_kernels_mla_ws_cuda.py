@@ -1,8 +1,8 @@
 """The warp-specialised 64-head MLA decode (kernels/mla_decode_ws.py, Gluon, sm90) against the
 torch reference on an sm90 GPU: V3's 128 heads and a partial head block (80), one split and
-several, 32- and 64-key tiles, lengths that are not multiples of the tile, shuffled pages, NaN
-in every cache row past a sequence's end and in the workspace; and a CUDA-graph replay at new
-lengths against eager."""
+several, 32- and 64-key tiles, pages of 64 keys (TMA tiles) and of 1 and 16 (gathered), lengths
+that are not multiples of the tile, shuffled pages, NaN in every cache row past a sequence's
+end and in the workspace; and a CUDA-graph replay at new lengths against eager."""
 
 from dataclasses import replace
 
@@ -25,23 +25,26 @@ def _hopper() -> bool:
 needs_sm90 = pytest.mark.skipif(not _hopper(), reason="needs an sm90 GPU (Gluon wgmma + TMA)")
 
 
-def _problem(heads, ctx, seed=0):
-    """bf16 problem at page 64; a copy of its cache with NaN in every row past a sequence's
-    last key (the kernel reads whole pages)."""
-    p = make_problem(ctx, [1] * len(ctx), 64, dict(V3, heads=heads), device="cuda",
+def _problem(heads, ctx, seed=0, page_size=64):
+    """bf16 problem; a copy of its cache with NaN in every row past a sequence's last key
+    (TMA tiles read whole pages)."""
+    p = make_problem(ctx, [1] * len(ctx), page_size, dict(V3, heads=heads), device="cuda",
                      dtype=torch.bfloat16, seed=seed)
     poisoned = torch.full_like(p["cache"], float("nan"))
+    table = p["page_table"].cpu()
     for i, c in enumerate(ctx):
-        for k in range(c + 1):
-            page = p["page_table"][i, k // 64]
-            poisoned[page, k % 64] = p["cache"][page, k % 64]
+        keys = torch.arange(c + 1)
+        pages = table[i, keys // page_size].long()
+        poisoned[pages, keys % page_size] = p["cache"][pages, keys % page_size]
     return p, poisoned
 
 
 def _plan(p, splits, block_n, stages):
     tokens, heads = p["q_nope"].shape[:2]
-    capacity = p["page_table"].shape[1] * 64
-    base = plan_decode(tokens, capacity, num_sms(p["q_nope"].device), heads, page_size=64)
+    page_size = p["cache"].shape[1]
+    capacity = p["page_table"].shape[1] * page_size
+    base = plan_decode(tokens, capacity, num_sms(p["q_nope"].device), heads,
+                       page_size=page_size)
     return replace(base, num_splits=splits, block_n=block_n, num_stages=stages, ws=True,
                    shared_p=False)
 
@@ -50,9 +53,11 @@ def _plan(p, splits, block_n, stages):
 @needs_sm90
 @pytest.mark.parametrize("heads", [128, 80])
 @pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("block_n,stages", [(32, 4), (64, 2), (32, 3)])
-def test_ws_matches_reference(heads, splits, block_n, stages):
-    p, poisoned = _problem(heads, CTX, seed=heads + splits + block_n + stages)
+@pytest.mark.parametrize("block_n,stages,page_size", [(32, 4, 64), (64, 2, 64), (32, 3, 64),
+                                                      (32, 4, 1), (32, 4, 16), (64, 2, 16)])
+def test_ws_matches_reference(heads, splits, block_n, stages, page_size):
+    p, poisoned = _problem(heads, CTX, seed=heads + splits + block_n + stages,
+                           page_size=page_size)
     assert ws.supported(poisoned, heads, block_n)
     want = ref.attend_absorbed(*ref_args(p))
     plan = _plan(p, splits, block_n, stages)
@@ -88,5 +93,6 @@ def test_ws_not_supported_off_sm90_or_wrong_shapes():
         gpu = cache.cuda()
         assert ws.supported(gpu, 128, 32) and ws.supported(gpu, 128, 64)
         assert not ws.supported(gpu, 16, 32)  # 16 heads: the Triton kernel's tiles
-        assert not ws.supported(gpu[:, :48], 128, 32)  # page not a multiple of the tile
+        assert ws.supported(gpu[:, :48], 128, 32)  # pages under a tile: gathered
+        assert not ws.supported(gpu, 128, 16)  # tiles of 32 or 64 keys only
         assert not ws.supported(gpu.float(), 128, 32)

@@ -60,8 +60,8 @@ class DecodePlan:
     warm: bool = False  # "tile" merge launched early: it warms L2 with W_UV before it waits
     uv: bool = False  # "tile" merge fused with the W_UV product (mla_merge_uv): no o_lat
     # sm90, 64 heads a program: the warp-specialised Gluon split kernel (mla_decode_ws.py), where
-    # it takes the cache (`mla_decode_ws.supported`: bf16, pages of a multiple of block_n);
-    # the Triton kernel runs the plan elsewhere.
+    # it takes the cache (`mla_decode_ws.supported`: bf16, 576-wide rows); the Triton kernel
+    # runs the plan elsewhere.
     ws: bool = False
 
 
@@ -113,9 +113,9 @@ def plan_decode(
     bit; absorb start to merge end 27.1-27.5 against 29.0-29.1 µs a layer at B=32.
 
     `ws`: the device runs the warp-specialised kernel (mla_decode_ws.py, sm90): above 16
-    heads, pages of a multiple of 32 keys and default tiles, the plan is `_ws_plan`'s where
-    its splits cover WS_MIN_KEYS keys or more."""
-    if ws and heads > 16 and block_h in (None, 64) and block_n is None and page_size % 32 == 0:
+    heads and with default tiles, the plan is `_ws_plan`'s where its splits cover WS_MIN_KEYS
+    keys or more."""
+    if ws and heads > 16 and block_h in (None, 64) and block_n is None:
         plan = _ws_plan(num_rows, max_seq_len, num_sms, heads)
         if max_seq_len >= WS_MIN_KEYS * plan.num_splits:
             return plan

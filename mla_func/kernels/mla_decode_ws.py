@@ -48,6 +48,7 @@ from mla_func.kernels.mla_ws_partitions import (
     BLOCK_H,
     CHUNKS,
     COLS,
+    GATHER_WARPS,
     HALF_CHUNKS,
     KV_LORA_SIZE,
     ROPE_SIZE,
@@ -61,10 +62,11 @@ from mla_func.kernels.mla_ws_partitions import (
 @gluon.jit
 @no_type_check
 def _decode_ws_kernel(
-    q_desc, q_pe, desc, page_table, token_seq, positions, part_o, part_lse, out,
+    q_desc, q_pe, desc, cache, s_row, page_table, token_seq, positions, part_o, part_lse, out,
     sp_t, sp_h, s_pt, so_h, so_t, heads, kv_lora, page_size, max_pages,
     scale_log2, num_splits, SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    P_BUFS: gl.constexpr, LOADER_REGS: gl.constexpr, VALUE_REGS: gl.constexpr,
+    P_BUFS: gl.constexpr, GATHER: gl.constexpr, LOADER_REGS: gl.constexpr,
+    VALUE_REGS: gl.constexpr,
 ):
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, COLS], gl.bfloat16)
     p_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
@@ -82,7 +84,8 @@ def _decode_ws_kernel(
     p_empty = gl.allocate_shared_memory(gl.int64, [P_BUFS, 1], mbarrier.MBarrierLayout())
     fin = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
+        # TMA: one arrival with the tile's bytes; gather: every loader thread's cp.async.
+        mbarrier.init(ready.index(i), count=GATHER_WARPS * 32 if GATHER else 1)
         mbarrier.init(empty.index(i), count=2)  # both value products of the tile
     for i in gl.static_range(P_BUFS):
         mbarrier.init(p_full.index(i), count=1)
@@ -108,9 +111,9 @@ def _decode_ws_kernel(
         (value_partition, (k_bufs, p_bufs, a_bufs, l_smem, empty, p_full, p_empty, fin,
                             positions, part_o, out, so_h, so_t, heads, kv_lora, num_splits,
                             SPLIT, BLOCK_N, STAGES, P_BUFS)),
-        (loader, (desc, k_bufs, ready, empty, page_table, token_seq, positions, s_pt,
-                   page_size, max_pages, num_splits, BLOCK_N, STAGES)),
-    ], [4, 1], [VALUE_REGS, LOADER_REGS])
+        (loader, (desc, cache, s_row, k_bufs, ready, empty, page_table, token_seq, positions,
+                  s_pt, page_size, max_pages, num_splits, BLOCK_N, STAGES, GATHER)),
+    ], [4, GATHER_WARPS if GATHER else 1], [VALUE_REGS, LOADER_REGS])
 
 
 def device_ok(device: torch.device) -> bool:
@@ -120,11 +123,12 @@ def device_ok(device: torch.device) -> bool:
 
 def supported(cache: Tensor, heads: int, block_n: int) -> bool:
     """Whether `decode_ws` runs this case: an sm90 device, a bf16 cache of 576-wide rows (512
-    + 64) in pages of a multiple of `block_n` keys, above 16 heads, with TMA-aligned rows."""
+    + 64) with TMA-aligned rows, above 16 heads, 32- or 64-key tiles (pages of any size: key
+    tiles that span pages are gathered)."""
     if not device_ok(cache.device):
         return False
     return (cache.dtype == torch.bfloat16 and cache.shape[-1] == KV_LORA_SIZE + ROPE_SIZE
-            and cache.shape[1] % block_n == 0 and heads > 16
+            and block_n in (32, 64) and heads > 16
             and cache.stride(-1) == 1 and cache.stride(1) * 2 % 16 == 0
             and cache.stride(0) == cache.shape[1] * cache.stride(1)
             and cache.data_ptr() % 16 == 0)
@@ -173,14 +177,16 @@ def ws_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, num_s
     assert q_pe.stride(-1) == 1 and out.stride(-1) == 1
     assert stages >= 2 and block_n in (32, 64), (block_n, stages)
     grid = (triton.cdiv(heads, BLOCK_H), num_splits, tokens)
+    gather = cache.shape[1] % block_n != 0  # key tiles span pages: cp.async, not TMA
     q_layout = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
     q_desc = TensorDescriptor.from_tensor(q_lat.view(heads, tokens * kv_lora), [64, 64], q_layout)
-    args = (q_desc, q_pe, cache_descriptor(cache, block_n), page_table, token_seq, positions,
-            part_o, part_lse, out, q_pe.stride(0), q_pe.stride(1), page_table.stride(0),
-            out.stride(0), out.stride(1), heads, kv_lora, cache.shape[1], page_table.shape[1],
-            scale * 1.4426950408889634, num_splits)
+    args = (q_desc, q_pe, cache_descriptor(cache, block_n), cache, cache.stride(1), page_table,
+            token_seq, positions, part_o, part_lse, out, q_pe.stride(0), q_pe.stride(1),
+            page_table.stride(0), out.stride(0), out.stride(1), heads, kv_lora,
+            cache.shape[1], page_table.shape[1], scale * 1.4426950408889634, num_splits)
     # One hand-over buffer at 64-key tiles: two do not fit beside 2 stages (238 KB).
     kwargs = dict(SPLIT=num_splits > 1, BLOCK_N=block_n, STAGES=stages,
-                  P_BUFS=1 if block_n == 64 else 2, LOADER_REGS=24, VALUE_REGS=192,
+                  P_BUFS=1 if block_n == 64 else 2, GATHER=gather,
+                  LOADER_REGS=56 if gather else 24, VALUE_REGS=192,
                   num_warps=4)
     return grid, args, kwargs

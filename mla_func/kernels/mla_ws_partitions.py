@@ -17,6 +17,7 @@ from typing import no_type_check
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -28,6 +29,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 # Triton 3.6 (the GPU machines) names the TMA load async_copy_global_to_shared; later
 # versions (3.9 in CI) async_load, with the old name raising.
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# Likewise cp.async (the gather of keys from pages under a tile).
+cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+GATHER_WARPS = gl.constexpr(4)  # loader warps where keys are gathered (GATHER_WARPS * 32 arrive)
 
 # The shapes the kernel is written for (V2 / V3): kv_lora 512 and qk_rope 64.
 KV_LORA_SIZE, ROPE_SIZE = 512, 64
@@ -50,23 +54,48 @@ def _span(positions, t, split, num_splits, BLOCK_N: gl.constexpr):
 
 @gluon.jit
 @no_type_check
-def loader(desc, k_bufs, ready, empty, page_table, token_seq, positions, s_pt, page_size,
-            max_pages, num_splits, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """One warp: key tile i into stage i % STAGES (CHUNKS boxes of 64 columns) once both
-    value products of the tile that held it are done (`empty` takes two arrivals)."""
+def loader(desc, cache, s_row, k_bufs, ready, empty, page_table, token_seq, positions, s_pt,
+           page_size, max_pages, num_splits, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+           GATHER: gl.constexpr):
+    """Key tile i into stage i % STAGES once both value products of the tile that held it are
+    done (`empty` takes two arrivals): by TMA, CHUNKS boxes of 64 columns from one warp, where
+    the tile lies in one page; else (GATHER: pages under BLOCK_N keys) by cp.async from
+    GATHER_WARPS warps, a key's page looked up per key, keys past the end zero-filled."""
     t = gl.program_id(2).to(gl.int64)
     seq = gl.load(token_seq + t).to(gl.int64)
+    pt = page_table + seq * s_pt
     _, start, end = _span(positions, t, gl.program_id(1), num_splits, BLOCK_N)
     for i in range(gl.cdiv(end - start, BLOCK_N)):
         s = i % STAGES
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
         n0 = start + i * BLOCK_N
-        slot = gl.minimum(n0 // page_size, max_pages - 1)
-        page = gl.load(page_table + seq * s_pt + slot).to(gl.int32)
-        row = page * page_size + n0 % page_size
-        mbarrier.expect(ready.index(s), desc.block_type.nbytes * CHUNKS)
-        for c in gl.static_range(CHUNKS):
-            tma_load(desc, [row, c * COLS], ready.index(s), k_bufs.index(s * CHUNKS + c))
+        if GATHER:
+            _gather_tile(cache, s_row, k_bufs, s, ready.index(s), pt, n0, end, page_size,
+                         max_pages, BLOCK_N)
+        else:
+            page = gl.load(pt + gl.minimum(n0 // page_size, max_pages - 1)).to(gl.int32)
+            row = page * page_size + n0 % page_size
+            mbarrier.expect(ready.index(s), desc.block_type.nbytes * CHUNKS)
+            for c in gl.static_range(CHUNKS):
+                tma_load(desc, [row, c * COLS], ready.index(s), k_bufs.index(s * CHUNKS + c))
+
+
+@gluon.jit
+@no_type_check
+def _gather_tile(cache, s_row, k_bufs, s, ready, pt, n0, end, page_size, max_pages,
+                 BLOCK_N: gl.constexpr):
+    """The keys n0 .. n0 + BLOCK_N of the row's pages into stage s by cp.async (16 bytes a
+    thread and copy); each thread's copies arrive on `ready` when done."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GATHER_WARPS, 1], [1, 0])
+    n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+    live = n < end
+    page = gl.load(pt + gl.minimum(n // page_size, max_pages - 1), mask=live, other=0)
+    row = (page.to(gl.int64) * page_size + n % page_size) * s_row
+    c = gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
+    for k in gl.static_range(CHUNKS):
+        cp_async(k_bufs.index(s * CHUNKS + k), cache + row[:, None] + (k * COLS + c)[None, :],
+                 mask=live[:, None])
+    async_copy.mbarrier_arrive(ready, increment_count=False)
 
 
 @gluon.jit
