@@ -33,7 +33,8 @@ launched early, prefetch W_UV into L2 for the product after it; `uv` fuses that 
 the merge (mla_merge_uv.py: o written directly, no o_lat, no bmm launch);
 `shared_p` hands p and the rescale factor to the value product through per-program scratch
 (`p_scratch.through_memory`), so that at 64 heads a program the two warpgroups split the score
-tile instead of both computing it.
+tile instead of both computing it; `ws` (sm90, 64 heads a program) runs the split in
+mla_decode_ws.py's warp-specialised Gluon kernel instead (same partials, same merges).
 
 The absorbed query is a cuBLAS bmm, or, given the step's new rows as the input projection left
 them (`absorb.NewRows`), one launch of absorb.py that computes it and runs their prologue (q_pe
