@@ -181,10 +181,26 @@ def _store(o, k: gl.constexpr, lsum, h, t, split, kv_len, start, part_o, out, so
 
 @gluon.jit
 @no_type_check
+def _store_half(o0, o1, o2, o3, first: gl.constexpr, lsum, h, t, split, kv_len, start, part_o,
+                out, so_h, so_t, heads, kv_lora, num_splits, o_layout: gl.constexpr,
+                SPLIT: gl.constexpr):
+    """A warpgroup's four 64-column accumulators, chunks first .. first + 3."""
+    _store(o0, first, lsum, h, t, split, kv_len, start, part_o, out, so_h, so_t, heads,
+           kv_lora, num_splits, o_layout, SPLIT)
+    _store(o1, first + 1, lsum, h, t, split, kv_len, start, part_o, out, so_h, so_t, heads,
+           kv_lora, num_splits, o_layout, SPLIT)
+    _store(o2, first + 2, lsum, h, t, split, kv_len, start, part_o, out, so_h, so_t, heads,
+           kv_lora, num_splits, o_layout, SPLIT)
+    _store(o3, first + 3, lsum, h, t, split, kv_len, start, part_o, out, so_h, so_t, heads,
+           kv_lora, num_splits, o_layout, SPLIT)
+
+
+@gluon.jit
+@no_type_check
 def score_partition(q_smem, q_ready, q_pe, sp_t, sp_h, k_bufs, p_bufs, a_bufs, l_smem, ready,
-                     empty, p_full, p_empty, fin, positions, part_o, part_lse, out, so_h, so_t,
-                     heads, kv_lora, scale_log2, num_splits, SPLIT: gl.constexpr,
-                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, P_BUFS: gl.constexpr):
+                    empty, p_full, p_empty, fin, positions, part_o, part_lse, out, so_h, so_t,
+                    heads, kv_lora, scale_log2, num_splits, SPLIT: gl.constexpr,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, P_BUFS: gl.constexpr):
     """The score warpgroup: all scores, the softmax, value columns [0, 256)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
@@ -252,21 +268,15 @@ def score_partition(q_smem, q_ready, q_pe, sp_t, sp_h, k_bufs, p_bufs, a_bufs, l
         gl.store(part_lse + (t * heads + h) * num_splits + split, lse, mask=h < heads)
     ho = gl.convert_layout(h, rows)
     lo = gl.convert_layout(lsum, rows)
-    _store(o0, 0, lo, ho, t, split, kv_len, start, part_o, out, so_h, so_t, heads, kv_lora,
-           num_splits, o_layout, SPLIT)
-    _store(o1, 1, lo, ho, t, split, kv_len, start, part_o, out, so_h, so_t, heads, kv_lora,
-           num_splits, o_layout, SPLIT)
-    _store(o2, 2, lo, ho, t, split, kv_len, start, part_o, out, so_h, so_t, heads, kv_lora,
-           num_splits, o_layout, SPLIT)
-    _store(o3, 3, lo, ho, t, split, kv_len, start, part_o, out, so_h, so_t, heads, kv_lora,
-           num_splits, o_layout, SPLIT)
+    _store_half(o0, o1, o2, o3, 0, lo, ho, t, split, kv_len, start, part_o, out, so_h, so_t,
+                heads, kv_lora, num_splits, o_layout, SPLIT)
 
 
 @gluon.jit
 @no_type_check
 def value_partition(k_bufs, p_bufs, a_bufs, l_smem, empty, p_full, p_empty, fin, positions,
-                     part_o, out, so_h, so_t, heads, kv_lora, num_splits, SPLIT: gl.constexpr,
-                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, P_BUFS: gl.constexpr):
+                    part_o, out, so_h, so_t, heads, kv_lora, num_splits, SPLIT: gl.constexpr,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, P_BUFS: gl.constexpr):
     """The value warpgroup: value columns [256, 512) from the score warpgroup's p."""
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, COLS, 16])
@@ -293,11 +303,5 @@ def value_partition(k_bufs, p_bufs, a_bufs, l_smem, empty, p_full, p_empty, fin,
     mbarrier.wait(fin, 0)
     lsum = l_smem.load(rows)
     h = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=rows)
-    _store(o0, 4, lsum, h, t, split, kv_len, start, part_o, out, so_h, so_t, heads, kv_lora,
-           num_splits, o_layout, SPLIT)
-    _store(o1, 5, lsum, h, t, split, kv_len, start, part_o, out, so_h, so_t, heads, kv_lora,
-           num_splits, o_layout, SPLIT)
-    _store(o2, 6, lsum, h, t, split, kv_len, start, part_o, out, so_h, so_t, heads, kv_lora,
-           num_splits, o_layout, SPLIT)
-    _store(o3, 7, lsum, h, t, split, kv_len, start, part_o, out, so_h, so_t, heads, kv_lora,
-           num_splits, o_layout, SPLIT)
+    _store_half(o0, o1, o2, o3, HALF_CHUNKS, lsum, h, t, split, kv_len, start, part_o, out,
+                so_h, so_t, heads, kv_lora, num_splits, o_layout, SPLIT)
