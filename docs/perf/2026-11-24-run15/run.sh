@@ -2,7 +2,8 @@
 # The twelfth session's GPU driver: bash docs/perf/2026-11-24-run15/run.sh <parts>
 #   wstests: the warp-specialised decode's CUDA tests;  ws: exp_ws.py (WS_ARGS);  ab: exp_ab.py;
 #   cudatests: the whole CUDA suite;  kern: `bench kernels` at 128 heads, this tree, then the
-#   session's start in baseline/ (KPAGE, KBATCH);  anything else: 2026-11-24-run1/run.sh's.
+#   session's start in baseline/ (KPAGE, KBATCH; KREF= to time the torch reference too);
+#   anything else: 2026-11-24-run1/run.sh's.
 set -o pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
@@ -22,7 +23,7 @@ for part in "$@"; do
             dir=.; [ $v = base ] && dir=baseline
             (cd $dir && PYTHONPATH=.:/tmp/site timeout 400 python3 -m scripts.bench kernels \
                --heads 128 --batch ${KBATCH:-1 8 32 128} --ctx 1024 4096 16384 \
-               --page ${KPAGE:-1 64} --no-ref --prompt 1024 > "$OUT/kern_$v.log" 2>&1)
+               --page ${KPAGE:-1 64} ${KREF---no-ref} --prompt 1024 > "$OUT/kern_$v.log" 2>&1)
             echo "--- $v"; grep -A30 "## MLA decode" "$OUT/kern_$v.log" | cut -c1-175
           done ;;
     *) bash docs/perf/2026-11-24-run1/run.sh "$part" ;;
