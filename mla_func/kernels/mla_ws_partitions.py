@@ -40,16 +40,24 @@ HALF = gl.constexpr(256)  # value columns a warpgroup accumulates (kv_lora 512 =
 COLS = gl.constexpr(64)  # columns of a shared-memory chunk: one 128-byte swizzle row
 CHUNKS = gl.constexpr(9)  # chunks of a cache row (kv_lora 512 + qk_rope 64) and of the query
 HALF_CHUNKS = gl.constexpr(4)  # HALF // COLS
+# A warpgroup's 64-column value accumulator, p as its register operand, and its rows.
+O_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, 64, 16]))
+P_OPERAND = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT.value, k_width=2))
+O_ROWS = gl.constexpr(gl.SliceLayout(1, O_LAYOUT.value))
 
 
 @gluon.jit
 @no_type_check  # keeps the jaxtyping import hook off Gluon kernels
-def _span(positions, t, split, num_splits, BLOCK_N: gl.constexpr):
-    """(keys of row t, first key, end) of this split: `mla_merge.split_chunk`'s chunks."""
+def _work(positions, num_splits, BLOCK_N: gl.constexpr):
+    """(row t, split, keys of row t, first key, end) of this program: `mla_merge.split_chunk`'s
+    chunks."""
+    split = gl.program_id(1)
+    t = gl.program_id(2).to(gl.int64)
     kv_len = gl.load(positions + t).to(gl.int32) + 1
     chunk = gl.cdiv(gl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * chunk
-    return kv_len, start, gl.minimum(start + chunk, kv_len)
+    return t, split, kv_len, start, gl.minimum(start + chunk, kv_len)
 
 
 @gluon.jit
@@ -61,10 +69,8 @@ def loader(desc, cache, s_row, k_bufs, ready, empty, page_table, token_seq, posi
     done (`empty` takes two arrivals): by TMA, CHUNKS boxes of 64 columns from one warp, where
     the tile lies in one page; else (GATHER: pages under BLOCK_N keys) by cp.async from
     GATHER_WARPS warps, a key's page looked up per key, keys past the end zero-filled."""
-    t = gl.program_id(2).to(gl.int64)
-    seq = gl.load(token_seq + t).to(gl.int64)
-    pt = page_table + seq * s_pt
-    _, start, end = _span(positions, t, gl.program_id(1), num_splits, BLOCK_N)
+    t, _, _, start, end = _work(positions, num_splits, BLOCK_N)
+    pt = page_table + gl.load(token_seq + t).to(gl.int64) * s_pt
     for i in range(gl.cdiv(end - start, BLOCK_N)):
         s = i % STAGES
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
@@ -204,13 +210,10 @@ def score_partition(q_smem, q_ready, q_pe, sp_t, sp_h, k_bufs, p_bufs, a_bufs, l
     """The score warpgroup: all scores, the softmax, value columns [0, 256)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, COLS, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    split = gl.program_id(1)
-    t = gl.program_id(2).to(gl.int64)
-    kv_len, start, end = _span(positions, t, split, num_splits, BLOCK_N)
+    o_layout: gl.constexpr = O_LAYOUT
+    p_layout: gl.constexpr = P_OPERAND
+    rows: gl.constexpr = O_ROWS
+    t, split, kv_len, start, end = _work(positions, num_splits, BLOCK_N)
     n_tiles = gl.cdiv(end - start, BLOCK_N)
     m = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     lsum = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, s_layout))
@@ -278,13 +281,10 @@ def value_partition(k_bufs, p_bufs, a_bufs, l_smem, empty, p_full, p_empty, fin,
                     part_o, out, so_h, so_t, heads, kv_lora, num_splits, SPLIT: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, P_BUFS: gl.constexpr):
     """The value warpgroup: value columns [256, 512) from the score warpgroup's p."""
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, COLS, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    split = gl.program_id(1)
-    t = gl.program_id(2).to(gl.int64)
-    kv_len, start, end = _span(positions, t, split, num_splits, BLOCK_N)
+    o_layout: gl.constexpr = O_LAYOUT
+    p_layout: gl.constexpr = P_OPERAND
+    rows: gl.constexpr = O_ROWS
+    t, split, kv_len, start, end = _work(positions, num_splits, BLOCK_N)
     o0 = gl.zeros([BLOCK_H, COLS], gl.float32, o_layout)
     o1 = gl.zeros([BLOCK_H, COLS], gl.float32, o_layout)
     o2 = gl.zeros([BLOCK_H, COLS], gl.float32, o_layout)
