@@ -33,6 +33,7 @@ its row's length on the device; empty splits write lse = -inf only. The rows of 
 past the row's end are zeroed in shared memory before the value products (0 x NaN is NaN).
 """
 
+from functools import cache
 from typing import no_type_check
 
 import torch
@@ -118,7 +119,16 @@ def _decode_ws_kernel(
 
 def device_ok(device: torch.device) -> bool:
     """Whether `device` runs the kernel: CUDA of compute capability 9.x (wgmma, TMA)."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+    if device.type != "cuda":
+        return False
+    return _major(device.index if device.index is not None else torch.cuda.current_device()) == 9
+
+
+@cache
+def _major(index: int) -> int:
+    """The compute capability's major number of CUDA device `index` (asked once: each call
+    costs host time on every decode launch)."""
+    return torch.cuda.get_device_capability(index)[0]
 
 
 def supported(cache: Tensor, heads: int, block_n: int) -> bool:
@@ -138,8 +148,13 @@ def cache_descriptor(cache: Tensor, block_n: int) -> TensorDescriptor:
     """TMA descriptor of the paged cache as [pages * page_size, latent] rows; a box is 64
     columns of a key tile (a box row may not exceed the 128-byte swizzle)."""
     rows = cache.view(-1, cache.shape[-1]) if cache.is_contiguous() else cache.flatten(0, 1)
-    layout = gl.NVMMASharedLayout.get_default_for([block_n, 64], gl.bfloat16)
-    return TensorDescriptor.from_tensor(rows, [block_n, 64], layout)
+    return TensorDescriptor.from_tensor(rows, [block_n, 64], _box_layout(block_n))
+
+
+@cache
+def _box_layout(rows: int) -> gl.NVMMASharedLayout:
+    """The shared-memory layout of a [rows, 64] bf16 TMA box (made once: ~10 µs a call)."""
+    return gl.NVMMASharedLayout.get_default_for([rows, 64], gl.bfloat16)
 
 
 def decode_ws(
@@ -178,8 +193,8 @@ def ws_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, num_s
     assert stages >= 2 and block_n in (32, 64), (block_n, stages)
     grid = (triton.cdiv(heads, BLOCK_H), num_splits, tokens)
     gather = cache.shape[1] % block_n != 0  # key tiles span pages: cp.async, not TMA
-    q_layout = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
-    q_desc = TensorDescriptor.from_tensor(q_lat.view(heads, tokens * kv_lora), [64, 64], q_layout)
+    q_desc = TensorDescriptor.from_tensor(q_lat.view(heads, tokens * kv_lora), [64, 64],
+                                          _box_layout(64))
     args = (q_desc, q_pe, cache_descriptor(cache, block_n), cache, cache.stride(1), page_table,
             token_seq, positions, part_o, part_lse, out, q_pe.stride(0), q_pe.stride(1),
             page_table.stride(0), out.stride(0), out.stride(1), heads, kv_lora,
