@@ -1,14 +1,19 @@
 """Arrival counters of the kernels whose last program to arrive finishes the launch's work
-(the MoE router's split sum, `proj_norm`'s add + norm): int32 zeros, one buffer per op and
-device, allocated on the op's first call and never reallocated, so that captured CUDA graphs
-keep their address; every launch leaves its counters zero again.
+(the MoE router's split sum, `proj_norm`'s add + norm, the decode's fused merges): int32 zeros,
+allocated on the op's first call and never reallocated, so that captured CUDA graphs keep
+their address; every launch leaves its counters zero again. `last_to_arrive` is the arrival
+itself, in the kernels.
 
 One buffer per op, not one for all: launches of different ops may overlap (PDL lets the router
 start while `proj_norm` still runs). Two launches of one op must not run at once on different
 streams of one device.
 """
 
+from typing import no_type_check
+
 import torch
+import triton
+import triton.language as tl
 from torch import Tensor
 
 _COUNTERS: dict[tuple[str, torch.device], Tensor] = {}
@@ -24,3 +29,14 @@ def device_counters(op: str, device: torch.device, n: int) -> Tensor:
             raise RuntimeError(f"mla_func::{op}: run it once before CUDA-graph capture")
         buf = _COUNTERS[(op, device)] = torch.zeros(n, dtype=torch.int32, device=device)
     return buf
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def last_to_arrive(counter, programs):
+    """Whether this program is the last of `programs` to arrive at `counter`. Every thread's
+    stores before the call happen-before the release (a barrier, then an acq_rel add at gpu
+    scope), so the last program reads the others' results. It must store 0 to `counter` once
+    done, for the next launch (and graph replay)."""
+    tl.debug_barrier()
+    return tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == programs - 1

@@ -51,6 +51,7 @@ from torch import Tensor
 from triton.runtime.errors import OutOfResources
 
 from mla_func.kernels.absorb import NewRows, absorb_prologue
+from mla_func.kernels.counters import last_to_arrive
 from mla_func.kernels.decode_plan import (
     MAX_SPLITS,
     MERGES,
@@ -203,11 +204,9 @@ def _split_kernel(
                  mask=(hm & live)[:, None] & cm[None, :])
         if FUSED:
             # The last program of this (row, head block) to arrive merges (empty splits
-            # arrive too). Every thread's partial stores happen-before the release.
-            tl.debug_barrier()
+            # arrive too).
             cnt = counters + t * tl.num_programs(0) + hb
-            arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-            if arrived == num_splits - 1:
+            if last_to_arrive(cnt, num_splits):
                 active = tl.cdiv(kv_len, chunk)
                 for h0 in tl.static_range(0, BLOCK_H, FUSED_H):
                     hf = hb * BLOCK_H + h0 + tl.arange(0, FUSED_H)

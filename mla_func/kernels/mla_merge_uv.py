@@ -34,6 +34,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.kernels import mla_merge
+from mla_func.kernels.counters import last_to_arrive
 from mla_func.kernels.mla_merge import ACTIVE_MIN_SPLITS, reached_splits
 
 # kv_lora columns a program merges (8 programs a row and head at V2/V3's 512; W_UV: 128 x 64 in
@@ -91,10 +92,8 @@ def _merge_uv_kernel(
     share = tl.sum(wt.to(tl.float32) * o_lat.to(tl.float32)[None, :], 1)  # [BLOCK_V]
     row = t * heads + h
     tl.store(shares + (row * COL_BLOCKS_P2 + cb) * BLOCK_V + v, share)
-    tl.debug_barrier()  # every thread's share stored before the release
     cnt = counters + row
-    arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-    if arrived == n_cb - 1:  # the row's last program: the shares in column order
+    if last_to_arrive(cnt, n_cb):  # the row's last program: the shares in column order
         k = tl.arange(0, COL_BLOCKS_P2)
         parts = tl.load(shares + (row * COL_BLOCKS_P2 + k)[:, None] * BLOCK_V + v[None, :],
                         mask=(k < n_cb)[:, None], other=0.0, cache_modifier=".cg")

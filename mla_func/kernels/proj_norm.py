@@ -28,7 +28,7 @@ import triton.language as tl
 from jaxtyping import Float
 from torch import Tensor
 
-from mla_func.kernels.counters import device_counters
+from mla_func.kernels.counters import device_counters, last_to_arrive
 from mla_func.kernels.norm import add_rmsnorm, rms_scaled
 from mla_func.kernels.pdl import supported as pdl_supported
 from mla_func.kernels.small_linear import project_rows
@@ -62,9 +62,7 @@ def _proj_add_norm_kernel(
     dt = h_out_ptr.dtype.element_ty
     tl.store(a_ptr + r[:, None] * n_out + n[None, :], acc.to(dt),
              mask=(r < n_rows)[:, None] & n_ok[None, :])
-    tl.debug_barrier()  # every thread's columns stored before the release
-    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-    if arrived == tl.num_programs(0) - 1:  # the last program: whole rows, add and norm
+    if last_to_arrive(counter, tl.num_programs(0)):  # whole rows, add and norm
         c = tl.arange(0, BLOCK_OUT)
         ok = (r < n_rows)[:, None] & (c < n_out)[None, :]
         at = r[:, None] * n_out + c[None, :]  # every row at once: one latency, not one a row

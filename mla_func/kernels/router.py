@@ -46,7 +46,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.config import MLAConfig
-from mla_func.kernels.counters import device_counters
+from mla_func.kernels.counters import device_counters, last_to_arrive
 from mla_func.kernels.pdl import supported as pdl_supported
 from mla_func.kernels.router_select import expert_of, select_experts
 from mla_func.ops.moe import route
@@ -229,17 +229,14 @@ def _router_kernel(x_ptr, r_ptr, bias_ptr, part_ptr, cnt_ptr, w_out, id_out, T, 
     t = tl.arange(0, BLOCK_T)
     tl.store(part_ptr + (b.to(tl.int64) * n_split + s) * BLOCK_T * BLOCK_E
              + t[:, None] * BLOCK_E + e[None, :], acc, mask=live[:, None])
-    # Every thread's partial stores happen-before the counter's release (or, with one
-    # split, before this program's own threads read them back).
-    tl.debug_barrier()
-    if REDUCE:
-        arrived = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel", scope="gpu")
-        if arrived == n_split - 1:
+    if REDUCE:  # the block's last split to arrive sums and selects
+        if last_to_arrive(cnt_ptr + b, n_split):
             _sum_and_select(part_ptr, b, T, n_split, bias_ptr, w_out, id_out, scale, E,
                             BLOCK_E, BLOCK_T, SEL_T, BLOCK_S, K, BLOCK_K, METHOD, N_GROUP,
                             BLOCK_G, TOPK_GROUP, GROUP_SIZE, BLOCK_GS, NORMALIZE, HAS_BIAS)
             tl.store(cnt_ptr + b, 0)
     else:
+        tl.debug_barrier()  # every thread's partials stored before the program reads them
         _sum_and_select(part_ptr, b, T, n_split, bias_ptr, w_out, id_out, scale, E, BLOCK_E,
                         BLOCK_T, SEL_T, BLOCK_S, K, BLOCK_K, METHOD, N_GROUP, BLOCK_G,
                         TOPK_GROUP, GROUP_SIZE, BLOCK_GS, NORMALIZE, HAS_BIAS)
