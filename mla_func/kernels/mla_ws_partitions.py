@@ -36,13 +36,12 @@ GATHER_WARPS = gl.constexpr(4)  # loader warps where keys are gathered (GATHER_W
 # The shapes the kernel is written for (V2 / V3): kv_lora 512 and qk_rope 64.
 KV_LORA_SIZE, ROPE_SIZE = 512, 64
 BLOCK_H = gl.constexpr(64)  # heads a program: one wgmma M
-HALF = gl.constexpr(256)  # value columns a warpgroup accumulates (kv_lora 512 = 2 x 256)
 COLS = gl.constexpr(64)  # columns of a shared-memory chunk: one 128-byte swizzle row
 CHUNKS = gl.constexpr(9)  # chunks of a cache row (kv_lora 512 + qk_rope 64) and of the query
-HALF_CHUNKS = gl.constexpr(4)  # HALF // COLS
+HALF_CHUNKS = gl.constexpr(4)  # chunks of value columns a warpgroup accumulates (512 = 2 x 256)
 # A warpgroup's 64-column value accumulator, p as its register operand, and its rows.
 O_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, 64, 16]))
+                                                  instr_shape=[16, COLS.value, 16]))
 P_OPERAND = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT.value, k_width=2))
 O_ROWS = gl.constexpr(gl.SliceLayout(1, O_LAYOUT.value))
 
