@@ -1,0 +1,29 @@
+#!/bin/bash
+# The thirteenth session's GPU driver: bash docs/perf/2026-11-24-run35/run.sh <parts>
+#   moetests: the MoE CUDA tests;  layer / step: exp_chunks.py (LAYER_ARGS / STEP_ARGS);
+#   anything else: 2026-11-24-run15/run.sh's (cudatests, final, ...).
+set -o pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
+export PYTHONPATH=.:/tmp/site
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+for part in "$@"; do
+  echo "=== $part $(date -u +%H:%M:%S)"
+  case $part in
+    moetests) timeout 900 python3 -m pytest -q -x -m cuda tests/test_moe_cuda.py \
+                -p no:cacheprovider 2>&1 | tail -30 ;;
+    layer) timeout 900 python3 "$HERE/exp_chunks.py" layer $LAYER_ARGS ;;
+    step) timeout 900 python3 "$HERE/exp_chunks.py" step $STEP_ARGS ;;
+    ncu) for v in ${NCU_V:-tab ch ch-t}; do  # the MoE kernels of the 5th call
+           PYTHONPATH=.:/tmp/site timeout 300 ncu --clock-control none \
+             --kernel-name regex:"gate_up_kernel|down_kernel|chunk_kernel|chunk_sum|sum_kernel" \
+             --launch-skip $([ $v = tab ] && echo 9 || echo 8) --launch-count ${NCU_COUNT:-2} --section SpeedOfLight \
+             --section Occupancy --section LaunchStats --section WarpStateStats \
+             --section MemoryWorkloadAnalysis python3 $HERE/ncu_chunks.py \
+             --tokens ${NCU_T:-1} --variant $v > "$OUT/ncu_$v.log" 2>&1
+           echo "--- $v"
+           grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occ|Theoretical Occ|Waves Per SM|Grid Size|Shared Memory Config|Dynamic Shared|Warp Cycles Per Issued|L2 Hit Rate|Mem Busy|Max Bandwidth" "$OUT/ncu_$v.log" | head -60
+         done ;;
+    *) bash docs/perf/2026-11-24-run15/run.sh "$part" ;;
+  esac
+done
