@@ -26,7 +26,12 @@ import torch
 
 import mla_func as mf
 from mla_func.config import MLAConfig
-from mla_func.kernels import fused_moe, moe_chunks
+from mla_func.kernels import fused_moe
+
+try:  # runs 35-38 only: the tree with chunks.patch applied
+    from mla_func.kernels import moe_chunks
+except ImportError:
+    moe_chunks = None
 from mla_func.kernels.moe_config import pick_config
 from mla_func.kernels.router import route_fused
 from scripts.bench_common import cuda_time_ms, measure_ceilings, pipelined_ms
@@ -34,13 +39,23 @@ from scripts.bench_moe import floor_us, fused_layer, make_layers, time_layer_us
 from scripts.bench_step import decode_batch
 
 PICK = fused_moe.pick_config
-SUM_BLOCK = moe_chunks.SUM_BLOCK
+SUM_BLOCK = moe_chunks and moe_chunks.SUM_BLOCK
+
+
+GATE_UP = [(32, 128, 4, 4), (32, 128, 4, 6), (32, 256, 4, 3), (32, 256, 4, 4),
+           (16, 256, 4, 4), (16, 128, 4, 6), (64, 128, 4, 4), (64, 64, 4, 6), (32, 64, 4, 8),
+           (32, 128, 8, 4)]
+DOWN = [(64, 128, 4, 4), (32, 128, 4, 4), (32, 128, 4, 6), (64, 128, 4, 6), (32, 256, 4, 4),
+        (128, 128, 8, 3), (64, 64, 4, 8), (16, 256, 4, 4), (64, 256, 4, 3)]
 
 
 def config_of(variant: str, tokens: int):
     cfg = pick_config(tokens)
     if variant == "tab":
         return cfg
+    if variant.startswith("tab:"):  # tab:<gate_up N,K,warps,stages>:<down ...> (run 39 on)
+        gu, dn = (tuple(int(v) for v in part.split(",")) for part in variant.split(":")[1:])
+        return replace(cfg, gate_up=gu, down=dn)
     parts = variant.split("-")
     assert parts[0] == "ch", variant
     cfg = replace(cfg, chunks=True)
@@ -66,6 +81,8 @@ def config_of(variant: str, tokens: int):
 
 def apply(variant: str | None) -> None:
     fused_moe.pick_config = PICK if variant is None else (lambda t: config_of(variant, t))
+    if moe_chunks is None:
+        return
     moe_chunks.SUM_BLOCK = SUM_BLOCK
     for tok in (variant or "").split("-"):
         if tok.startswith("sb"):
@@ -116,6 +133,48 @@ def layer_part(args) -> None:
             f"{v} {statistics.median(times[v]):.1f} us ({statistics.median(times[v]) / floor:.3f}x,"
             f" rounds {min(times[v]):.1f}-{max(times[v]):.1f}, rel diff {errs[v]:.2g})"
             for v in args.variants), flush=True)
+
+
+def tiles_part(args) -> None:
+    """The direct path's tiles (run 39): coordinate descent over GATE_UP, then DOWN, on the
+    layer alone; then the best against the table's in alternating rounds."""
+    cfg = MLAConfig.preset("v2-lite")
+    ceil = measure_ceilings()
+    print(f"# {torch.cuda.get_device_name()}: copy {ceil['copy_gbs']:.0f} GB/s")
+    layers = make_layers(cfg, 4)
+    for t in args.batch:
+        x = torch.randn(t, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+        floor, _ = floor_us(x, layers, cfg, ceil)
+        base = pick_config(t)
+        ref = fused_layer(x, layers[0], cfg, base).float()
+
+        def timed(gu, dn):
+            conf = replace(base, gate_up=gu, down=dn)
+            err = ((fused_layer(x, layers[0], cfg, conf).float() - ref).abs().max()
+                   / ref.abs().max()).item()
+            assert err < 0.02, (gu, dn, err)
+            return time_layer_us(lambda x, layer, c: fused_layer(x, layer, c, conf), x,
+                                 layers, cfg)
+
+        gu_us = {gu: timed(gu, base.down) for gu in GATE_UP}
+        best_gu = min(gu_us, key=gu_us.get)
+        dn_us = {dn: timed(best_gu, dn) for dn in DOWN}
+        best_dn = min(dn_us, key=dn_us.get)
+        print(f"tokens {t} (floor {floor:.1f} us), gate_up with the table's down: " + ", ".join(
+            f"{k} {v:.1f}" for k, v in gu_us.items()))
+        print(f"tokens {t}, down with gate_up {best_gu}: " + ", ".join(
+            f"{k} {v:.1f}" for k, v in dn_us.items()))
+        best = replace(base, gate_up=best_gu, down=best_dn)
+        times = {"tab": [], "best": []}
+        for r in range(args.rounds):
+            for name, conf in ((("tab", base), ("best", best)) if r % 2 == 0 else
+                               (("best", best), ("tab", base))):
+                times[name].append(time_layer_us(
+                    lambda x, layer, c, conf=conf: fused_layer(x, layer, c, conf), x, layers,
+                    cfg))
+        print(f"tokens {t}: tab {statistics.median(times['tab']):.1f} us, best "
+              f"tab:{','.join(map(str, best_gu))}:{','.join(map(str, best_dn))} "
+              f"{statistics.median(times['best']):.1f} us", flush=True)
 
 
 def capture(params, state, batch, variant: str):
@@ -195,14 +254,14 @@ def step_part(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("part", choices=["layer", "step"])
+    p.add_argument("part", choices=["layer", "step", "tiles"])
     p.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--ctx", type=int, nargs="+", default=[1024])
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--variants", nargs="+", default=["tab", "ch"])
     p.add_argument("--profile", action="store_true")
     args = p.parse_args()
-    (layer_part if args.part == "layer" else step_part)(args)
+    {"layer": layer_part, "step": step_part, "tiles": tiles_part}[args.part](args)
 
 
 if __name__ == "__main__":
