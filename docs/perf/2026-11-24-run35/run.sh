@@ -15,6 +15,8 @@ for part in "$@"; do
     layer) timeout 900 python3 "$HERE/exp_chunks.py" layer $LAYER_ARGS ;;
     step) timeout 900 python3 "$HERE/exp_chunks.py" step $STEP_ARGS ;;
     tiles) timeout 900 python3 "$HERE/exp_chunks.py" tiles $TILES_ARGS ;;
+    host) timeout 900 python3 "$HERE/exp_step_host.py" $HOST_ARGS ;;
+    hs) timeout 900 python3 "$HERE/exp_hs.py" $HS_ARGS ;;
     ncu) for v in ${NCU_V:-tab ch ch-t}; do  # the MoE kernels of the 5th call
            PYTHONPATH=.:/tmp/site timeout 300 ncu --clock-control none \
              --kernel-name regex:"gate_up_kernel|down_kernel|chunk_kernel|chunk_sum|sum_kernel" \
