@@ -17,6 +17,7 @@ for part in "$@"; do
     tiles) timeout 900 python3 "$HERE/exp_chunks.py" tiles $TILES_ARGS ;;
     host) timeout 900 python3 "$HERE/exp_step_host.py" $HOST_ARGS ;;
     hs) timeout 900 python3 "$HERE/exp_hs.py" $HS_ARGS ;;
+    gap) timeout 900 python3 "$HERE/exp_launch_gap.py" $GAP_ARGS ;;
     ncu) for v in ${NCU_V:-tab ch ch-t}; do  # the MoE kernels of the 5th call
            PYTHONPATH=.:/tmp/site timeout 300 ncu --clock-control none \
              --kernel-name regex:"gate_up_kernel|down_kernel|chunk_kernel|chunk_sum|sum_kernel" \
