@@ -81,6 +81,21 @@ VOCABULARY: dict[str, DimSpec] = {
 
 DYNAMIC_DIMS: tuple[str, ...] = tuple(n for n, s in VOCABULARY.items() if s.kind == "dynamic")
 
+# Axis names that only generic helpers and kernel internals use (no argument of `forward`, the
+# function the capture compiler reads, has them), each with its one meaning; tests/test_dims.py
+# checks that every annotation in the package uses these or the vocabulary, so that a synonym of
+# a vocabulary name cannot creep in.
+LOCAL_DIMS: dict[str, str] = {
+    "width": "the last axis of a helper generic over it (a norm's: hidden, kv_lora or q_lora)",
+    "width_in": "a projection's input width (a linear layer's in_features)",
+    "width_out": "a projection's output width (a linear layer's out_features)",
+    "rows": "leading axes a helper treats alike (*rows); the MoE's aligned pair rows",
+    "pairs": "token-expert pairs of a MoE step: tokens x (topk + shared experts)",
+    "blocks": "M-tiles of the MoE's aligned layout",
+    "groups": "expert groups of group-limited routing (n_group)",
+    "shared": "shared experts seen as experts of width moe_inter",
+}
+
 
 def static_sizes(cfg: MLAConfig) -> dict[str, int]:
     """Every static dim name bound to its size under `cfg`."""

@@ -53,7 +53,7 @@ def add_norm(
 
 
 def project_add_norm(
-    o: Float[Tensor, "tokens width"], w: Float[Tensor, "hidden width"],
+    o: Float[Tensor, "tokens width_in"], w: Float[Tensor, "hidden width_in"],
     h: Float[Tensor, "tokens hidden"], weight: Float[Tensor, " hidden"], eps: float,
 ) -> tuple[Float[Tensor, "tokens hidden"], Float[Tensor, "tokens hidden"]]:
     """(h + o w^T, rmsnorm(h + o w^T)): the attention's output projection, the residual add
@@ -98,7 +98,7 @@ def attention_block(
     batch: Batch,
     inv_freq: Float[Tensor, " qk_rope"],
     cfg: MLAConfig,
-) -> Float[Tensor, "tokens width"]:
+) -> Float[Tensor, "tokens width_in"]:
     """The attention's output per head, flattened (heads x v_head), before o_proj."""
     q, kv = project_qkv_a(attn, x, cfg)
     # The op applies the rope and the latent norm itself (the Triton decode path fuses them
