@@ -4,7 +4,9 @@ launches, against the plan's splits: V2-Lite whole-step graphs, one process, alt
 rounds, ms synced / back to back (2026-11-24, thirteenth session, run 40 on).
 
 Variants (the plan of every decode call in the step, from `plan_decode`'s): `tree`; `hs<H>`
-head_step H with one split; `hs<H>-s<S>` with S splits; `s<S>` S splits, no head_step.
+head_step H with one split (head_step.patch, run 41); `hs<H>-s<S>` with S splits; `s<S>` S
+splits, no head_step; from run 44 tokens `n<N>` key tile, `st<S>` stages, `w<W>` warps;
+run 46: `ws16`, the warp-specialised kernel's plan (`_ws_plan`) at 16 heads too.
 `--profile`: per layer, the median time from the absorb kernel's start to the start of the
 kernel after the attention (W_UV's bmm), and the split kernel's duration.
 
@@ -23,15 +25,22 @@ import torch
 
 import mla_func as mf
 from mla_func.kernels import mla_decode
+from mla_func.kernels.decode_plan import _ws_plan
 from scripts.bench_common import cuda_time_ms, pipelined_ms
 from scripts.bench_step import decode_batch
 
 PLAN = mla_decode.plan_decode
 
 
+WS_SUPPORTED = mla_decode.ws_supported
+
+
 def planner(variant: str):
     def plan(*args, **kwargs):
         p = PLAN(*args, **kwargs)
+        if variant == "ws16":  # run 46: the warp-specialised kernel at 16 heads too
+            rows, capacity, sms, heads = args[:4]
+            return _ws_plan(rows, capacity, sms, heads) if kwargs.get("ws") else p
         if variant == "tree" or p.ws:
             return p
         fields = {}
@@ -39,6 +48,12 @@ def planner(variant: str):
             if tok.startswith("hs"):
                 fields["head_step"] = int(tok[2:])
                 fields.setdefault("num_splits", 1)
+            elif tok.startswith("st"):  # run 44 on: stages, key tile, warps
+                fields["num_stages"] = int(tok[2:])
+            elif tok.startswith("n"):
+                fields["block_n"] = int(tok[1:])
+            elif tok.startswith("w"):
+                fields["num_warps"] = int(tok[1:])
             elif tok.startswith("s"):
                 fields["num_splits"] = int(tok[1:])
         return replace(p, **fields)
@@ -47,6 +62,8 @@ def planner(variant: str):
 
 def capture(params, state, batch, variant: str):
     mla_decode.plan_decode = planner(variant)
+    if variant == "ws16":
+        mla_decode.ws_supported = lambda cache, heads, block_n: True
     try:
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -59,6 +76,7 @@ def capture(params, state, batch, variant: str):
             out, _ = mf.forward(params, state, batch)
     finally:
         mla_decode.plan_decode = PLAN
+        mla_decode.ws_supported = WS_SUPPORTED
     g.replay()
     torch.cuda.synchronize()
     return g, out.clone()
@@ -79,7 +97,8 @@ def profile_attention(graph) -> str:
     for i, (name, ts, _) in enumerate(ks):
         if "absorb" not in name:
             continue
-        j = next((j for j in range(i + 1, min(i + 6, len(ks))) if "split" in ks[j][0]), None)
+        j = next((j for j in range(i + 1, min(i + 6, len(ks)))
+                  if "split" in ks[j][0] or "decode_ws" in ks[j][0]), None)
         if j is None:
             continue
         split.append(ks[j][2])
@@ -87,6 +106,8 @@ def profile_attention(graph) -> str:
                   if "merge" not in ks[k][0]), None)
         if k is not None:
             span.append(ks[k][1] - ts)
+    if not span:
+        return "no split kernel found"
     return (f"absorb start to the next kernel after the attention {statistics.median(span):.1f},"
             f" split kernel {statistics.median(split):.1f}")
 

@@ -18,6 +18,24 @@ for part in "$@"; do
     host) timeout 900 python3 "$HERE/exp_step_host.py" $HOST_ARGS ;;
     hs) timeout 900 python3 "$HERE/exp_hs.py" $HS_ARGS ;;
     gap) timeout 900 python3 "$HERE/exp_launch_gap.py" $GAP_ARGS ;;
+    ws16) timeout 900 python3 "$HERE/exp_ws16.py" $WS16_ARGS ;;
+    stalls) for b in ${STALL_B:-128 32}; do  # the split kernel's warp stall reasons
+              m=""
+              for r in long_scoreboard short_scoreboard math_pipe_throttle wait barrier \
+                       mio_throttle lg_throttle dispatch_stall not_selected selected \
+                       no_instruction branch_resolving membar drain sleeping tex_throttle \
+                       imc_miss misc; do
+                m="$m,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"
+              done
+              PYTHONPATH=.:tests:/tmp/site timeout 300 ncu --clock-control none \
+                --kernel-name regex:split_kernel --launch-skip 3 --launch-count 1 \
+                --section SpeedOfLight --section Occupancy --section WarpStateStats \
+                --metrics "${m#,},smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active" \
+                python3 $HERE/ncu_split.py --batch $b --ctx ${STALL_CTX:-1024} ${STALL_ARGS:-} \
+                > "$OUT/stalls_$b.log" 2>&1
+              echo "--- B=$b"
+              grep -E "Duration|DRAM Throughput|stalled|inst_executed|hmma|Warp Cycles Per Issued|Achieved Occ|DecodePlan" "$OUT/stalls_$b.log" | sed 's/smsp__average_warps_issue_stalled_//' | head -40
+            done ;;
     ncu) for v in ${NCU_V:-tab ch ch-t}; do  # the MoE kernels of the 5th call
            PYTHONPATH=.:/tmp/site timeout 300 ncu --clock-control none \
              --kernel-name regex:"gate_up_kernel|down_kernel|chunk_kernel|chunk_sum|sum_kernel" \
