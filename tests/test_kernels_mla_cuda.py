@@ -166,7 +166,8 @@ def test_cuda_early_split_after_absorb_matches_plain(heads, ws, page_size):
     L2 with W_UV (`warm`) give the bits of a plain launch, eagerly and replayed from a CUDA
     graph, and the reference's result: the new row each sequence's absorb program writes in
     the same step is read after the wait. `ws`: the plan of an sm90 device, the
-    warp-specialised kernel at 128 heads (launched after the absorb's end)."""
+    warp-specialised kernel at 128 heads (early: its first tiles of old rows load before it
+    waits, q_lat and q_pe after)."""
     dims = dict(V2_LITE, heads=heads)
     lens = [1, 1000, 4097, 300, 65]
     p = make_problem([n - 1 for n in lens], [1] * len(lens), page_size, dims, "cuda",

@@ -38,6 +38,13 @@ UV_MAX_ROWS = 4
 # against the Triton plan's 19.7; B=1 ctx 4096 (72) 26.4 against 31.5; B=8 ctx 1024 (128)
 # 28.3 against 43.8.
 WS_MIN_KEYS = 64
+# The warp-specialised kernel launches early behind the absorb kernel (`DecodePlan.early`: its
+# loader loads the first tiles of old rows, then waits) up to this many rows. H100,
+# 2026-11-24, 128 heads, page 64, absorb + attention of one layer in a CUDA graph, µs, early
+# against plain (docs/perf/2026-11-24-h100-run49, run50): ctx 1024 B=1 / 2 / 4 44.9 / 49.3 /
+# 61.4 against 47.2 / 51.5 / 63.3, ctx 4096 48.7 / 56.5 / 72.8 against 51.1 / 57.3 / 73.0;
+# B=8 even; B=128 ctx 4096 393.3 against 387.7.
+WS_EARLY_MAX_ROWS = 4
 
 
 @dataclass(frozen=True)
@@ -160,7 +167,8 @@ def _ws_plan(num_rows: int, max_seq_len: int, num_sms: int, heads: int) -> Decod
     splits = _fill_splits(max(1, num_rows) * _cdiv(heads, 64), most, num_sms)
     return DecodePlan(splits, 64, block_n, num_warps=4, num_stages=4, page_tiles=True,
                       prefetch=True, merge="tile", pdl=True, ws=True,
-                      warm=num_rows <= WARM_MAX_ROWS, uv=num_rows <= UV_MAX_ROWS)
+                      early=num_rows <= WS_EARLY_MAX_ROWS, warm=num_rows <= WARM_MAX_ROWS,
+                      uv=num_rows <= UV_MAX_ROWS)
 
 
 def _shared_p_pays(splits: int, max_seq_len: int) -> bool:

@@ -245,7 +245,8 @@ def mla_decode(
     if plan.ws and ws_supported(cache, q_lat.shape[0], plan.block_n):  # mla_decode_ws.py
         assert plan.merge != "fused", "the warp-specialised kernel has no fused merge"
         decode_ws(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan.num_splits,
-                  plan.block_n, plan.num_stages, out, part_o, part_lse)
+                  plan.block_n, plan.num_stages, out, part_o, part_lse,
+                  plan.early and pdl_supported(q_lat.device))
     else:
         plan = _launch_split(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan,
                              out, part_o, part_lse, counters, scratch)

@@ -26,7 +26,11 @@ Shared memory (230 KB at 32-key tiles in 4 stages: one program a SM) holds the q
 key tiles in chunks of 64 columns (allocations must be powers of 2, and a TMA box row may not
 exceed the 128-byte swizzle); the score product chains 9 chunk products, and each warpgroup
 keeps its 256 value columns as four 64-column accumulators. q_lat arrives by TMA while the
-partitions start.
+partitions start. Launched early (`DecodePlan.early`, up to `WS_EARLY_MAX_ROWS` rows: sm90
+programmatic dependent launch behind the absorb + prologue kernel), the loader first loads the
+tiles that hold old rows only (up to STAGES of them), then waits for that kernel and loads
+q_lat; the score warpgroup waits before it reads q_pe. The newest row of each sequence, which
+that kernel writes, is read only after the wait.
 
 Graph safety is `mla_decode`'s: the grid and split count are the plan's; each program reads
 its row's length on the device; empty splits write lse = -inf only. The rows of the last tile
@@ -50,12 +54,11 @@ from mla_func.kernels.mla_ws_partitions import (
     CHUNKS,
     COLS,
     GATHER_WARPS,
-    HALF_CHUNKS,
     KV_LORA_SIZE,
     ROPE_SIZE,
+    load_q,
     loader,
     score_partition,
-    tma_load,
     value_partition,
 )
 
@@ -67,7 +70,7 @@ def _decode_ws_kernel(
     sp_t, sp_h, s_pt, so_h, so_t, heads, kv_lora, page_size, max_pages,
     scale_log2, num_splits, SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     P_BUFS: gl.constexpr, GATHER: gl.constexpr, LOADER_REGS: gl.constexpr,
-    VALUE_REGS: gl.constexpr,
+    VALUE_REGS: gl.constexpr, EARLY: gl.constexpr = False,
 ):
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, COLS], gl.bfloat16)
     p_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
@@ -94,26 +97,24 @@ def _decode_ws_kernel(
     mbarrier.init(fin, count=1)
 
     # The 64 heads' q_lat by TMA, under way while the partitions start (q_pe: the score
-    # partition's first work).
+    # partition's first work); EARLY: the loader loads it once the kernel before has ended.
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
     fence_async_shared()  # the barriers' initialisation before the TMA unit uses them
-    h0 = gl.program_id(0) * BLOCK_H
-    col = gl.program_id(2) * kv_lora
-    mbarrier.expect(q_ready, q_desc.block_type.nbytes * 2 * HALF_CHUNKS)
-    for k in gl.static_range(2 * HALF_CHUNKS):
-        tma_load(q_desc, [h0, col + k * COLS], q_ready, q_smem.index(k))
+    if not EARLY:
+        load_q(q_desc, q_smem, q_ready, kv_lora)
 
     gl.warp_specialize([
         (score_partition, (q_smem, q_ready, q_pe, sp_t, sp_h, k_bufs, p_bufs, a_bufs, l_smem,
                             ready, empty, p_full, p_empty, fin, positions, part_o, part_lse,
                             out, so_h, so_t, heads, kv_lora, scale_log2, num_splits, SPLIT,
-                            BLOCK_N, STAGES, P_BUFS)),
+                            BLOCK_N, STAGES, P_BUFS, EARLY)),
         (value_partition, (k_bufs, p_bufs, a_bufs, l_smem, empty, p_full, p_empty, fin,
                             positions, part_o, out, so_h, so_t, heads, kv_lora, num_splits,
                             SPLIT, BLOCK_N, STAGES, P_BUFS)),
         (loader, (desc, cache, s_row, k_bufs, ready, empty, page_table, token_seq, positions,
-                  s_pt, page_size, max_pages, num_splits, BLOCK_N, STAGES, GATHER)),
+                  s_pt, page_size, max_pages, num_splits, q_desc, q_smem, q_ready, kv_lora,
+                  BLOCK_N, STAGES, GATHER, EARLY)),
     ], [4, GATHER_WARPS if GATHER else 1], [VALUE_REGS, LOADER_REGS])
 
 
@@ -171,19 +172,23 @@ def decode_ws(
     out: Float[Tensor, "heads tokens kv_lora"],
     part_o: Float[Tensor, "tokens heads _ kv_lora"],
     part_lse: Float[Tensor, "tokens heads _"],
+    early: bool = False,
 ) -> None:
     """`mla_decode`'s split kernel (no merge): the partials and lse of each (row, head block,
     split) into part_o / part_lse, or, at one split, o_lat into `out`. Key tiles of
     `block_n` keys in a ring of `stages` (at least 2); 64-key tiles hand p over through one
     buffer, 32-key tiles through two (what fits in sm90's 227 KB of shared memory: 230 KB at
-    32 keys x 4 stages or 64 x 2)."""
+    32 keys x 4 stages or 64 x 2). `early` (`DecodePlan.early`): launched as a programmatic
+    dependent of the kernel before (which writes q_lat, q_pe and the rows' newest cache rows):
+    the loader's first tiles of old rows load while that kernel still runs."""
     grid, args, kwargs = ws_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale,
-                                   num_splits, block_n, stages, out, part_o, part_lse)
+                                   num_splits, block_n, stages, out, part_o, part_lse, early)
     _decode_ws_kernel[grid](*args, **kwargs)
 
 
 def ws_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, num_splits, block_n,
-              stages, out, part_o, part_lse) -> tuple[tuple, tuple, dict]:
+              stages, out, part_o, part_lse, early: bool = False
+              ) -> tuple[tuple, tuple, dict]:
     """(grid, arguments, keyword arguments) of `decode_ws`'s launch (the sm90 compile test
     reads the same)."""
     heads, tokens, kv_lora = q_lat.shape
@@ -202,6 +207,6 @@ def ws_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, num_s
     # One hand-over buffer at 64-key tiles: two do not fit beside 2 stages (238 KB).
     kwargs = dict(SPLIT=num_splits > 1, BLOCK_N=block_n, STAGES=stages,
                   P_BUFS=1 if block_n == 64 else 2, GATHER=gather,
-                  LOADER_REGS=56 if gather else 24, VALUE_REGS=192,
-                  num_warps=4)
+                  LOADER_REGS=56 if gather else 24, VALUE_REGS=192, EARLY=early,
+                  num_warps=4, **({"launch_pdl": True} if early else {}))
     return grid, args, kwargs

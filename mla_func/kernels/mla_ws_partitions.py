@@ -48,6 +48,15 @@ O_ROWS = gl.constexpr(gl.SliceLayout(1, O_LAYOUT.value))
 
 @gluon.jit
 @no_type_check  # keeps the jaxtyping import hook off Gluon kernels
+def gdc_wait():
+    """sm90 programmatic dependent launch: wait until the kernel before has ended and its
+    writes are visible (`tl.extra.cuda.gdc_wait`'s instruction; `kernels/pdl.py`)."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+@no_type_check  # keeps the jaxtyping import hook off Gluon kernels
 def _work(positions, num_splits, BLOCK_N: gl.constexpr):
     """(row t, split, keys of row t, first key, end) of this program: `mla_merge.split_chunk`'s
     chunks."""
@@ -62,27 +71,62 @@ def _work(positions, num_splits, BLOCK_N: gl.constexpr):
 @gluon.jit
 @no_type_check
 def loader(desc, cache, s_row, k_bufs, ready, empty, page_table, token_seq, positions, s_pt,
-           page_size, max_pages, num_splits, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-           GATHER: gl.constexpr):
+           page_size, max_pages, num_splits, q_desc, q_smem, q_ready, kv_lora,
+           BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr,
+           EARLY: gl.constexpr):
     """Key tile i into stage i % STAGES once both value products of the tile that held it are
     done (`empty` takes two arrivals): by TMA, CHUNKS boxes of 64 columns from one warp, where
     the tile lies in one page; else (GATHER: pages under BLOCK_N keys) by cp.async from
-    GATHER_WARPS warps, a key's page looked up per key, keys past the end zero-filled."""
-    t, _, _, start, end = _work(positions, num_splits, BLOCK_N)
+    GATHER_WARPS warps, a key's page looked up per key, keys past the end zero-filled.
+    EARLY (the kernel launched while the one before, which writes q_lat and the row's newest
+    cache row, still runs): the first tiles that lie wholly before the newest row (up to
+    STAGES of them) load first, then the loader waits for that kernel and loads q_lat."""
+    t, _, kv_len, start, end = _work(positions, num_splits, BLOCK_N)
     pt = page_table + gl.load(token_seq + t).to(gl.int64) * s_pt
-    for i in range(gl.cdiv(end - start, BLOCK_N)):
-        s = i % STAGES
-        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-        n0 = start + i * BLOCK_N
-        if GATHER:
-            _gather_tile(cache, s_row, k_bufs, s, ready.index(s), pt, n0, end, page_size,
-                         max_pages, BLOCK_N)
-        else:
-            page = gl.load(pt + gl.minimum(n0 // page_size, max_pages - 1)).to(gl.int32)
-            row = page * page_size + n0 % page_size
-            mbarrier.expect(ready.index(s), desc.block_type.nbytes * CHUNKS)
-            for c in gl.static_range(CHUNKS):
-                tma_load(desc, [row, c * COLS], ready.index(s), k_bufs.index(s * CHUNKS + c))
+    n_tiles = gl.cdiv(end - start, BLOCK_N)
+    first = 0
+    if EARLY:  # tiles ending at or before the newest row (kv_len - 1) are old rows only
+        first = gl.minimum(gl.minimum(gl.maximum(kv_len - 1 - start, 0) // BLOCK_N, n_tiles),
+                           STAGES)
+        for i in range(first):
+            _load_tile(desc, cache, s_row, k_bufs, ready, empty, pt, i, start, end, page_size,
+                       max_pages, BLOCK_N, STAGES, GATHER)
+        gdc_wait()
+        load_q(q_desc, q_smem, q_ready, kv_lora)
+    for i in range(first, n_tiles):
+        _load_tile(desc, cache, s_row, k_bufs, ready, empty, pt, i, start, end, page_size,
+                   max_pages, BLOCK_N, STAGES, GATHER)
+
+
+@gluon.jit
+@no_type_check
+def load_q(q_desc, q_smem, q_ready, kv_lora):
+    """The 64 heads' q_lat of this program's row by TMA into the query's chunks, arriving on
+    q_ready (rows past the heads read as zeros)."""
+    h0 = gl.program_id(0) * BLOCK_H
+    col = gl.program_id(2) * kv_lora
+    mbarrier.expect(q_ready, q_desc.block_type.nbytes * 2 * HALF_CHUNKS)
+    for k in gl.static_range(2 * HALF_CHUNKS):
+        tma_load(q_desc, [h0, col + k * COLS], q_ready, q_smem.index(k))
+
+
+@gluon.jit
+@no_type_check
+def _load_tile(desc, cache, s_row, k_bufs, ready, empty, pt, i, start, end, page_size,
+               max_pages, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr):
+    """Key tile i of the program's keys into stage i % STAGES once that stage is free."""
+    s = i % STAGES
+    mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+    n0 = start + i * BLOCK_N
+    if GATHER:
+        _gather_tile(cache, s_row, k_bufs, s, ready.index(s), pt, n0, end, page_size,
+                     max_pages, BLOCK_N)
+    else:
+        page = gl.load(pt + gl.minimum(n0 // page_size, max_pages - 1)).to(gl.int32)
+        row = page * page_size + n0 % page_size
+        mbarrier.expect(ready.index(s), desc.block_type.nbytes * CHUNKS)
+        for c in gl.static_range(CHUNKS):
+            tma_load(desc, [row, c * COLS], ready.index(s), k_bufs.index(s * CHUNKS + c))
 
 
 @gluon.jit
@@ -205,7 +249,8 @@ def _store_half(o0, o1, o2, o3, first: gl.constexpr, lsum, h, t, split, kv_len, 
 def score_partition(q_smem, q_ready, q_pe, sp_t, sp_h, k_bufs, p_bufs, a_bufs, l_smem, ready,
                     empty, p_full, p_empty, fin, positions, part_o, part_lse, out, so_h, so_t,
                     heads, kv_lora, scale_log2, num_splits, SPLIT: gl.constexpr,
-                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, P_BUFS: gl.constexpr):
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, P_BUFS: gl.constexpr,
+                    EARLY: gl.constexpr):
     """The score warpgroup: all scores, the softmax, value columns [0, 256)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
@@ -225,6 +270,8 @@ def score_partition(q_smem, q_ready, q_pe, sp_t, sp_h, k_bufs, p_bufs, a_bufs, l
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     hq = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
     r = gl.arange(0, COLS, layout=gl.SliceLayout(0, ld))
+    if EARLY:  # q_pe is the kernel before's output
+        gdc_wait()
     qp = gl.load(q_pe + t * sp_t + hq[:, None] * sp_h + r[None, :], mask=(hq < heads)[:, None],
                  other=0.0)
     q_smem.index(2 * HALF_CHUNKS).store(qp.to(gl.bfloat16))

@@ -19,6 +19,10 @@ for part in "$@"; do
     hs) timeout 900 python3 "$HERE/exp_hs.py" $HS_ARGS ;;
     gap) timeout 900 python3 "$HERE/exp_launch_gap.py" $GAP_ARGS ;;
     ws16) timeout 900 python3 "$HERE/exp_ws16.py" $WS16_ARGS ;;
+    wsearly) PYTHONPATH=.:tests:/tmp/site timeout 900 python3 "$HERE/exp_ws_early.py" \
+               $WSE_ARGS ;;
+    mlatests) timeout 900 python3 -m pytest -q -m cuda tests/test_kernels_mla_ws_cuda.py \
+                tests/test_kernels_mla_cuda.py -p no:cacheprovider 2>&1 | tail -15 ;;
     stalls) for b in ${STALL_B:-128 32}; do  # the split kernel's warp stall reasons
               m=""
               for r in long_scoreboard short_scoreboard math_pipe_throttle wait barrier \
