@@ -274,11 +274,26 @@ for tokens, e, h, k, method, g, tg, xdt in [
     regs, spills, report = ptxas_usage(kernel)
     print(tokens, e, h, c, "registers", regs, "spills", spills, "smem", kernel.metadata.shared)
     assert spills == 0 and kernel.metadata.shared <= 160 * 1024, report
+# Decode on sm90: launched early, one dot step a split, its router rows loaded before the wait.
+c = launch_config(1, 64, 2048, 1)
+const = kernel_constants(c, bf16, 64, 6, 1, 1, "greedy", False, False, pdl=True)
+assert const["WAIT"] and const["PRELOAD"] and c.chunk == c.block_h, (c, const)
+sig = dict(x_ptr="*bf16", r_ptr="*fp32", bias_ptr="*fp32", part_ptr="*fp32", cnt_ptr="*i32",
+           w_out="*fp32", id_out="*i64", T="i32", hidden="i32", x_stride="i32", chunk="i32",
+           n_split="i32", scale="fp32")
+sig.update({n: "constexpr" for n in const})
+kernel = triton.compile(
+    triton.compiler.ASTSource(fn=_router_kernel, signature=sig, constexprs=const),
+    target=GPUTarget("cuda", 90, 32), options=dict(num_warps=c.num_warps, num_stages=c.num_stages))
+ptx = kernel.asm["ptx"]
+assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait"), "router rows after the wait"
+assert ptxas_usage(kernel)[1] == 0
 """
 
 
 def test_compiles_for_sm90_at_real_sizes():
-    """Ahead-of-time sm90 compile (no GPU needed) at V2-Lite and V3 sizes, decode to prefill."""
+    """Ahead-of-time sm90 compile (no GPU needed) at V2-Lite and V3 sizes, decode to prefill,
+    and the early decode launch that loads its router rows before it waits."""
     out = run_compile_script(_AOT, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
 

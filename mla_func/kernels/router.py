@@ -84,6 +84,12 @@ _SELECT_NS = 1500.0  # one selection step (about fifteen reductions)
 # exp_proj_step.py): B=1 2.430 / 2.422 against 2.446 / 2.440 and 2.417 / 2.408 against 2.455 /
 # 2.449; from B=2 on within +-0.6% either way.
 EARLY = True
+# Launched early with one dot step a split (decode: 64 splits at one token), a program loads
+# its router rows before it waits for x. V2-Lite whole-step graphs on an H100, 2026-11-24,
+# ms synced / back to back, with against without (docs/perf/2026-11-24-h100-run52): B=1
+# 2.428 / 2.409 against 2.432 / 2.418 (ctx 1024), 2.504 / 2.489 against 2.510 / 2.499 (4096);
+# B=2-8 even (the same bits).
+PRELOAD = True
 
 
 @dataclass(frozen=True)
@@ -198,26 +204,34 @@ def _router_kernel(x_ptr, r_ptr, bias_ptr, part_ptr, cnt_ptr, w_out, id_out, T, 
                    METHOD: tl.constexpr, N_GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
                    TOPK_GROUP: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_GS: tl.constexpr,
                    NORMALIZE: tl.constexpr, HAS_BIAS: tl.constexpr, REDUCE: tl.constexpr,
-                   X_EXACT: tl.constexpr, PDL: tl.constexpr, WAIT: tl.constexpr):
+                   X_EXACT: tl.constexpr, PDL: tl.constexpr, WAIT: tl.constexpr,
+                   PRELOAD: tl.constexpr = False):
+    b = tl.program_id(0)
+    s = tl.program_id(1)
+    e = tl.arange(0, BLOCK_E)
+    h_lo = s * chunk
+    h_hi = tl.minimum(h_lo + chunk, hidden)
+    if PRELOAD:  # one dot step a split: its router rows load before the wait
+        h = h_lo + tl.arange(0, BLOCK_H)
+        w_pre = tl.load(r_ptr + e[None, :] * hidden + h[:, None],
+                        mask=(h < h_hi)[:, None] & (e < E)[None, :], other=0.0)
     if WAIT:  # launched early itself: x is read once the kernel before (its writer) ended;
         tl.extra.cuda.gdc_wait()  # only then may the alignment and the experts' GEMM launch
     if PDL:  # (their shared tiles read x without waiting)
         tl.extra.cuda.gdc_launch_dependents()
-    b = tl.program_id(0)
-    s = tl.program_id(1)
     rows = b.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     live = rows < T
-    e = tl.arange(0, BLOCK_E)
-    h_lo = s * chunk
-    h_hi = tl.minimum(h_lo + chunk, hidden)
     acc = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
     for h0 in range(h_lo, h_hi, BLOCK_H):
         h = h0 + tl.arange(0, BLOCK_H)
         hmask = h < h_hi
         xt = tl.load(x_ptr + rows[:, None] * x_stride + h[None, :],
                      mask=live[:, None] & hmask[None, :], other=0.0)
-        wt = tl.load(r_ptr + e[None, :] * hidden + h[:, None],
-                     mask=hmask[:, None] & (e < E)[None, :], other=0.0)
+        if PRELOAD:
+            wt = w_pre
+        else:
+            wt = tl.load(r_ptr + e[None, :] * hidden + h[:, None],
+                         mask=hmask[:, None] & (e < E)[None, :], other=0.0)
         if X_EXACT:
             # x (bf16/fp16) is exact in TF32; so is the router's head (its top 11 significant
             # bits), and its tail is kept to 2^-21 relative: two TF32 products.
@@ -256,7 +270,7 @@ def kernel_constants(cfg: LaunchConfig, x_dtype: torch.dtype, experts: int, top_
                 GROUP_SIZE=experts // n_group if grouped else experts, BLOCK_GS=block_gs,
                 NORMALIZE=normalize, HAS_BIAS=has_bias, REDUCE=cfg.n_split > 1,
                 X_EXACT=x_dtype in (torch.bfloat16, torch.float16), PDL=pdl,
-                WAIT=pdl and EARLY)
+                WAIT=pdl and EARLY, PRELOAD=pdl and EARLY and PRELOAD and cfg.chunk == cfg.block_h)
 
 
 def _counters(device: torch.device) -> Tensor:

@@ -6,7 +6,8 @@ rounds, ms synced / back to back (2026-11-24, thirteenth session, run 40 on).
 Variants (the plan of every decode call in the step, from `plan_decode`'s): `tree`; `hs<H>`
 head_step H with one split (head_step.patch, run 41); `hs<H>-s<S>` with S splits; `s<S>` S
 splits, no head_step; from run 44 tokens `n<N>` key tile, `st<S>` stages, `w<W>` warps;
-run 46: `ws16`, the warp-specialised kernel's plan (`_ws_plan`) at 16 heads too.
+run 46: `ws16`, the warp-specialised kernel's plan (`_ws_plan`) at 16 heads too; run 52:
+`nopre`, the tree without the router's rows loaded before its wait (`router.PRELOAD`).
 `--profile`: per layer, the median time from the absorb kernel's start to the start of the
 kernel after the attention (W_UV's bmm), and the split kernel's duration.
 
@@ -24,7 +25,7 @@ from dataclasses import replace
 import torch
 
 import mla_func as mf
-from mla_func.kernels import mla_decode
+from mla_func.kernels import mla_decode, router
 from mla_func.kernels.decode_plan import _ws_plan
 from scripts.bench_common import cuda_time_ms, pipelined_ms
 from scripts.bench_step import decode_batch
@@ -61,7 +62,8 @@ def planner(variant: str):
 
 
 def capture(params, state, batch, variant: str):
-    mla_decode.plan_decode = planner(variant)
+    router.PRELOAD = variant != "nopre"  # run 52: the router's rows loaded before its wait
+    mla_decode.plan_decode = planner(variant if variant != "nopre" else "tree")
     if variant == "ws16":
         mla_decode.ws_supported = lambda cache, heads, block_n: True
     try:
@@ -77,6 +79,7 @@ def capture(params, state, batch, variant: str):
     finally:
         mla_decode.plan_decode = PLAN
         mla_decode.ws_supported = WS_SUPPORTED
+        router.PRELOAD = True
     g.replay()
     torch.cuda.synchronize()
     return g, out.clone()
