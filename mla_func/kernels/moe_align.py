@@ -75,7 +75,7 @@ def pair_experts(
 
 def align_torch(
     ids: Int[Tensor, "tokens topk"], experts: int, shared: int, block_m: int
-) -> tuple[Int[Tensor, " rows"], Int[Tensor, " blocks"], Int[Tensor, " blocks"]]:
+) -> tuple[Int[Tensor, " aligned"], Int[Tensor, " blocks"], Int[Tensor, " blocks"]]:
     """`(sorted_pairs, block_expert, block_rows)`, see the module docstring."""
     experts_of_pairs = pair_experts(ids, experts, shared).long()
     # Run keys: the shared experts' runs first (0..shared-1), then the routed experts'.
@@ -323,7 +323,7 @@ def _align_sliced_kernel(
 
 def align_triton(
     ids: Int[Tensor, "tokens topk"], experts: int, shared: int, block_m: int, pdl: bool = False
-) -> tuple[Int[Tensor, " rows"], Int[Tensor, " blocks"], Int[Tensor, " blocks"]]:
+) -> tuple[Int[Tensor, " aligned"], Int[Tensor, " blocks"], Int[Tensor, " blocks"]]:
     """The layout of `align_torch` (padding rows of `sorted_pairs` left unset): up to
     ONE_PROGRAM_MAX_BINNED pairs x bins one launch of one program with atomic row claims (the order
     inside a routed expert's run may differ from align_torch's), beyond that two launches of
@@ -359,7 +359,7 @@ def align_triton(
 
 def align(
     ids: Int[Tensor, "tokens topk"], experts: int, shared: int, block_m: int, pdl: bool = False
-) -> tuple[Int[Tensor, " rows"], Int[Tensor, " blocks"], Int[Tensor, " blocks"]]:
+) -> tuple[Int[Tensor, " aligned"], Int[Tensor, " blocks"], Int[Tensor, " blocks"]]:
     """Triton up to TRITON_ALIGN_MAX_PAIRS pairs (one launch; `pdl` as in align_triton),
     torch ops beyond."""
     pairs = ids.shape[0] * (ids.shape[1] + shared)
