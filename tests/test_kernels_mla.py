@@ -297,6 +297,9 @@ def test_plan_is_a_function_of_shapes_and_fills_the_gpu():
     # ...and multiplies by W_UV itself (mla_merge_uv) up to 4 rows, at any page-table width.
     assert [plan_decode(rows, cap, 132, 16).uv for rows in (1, 4, 5, 32) for cap in (
         1024, 8256)] == [True, True, True, True, False, False, False, False]
+    # Not at 128 heads (W_UV read once a row is 16 MB a row there), either kernel.
+    assert not any(plan_decode(rows, 8256, 132, 128, ws=ws).uv for rows in (1, 4)
+                   for ws in (False, True))
     assert plan_decode(1, 1 << 20, 132, 128).num_splits <= MAX_SPLITS
     for rows in (1, 8, 32, 128):
         for heads in (16, 128):

@@ -32,6 +32,13 @@ WARM_MAX_ROWS = 8
 # ctx 1024: B=2 3.551 / 3.546 against 3.583 / 3.575, B=4 5.202 / 5.155 against 5.248 / 5.170,
 # B=8 7.319 / 7.245 against 7.257 / 7.177.
 UV_MAX_ROWS = 4
+# ... and up to this many heads: its programs read W_UV once a row, and at 128 heads (16 MB of
+# W_UV) merge + bmm was faster at every row count. H100, 2026-11-24, 128 heads, page 64, the
+# warp-specialised plan, absorb + attention of one layer in a CUDA graph, µs, fused against
+# merge + bmm (docs/perf/2026-11-24-h100-run55): ctx 1024 B=1 / 2 / 4 44.8 / 49.1 / 61.6
+# against 44.3 / 45.3 / 47.3, ctx 4096 48.5 / 56.6 / 72.8 against 47.3 / 52.0 / 59.0. (The
+# Triton plan at 128 heads runs the same merge kernels; it was not timed apart.)
+UV_MAX_HEADS = 16
 # The warp-specialised kernel (`DecodePlan.ws`) from this many keys a split: its programs load
 # 64 heads' queries and set up three partitions first. H100, 2026-11-24, 128 heads, page 64,
 # split + merge (docs/perf/2026-11-24-h100-run18): B=1 ctx 1024 (32 keys a split) 21.1 µs
@@ -142,7 +149,7 @@ def plan_decode(
     return DecodePlan(splits, block_h, block_n, num_warps, num_stages=stages, page_tiles=True,
                       prefetch=True, merge="tile", pdl=True, shared_p=shared_p, early=True,
                       warm=num_rows <= WARM_MAX_ROWS,
-                      uv=num_rows <= UV_MAX_ROWS)
+                      uv=num_rows <= UV_MAX_ROWS and heads <= UV_MAX_HEADS)
 
 
 def _fill_splits(programs_per_split: int, most: int, slots: int) -> int:
@@ -168,7 +175,7 @@ def _ws_plan(num_rows: int, max_seq_len: int, num_sms: int, heads: int) -> Decod
     return DecodePlan(splits, 64, block_n, num_warps=4, num_stages=4, page_tiles=True,
                       prefetch=True, merge="tile", pdl=True, ws=True,
                       early=num_rows <= WS_EARLY_MAX_ROWS, warm=num_rows <= WARM_MAX_ROWS,
-                      uv=num_rows <= UV_MAX_ROWS)
+                      uv=num_rows <= UV_MAX_ROWS and heads <= UV_MAX_HEADS)
 
 
 def _shared_p_pays(splits: int, max_seq_len: int) -> bool:

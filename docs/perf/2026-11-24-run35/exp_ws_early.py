@@ -5,7 +5,7 @@ decode layer as the step runs it (`attend_absorbed` with the new rows: absorb + 
 split, merge and the W_UV product), in a CUDA graph, µs (do_bench, L2 flushed), medians of
 alternating rounds (2026-11-24, thirteenth session, run 49).
 
-    PYTHONPATH=.:tests python3 exp_ws_early.py [--batch 1 8 32 128] [--ctx 1024 4096]
+    PYTHONPATH=.:tests python3 exp_ws_early.py [--batch 1 8 32 128] [--ctx 1024 4096] [--uv]
 """
 
 import argparse
@@ -38,6 +38,8 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, nargs="+", default=[1024, 4096])
     ap.add_argument("--heads", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--uv", action="store_true",
+                    help="run 55: the merge fused with W_UV (the plan's) against merge + bmm")
     args = ap.parse_args()
     dims = {"heads": args.heads, "nope": 128, "rope": 64, "v": 128, "kv_lora": 512}
     print(f"# {torch.cuda.get_device_name()}")
@@ -58,6 +60,8 @@ def main() -> None:
             plan = plan_decode(b, p["page_table"].shape[1] * 64, num_sms(torch.device("cuda")),
                                args.heads, page_size=64, ws=True)
             plans = {"early": plan, "plain": replace(plan, early=False)}
+            if args.uv:
+                plans = {"early": plan, "plain": replace(plan, uv=not plan.uv)}
             outs, times = {}, {k: [] for k in plans}
             for name, pl in plans.items():
                 ws = DecodeWorkspace()
@@ -70,10 +74,13 @@ def main() -> None:
                         p["q_nope"], None, *ref_args(p)[2:], ws, pl, new=new))
                     times[name].append(graph_us(fn))
             same = torch.equal(outs["early"], outs["plain"])
+            diff = ((outs["early"].float() - outs["plain"].float()).abs().max()
+                    / outs["plain"].float().abs().max()).item()
+            names = (f"uv {plan.uv}", f"uv {not plan.uv}") if args.uv else ("early", "plain")
             print(f"ctx {ctx} B={b} ({'ws' if plan.ws else 'Triton'}, {plan.num_splits} "
-                  f"splits): early {statistics.median(times['early']):.1f} us, plain "
-                  f"{statistics.median(times['plain']):.1f} us; outputs equal: {same}",
-                  flush=True)
+                  f"splits): {names[0]} {statistics.median(times['early']):.1f} us, "
+                  f"{names[1]} {statistics.median(times['plain']):.1f} us; outputs equal: "
+                  f"{same} (rel diff {diff:.2g})", flush=True)
 
 
 if __name__ == "__main__":
