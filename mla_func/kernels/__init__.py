@@ -18,7 +18,8 @@
   with the W_UV product (a few decode rows).
 - proj_norm, small_linear: few-row projections that load their weights before the PDL wait
   (o_proj + residual add + RMSNorm in one launch; the fused q + kv_a projection).
-- counters: the per-op, per-device arrival counters of the router and proj_norm.
+- counters: the last-program arrival the router, proj_norm and the decode's fused merges
+  share, and the per-op, per-device counters of the router and proj_norm.
 - mla_decode_ws, mla_ws_partitions: the decode's split kernel at 64 heads a program on sm90,
   warp-specialised in Gluon (TMA loader warp, score and value warpgroups), and its partitions.
 """
