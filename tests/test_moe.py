@@ -1,5 +1,5 @@
-"""mla_func.moe and kernels/moe_align.py, moe_config.py, moe_gemm.py, fused_moe.py against
-ops.moe.experts_reference.
+"""mla_func.moe and kernels/moe_align.py, moe_inline_align.py, moe_config.py, moe_gemm.py,
+moe_sum.py, fused_moe.py against ops.moe.experts_reference.
 
 CPU: Triton under TRITON_INTERPRET=1 (conftest sets it without a GPU) at small sizes, float32
 (the 3.9 interpreter's bf16 tl.dot is wrong, so bf16 runs under `-m cuda` only). The GPU tests
@@ -136,6 +136,32 @@ def test_halves_match_whole_tiles_and_reference(tokens, topk, n_exp, skew, tma):
             fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, bad)
 
 
+@pytest.mark.parametrize("tokens,topk,n_exp,shared,skew,fold", [
+    (7, 2, 8, 1, False, None),    # shared experts folded: their tiles first
+    (33, 2, 8, 0, False, None),   # several M-tiles per expert
+    (40, 6, 64, 2, True, None),   # one expert takes every token (3 tiles); empty experts
+    (2, 8, 256, 1, False, None),  # V3's expert count: most tiles of the table unused
+    (70, 2, 8, 1, False, False),  # shared MLP apart
+])
+def test_inline_align_matches_aligned_and_reference(tokens, topk, n_exp, shared, skew, fold,
+                                                    nan_empty):
+    """`MoEConfig.inline_align`: the gate_up programs find their tiles and write the table
+    the down GEMM reads; the alignment launch's bits (the same tiles, rows in align_torch's
+    order) and the reference's values."""
+    x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, 64, 32, shared, skew=skew, seed=tokens)
+    s_gu, s_dn = (None, None) if mlp is None else (mlp.gate_up, mlp.down)
+    cfg = dataclasses.replace(SMALL, fuse_shared=fold)
+    got = fused_experts(x, w, ids, gu, dn, s_gu, s_dn,
+                        dataclasses.replace(cfg, inline_align=True))
+    close(got, reference(x, w, ids, gu, dn, mlp), 1e-5)
+    assert torch.equal(got, fused_experts(x, w, ids, gu, dn, s_gu, s_dn, cfg))
+    for bad in (dataclasses.replace(DIRECT, inline_align=True),
+                dataclasses.replace(cfg, inline_align=True, halves=True, block_m=32,
+                                    fuse_shared=False)):
+        with pytest.raises(ValueError, match="inline_align needs"):
+            fused_experts(x, w, ids, gu, dn, s_gu, s_dn, bad)
+
+
 @pytest.mark.parametrize("tokens,topk,n_exp,hidden,inter,shared,fuse_shared", [
     (1, 6, 64, 64, 32, 2, None),   # decode: no expert read twice
     (2, 2, 8, 64, 32, 1, None),
@@ -217,12 +243,14 @@ def test_table_rows_match_reference(bound, triton_align, nan_empty, monkeypatch)
     moe_inter 128 leave every tile unshrunk, with K a multiple of BLOCK_K as at real sizes) on
     150 skewed tokens, from the layout of `align_torch` (`align` on the CPU) or of
     `align_triton` (on a GPU): its sliced launches with the shared experts folded in, its one
-    program with them apart."""
+    program with them apart. Rows with `inline_align` (128 here) run it as they are, and with
+    the alignment launch where that is spied on."""
     cfg = pick_config(bound)
     if bound > FUSE_SHARED_MAX_TOKENS:  # apart, as at the row's own token counts (TMA needs it)
         cfg = dataclasses.replace(cfg, fuse_shared=False)
     calls = []
     if triton_align:
+        cfg = dataclasses.replace(cfg, inline_align=False)
         def spy(*args):
             calls.append(args)
             return align_triton(*args)

@@ -33,6 +33,11 @@ no_act = dict(act_desc=None, act_half_desc=None)
 for fn, (bm, bn, bk, warps, stages), const in [
         (gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=False, PDL=True, **no_tma)),
         (gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=True, PDL=True, **no_tma)),
+        # The routed tiles found in the kernel (8-32 and 33-128 decode tokens' tiles).
+        (gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=False, PDL=True, INLINE=True,
+                                                  E_P2=128, P_BLOCK=256, **no_tma)),
+        (gate_up_kernel, (32, 128, 128, 8, 3), dict(DIRECT=False, PDL=True, INLINE=True,
+                                                   E_P2=128, P_BLOCK=1024, **no_tma)),
         (down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=False, **no_act, **no_tma)),
         (down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=True, **no_act, **no_tma)),
         (down_sum_kernel, (16, 16, 256, 4, 4), dict(HAS_EXTRA=False)),
@@ -47,6 +52,8 @@ for fn, (bm, bn, bk, warps, stages), const in [
         (down_kernel, (128, 256, 64, 8, 4), dict(DIRECT=False, TMA=True, HALVES=True))]:
     const = dict(PAIRS_PER_TOKEN=8, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32",
                  EVEN_K=(1408 if fn is not gate_up_kernel else 2048) % bk == 0, **const)
+    if fn is gate_up_kernel:
+        const = dict(INLINE=False, E_P2=2, P_BLOCK=1) | const
     w_block = f"1, 2, {bn}, {bk}" if fn is gate_up_kernel else f"{bn}, {bk}"
     descs = dict(w_desc=f"tensordesc<bf16[{w_block}]>", act_desc=f"tensordesc<bf16[{bm}, {bk}]>",
                  act_half_desc=f"tensordesc<bf16[{bm // 2}, {bk}]>")
@@ -60,7 +67,7 @@ for fn, (bm, bn, bk, warps, stages), const in [
         target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
     _, spills, report = ptxas_usage(kernel)
     assert spills == 0, report
-from mla_func.kernels.moe_gemm import sum_kernel
+from mla_func.kernels.moe_sum import sum_kernel
 for add_norm, block in ((False, 1024), (True, 2048)):  # as fused_experts launches it
     const = dict(PAIRS_PER_TOKEN=8, HAS_EXTRA=True, ADD_NORM=add_norm, BLOCK=block)
     sig = {n: "constexpr" if n in const else "fp32" if n == "eps"
@@ -159,6 +166,25 @@ def test_cuda_halves_match_whole_tiles(tokens, tma):
     want = reference(x, w, ids, gu, dn, mlp)
     assert ((got.float() - want.float()).norm() / want.float().norm()) < 2e-2
     assert torch.equal(got, fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [8, 32, 128, 300])
+@pytest.mark.parametrize("skew", [False, True])
+@pytest.mark.parametrize("shape", [V2_LITE, {**V3, "hidden": 1024}], ids=["v2lite", "v3"])
+def test_cuda_inline_align_matches_aligned(tokens, skew, shape):
+    """Routed tiles found by the gate_up programs (`MoEConfig.inline_align`) against the
+    alignment launch, with each token count's table tiles: the same bits (every row's
+    products are the same), and the reference's values."""
+    x, w, ids, gu, dn, mlp = make(tokens, **shape, dtype=torch.bfloat16, device="cuda",
+                                  skew=skew, seed=tokens)
+    cfg = dataclasses.replace(pick_config(tokens), inline_align=False, tma=False,
+                              shared_stream=False)
+    got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
+                        dataclasses.replace(cfg, inline_align=True))
+    assert torch.equal(got, fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg))
+    want = reference(x, w, ids, gu, dn, mlp)
+    assert ((got.float() - want.float()).norm() / want.float().norm()) < 2e-2
 
 
 def runs(layout, block_m):

@@ -1,9 +1,12 @@
 """Fused MoE grouped GEMM in Triton (after vLLM's `fused_moe` Triton kernel and the DeepSeekMoE
 layer of arXiv:2401.06066 / arXiv:2405.04434), static-shape and free of host syncs.
 
-This module lays out the tiles and launches the kernels of `moe_gemm.py`. Pipeline (four
-launches, all sizes fixed by `tokens`, `topk`, the config table and the weights):
-1. `moe_align.align`: pairs sorted by expert, each expert's run padded to `block_m` rows.
+This module lays out the tiles and launches the kernels of `moe_gemm.py` and `moe_sum.py`.
+Pipeline (four launches, all sizes fixed by `tokens`, `topk`, the config table and the
+weights):
+1. `moe_align.align`: pairs sorted by expert, each expert's run padded to `block_m` rows
+   (with `MoEConfig.inline_align` no launch: the gate_up programs find their own tiles and
+   write the table, `moe_inline_align`).
 2. `gate_up_kernel`: per M-tile (rows of one expert) and N-tile of `moe_inter`:
    act = silu(x W_gate^T) * (x W_up^T), the token rows gathered on the fly, fp32 accumulate.
 3. `down_kernel`: per M-tile and N-tile of `hidden`: (act W_down^T) * routing weight, written to
@@ -60,19 +63,15 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from mla_func.kernels.moe_align import align
+from mla_func.kernels.moe_align import align, max_blocks
 from mla_func.kernels.moe_config import (
     DIRECT_BLOCK_M,
     FUSE_SHARED_MAX_TOKENS,
     MoEConfig,
     pick_config,
 )
-from mla_func.kernels.moe_gemm import (
-    down_kernel,
-    down_sum_kernel,
-    gate_up_kernel,
-    sum_kernel,
-)
+from mla_func.kernels.moe_gemm import down_kernel, down_sum_kernel, gate_up_kernel
+from mla_func.kernels.moe_sum import sum_kernel
 from mla_func.kernels.norm import add_rmsnorm
 from mla_func.kernels.pdl import supported as pdl_supported
 from mla_func.kernels.swiglu import swiglu
@@ -172,6 +171,8 @@ def fused_experts(
     if cfg.halves and (cfg.direct or n_shared or cfg.block_m < 32):
         raise ValueError("MoEConfig.halves needs the aligned layout, the shared experts apart "
                          "and block_m >= 32")
+    if cfg.inline_align and (cfg.direct or cfg.halves):
+        raise ValueError("MoEConfig.inline_align needs the aligned layout with whole tiles")
     if cfg.shared_stream and n_shared:
         raise ValueError("MoEConfig.shared_stream needs the shared experts apart")
     if cfg.direct and tokens > DIRECT_BLOCK_M:
@@ -198,7 +199,12 @@ def fused_experts(
             layout = (ids, ids, ids)  # no alignment: the kernels read the tiles off `ids`
         else:
             bm = cfg.block_m
-            layout = align(ids, n_routed, n_shared, bm // 2 if cfg.halves else bm, pdl)
+            if cfg.inline_align:  # the gate_up kernel writes the table (moe_inline_align)
+                nb = max_blocks(tokens * pairs_per_token, n_routed + n_shared, bm)
+                layout = tuple(torch.empty(n, dtype=torch.int32, device=x.device)
+                               for n in (nb * bm, nb, nb))
+            else:
+                layout = align(ids, n_routed, n_shared, bm // 2 if cfg.halves else bm, pdl)
             n_tiles = triton.cdiv(layout[1].shape[0], 2) if cfg.halves else layout[1].shape[0]
         n_units = layout[1].shape[0]  # M-tiles of the layout (units, with halves)
         tiles = (ids, *layout, tokens, n_units, topk)
@@ -214,7 +220,10 @@ def fused_experts(
             gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
             s_gate_up.stride(0), s_gate_up.stride(1), s_gate_up.stride(2),
             BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_hidden % bk == 0, DIRECT=cfg.direct, **common,
-            PDL=pdl, TMA=cfg.tma, HALVES=cfg.halves, num_warps=warps, num_stages=stages,
+            PDL=pdl, TMA=cfg.tma, HALVES=cfg.halves, INLINE=cfg.inline_align,
+            E_P2=triton.next_power_of_2(n_routed + 1),
+            P_BLOCK=triton.next_power_of_2(tokens * topk) if cfg.inline_align else 1,
+            num_warps=warps, num_stages=stages,
             **({"launch_pdl": True} if pdl else {}))
 
         out = torch.empty_like(x)

@@ -24,7 +24,10 @@ class MoEConfig:
     `halves` (aligned layout, shared experts apart): experts' runs are padded to block_m / 2
     rows, not block_m; a GEMM program takes two such units, as one block_m-row tile when both
     are one expert's, else as one or two half tiles (the end of a run, the start of the next),
-    so the last tile of a run computes at most half a tile of padding rows."""
+    so the last tile of a run computes at most half a tile of padding rows.
+    `inline_align` (aligned layout, whole tiles): no alignment launch; each gate_up program
+    finds its routed M-tile from the routing itself (`moe_inline_align`, O(pairs) a program)
+    and the first N-tile's programs write the tile table the down GEMM reads."""
 
     block_m: int
     gate_up: tuple[int, int, int, int]
@@ -36,6 +39,7 @@ class MoEConfig:
     tma: bool = False
     shared_stream: bool = False
     halves: bool = False
+    inline_align: bool = False
 
 
 # (max tokens, config): the first row whose bound is >= the step's static token count.
@@ -64,14 +68,22 @@ class MoEConfig:
 # (docs/perf/2026-11-23-h100-run53, `exp_halves.py`, the layer alone, medians of 3 alternating
 # rounds, whole tiles against halves): 1240 against 1213 us at 4096 tokens, 2302 against 2199
 # at 8192, but 517 against 528 at 1024 and 679 against 818 at 2048; between 2049 and 4095
-# tokens it is not measured and stays off.
+# tokens it is not measured and stays off. `inline_align` from 5 to 128 tokens (the aligned
+# rows of decode sizes): H100, 2026-11-24 (docs/perf/2026-11-24-h100-run59, `exp_inline.py`,
+# medians of 4 alternating rounds, on against off): the layer alone 315.1 / 366.5 / 397.5 /
+# 405.3 against 319.8 / 371.9 / 400.3 / 410.2 us at 16 / 32 / 64 / 128 tokens; V2-Lite
+# whole-step graphs, ctx 1024, ms synced / back to back: B=32 11.390 / 11.367 against 11.499 /
+# 11.470, B=64 12.573 / 12.316 against 12.607 / 12.351, B=128 13.497 / 13.335 against 13.594 /
+# 13.435. Its per-program work grows with the pairs (a [block_m, pairs] selection), so larger
+# steps keep the alignment launch (a first form that went over the pairs in 128-pair steps
+# was 2% slower at 128 tokens, run 58).
 CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 4), direct=True, pdl=True)),
     (2, MoEConfig(16, (32, 128, 4, 4), (128, 64, 4, 4), direct=True, pdl=True)),
     (4, MoEConfig(16, (32, 128, 4, 4), (64, 64, 4, 4), direct=True, pdl=True)),
-    (16, MoEConfig(16, (32, 256, 4, 3), (64, 128, 4, 3), pdl=True)),
-    (64, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 3), pdl=True)),
-    (128, MoEConfig(32, (128, 128, 8, 3), (64, 128, 4, 3), pdl=True)),
+    (16, MoEConfig(16, (32, 256, 4, 3), (64, 128, 4, 3), pdl=True, inline_align=True)),
+    (64, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 3), pdl=True, inline_align=True)),
+    (128, MoEConfig(32, (128, 128, 8, 3), (64, 128, 4, 3), pdl=True, inline_align=True)),
     (256, MoEConfig(64, (64, 128, 4, 3), (64, 64, 4, 4), pdl=True)),
     (512, MoEConfig(64, (64, 64, 4, 4), (128, 64, 8, 4), pdl=True)),
     (1024, MoEConfig(128, (128, 64, 8, 3), (128, 64, 8, 3), pdl=True, tma=True,

@@ -1,6 +1,7 @@
-"""The Triton kernels of the fused MoE (`fused_moe.fused_experts` lays out the tiles and launches
-them): the gate_up GEMM with SiLU·up fused, the weighted down GEMM into one row per pair, the
-direct layout's down GEMM that also sums each token's pairs, and the sum of a token's pairs.
+"""The Triton GEMM kernels of the fused MoE (`fused_moe.fused_experts` lays out the tiles and
+launches them): the gate_up GEMM with SiLU·up fused, the weighted down GEMM into one row per
+pair, and the direct layout's down GEMM that also sums each token's pairs (the sum of the
+other layouts' pair rows is `moe_sum.py`).
 
 Every kernel reads its M-tile through `moe_align.tile` (either layout) and accumulates in fp32.
 Expert weights are read by pointer loads, or with `TMA` by tensor descriptors: routed gate_up
@@ -17,7 +18,7 @@ import triton
 import triton.language as tl
 
 from mla_func.kernels.moe_align import direct_tile, is_shared_tile, tile, unit_rows
-from mla_func.kernels.norm import rms_scaled
+from mla_func.kernels.moe_inline_align import inline_tile
 
 
 @triton.jit
@@ -106,8 +107,11 @@ def gate_up_kernel(
     stride_we, stride_wg, stride_wn, stride_se, stride_sg, stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr, TMA: tl.constexpr, HALVES: tl.constexpr,
+    PDL: tl.constexpr, TMA: tl.constexpr, HALVES: tl.constexpr, INLINE: tl.constexpr = False,
+    E_P2: tl.constexpr = 2, P_BLOCK: tl.constexpr = 1,
 ):
+    """INLINE (aligned layout, whole tiles): the routed tiles find themselves from `ids`
+    (`moe_inline_align`) and the first N-tile's programs write the tile table."""
     if DIRECT:
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -147,8 +151,14 @@ def gate_up_kernel(
                     PAIRS_PER_TOKEN, BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, PDL,
                     TMA)
     else:
-        e, pair, row_ok = tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
-                                n_tokens, topk, n_routed, PAIRS_PER_TOKEN, BLOCK_M, DIRECT)
+        if INLINE:
+            e, pair, row_ok = inline_tile(pid_m, pid_n, ids_ptr, sorted_ptr, block_expert_ptr,
+                                          block_rows_ptr, n_tokens, topk, n_routed,
+                                          PAIRS_PER_TOKEN, BLOCK_M, E_P2, P_BLOCK)
+        else:
+            e, pair, row_ok = tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr,
+                                   block_rows_ptr, n_tokens, topk, n_routed, PAIRS_PER_TOKEN,
+                                   BLOCK_M, DIRECT)
         if e < 0:
             return
         _gate_up_rows(
@@ -305,49 +315,3 @@ def down_sum_kernel(
                        PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, False)
         total += y.to(out_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=out_ok)
-
-
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _pair_sum(buf_ptr, extra_ptr, t, offs, ok, n_hidden, PAIRS_PER_TOKEN: tl.constexpr,
-              HAS_EXTRA: tl.constexpr):
-    """Token t's pair rows (+ its extra row) summed in fp32 over the columns `offs`."""
-    acc = tl.zeros(offs.shape, dtype=tl.float32)
-    if HAS_EXTRA:  # the shared experts' output, when computed apart
-        acc += tl.load(extra_ptr + t * n_hidden + offs, mask=ok, other=0.0).to(tl.float32)
-    for j in tl.static_range(PAIRS_PER_TOKEN):
-        row = t * PAIRS_PER_TOKEN + j
-        acc += tl.load(buf_ptr + row * n_hidden + offs, mask=ok, other=0.0).to(tl.float32)
-    return acc
-
-
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def sum_kernel(buf_ptr, extra_ptr, out_ptr, res_ptr, y_ptr, w_ptr, n_hidden, eps,
-               PAIRS_PER_TOKEN: tl.constexpr, HAS_EXTRA: tl.constexpr, ADD_NORM: tl.constexpr,
-               BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    """out[t] = the sum of token t's pair rows (+ extra[t]), rounded to out's dtype, BLOCK
-    columns a program. ADD_NORM (one program a row, BLOCK >= n_hidden: the row stays in
-    registers): out[t] = res[t] + that sum and y[t] = rmsnorm(out[t]) * w, with
-    `norm.add_rmsnorm`'s rounding (the sum, then the residual add, in out's dtype). PDL
-    (sm90): let the launch after (the next layer's first projection, `small_linear`) start
-    now and load its weights."""
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-    t = tl.program_id(0).to(tl.int64)
-    dt = out_ptr.dtype.element_ty
-    if ADD_NORM:
-        offs = tl.arange(0, BLOCK)
-        ok = offs < n_hidden
-        acc = _pair_sum(buf_ptr, extra_ptr, t, offs, ok, n_hidden, PAIRS_PER_TOKEN, HAS_EXTRA)
-        r = tl.load(res_ptr + t * n_hidden + offs, mask=ok, other=0.0).to(tl.float32)
-        h = (r + acc.to(dt).to(tl.float32)).to(dt)
-        tl.store(out_ptr + t * n_hidden + offs, h, mask=ok)
-        hf = h.to(tl.float32)
-        y = rms_scaled(hf, tl.sum(hf * hf, axis=0), n_hidden, eps, w_ptr, offs, ok, dt)
-        tl.store(y_ptr + t * n_hidden + offs, y.to(y_ptr.dtype.element_ty), mask=ok)
-    else:
-        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        ok = offs < n_hidden
-        acc = _pair_sum(buf_ptr, extra_ptr, t, offs, ok, n_hidden, PAIRS_PER_TOKEN, HAS_EXTRA)
-        tl.store(out_ptr + t * n_hidden + offs, acc.to(dt), mask=ok)
