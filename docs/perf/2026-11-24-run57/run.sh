@@ -1,7 +1,7 @@
 #!/bin/bash
 # The fourteenth session's GPU driver: bash docs/perf/2026-11-24-run57/run.sh <parts>
 #   moetests: the MoE CUDA tests;  layer / step: exp_inline.py (LAYER_ARGS / STEP_ARGS);
-#   timeline: 2026-11-23-run68/exp_timeline.py (TL_ARGS);
+#   flags: exp_flags.py (FLAG_ARGS);  timeline: 2026-11-23-run68/exp_timeline.py (TL_ARGS);
 #   anything else: 2026-11-24-run35/run.sh's (cudatests, mlatests, final, ...).
 set -o pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -15,6 +15,7 @@ for part in "$@"; do
                 -p no:cacheprovider 2>&1 | tail -30 ;;
     layer) timeout 900 python3 "$HERE/exp_inline.py" layer $LAYER_ARGS ;;
     step) timeout 900 python3 "$HERE/exp_inline.py" step $STEP_ARGS ;;
+    flags) timeout 900 python3 "$HERE/exp_flags.py" $FLAG_ARGS ;;
     timeline) timeout 600 python3 docs/perf/2026-11-23-run68/exp_timeline.py $TL_ARGS 2>&1 \
                 | grep -v -i warn ;;
     *) bash docs/perf/2026-11-24-run35/run.sh "$part" ;;
