@@ -30,7 +30,7 @@ against grouped_mm. It prints the best config per token count next to the defaul
 
 import argparse
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -308,10 +308,8 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
 
 def _short(c: MoEConfig) -> str:
     """`MoEConfig(block_m, (n, k, warps, stages), (...), ...)`, pasteable into moe_config."""
-    flags = "".join(f", {k}={getattr(c, k)}" for k, v in
-                    (("direct", False), ("fused_sum", False), ("fuse_shared", None),
-                     ("pdl", False), ("tma", False))
-                    if getattr(c, k) != v)
+    flags = "".join(f", {f.name}={getattr(c, f.name)}" for f in fields(c)[3:]
+                    if getattr(c, f.name) != f.default)
     return f"MoEConfig({c.block_m}, {c.gate_up}, {c.down}{flags})"
 
 
