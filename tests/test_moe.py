@@ -160,6 +160,9 @@ def test_inline_align_matches_aligned_and_reference(tokens, topk, n_exp, shared,
                                     fuse_shared=False)):
         with pytest.raises(ValueError, match="inline_align needs"):
             fused_experts(x, w, ids, gu, dn, s_gu, s_dn, bad)
+    x, w, ids, gu, dn, _ = make(683, 6, 8, 16, 16, 0)  # 4098 pairs: one program holds 4096
+    with pytest.raises(ValueError, match="at most 4096 routed pairs"):
+        fused_experts(x, w, ids, gu, dn, config=dataclasses.replace(cfg, inline_align=True))
 
 
 @pytest.mark.parametrize("tokens,topk,n_exp,hidden,inter,shared,fuse_shared", [

@@ -71,6 +71,7 @@ from mla_func.kernels.moe_config import (
     pick_config,
 )
 from mla_func.kernels.moe_gemm import down_kernel, down_sum_kernel, gate_up_kernel
+from mla_func.kernels.moe_inline_align import MAX_PAIRS as INLINE_MAX_PAIRS
 from mla_func.kernels.moe_sum import sum_kernel
 from mla_func.kernels.norm import add_rmsnorm
 from mla_func.kernels.pdl import supported as pdl_supported
@@ -173,6 +174,9 @@ def fused_experts(
                          "and block_m >= 32")
     if cfg.inline_align and (cfg.direct or cfg.halves):
         raise ValueError("MoEConfig.inline_align needs the aligned layout with whole tiles")
+    if cfg.inline_align and tokens * topk > INLINE_MAX_PAIRS:
+        raise ValueError(f"MoEConfig.inline_align takes at most {INLINE_MAX_PAIRS} routed pairs;"
+                         f" got {tokens} tokens x top-{topk}")
     if cfg.shared_stream and n_shared:
         raise ValueError("MoEConfig.shared_stream needs the shared experts apart")
     if cfg.direct and tokens > DIRECT_BLOCK_M:

@@ -25,6 +25,10 @@ import triton.language as tl
 
 from mla_func.kernels.moe_align import shared_tile
 
+# Routed pairs (tokens x topk) a program holds at once: past this the selection's registers
+# grow out of reason (the table stops at 128 tokens: 768 pairs at V2-Lite's top-6).
+MAX_PAIRS = 4096
+
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
