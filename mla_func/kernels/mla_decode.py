@@ -55,8 +55,15 @@ from mla_func.kernels.counters import last_to_arrive
 from mla_func.kernels.decode_plan import (
     MAX_SPLITS,
     MERGES,
+    CacheLayer,
     DecodePlan,
     DecodeWorkspace,
+    LatentRows,
+    PageTable,
+    PartialLse,
+    PartialO,
+    RopeRows,
+    RowIndex,
     effective_plan,
     legacy_plan,
     num_sms,
@@ -217,22 +224,22 @@ def _split_kernel(
 
 
 def mla_decode(
-    q_lat: Float[Tensor, "heads tokens kv_lora"],
-    q_pe: Float[Tensor, "tokens heads qk_rope"],
-    cache: Float[Tensor, "pages page_size latent"],
-    page_table: Int[Tensor, "seqs max_pages"],
-    token_seq: Int[Tensor, " tokens"],
-    positions: Int[Tensor, " tokens"],
+    q_lat: LatentRows,
+    q_pe: RopeRows,
+    cache: CacheLayer,
+    page_table: PageTable,
+    token_seq: RowIndex,
+    positions: RowIndex,
     scale: float,
     plan: DecodePlan,
-    out: Float[Tensor, "heads tokens kv_lora"],
-    part_o: Float[Tensor, "tokens heads _ kv_lora"],
-    part_lse: Float[Tensor, "tokens heads _"],
+    out: LatentRows,
+    part_o: PartialO,
+    part_lse: PartialLse,
     counters: Int[Tensor, " _"] | None = None,
     scratch: tuple[Tensor, Tensor] | None = None,
     warm: Tensor | None = None,
     merge: bool = True,
-) -> Float[Tensor, "heads tokens kv_lora"]:
+) -> LatentRows:
     """o_lat[h, t] = softmax over keys 0..positions[t] of sequence token_seq[t]; into `out`.
     `counters` (zeros, at least tokens x head blocks): needed by the fused merge only.
     `scratch` (p in the cache dtype, alpha in fp32; `DecodeWorkspace.shared_p`): needed by
@@ -329,13 +336,13 @@ def early_launch(plan: DecodePlan, cache: Tensor) -> dict:
 
 def attend_absorbed(
     q_nope: Float[Tensor, "tokens heads qk_nope"],
-    q_pe: Float[Tensor, "tokens heads qk_rope"] | None,
-    cache: Float[Tensor, "pages page_size latent"],
+    q_pe: RopeRows | None,
+    cache: CacheLayer,
     w_uk: Float[Tensor, "heads qk_nope kv_lora"],
     w_uv: Float[Tensor, "heads v_head kv_lora"],
-    token_seq: Int[Tensor, " tokens"],
-    positions: Int[Tensor, " tokens"],
-    page_table: Int[Tensor, "seqs max_pages"],
+    token_seq: RowIndex,
+    positions: RowIndex,
+    page_table: PageTable,
     scale: float,
     workspace: DecodeWorkspace,
     plan: DecodePlan | None = None,

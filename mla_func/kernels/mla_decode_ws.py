@@ -42,13 +42,21 @@ from typing import no_type_check
 
 import torch
 import triton
-from jaxtyping import Float, Int
 from torch import Tensor
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from mla_func.kernels.decode_plan import (
+    CacheLayer,
+    LatentRows,
+    PageTable,
+    PartialLse,
+    PartialO,
+    RopeRows,
+    RowIndex,
+)
 from mla_func.kernels.mla_ws_partitions import (
     BLOCK_H,
     CHUNKS,
@@ -159,19 +167,19 @@ def _box_layout(rows: int) -> gl.NVMMASharedLayout:
 
 
 def decode_ws(
-    q_lat: Float[Tensor, "heads tokens kv_lora"],
-    q_pe: Float[Tensor, "tokens heads qk_rope"],
-    cache: Float[Tensor, "pages page_size latent"],
-    page_table: Int[Tensor, "seqs max_pages"],
-    token_seq: Int[Tensor, " tokens"],
-    positions: Int[Tensor, " tokens"],
+    q_lat: LatentRows,
+    q_pe: RopeRows,
+    cache: CacheLayer,
+    page_table: PageTable,
+    token_seq: RowIndex,
+    positions: RowIndex,
     scale: float,
     num_splits: int,
     block_n: int,
     stages: int,
-    out: Float[Tensor, "heads tokens kv_lora"],
-    part_o: Float[Tensor, "tokens heads _ kv_lora"],
-    part_lse: Float[Tensor, "tokens heads _"],
+    out: LatentRows,
+    part_o: PartialO,
+    part_lse: PartialLse,
     early: bool = False,
 ) -> None:
     """`mla_decode`'s split kernel (no merge): the partials and lse of each (row, head block,
