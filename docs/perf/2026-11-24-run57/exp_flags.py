@@ -31,10 +31,20 @@ def settings(variant: str) -> list[tuple[object, str, object]]:
     return out
 
 
+def clear_caches(variant: str) -> None:
+    """Empty the functools caches of the variant's modules (e.g. `router.launch_config`),
+    which would hand back configurations made with the other settings (run 70 on)."""
+    for m, _, _ in settings(variant):
+        for v in vars(m).values():
+            if hasattr(v, "cache_clear"):
+                v.cache_clear()
+
+
 def capture(params, state, batch, variant: str):
     saved = [(m, n, getattr(m, n)) for m, n, _ in settings(variant)]
     for m, n, v in settings(variant):
         setattr(m, n, type(getattr(m, n))(v))
+    clear_caches(variant)
     try:
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -48,6 +58,7 @@ def capture(params, state, batch, variant: str):
     finally:
         for m, n, v in saved:
             setattr(m, n, v)
+        clear_caches(variant)
     g.replay()
     torch.cuda.synchronize()
     return g, out.clone()
