@@ -26,8 +26,8 @@ class MoEConfig:
     are one expert's, else as one or two half tiles (the end of a run, the start of the next),
     so the last tile of a run computes at most half a tile of padding rows.
     `inline_align` (aligned layout, whole tiles): no alignment launch; each gate_up program
-    finds its routed M-tile from the routing itself (`moe_inline_align`, O(pairs) a program)
-    and the first N-tile's programs write the tile table the down GEMM reads."""
+    finds its routed M-tile from the routing itself (`moe_inline_align`, O(block_m x pairs)
+    a program) and the first N-tile's programs write the tile table the down GEMM reads."""
 
     block_m: int
     gate_up: tuple[int, int, int, int]
