@@ -6,7 +6,8 @@ alignment launch) against the table's alignment launch, in one process, alternat
 floor). `step`: whole-step graphs of `forward` (V2-Lite, random weights, 129-page table), ms
 synced / back to back; `--profile`: per layer, the MoE kernels' median durations. Variants:
 `al` (the table's rows with inline_align off), `in` (on, on every aligned whole-tile row);
-from run 68 also `tab` (the table's rows) and `nopdl` (those without PDL).
+from run 68 also `tab` (the table's rows) and `nopdl` (those without PDL); from run 72
+`dn:N,K,warps,stages` / `gu:...` (the table's row with another down / gate_up tile).
 
     PYTHONPATH=. python3 exp_inline.py layer|step [--batch 8 32 128] [--ctx 1024]
         [--rounds 4] [--variants al in]
@@ -37,6 +38,9 @@ def config_of(variant: str, tokens: int):
     cfg = pick_config(tokens)
     if variant in ("tab", "nopdl"):  # the table's row as it is, or without PDL (run 68)
         return replace(cfg, pdl=variant == "tab" and cfg.pdl)
+    if variant.startswith(("dn:", "gu:")):  # another down / gate_up tile: N,K,warps,stages
+        field = "down" if variant.startswith("dn:") else "gate_up"  # (run 72)
+        return replace(cfg, **{field: tuple(int(v) for v in variant[3:].split(","))})
     on = variant == "in" and not cfg.direct and not cfg.halves
     assert variant in ("al", "in"), variant
     return replace(cfg, inline_align=on)
