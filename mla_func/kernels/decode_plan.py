@@ -16,10 +16,10 @@ from torch import Tensor
 
 from mla_func.kernels.pdl import supported as pdl_supported
 
-# The decode kernels' operands (`mla_decode`, `mla_decode_ws`), spelled once.
+# The decode kernels' operands (`mla_decode`, `mla_decode_ws`), spelled once (the cache's is
+# `ops.attention.CacheLayer`).
 LatentRows = Float[Tensor, "heads tokens kv_lora"]  # q_lat in, o_lat out
 RopeRows = Float[Tensor, "tokens heads qk_rope"]  # q_pe
-CacheLayer = Float[Tensor, "pages page_size latent"]  # one layer of the paged cache
 PageTable = Int[Tensor, "seqs max_pages"]
 RowIndex = Int[Tensor, " tokens"]  # token_seq, positions
 PartialO = Float[Tensor, "tokens heads _ kv_lora"]  # per split (fp32)

@@ -63,7 +63,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from mla_func.kernels.moe_align import align, max_blocks
+from mla_func.kernels.moe_align import align, empty_layout
 from mla_func.kernels.moe_config import (
     DIRECT_BLOCK_M,
     FUSE_SHARED_MAX_TOKENS,
@@ -204,9 +204,7 @@ def fused_experts(
         else:
             bm = cfg.block_m
             if cfg.inline_align:  # the gate_up kernel writes the table (moe_inline_align)
-                nb = max_blocks(tokens * pairs_per_token, n_routed + n_shared, bm)
-                layout = tuple(torch.empty(n, dtype=torch.int32, device=x.device)
-                               for n in (nb * bm, nb, nb))
+                layout = empty_layout(ids, n_routed, n_shared, bm)
             else:
                 layout = align(ids, n_routed, n_shared, bm // 2 if cfg.halves else bm, pdl)
             n_tiles = triton.cdiv(layout[1].shape[0], 2) if cfg.halves else layout[1].shape[0]

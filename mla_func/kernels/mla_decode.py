@@ -55,7 +55,6 @@ from mla_func.kernels.counters import last_to_arrive
 from mla_func.kernels.decode_plan import (
     MAX_SPLITS,
     MERGES,
-    CacheLayer,
     DecodePlan,
     DecodeWorkspace,
     LatentRows,
@@ -81,6 +80,7 @@ from mla_func.kernels.mla_merge import launch_merge, merge_shape, merge_tile, sp
 from mla_func.kernels.mla_merge_uv import merge_uv, shares_numel
 from mla_func.kernels.p_scratch import through_memory
 from mla_func.kernels.pdl import supported as pdl_supported
+from mla_func.ops.attention import CacheLayer
 
 __all__ = ["MAX_SPLITS", "MERGES", "DecodePlan", "DecodeWorkspace", "attend_absorbed",
            "effective_plan", "legacy_plan", "mla_decode", "num_sms", "plan_decode"]

@@ -49,7 +49,6 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from mla_func.kernels.decode_plan import (
-    CacheLayer,
     LatentRows,
     PageTable,
     PartialLse,
@@ -69,6 +68,7 @@ from mla_func.kernels.mla_ws_partitions import (
     score_partition,
     value_partition,
 )
+from mla_func.ops.attention import CacheLayer
 
 
 @gluon.jit

@@ -321,6 +321,17 @@ def _align_sliced_kernel(
     tl.store(sorted_ptr + base + rank, p, mask=p < n_pairs)
 
 
+def empty_layout(
+    ids: Int[Tensor, "tokens topk"], experts: int, shared: int, block_m: int
+) -> tuple[Int[Tensor, " aligned"], Int[Tensor, " blocks"], Int[Tensor, " blocks"]]:
+    """`(sorted_pairs, block_expert, block_rows)` of the aligned layout, allocated at their
+    static worst case (`max_blocks`) and left unset, on `ids`' device, for a kernel to fill."""
+    tokens, topk = ids.shape
+    nb = max_blocks(tokens * (topk + shared), experts + shared, block_m)
+    return tuple(torch.empty(size, dtype=torch.int32, device=ids.device)
+                 for size in (nb * block_m, nb, nb))
+
+
 def align_triton(
     ids: Int[Tensor, "tokens topk"], experts: int, shared: int, block_m: int, pdl: bool = False
 ) -> tuple[Int[Tensor, " aligned"], Int[Tensor, " blocks"], Int[Tensor, " blocks"]]:
@@ -333,10 +344,8 @@ def align_triton(
     tokens, topk = ids.shape
     ids = ids.contiguous()
     n, n_exp = tokens * (topk + shared), experts + shared
-    nb = max_blocks(n, n_exp, block_m)
-    sorted_pairs = torch.empty(nb * block_m, dtype=torch.int32, device=ids.device)
-    block_expert = torch.empty(nb, dtype=torch.int32, device=ids.device)
-    block_rows = torch.empty(nb, dtype=torch.int32, device=ids.device)
+    sorted_pairs, block_expert, block_rows = empty_layout(ids, experts, shared, block_m)
+    nb = block_expert.shape[0]
     e_p2 = triton.next_power_of_2(n_exp + 1)  # one spare bin
     common = dict(PAIRS_PER_TOKEN=topk + shared, E_P2=e_p2, PDL=pdl, num_warps=4,
                   **({"launch_pdl": True} if pdl else {}))

@@ -197,6 +197,15 @@ def _sum_and_select(part_ptr, b, T, n_split, bias_ptr, w_out, id_out, scale, E: 
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _router_rows(r_ptr, hidden, h, h_hi, e, E: tl.constexpr):
+    """The router's hidden rows `h` (those below h_hi) for the experts `e` (those below E):
+    [BLOCK_H, BLOCK_E], zeros elsewhere."""
+    return tl.load(r_ptr + e[None, :] * hidden + h[:, None],
+                   mask=(h < h_hi)[:, None] & (e < E)[None, :], other=0.0)
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _router_kernel(x_ptr, r_ptr, bias_ptr, part_ptr, cnt_ptr, w_out, id_out, T, hidden,
                    x_stride, chunk, n_split, scale, E: tl.constexpr, BLOCK_E: tl.constexpr,
                    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, SEL_T: tl.constexpr,
@@ -212,9 +221,7 @@ def _router_kernel(x_ptr, r_ptr, bias_ptr, part_ptr, cnt_ptr, w_out, id_out, T, 
     h_lo = s * chunk
     h_hi = tl.minimum(h_lo + chunk, hidden)
     if PRELOAD:  # one dot step a split: its router rows load before the wait
-        h = h_lo + tl.arange(0, BLOCK_H)
-        w_pre = tl.load(r_ptr + e[None, :] * hidden + h[:, None],
-                        mask=(h < h_hi)[:, None] & (e < E)[None, :], other=0.0)
+        w_pre = _router_rows(r_ptr, hidden, h_lo + tl.arange(0, BLOCK_H), h_hi, e, E)
     if WAIT:  # launched early itself: x is read once the kernel before (its writer) ended;
         tl.extra.cuda.gdc_wait()  # only then may the alignment and the experts' GEMM launch
     if PDL:  # (their shared tiles read x without waiting)
@@ -230,8 +237,7 @@ def _router_kernel(x_ptr, r_ptr, bias_ptr, part_ptr, cnt_ptr, w_out, id_out, T, 
         if PRELOAD:
             wt = w_pre
         else:
-            wt = tl.load(r_ptr + e[None, :] * hidden + h[:, None],
-                         mask=hmask[:, None] & (e < E)[None, :], other=0.0)
+            wt = _router_rows(r_ptr, hidden, h, h_hi, e, E)
         if X_EXACT:
             # x (bf16/fp16) is exact in TF32; so is the router's head (its top 11 significant
             # bits), and its tail is kept to 2^-21 relative: two TF32 products.
