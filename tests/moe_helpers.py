@@ -15,6 +15,7 @@ from mla_func.params import DenseMLP
 SMALL = MoEConfig(16, (32, 64, 4, 1), (64, 32, 4, 1))
 DIRECT = dataclasses.replace(SMALL, direct=True)
 DIRECT_SUM = dataclasses.replace(SMALL, direct=True, fused_sum=True)
+DIRECT_LAST = dataclasses.replace(SMALL, direct=True, last_sum=True)
 
 
 def make(tokens, topk, n_exp, hidden, inter, shared, dtype=torch.float32, device="cpu",

@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 import torch
-from moe_helpers import DIRECT, DIRECT_SUM, SMALL, close, make, reference
+from moe_helpers import DIRECT, DIRECT_LAST, DIRECT_SUM, SMALL, close, make, reference
 
 from mla_func.config import MLAConfig
 from mla_func.kernels import fused_moe, moe_align
@@ -180,8 +180,8 @@ def test_direct_matches_reference_and_aligned(tokens, topk, n_exp, hidden, inter
     aligned = fused_experts(x, w, ids, gu, dn, s_gu, s_dn,
                             dataclasses.replace(SMALL, fuse_shared=fuse_shared))
     close(aligned, want, 1e-5)
-    for cfg in (DIRECT, DIRECT_SUM):
-        got = fused_experts(x, w, ids, gu, dn, s_gu, s_dn,
+    for cfg in (DIRECT, DIRECT_SUM, DIRECT_LAST, DIRECT_LAST):  # the last twice: its
+        got = fused_experts(x, w, ids, gu, dn, s_gu, s_dn,      # counters are zero again
                             dataclasses.replace(cfg, fuse_shared=fuse_shared))
         close(got, want, 1e-5)
         # Same tiles, same order of the fp32 sums: the paths agree bit for bit.
@@ -194,6 +194,9 @@ def test_direct_matches_reference_and_aligned(tokens, topk, n_exp, hidden, inter
     (SMALL, 2, None, True),         # rows wider than one program holds: sum, then add+norm
     (DIRECT, 2, None, False),
     (DIRECT_SUM, 1, None, False),   # the down GEMM sums: the add and the norm run after it
+    (DIRECT_LAST, 2, None, False),  # the down GEMM's last programs sum, add and normalise
+    (DIRECT_LAST, 1, False, False),  # ... with the shared MLP's output added in the sum
+    (DIRECT_LAST, 2, None, True),   # ... only sum: the add and the norm run after it
 ])
 def test_add_norm_equals_experts_then_add_rmsnorm(cfg, shared, fuse_shared, wide,
                                                   monkeypatch, nan_empty):
@@ -272,6 +275,10 @@ def test_direct_config_checks():
         fused_experts(x, w, ids, gu, dn, config=DIRECT)
     with pytest.raises(ValueError, match="fused_sum needs the direct layout"):
         fused_experts(x, w, ids, gu, dn, config=dataclasses.replace(SMALL, fused_sum=True))
+    for bad in (dataclasses.replace(SMALL, last_sum=True),
+                dataclasses.replace(DIRECT_SUM, last_sum=True)):
+        with pytest.raises(ValueError, match="last_sum needs the direct layout"):
+            fused_experts(x[:4], w[:4], ids[:4], gu, dn, config=bad)
 
 
 @pytest.mark.parametrize("cfg", [SMALL, DIRECT, DIRECT_SUM])

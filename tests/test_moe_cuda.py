@@ -27,7 +27,7 @@ from triton.backends.compiler import GPUTarget
 from sm90_ptxas import ptxas_usage
 from mla_func.kernels.moe_gemm import down_kernel, down_sum_kernel, gate_up_kernel
 ptrs = dict(weights_ptr="*fp32", ids_ptr="*i64", sorted_ptr="*i32", block_expert_ptr="*i32",
-            block_rows_ptr="*i32")
+            block_rows_ptr="*i32", counter_ptr="*i32", eps="fp32")
 no_tma = dict(TMA=False, w_desc=None, HALVES=False)
 no_act = dict(act_desc=None, act_half_desc=None)
 for fn, (bm, bn, bk, warps, stages), const in [
@@ -40,6 +40,10 @@ for fn, (bm, bn, bk, warps, stages), const in [
                                                    E_P2=128, P_BLOCK=1024, **no_tma)),
         (down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=False, **no_act, **no_tma)),
         (down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=True, **no_act, **no_tma)),
+        # ... with the pair sum, the add and the norm as its tail (1-4 decode tokens).
+        (down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=True, LAST_SUM=True, HAS_EXTRA=False,
+                                                ADD_NORM=True, SUM_BLOCK=2048, TRIGGER=True,
+                                                **no_act, **no_tma)),
         (down_sum_kernel, (16, 16, 256, 4, 4), dict(HAS_EXTRA=False)),
         # The large-token configuration: expert weights (and act) through TMA descriptors,
         # whole tiles only or also half tiles.
@@ -54,11 +58,14 @@ for fn, (bm, bn, bk, warps, stages), const in [
                  EVEN_K=(1408 if fn is not gate_up_kernel else 2048) % bk == 0, **const)
     if fn is gate_up_kernel:
         const = dict(INLINE=False, E_P2=2, P_BLOCK=1) | const
+    if fn is down_kernel:
+        const = dict(LAST_SUM=False, HAS_EXTRA=False, ADD_NORM=False, SUM_BLOCK=1,
+                     TRIGGER=False) | const
     w_block = f"1, 2, {bn}, {bk}" if fn is gate_up_kernel else f"{bn}, {bk}"
     descs = dict(w_desc=f"tensordesc<bf16[{w_block}]>", act_desc=f"tensordesc<bf16[{bm}, {bk}]>",
                  act_half_desc=f"tensordesc<bf16[{bm // 2}, {bk}]>")
-    sig = {n: "constexpr" if n in const else descs[n] if n in descs
-           else ptrs.get(n, "*bf16") if n.endswith("_ptr") else "i32" for n in fn.arg_names}
+    sig = {n: "constexpr" if n in const else descs[n] if n in descs else ptrs[n] if n in ptrs
+           else "*bf16" if n.endswith("_ptr") else "i32" for n in fn.arg_names}
     # What a launch at V2-Lite sizes specialises on: aligned pointers, strides and dims.
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if sig[n][0] == "*" or n.startswith(("stride", "n_inter", "n_hidden"))}
@@ -203,10 +210,47 @@ def test_cuda_direct_matches_aligned(tokens):
     aligned = dataclasses.replace(pick_config(tokens), direct=False, pdl=False)  # same tiles
     want = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, aligned)
     close(want, reference(x, w, ids, gu, dn, mlp), 0.05)
-    for fused_sum, pdl in ((False, False), (True, False), (False, True)):
-        cfg = dataclasses.replace(aligned, direct=True, fused_sum=fused_sum, pdl=pdl)
+    for fused_sum, last_sum, pdl in ((False, False, False), (True, False, False),
+                                     (False, False, True), (False, True, False),
+                                     (False, True, True)):
+        cfg = dataclasses.replace(aligned, direct=True, fused_sum=fused_sum, last_sum=last_sum,
+                                  pdl=pdl)
         got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg)
-        assert torch.equal(got, want), (fused_sum, pdl)
+        assert torch.equal(got, want), (fused_sum, last_sum, pdl)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [1, 2, 4])
+def test_cuda_last_sum_add_norm_matches_sum_kernel(tokens):
+    """`last_sum` with the add and the norm (the down kernel's tail, its dependants launched
+    early) against the sum kernel's: the same bits, eagerly and in replays of one graph whose
+    inputs alternate, 20 times (a program that read a pair row before its writer stored it,
+    or counters left non-zero, would show)."""
+    inputs = [make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda", seed=seed)
+              for seed in (5, 6)]
+    gu, dn, mlp = inputs[0][3:]
+    residual = torch.randn(tokens, 2048, device="cuda", dtype=torch.bfloat16)
+    weight = (1 + 0.1 * torch.randn(2048, device="cuda")).to(torch.bfloat16)
+    base = dataclasses.replace(pick_config(tokens), last_sum=False)
+
+    def layer(x, w, ids, cfg):
+        return fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg,
+                             add_norm=(residual, weight, 1e-6))
+
+    wants = [layer(*inp[:3], base) for inp in inputs]
+    last = dataclasses.replace(base, last_sum=True)
+    for i in range(20):
+        got = layer(*inputs[i % 2][:3], last)
+        assert all(torch.equal(g, v) for g, v in zip(got, wants[i % 2], strict=True)), i
+    static = [t.clone() for t in inputs[0][:3]]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer(*static, last)
+    for i in range(20):
+        for dst, src in zip(static, inputs[i % 2][:3], strict=True):
+            dst.copy_(src)
+        graph.replay()
+        assert all(torch.equal(g, v) for g, v in zip(out, wants[i % 2], strict=True)), i
 
 
 @pytest.mark.cuda

@@ -15,7 +15,9 @@ weights):
 4. `sum_kernel`: the pairs of each token summed in fp32, one write in the model dtype; given
    `add_norm`, also the residual add and the next layer's RMSNorm (`norm.add_rmsnorm`'s
    numerics), so the model's add+norm launch after the MoE is gone too (rows up to
-   `ADD_NORM_MAX_WIDTH` wide; wider ones, V3's, run `norm.add_rmsnorm` after the sum).
+   `ADD_NORM_MAX_WIDTH` wide; wider ones, V3's, run `norm.add_rmsnorm` after the sum). With
+   `MoEConfig.last_sum` (direct layout) the down kernel's last programs do this instead
+   (`moe_sum.last_sum`: per N-tile arrival counters), the same bits, one launch fewer.
 
 Shared experts ride along at small token counts (`FUSE_SHARED_MAX_TOKENS`): a shared MLP of
 width `shared * moe_inter` is `shared` more experts (strided views of the same weights, no copy)
@@ -63,6 +65,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from mla_func.kernels.counters import device_counters
 from mla_func.kernels.moe_align import align, empty_layout
 from mla_func.kernels.moe_config import (
     DIRECT_BLOCK_M,
@@ -86,6 +89,21 @@ Rows = Float[Tensor, "tokens hidden"]
 # 13.7 / 15.1 for a one-program form that read its row back in a second pass (H100,
 # docs/perf/2026-11-23-h100-run47, exp_sum_norm_v3.py).
 ADD_NORM_MAX_WIDTH = 2048
+
+
+# `MoEConfig.last_sum`: the down kernel's arrival counters (one per N-tile, one for the norm),
+# allocated once per device at this size (`counters.device_counters`).
+LAST_SUM_SLOTS = 1024
+# ... and whether its programs let the launch after them (the next layer's first projection,
+# `small_linear`, PDL) start at once, so that it loads its weights while they run.
+LAST_SUM_TRIGGER = True
+
+
+def _last_sum_counters(device: torch.device, n_tiles: int) -> Tensor:
+    if n_tiles + 1 > LAST_SUM_SLOTS:
+        raise ValueError(f"MoEConfig.last_sum: {n_tiles} N-tiles of the down GEMM; at most "
+                         f"{LAST_SUM_SLOTS - 1}")
+    return device_counters("moe_last_sum", device, LAST_SUM_SLOTS)
 
 
 def _fit(tile: tuple[int, int, int, int], n: int, k: int) -> tuple[int, int, int, int]:
@@ -183,6 +201,8 @@ def fused_experts(
         raise ValueError(f"the direct path takes at most {DIRECT_BLOCK_M} tokens")
     if cfg.fused_sum and not cfg.direct:
         raise ValueError("fused_sum needs the direct layout (MoEConfig.direct)")
+    if cfg.last_sum and (not cfg.direct or cfg.fused_sum):
+        raise ValueError("last_sum needs the direct layout (MoEConfig.direct), not fused_sum")
     if add_norm is not None and (add_norm[0].shape != x.shape or add_norm[0].dtype != x.dtype):
         raise ValueError(f"add_norm: the residual is {tuple(add_norm[0].shape)} "
                          f"{add_norm[0].dtype}; the experts' output {tuple(x.shape)} {x.dtype}")
@@ -231,6 +251,7 @@ def fused_experts(
         out = torch.empty_like(x)
         bn, bk, warps, stages = _fit(cfg.down, n_hidden, n_inter)
         strides = (down.stride(0), down.stride(1), s_down.stride(0), s_down.stride(1))
+        y = None
         if not cfg.fused_sum:
             buf = torch.empty(tokens * pairs_per_token, n_hidden, dtype=x.dtype,
                               device=x.device)
@@ -239,15 +260,34 @@ def fused_experts(
                 half = _desc(act, [bm // 2, bk]) if cfg.halves else None
                 descs = (_desc(act, [bm, bk]), half, _desc(down, [bn, bk]))
             n_n = triton.cdiv(n_hidden, bn)
+            tail = {}
+            if cfg.last_sum:  # the pair sum (+ add and norm) as the programs' tail
+                norm = add_norm is not None and n_hidden <= ADD_NORM_MAX_WIDTH
+                if norm:
+                    y = torch.empty(out.shape, dtype=torch.promote_types(
+                        out.dtype, add_norm[1].dtype), device=out.device)
+                tail = dict(
+                    sum_ptr=out, extra_ptr=extra, counter_ptr=_last_sum_counters(x.device, n_n),
+                    res_ptr=add_norm[0].contiguous() if norm else None, y_ptr=y,
+                    nw_ptr=add_norm[1] if norm else None, eps=add_norm[2] if norm else 0.0,
+                    LAST_SUM=True, HAS_EXTRA=extra is not None, ADD_NORM=norm,
+                    SUM_BLOCK=triton.next_power_of_2(n_hidden),
+                    TRIGGER=pdl and LAST_SUM_TRIGGER)
             down_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
                 act, down, s_down, *descs, buf, weights, *tiles, n_hidden, n_inter, n_routed,
                 *strides, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0,
                 DIRECT=cfg.direct, **common, TMA=cfg.tma, HALVES=cfg.halves, num_warps=warps,
-                num_stages=stages)
+                num_stages=stages, **tail)
     finally:
         if side is not None:
             main.wait_stream(side)  # the join: `extra` is read below, on this stream
 
+    if cfg.last_sum:
+        if add_norm is None:
+            return out
+        if y is not None:
+            return out, y
+        return add_rmsnorm(add_norm[0], out, add_norm[1], add_norm[2])  # rows too wide
     if add_norm is not None and not cfg.fused_sum and n_hidden <= ADD_NORM_MAX_WIDTH:
         residual, weight, eps = add_norm
         y = torch.empty(out.shape, dtype=torch.promote_types(out.dtype, weight.dtype),

@@ -27,7 +27,9 @@ class MoEConfig:
     so the last tile of a run computes at most half a tile of padding rows.
     `inline_align` (aligned layout, whole tiles): no alignment launch; each gate_up program
     finds its routed M-tile from the routing itself (`moe_inline_align`, O(block_m x pairs)
-    a program) and the first N-tile's programs write the tile table the down GEMM reads."""
+    a program) and the first N-tile's programs write the tile table the down GEMM reads.
+    `last_sum` (direct layout, not `fused_sum`): no sum launch; the down GEMM's programs sum
+    the pairs (and add + norm) as their tail (`moe_sum.last_sum`): the same bits."""
 
     block_m: int
     gate_up: tuple[int, int, int, int]
@@ -40,6 +42,7 @@ class MoEConfig:
     shared_stream: bool = False
     halves: bool = False
     inline_align: bool = False
+    last_sum: bool = False
 
 
 # (max tokens, config): the first row whose bound is >= the step's static token count.
@@ -76,9 +79,17 @@ class MoEConfig:
 # 11.470, B=64 12.573 / 12.316 against 12.607 / 12.351, B=128 13.497 / 13.335 against 13.594 /
 # 13.435. Its per-program work grows with the pairs (a [block_m, pairs] selection), so larger
 # steps keep the alignment launch (a first form that went over the pairs in 128-pair steps
-# was 2% slower at 128 tokens, run 58).
+# was 2% slower at 128 tokens, run 58). `last_sum` at 1 token: H100, 2026-11-24
+# (docs/perf/2026-11-24-h100-run75, run76, exp_last.py, on against off): the layer alone 57.1
+# against 58.5 us (6 alternating rounds: 57.0-57.2 against 57.3-58.7); V2-Lite whole-step
+# graphs at B=1, ms synced / back to back, 8 rounds: 2.409 / 2.395 against 2.420 / 2.406 at
+# ctx 1024, 2.486 / 2.471 against 2.492 / 2.478 at 4096 (6 rounds in run 75: 2.420 / 2.397
+# against 2.428 / 2.409). Its last programs go over the tokens one at a time: the step at
+# B=2 / 4 was slower with it (3.522 / 3.494 against 3.502 / 3.483, 5.199 / 5.166 against
+# 5.113 / 5.076, run 75), though the layer alone at 2 tokens was faster (94.4 against 95.0).
 CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
-    (1, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 4), direct=True, pdl=True)),
+    (1, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 4), direct=True, pdl=True,
+                  last_sum=True)),
     (2, MoEConfig(16, (32, 128, 4, 4), (128, 64, 4, 4), direct=True, pdl=True)),
     (4, MoEConfig(16, (32, 128, 4, 4), (64, 64, 4, 4), direct=True, pdl=True)),
     (16, MoEConfig(16, (32, 256, 4, 3), (64, 128, 4, 3), pdl=True, inline_align=True)),

@@ -1,7 +1,8 @@
 """The Triton GEMM kernels of the fused MoE (`fused_moe.fused_experts` lays out the tiles and
 launches them): the gate_up GEMM with SiLU·up fused, the weighted down GEMM into one row per
-pair, and the direct layout's down GEMM that also sums each token's pairs (the sum of the
-other layouts' pair rows is `moe_sum.py`).
+pair (at a few tokens with the pair sum as its programs' tail, `moe_sum.last_sum`), and the
+direct layout's down GEMM that also sums each token's pairs (the pair sum's launch is
+`moe_sum.py`).
 
 Every kernel reads its M-tile through `moe_align.tile` (either layout) and accumulates in fp32.
 Expert weights are read by pointer loads, or with `TMA` by tensor descriptors: routed gate_up
@@ -19,6 +20,7 @@ import triton.language as tl
 
 from mla_func.kernels.moe_align import direct_tile, is_shared_tile, tile, unit_rows
 from mla_func.kernels.moe_inline_align import inline_tile
+from mla_func.kernels.moe_sum import last_sum
 
 
 @triton.jit
@@ -236,9 +238,17 @@ def down_kernel(
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
     TMA: tl.constexpr, HALVES: tl.constexpr,
+    sum_ptr=None, extra_ptr=None, res_ptr=None, y_ptr=None, nw_ptr=None, counter_ptr=None,
+    eps=0.0, LAST_SUM: tl.constexpr = False, HAS_EXTRA: tl.constexpr = False,
+    ADD_NORM: tl.constexpr = False, SUM_BLOCK: tl.constexpr = 1, TRIGGER: tl.constexpr = False,
 ):
     """Each pair's weighted expert output to its own row of `out` ([pairs, hidden]); with
-    HALVES, M-tiles as in `gate_up_kernel` (`act_half_desc`: TMA blocks of half the rows)."""
+    HALVES, M-tiles as in `gate_up_kernel` (`act_half_desc`: TMA blocks of half the rows).
+    LAST_SUM (direct layout): then `moe_sum.last_sum` into `sum_ptr` (+ extra, + the residual
+    and the norm into y with ADD_NORM). TRIGGER (sm90): let the launch after start at once
+    (PDL; it waits for this one's end before it reads)."""
+    if TRIGGER:
+        tl.extra.cuda.gdc_launch_dependents()
     if DIRECT:
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -275,13 +285,16 @@ def down_kernel(
     else:
         e, pair, row_ok = tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
                                 n_tokens, topk, n_routed, PAIRS_PER_TOKEN, BLOCK_M, DIRECT)
-        if e < 0:
-            return
-        _down_rows(
-            act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr, pid_m * BLOCK_M, e,
-            pair, row_ok, pid_n, n_hidden, n_inter, n_routed, topk, stride_we, stride_wn,
-            stride_se, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-            PRECISION, TMA)
+        if e >= 0:
+            _down_rows(
+                act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr,
+                pid_m * BLOCK_M, e, pair, row_ok, pid_n, n_hidden, n_inter, n_routed, topk,
+                stride_we, stride_wn, stride_se, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N,
+                BLOCK_K, EVEN_K, PRECISION, TMA)
+        if LAST_SUM:  # every M-tile's program arrives, the last of an N-tile sums it
+            last_sum(out_ptr, extra_ptr, sum_ptr, res_ptr, y_ptr, nw_ptr, counter_ptr, pid_n,
+                     tl.num_programs(0), tl.num_programs(1), n_tokens, n_hidden, eps,
+                     PAIRS_PER_TOKEN, HAS_EXTRA, ADD_NORM, BLOCK_N, SUM_BLOCK)
 
 
 @triton.jit(do_not_specialize=["n_tokens", "n_tiles"])

@@ -32,7 +32,12 @@ from mla_func.kernels.pdl import supported as pdl_supported
 MAX_ROWS = 1
 BLOCK_N = 4  # output columns a program (V2-Lite's fused q + kv_a: 912 programs)
 BLOCK_K = 2048  # input columns a program holds at once (V2-Lite: the whole hidden size)
-NUM_WARPS = 8
+# 4 warps, not 8: V2-Lite whole-step graphs at B=1 on an H100, 2026-11-24, ms synced / back to
+# back, 8 alternating rounds (docs/perf/2026-11-24-h100-run76, exp_flags.py): 2.417 / 2.399
+# against 2.425 / 2.407 at ctx 1024, 2.489 / 2.472 against 2.495 / 2.477 at 4096 (run 74, 6
+# rounds: 2.412 / 2.396 against 2.427 / 2.408); 2 warps the same as 4, 8 columns a program
+# at 4 warps 2.420 / 2.402.
+NUM_WARPS = 4
 
 
 @triton.jit
