@@ -19,10 +19,11 @@ does on CUDA; the baseline routes with the torch reference.
 kernel vs torch ops) follows: it decides `moe_align.TRITON_ALIGN_MAX_PAIRS`.
 
 `--sweep` times configs per token count (`sweep`): tiles per block_m by coordinate descent;
-up to 4 tokens also the direct path and its fused sum (DIRECT_MAX_TOKENS), from 32 to 512
-tokens also the shared experts folded vs apart (FUSE_SHARED_MAX_TOKENS). Every case is checked
-against grouped_mm. It prints the best config per token count next to the default
-(`moe_config.pick_config`) and the best of each variant side by side.
+up to 4 tokens also the direct path, its fused sum and the sum as the down GEMM's tail
+(DIRECT_MAX_TOKENS), from 32 to 512 tokens also the shared experts folded vs apart
+(FUSE_SHARED_MAX_TOKENS). Every case is checked against grouped_mm. It prints the best
+config per token count next to the default (`moe_config.pick_config`) and the best of each
+variant side by side.
 
     python -m scripts.bench moe [--tokens 1 8 ...] [--layers 4] [--sweep]
     python -m scripts.bench_moe --sweep --tokens 1 2 4 8 32 128 256 512 4096
@@ -199,9 +200,12 @@ def sweep(x, layers, cfg, ref, floor) -> list[dict]:
     timed(base)
     both = (("gate_up", TILES), ("down", TILES))
     if t <= DIRECT_SWEEP_MAX:  # the same GEMMs either way: tiles found for one serve both
-        timed(replace(base, direct=not base.direct, fused_sum=False, pdl=False))
+        timed(replace(base, direct=not base.direct, fused_sum=False, last_sum=False,
+                      pdl=False))
         best = descend(replace(base, direct=True, fused_sum=False), both)
-        descend(replace(best, fused_sum=True, down=SUM_TILES[0]), (("down", SUM_TILES),))
+        timed(replace(best, last_sum=not best.last_sum))  # the sum launch or the down's tail
+        descend(replace(best, fused_sum=True, last_sum=False, down=SUM_TILES[0]),
+                (("down", SUM_TILES),))
     else:
         bms = next(bms for bound, bms in BLOCK_MS if t <= bound)
         for bm in sorted({*bms, base.block_m}):
@@ -216,7 +220,8 @@ def sweep(x, layers, cfg, ref, floor) -> list[dict]:
 
 
 def _variant(c: MoEConfig, t: int) -> str:
-    path = "direct+sum" if c.fused_sum else "direct" if c.direct else "aligned"
+    path = ("direct+sum" if c.fused_sum else "direct+last sum" if c.last_sum
+            else "direct" if c.direct else "aligned")
     fold = t <= FUSE_SHARED_MAX_TOKENS if c.fuse_shared is None else c.fuse_shared
     return f"{path}, shared {'folded' if fold else 'apart'}"
 
