@@ -180,8 +180,9 @@ def test_direct_matches_reference_and_aligned(tokens, topk, n_exp, hidden, inter
     aligned = fused_experts(x, w, ids, gu, dn, s_gu, s_dn,
                             dataclasses.replace(SMALL, fuse_shared=fuse_shared))
     close(aligned, want, 1e-5)
-    for cfg in (DIRECT, DIRECT_SUM, DIRECT_LAST, DIRECT_LAST):  # the last twice: its
-        got = fused_experts(x, w, ids, gu, dn, s_gu, s_dn,      # counters are zero again
+    # DIRECT_LAST twice: its arrival counters are zero again after a launch.
+    for cfg in (DIRECT, DIRECT_SUM, DIRECT_LAST, DIRECT_LAST):
+        got = fused_experts(x, w, ids, gu, dn, s_gu, s_dn,
                             dataclasses.replace(cfg, fuse_shared=fuse_shared))
         close(got, want, 1e-5)
         # Same tiles, same order of the fp32 sums: the paths agree bit for bit.

@@ -207,6 +207,14 @@ def fused_experts(
         raise ValueError(f"add_norm: the residual is {tuple(add_norm[0].shape)} "
                          f"{add_norm[0].dtype}; the experts' output {tuple(x.shape)} {x.dtype}")
 
+    # The add+norm in the sum (a row in one program's registers; not with the fused sum).
+    y = residual = weight = eps = None
+    if add_norm is not None:
+        residual, weight, eps = add_norm
+        if not cfg.fused_sum and n_hidden <= ADD_NORM_MAX_WIDTH:
+            y = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype),
+                            device=x.device)
+
     # Every check is above: from the fork on, the join below must run (the finally), or the
     # side stream could still write `extra` once its block is freed and handed out again.
     extra = side = None
@@ -251,7 +259,6 @@ def fused_experts(
         out = torch.empty_like(x)
         bn, bk, warps, stages = _fit(cfg.down, n_hidden, n_inter)
         strides = (down.stride(0), down.stride(1), s_down.stride(0), s_down.stride(1))
-        y = None
         if not cfg.fused_sum:
             buf = torch.empty(tokens * pairs_per_token, n_hidden, dtype=x.dtype,
                               device=x.device)
@@ -262,15 +269,11 @@ def fused_experts(
             n_n = triton.cdiv(n_hidden, bn)
             tail = {}
             if cfg.last_sum:  # the pair sum (+ add and norm) as the programs' tail
-                norm = add_norm is not None and n_hidden <= ADD_NORM_MAX_WIDTH
-                if norm:
-                    y = torch.empty(out.shape, dtype=torch.promote_types(
-                        out.dtype, add_norm[1].dtype), device=out.device)
+                norm = dict(res_ptr=residual.contiguous(), y_ptr=y, nw_ptr=weight, eps=eps
+                            ) if y is not None else {}
                 tail = dict(
                     sum_ptr=out, extra_ptr=extra, counter_ptr=_last_sum_counters(x.device, n_n),
-                    res_ptr=add_norm[0].contiguous() if norm else None, y_ptr=y,
-                    nw_ptr=add_norm[1] if norm else None, eps=add_norm[2] if norm else 0.0,
-                    LAST_SUM=True, HAS_EXTRA=extra is not None, ADD_NORM=norm,
+                    **norm, LAST_SUM=True, HAS_EXTRA=extra is not None, ADD_NORM=y is not None,
                     SUM_BLOCK=triton.next_power_of_2(n_hidden),
                     TRIGGER=pdl and LAST_SUM_TRIGGER)
             down_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
@@ -283,15 +286,8 @@ def fused_experts(
             main.wait_stream(side)  # the join: `extra` is read below, on this stream
 
     if cfg.last_sum:
-        if add_norm is None:
-            return out
-        if y is not None:
-            return out, y
-        return add_rmsnorm(add_norm[0], out, add_norm[1], add_norm[2])  # rows too wide
-    if add_norm is not None and not cfg.fused_sum and n_hidden <= ADD_NORM_MAX_WIDTH:
-        residual, weight, eps = add_norm
-        y = torch.empty(out.shape, dtype=torch.promote_types(out.dtype, weight.dtype),
-                        device=out.device)
+        pass  # the down kernel's last programs summed (and, given y, added and normalised)
+    elif y is not None:
         # One program a row (the norm needs all of it), in registers, in the layout of
         # `norm.add_rmsnorm`'s (the same block, 4 warps): the same bits.
         sum_kernel[(tokens, 1)](
@@ -299,8 +295,7 @@ def fused_experts(
             n_hidden, eps, PAIRS_PER_TOKEN=pairs_per_token, HAS_EXTRA=extra is not None,
             ADD_NORM=True, BLOCK=triton.next_power_of_2(n_hidden), PDL=pdl_supported(x.device),
             num_warps=4)
-        return out, y
-    if cfg.fused_sum:
+    elif cfg.fused_sum:
         down_sum_kernel[(triton.cdiv(n_hidden, bn),)](
             act, down, s_down, out, out if extra is None else extra, weights, ids,
             tokens, topk, n_tiles, n_hidden, n_inter, n_routed, *strides,
@@ -312,9 +307,10 @@ def fused_experts(
             buf, buf if extra is None else extra, out, out, out, out, n_hidden, 0.0,
             PAIRS_PER_TOKEN=pairs_per_token, HAS_EXTRA=extra is not None, ADD_NORM=False,
             BLOCK=block, num_warps=4)
+    if y is not None:
+        return out, y
     if add_norm is None:
         return out
     # The fused sum's programs own columns, not rows, and a row wider than one program holds
     # does not fit the sum's add+norm: the add and the norm run after the sum.
-    residual, weight, eps = add_norm
     return add_rmsnorm(residual, out, weight, eps)
