@@ -67,7 +67,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from mla_func.kernels.counters import device_counters
 from mla_func.kernels.moe_align import align, empty_layout
-from mla_func.kernels import moe_down_sm90
 from mla_func.kernels.moe_config import (
     DIRECT_BLOCK_M,
     FUSE_SHARED_MAX_TOKENS,
@@ -198,10 +197,6 @@ def fused_experts(
                          f" got {tokens} tokens x top-{topk}")
     if cfg.shared_stream and n_shared:
         raise ValueError("MoEConfig.shared_stream needs the shared experts apart")
-    if cfg.sm90_down and (cfg.direct or cfg.halves or n_shared or cfg.fused_sum
-                          or cfg.block_m != moe_down_sm90.BLOCK_M):
-        raise ValueError("MoEConfig.sm90_down needs the aligned layout with whole tiles of "
-                         f"{moe_down_sm90.BLOCK_M} rows and the shared experts apart")
     if cfg.direct and tokens > DIRECT_BLOCK_M:
         raise ValueError(f"the direct path takes at most {DIRECT_BLOCK_M} tokens")
     if cfg.fused_sum and not cfg.direct:
@@ -281,15 +276,11 @@ def fused_experts(
                     **norm, LAST_SUM=True, HAS_EXTRA=extra is not None, ADD_NORM=y is not None,
                     SUM_BLOCK=triton.next_power_of_2(n_hidden),
                     TRIGGER=pdl and LAST_SUM_TRIGGER)
-            if cfg.sm90_down and moe_down_sm90.supported(act, down, bn, bk):
-                moe_down_sm90.down_sm90(act, down, buf, weights, layout, pairs_per_token, bn,
-                                        bk, stages)
-            else:
-                down_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
-                    act, down, s_down, *descs, buf, weights, *tiles, n_hidden, n_inter,
-                    n_routed, *strides, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0,
-                    DIRECT=cfg.direct, **common, TMA=cfg.tma, HALVES=cfg.halves,
-                    num_warps=warps, num_stages=stages, **tail)
+            down_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
+                act, down, s_down, *descs, buf, weights, *tiles, n_hidden, n_inter, n_routed,
+                *strides, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0,
+                DIRECT=cfg.direct, **common, TMA=cfg.tma, HALVES=cfg.halves, num_warps=warps,
+                num_stages=stages, **tail)
     finally:
         if side is not None:
             main.wait_stream(side)  # the join: `extra` is read below, on this stream

@@ -29,11 +29,7 @@ class MoEConfig:
     finds its routed M-tile from the routing itself (`moe_inline_align`, O(block_m x pairs)
     a program) and the first N-tile's programs write the tile table the down GEMM reads.
     `last_sum` (direct layout, not `fused_sum`): no sum launch; the down GEMM's programs sum
-    the pairs (and add + norm) as their tail (`moe_sum.last_sum`): the same bits.
-    `sm90_down` (aligned layout, whole tiles of `moe_down_sm90.BLOCK_M` rows, shared experts
-    apart): on an sm90 device the routed down GEMM is `moe_down_sm90`'s persistent Gluon
-    kernel (the `down` tile's N, K and stages); elsewhere (the Triton interpreter, other GPUs)
-    `down_kernel` runs, the same math."""
+    the pairs (and add + norm) as their tail (`moe_sum.last_sum`): the same bits."""
 
     block_m: int
     gate_up: tuple[int, int, int, int]
@@ -47,7 +43,6 @@ class MoEConfig:
     halves: bool = False
     inline_align: bool = False
     last_sum: bool = False
-    sm90_down: bool = False
 
 
 # (max tokens, config): the first row whose bound is >= the step's static token count.

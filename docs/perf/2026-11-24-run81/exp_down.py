@@ -8,6 +8,11 @@ then one profiled replay of each graph: every kernel's summed duration, µs a la
 dense: cuBLAS on the dense GEMM of the down shape (act rows x moe_inter -> hidden).
 
     PYTHONPATH=. python3 exp_down.py [--tokens 4096] [--rounds 6] [--variants tree g4 ...]
+
+Runs on commit de30564 (run 81). Run 82 ran a later form of that commit's moe_down_sm90.py
+(the tile's expert loaded once a tile, not once a K step), which was measured and then
+removed uncommitted together with the kernel (`MoEConfig.sm90_down` and moe_down_sm90.py are
+not in the package after the sixteenth session); the g* variants need de30564's tree.
 """
 
 import argparse
