@@ -26,11 +26,11 @@ from dataclasses import replace
 
 import torch
 
+from mla_func.kernels.mla_absorbed import attend_absorbed
 from mla_func.kernels.mla_decode import (
     MAX_SPLITS,
     DecodePlan,
     DecodeWorkspace,
-    attend_absorbed,
     effective_plan,
     legacy_plan,
     mla_decode,

@@ -30,10 +30,10 @@ from mla_helpers import (  # noqa: E402
 from mla_func.kernels import mla_merge  # noqa: E402
 from mla_func.kernels.cache_write import reference_write, write_cache  # noqa: E402
 from mla_func.kernels.decode_plan import num_sms  # noqa: E402
+from mla_func.kernels.mla_absorbed import attend_absorbed  # noqa: E402
 from mla_func.kernels.mla_decode import (  # noqa: E402
     MAX_SPLITS,
     DecodeWorkspace,
-    attend_absorbed,
     legacy_plan,
     mla_decode,
     plan_decode,

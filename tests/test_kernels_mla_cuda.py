@@ -11,9 +11,9 @@ from mla_helpers import make_problem, poisoned_workspace, ref_args, rel_err
 from mla_func.batch import SeqWork, make_batch
 from mla_func.kernels.absorb import NewRows
 from mla_func.kernels.cache_write import reference_write
+from mla_func.kernels.mla_absorbed import attend_absorbed
 from mla_func.kernels.mla_decode import (
     DecodeWorkspace,
-    attend_absorbed,
     legacy_plan,
     num_sms,
     plan_decode,

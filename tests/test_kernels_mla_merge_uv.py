@@ -27,7 +27,8 @@ from mla_helpers import (  # noqa: E402
 )
 
 from mla_func.kernels import mla_merge, mla_merge_uv  # noqa: E402
-from mla_func.kernels.mla_decode import attend_absorbed, mla_decode, plan_decode  # noqa: E402
+from mla_func.kernels.mla_absorbed import attend_absorbed  # noqa: E402
+from mla_func.kernels.mla_decode import mla_decode, plan_decode  # noqa: E402
 from mla_func.kernels.mla_merge_uv import merge_uv  # noqa: E402
 from mla_func.ops import attention as ref  # noqa: E402
 

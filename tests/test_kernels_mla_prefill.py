@@ -26,10 +26,8 @@ from mla_helpers import (  # noqa: E402
 
 from mla_func.attention import get_backend  # noqa: E402
 from mla_func.batch import SeqWork, make_batch  # noqa: E402
-from mla_func.kernels.mla_decode import (  # noqa: E402
-    attend_absorbed,
-    plan_decode,
-)
+from mla_func.kernels.mla_absorbed import attend_absorbed  # noqa: E402
+from mla_func.kernels.mla_decode import plan_decode  # noqa: E402
 from mla_func.kernels.mla_prefill import mha_prefill  # noqa: E402
 from mla_func.ops import attention as ref  # noqa: E402
 

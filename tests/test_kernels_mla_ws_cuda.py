@@ -11,7 +11,8 @@ import torch
 from mla_helpers import make_problem, poisoned_workspace, ref_args, rel_err
 
 from mla_func.kernels import mla_decode_ws as ws
-from mla_func.kernels.mla_decode import DecodeWorkspace, attend_absorbed, num_sms, plan_decode
+from mla_func.kernels.mla_absorbed import attend_absorbed
+from mla_func.kernels.mla_decode import DecodeWorkspace, num_sms, plan_decode
 from mla_func.ops import attention as ref
 
 V3 = {"heads": 128, "nope": 128, "rope": 64, "v": 128, "kv_lora": 512}

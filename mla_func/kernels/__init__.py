@@ -2,7 +2,8 @@
 
 - cache_write: [c_kv, k_pe] rows into the paged latent cache at the slot mapping.
 - mla_decode, mla_merge, decode_plan: paged absorbed MLA decode: the split-KV kernel, the LSE
-  merge kernels, and the launch plan (`plan_decode`) with its `DecodeWorkspace`.
+  merge kernels, and the launch plan (`plan_decode`) with its `DecodeWorkspace`; mla_absorbed:
+  the absorbed attention those make up with the query absorption and the value product.
 - mla_prefill: MHA-form causal prefill/extend (expanded K/V, flash attention).
 - backend: registers the "triton" attention backend (imported lazily by get_backend).
 - norm, rope: fused RMSNorm and the MLA prologue (rope, c_kv norm, cache row).

@@ -21,7 +21,8 @@ from torch import Tensor
 from mla_func.attention import MHA_MIN_QUERY, AttentionBackend, GraphSupport, register_backend
 from mla_func.kernels.absorb import NewRows
 from mla_func.kernels.cache_write import write_cache
-from mla_func.kernels.mla_decode import DecodeWorkspace, attend_absorbed
+from mla_func.kernels.mla_absorbed import attend_absorbed
+from mla_func.kernels.mla_decode import DecodeWorkspace
 from mla_func.kernels.mla_prefill import mha_prefill
 from mla_func.kernels.rope import mla_prologue
 

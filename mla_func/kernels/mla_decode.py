@@ -36,9 +36,8 @@ the merge (mla_merge_uv.py: o written directly, no o_lat, no bmm launch);
 tile instead of both computing it; `ws` (sm90, 64 heads a program) runs the split in
 mla_decode_ws.py's warp-specialised Gluon kernel instead (same partials, same merges).
 
-The absorbed query is a cuBLAS bmm, or, given the step's new rows as the input projection left
-them (`absorb.NewRows`), one launch of absorb.py that computes it and runs their prologue (q_pe
-rotated, cache rows normed, rotated and written) in the same grid (the backend's decode path).
+The whole absorbed attention around these launches (the absorbed query, the value product) is
+mla_absorbed.py's `attend_absorbed`.
 """
 
 from typing import no_type_check
@@ -46,11 +45,10 @@ from typing import no_type_check
 import torch
 import triton
 import triton.language as tl
-from jaxtyping import Float, Int
+from jaxtyping import Int
 from torch import Tensor
 from triton.runtime.errors import OutOfResources
 
-from mla_func.kernels.absorb import NewRows, absorb_prologue
 from mla_func.kernels.counters import last_to_arrive
 from mla_func.kernels.decode_plan import (
     MAX_SPLITS,
@@ -74,16 +72,14 @@ from mla_func.kernels.decode_plan import (
 )
 from mla_func.kernels.l2_prefetch import prefetch_rows
 from mla_func.kernels.mla_decode_ws import decode_ws
-from mla_func.kernels.mla_decode_ws import device_ok as ws_device
 from mla_func.kernels.mla_decode_ws import supported as ws_supported
 from mla_func.kernels.mla_merge import launch_merge, merge_shape, merge_tile, split_chunk
-from mla_func.kernels.mla_merge_uv import merge_uv, shares_numel
 from mla_func.kernels.p_scratch import through_memory
 from mla_func.kernels.pdl import supported as pdl_supported
 from mla_func.ops.attention import CacheLayer
 
-__all__ = ["MAX_SPLITS", "MERGES", "DecodePlan", "DecodeWorkspace", "attend_absorbed",
-           "effective_plan", "legacy_plan", "mla_decode", "num_sms", "plan_decode"]
+__all__ = ["MAX_SPLITS", "MERGES", "DecodePlan", "DecodeWorkspace", "effective_plan",
+           "legacy_plan", "mla_decode", "num_sms", "plan_decode"]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -332,65 +328,3 @@ def early_launch(plan: DecodePlan, cache: Tensor) -> dict:
                and cache.data_ptr() % 16 == 0)
     keys = plan.num_warps * 32 if aligned else 0
     return dict(EARLY=True, L2_KEYS=keys, ROW_BYTES=row_bytes, launch_pdl=True)
-
-
-def attend_absorbed(
-    q_nope: Float[Tensor, "tokens heads qk_nope"],
-    q_pe: RopeRows | None,
-    cache: CacheLayer,
-    w_uk: Float[Tensor, "heads qk_nope kv_lora"],
-    w_uv: Float[Tensor, "heads v_head kv_lora"],
-    token_seq: RowIndex,
-    positions: RowIndex,
-    page_table: PageTable,
-    scale: float,
-    workspace: DecodeWorkspace,
-    plan: DecodePlan | None = None,
-    new: NewRows | None = None,
-    out: Float[Tensor, "tokens heads v_head"] | None = None,
-) -> Float[Tensor, "tokens heads v_head"]:
-    """The absorbed form (same contract as mla_func.ops.attention.attend_absorbed). Without a
-    plan, it is chosen from shapes only: rows and the page table's capacity. `new`: the new
-    rows are not in the cache yet, and q_pe is None: their prologue (q_pe rotated, the cache
-    rows written) runs first, in the launch that absorbs the query (absorb.py). `out`: the
-    tensor to write the result into (returned)."""
-    tokens, heads, _ = q_nope.shape
-    kv_lora = w_uk.shape[-1]
-    if (q_pe is None) == (new is None):
-        raise ValueError("attend_absorbed takes either q_pe or the new rows' prologue")
-    if plan is None:
-        capacity = page_table.shape[1] * cache.shape[1]
-        plan = plan_decode(tokens, capacity, num_sms(q_nope.device), heads,
-                           page_size=cache.shape[1], ws=ws_device(q_nope.device))
-    dtype = cache.dtype
-    q_lat, o_lat, part_o, part_lse = workspace.get(
-        q_nope.device, dtype, tokens, heads, kv_lora, plan.num_splits)
-    counters = scratch = None
-    if plan.merge == "fused":
-        counters = workspace.counters(q_nope.device, tokens * _cdiv(heads, plan.block_h))
-    if plan.shared_p:
-        scratch = workspace.shared_p(q_nope.device, dtype, tokens, heads, plan)
-    if new is None:
-        torch.bmm(q_nope.transpose(0, 1).to(dtype), w_uk.to(dtype), out=q_lat)
-    else:  # an earlier launch on the stream: the split kernel sees the new rows
-        q_pe = workspace.q_pe(q_nope.device, new.q_pe.dtype, tokens, heads, new.q_pe.shape[-1])
-        absorb_prologue(q_nope, w_uk, q_lat, q_pe, cache, new)
-    w_uv = w_uv.to(dtype)
-    uv = plan.uv and plan.merge == "tile" and plan.num_splits > 1
-    mla_decode(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, o_lat,
-               part_o, part_lse, counters, scratch, warm=w_uv, merge=not uv)
-    # Written straight in [tokens, heads, v_head] order (cuBLAS takes the strided output), so
-    # o_proj reads it without a transposing copy.
-    o = out if out is not None and out.dtype == dtype else torch.empty(
-        tokens, heads, w_uv.shape[1], dtype=dtype, device=q_nope.device)
-    if uv:  # the merge multiplies by W_UV itself: no o_lat, no bmm launch
-        dev, v_head = q_nope.device, w_uv.shape[1]
-        merge_uv(part_o, part_lse, positions, w_uv, o, effective_plan(plan).block_n,
-                 pdl(plan, dev), workspace.shares(dev, shares_numel(tokens, heads, kv_lora,
-                                                                     v_head)),
-                 workspace.counters(dev, tokens * heads))
-    else:
-        torch.bmm(o_lat, w_uv.transpose(1, 2), out=o.transpose(0, 1))
-    if out is None:
-        return o.to(q_nope.dtype)
-    return out if o is out else out.copy_(o)

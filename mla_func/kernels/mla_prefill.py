@@ -7,7 +7,7 @@ prompts this costs fewer FLOPs than the absorbed form (head dims 192/128 instead
 The kernel is FlashAttention-2 (Dao, 2023) with the query/key dot split into its nope and rope
 parts, so neither head dim needs padding to a power of two beyond its own.
 
-Short extends use the absorbed form instead (`mla_decode.attend_absorbed`, one row per token).
+Short extends use the absorbed form instead (`mla_absorbed.attend_absorbed`, one row per token).
 The form and the grid come from host metadata (max_seq_len, max_query_len), so this path is
 eager-only: it is not part of a captured decode graph.
 """

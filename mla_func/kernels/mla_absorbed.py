@@ -1,0 +1,95 @@
+"""The Triton backend's absorbed MLA attention (DeepSeek-V2, arXiv:2405.04434, 2.1 and
+appendix C): the absorbed query q_lat = q_nope . W_UK, the paged split-KV decode over the latent
+cache (mla_decode.py, or mla_decode_ws.py's warp-specialised kernel), the LSE merge, and the
+value product o = o_lat . W_UV^T, for decodes and short extends (one row per token).
+
+The absorbed query is a cuBLAS bmm, or, given the step's new rows as the input projection left
+them (`absorb.NewRows`), one launch of absorb.py that computes it and runs their prologue (q_pe
+rotated, cache rows normed, rotated and written) in the same grid (the backend's decode path).
+The value product is a cuBLAS bmm written straight in [tokens, heads, v_head] order, or, where
+the plan says `uv` (a few rows), part of the merge itself (mla_merge_uv.py).
+"""
+
+import torch
+import triton
+from jaxtyping import Float
+from torch import Tensor
+
+from mla_func.kernels.absorb import NewRows, absorb_prologue
+from mla_func.kernels.decode_plan import (
+    DecodePlan,
+    DecodeWorkspace,
+    PageTable,
+    RopeRows,
+    RowIndex,
+    effective_plan,
+    num_sms,
+    pdl,
+    plan_decode,
+)
+from mla_func.kernels.mla_decode import mla_decode
+from mla_func.kernels.mla_decode_ws import device_ok as ws_device
+from mla_func.kernels.mla_merge_uv import merge_uv, shares_numel
+from mla_func.ops.attention import CacheLayer
+
+
+def attend_absorbed(
+    q_nope: Float[Tensor, "tokens heads qk_nope"],
+    q_pe: RopeRows | None,
+    cache: CacheLayer,
+    w_uk: Float[Tensor, "heads qk_nope kv_lora"],
+    w_uv: Float[Tensor, "heads v_head kv_lora"],
+    token_seq: RowIndex,
+    positions: RowIndex,
+    page_table: PageTable,
+    scale: float,
+    workspace: DecodeWorkspace,
+    plan: DecodePlan | None = None,
+    new: NewRows | None = None,
+    out: Float[Tensor, "tokens heads v_head"] | None = None,
+) -> Float[Tensor, "tokens heads v_head"]:
+    """The absorbed form (same contract as mla_func.ops.attention.attend_absorbed). Without a
+    plan, it is chosen from shapes only: rows and the page table's capacity. `new`: the new
+    rows are not in the cache yet, and q_pe is None: their prologue (q_pe rotated, the cache
+    rows written) runs first, in the launch that absorbs the query (absorb.py). `out`: the
+    tensor to write the result into (returned)."""
+    tokens, heads, _ = q_nope.shape
+    kv_lora = w_uk.shape[-1]
+    if (q_pe is None) == (new is None):
+        raise ValueError("attend_absorbed takes either q_pe or the new rows' prologue")
+    if plan is None:
+        capacity = page_table.shape[1] * cache.shape[1]
+        plan = plan_decode(tokens, capacity, num_sms(q_nope.device), heads,
+                           page_size=cache.shape[1], ws=ws_device(q_nope.device))
+    dtype = cache.dtype
+    q_lat, o_lat, part_o, part_lse = workspace.get(
+        q_nope.device, dtype, tokens, heads, kv_lora, plan.num_splits)
+    counters = scratch = None
+    if plan.merge == "fused":
+        counters = workspace.counters(q_nope.device, tokens * triton.cdiv(heads, plan.block_h))
+    if plan.shared_p:
+        scratch = workspace.shared_p(q_nope.device, dtype, tokens, heads, plan)
+    if new is None:
+        torch.bmm(q_nope.transpose(0, 1).to(dtype), w_uk.to(dtype), out=q_lat)
+    else:  # an earlier launch on the stream: the split kernel sees the new rows
+        q_pe = workspace.q_pe(q_nope.device, new.q_pe.dtype, tokens, heads, new.q_pe.shape[-1])
+        absorb_prologue(q_nope, w_uk, q_lat, q_pe, cache, new)
+    w_uv = w_uv.to(dtype)
+    uv = plan.uv and plan.merge == "tile" and plan.num_splits > 1
+    mla_decode(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, o_lat,
+               part_o, part_lse, counters, scratch, warm=w_uv, merge=not uv)
+    # Written straight in [tokens, heads, v_head] order (cuBLAS takes the strided output), so
+    # o_proj reads it without a transposing copy.
+    o = out if out is not None and out.dtype == dtype else torch.empty(
+        tokens, heads, w_uv.shape[1], dtype=dtype, device=q_nope.device)
+    if uv:  # the merge multiplies by W_UV itself: no o_lat, no bmm launch
+        dev, v_head = q_nope.device, w_uv.shape[1]
+        merge_uv(part_o, part_lse, positions, w_uv, o, effective_plan(plan).block_n,
+                 pdl(plan, dev), workspace.shares(dev, shares_numel(tokens, heads, kv_lora,
+                                                                     v_head)),
+                 workspace.counters(dev, tokens * heads))
+    else:
+        torch.bmm(o_lat, w_uv.transpose(1, 2), out=o.transpose(0, 1))
+    if out is None:
+        return o.to(q_nope.dtype)
+    return out if o is out else out.copy_(o)
