@@ -30,13 +30,13 @@ rows fit one tile (`block_m` from the config table), so weights are read once an
 token count (`moe_config.pick_config`), never autotuned at run time (graph capture).
 
 Direct path (`MoEConfig.direct`, decode at a few tokens): the M-tiles are read off `ids` in the
-kernels (`moe_align.direct_tile`: one routed pair per tile, one tile per shared expert), so step
+kernels (`moe_tile.direct_tile`: one routed pair per tile, one tile per shared expert), so step
 1 is gone; at 2+ tokens an expert that two tokens pick is read twice. With `fused_sum`, step 4
 goes too: `down_sum_kernel` (one program per N-tile of `hidden`) runs every M-tile in a fixed
 order and sums each token's pairs as `sum_kernel` does: the same bits, two launches in all.
 
 The shared experts' M-tiles need no routing: they sit at fixed places in both layouts (the last
-tiles of the direct layout, the first of the aligned one, `moe_align.shared_tile`). With `pdl`
+tiles of the direct layout, the first of the aligned one, `moe_tile.shared_tile`). With `pdl`
 (sm90+) the alignment and the gate_up kernel are programmatic dependents of the kernel before
 them: the gate_up kernel launches while the router (and the alignment) run; its shared tiles
 load and multiply at once and wait for their predecessor's end only to store, the routed tiles

@@ -57,7 +57,7 @@ class MoEConfig:
 # 1024 and 4096 tokens: 128-row tiles, TMA loads, shared experts apart (558 against 592 us at
 # 1024, 1304 against 1438 at 4096; between 513 and 1023 tokens this choice is not measured);
 # the last row's down GEMM then got a fourth stage (4096 tokens: 289 against 319 us, run 27).
-# 1-4 tokens: the direct layout (`moe_align.direct_tile`) instead of the alignment launch (~9 us):
+# 1-4 tokens: the direct layout (`moe_tile.direct_tile`) instead of the alignment launch (~9 us):
 # 47 vs 52 us at 1 token, 71 vs 80 at 2, 108 vs 111 at 4. It re-reads an expert once per token
 # that picks it, so past a few tokens the aligned layout wins. `pdl` is on in every row: the layer
 # took 3-13 us less with it from 1 to 512 tokens on an H100 (docs/perf/2026-11-22-h100-run11,

@@ -4,7 +4,7 @@ pair (at a few tokens with the pair sum as its programs' tail, `moe_sum.last_sum
 direct layout's down GEMM that also sums each token's pairs (the pair sum's launch is
 `moe_sum.py`).
 
-Every kernel reads its M-tile through `moe_align.tile` (either layout) and accumulates in fp32.
+Every kernel reads its M-tile through `moe_tile.tile` (either layout) and accumulates in fp32.
 Expert weights are read by pointer loads, or with `TMA` by tensor descriptors: routed gate_up
 as it lies ([experts, 2, moe_inter, hidden], blocks [1, 2, BLOCK_N, BLOCK_K]: gate's and up's
 rows in one load and one product twice as wide, ~7% faster than two at 4096 tokens on an
@@ -18,9 +18,9 @@ from typing import no_type_check
 import triton
 import triton.language as tl
 
-from mla_func.kernels.moe_align import direct_tile, is_shared_tile, tile, unit_rows
 from mla_func.kernels.moe_inline_align import inline_tile
 from mla_func.kernels.moe_sum import last_sum
+from mla_func.kernels.moe_tile import direct_tile, is_shared_tile, tile, unit_rows
 
 
 @triton.jit

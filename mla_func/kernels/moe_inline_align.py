@@ -14,7 +14,7 @@ table turns it on at decode sizes only (`moe_config`). The programs of the first
 the tile table (`sorted_pairs`, `block_expert`, `block_rows`, as `align` would) for the down
 GEMM, which launches after the gate_up kernel has ended.
 
-The shared experts' runs come first in the layout, read off the sizes (`moe_align.shared_tile`),
+The shared experts' runs come first in the layout, read off the sizes (`moe_tile.shared_tile`),
 so `routed_tile` numbers the routed tiles from the end of the shared ones.
 """
 
@@ -23,7 +23,7 @@ from typing import no_type_check
 import triton
 import triton.language as tl
 
-from mla_func.kernels.moe_align import shared_tile
+from mla_func.kernels.moe_tile import shared_tile
 
 # Routed pairs (tokens x topk) a program holds at once: past this the selection's registers
 # grow out of reason (the table stops at 128 tokens: 768 pairs at V2-Lite's top-6).
@@ -65,7 +65,7 @@ def inline_tile(pid_m, pid_n, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_
                 topk, n_routed, PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr,
                 E_P2: tl.constexpr, P_BLOCK: tl.constexpr):
     """(expert or -1, pair per row, real rows) of M-tile pid_m of the aligned layout, as
-    `moe_align.tile` reads it off the table: a shared tile off the sizes, a routed one found
+    `moe_tile.tile` reads it off the table: a shared tile off the sizes, a routed one found
     from `ids`; the programs of N-tile 0 store a routed tile's entries of the table."""
     shared_tiles = (PAIRS_PER_TOKEN - topk) * tl.cdiv(n_tokens, BLOCK_M)
     if pid_m < shared_tiles:

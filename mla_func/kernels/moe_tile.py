@@ -1,0 +1,93 @@
+"""The M-tile a grouped MoE GEMM program reads, in either layout of `fused_moe`: the aligned
+layout (moe_align.py: pairs sorted by expert, each expert's run padded to `block_m` rows, the
+shared experts' runs first) or the direct layout.
+
+The direct layout (`direct_tile`, at a few tokens) needs no alignment launch: M-tile
+`q < tokens * topk` holds routed pair q alone, M-tile `tokens * topk + s` shared expert s for
+every token; row r of every tile is token r (so `tokens <= block_m`). A token's top-k experts
+are distinct, so at 1 token no weight is read twice; at 2+ tokens an expert two tokens share is
+read once per token (the shared experts stay one tile each).
+
+Pair `p = t * PAIRS_PER_TOKEN + j` is token t's j-th pair (routed j < topk, then the shared
+experts); every function returns (expert, pair per row, real rows) or a part of it.
+"""
+
+from typing import no_type_check
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def shared_tile(q, n_tokens, topk, n_routed, PAIRS_PER_TOKEN: tl.constexpr,
+                BLOCK_M: tl.constexpr):
+    """(expert, pair per row, real rows) of M-tile `q` of the aligned layout when it is a
+    shared expert's (q < n_shared * cdiv(tokens, BLOCK_M)): read off the sizes alone."""
+    per = tl.cdiv(n_tokens, BLOCK_M)
+    s = q // per
+    tok = (q - s * per) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return n_routed + s, tok * PAIRS_PER_TOKEN + topk + s, tok < n_tokens
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def direct_tile(q, ids_ptr, n_tokens, topk, n_routed, PAIRS_PER_TOKEN: tl.constexpr,
+                BLOCK_M: tl.constexpr):
+    """(expert, pair per row, real rows) of M-tile `q` of the direct layout (docstring)."""
+    rows = tl.arange(0, BLOCK_M)
+    n_pairs = n_tokens * topk
+    routed = q < n_pairs
+    t = q // topk
+    e = tl.load(ids_ptr + q, mask=routed, other=0).to(tl.int32)  # no ids read for shared
+    e = tl.where(routed, e, n_routed + q - n_pairs)
+    one = t * PAIRS_PER_TOKEN + q - t * topk
+    pair = tl.where(routed, one + rows * 0, rows * PAIRS_PER_TOKEN + topk + q - n_pairs)
+    row_ok = tl.where(routed, rows == t, rows < n_tokens)
+    return e, pair, row_ok
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, n_tokens, topk, n_routed,
+         PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, DIRECT: tl.constexpr):
+    """(expert, pair per row, real rows) of M-tile `pid_m` of either layout, as `fused_moe`'s
+    GEMMs read it. The tile's activations live in rows pid_m * BLOCK_M.. of `act` in both
+    layouts: affine rows keep the down GEMM's A loads cheap (gathered rows cost it ~100
+    registers on sm90)."""
+    if DIRECT:
+        e, pair, row_ok = direct_tile(pid_m, ids_ptr, n_tokens, topk, n_routed,
+                                      PAIRS_PER_TOKEN, BLOCK_M)
+    elif is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN, BLOCK_M, DIRECT):
+        e, pair, row_ok = shared_tile(pid_m, n_tokens, topk, n_routed, PAIRS_PER_TOKEN, BLOCK_M)
+    else:
+        rows = tl.arange(0, BLOCK_M)
+        e = tl.load(block_expert_ptr + pid_m)
+        row_ok = rows < tl.load(block_rows_ptr + pid_m)
+        pair = tl.load(sorted_ptr + pid_m * BLOCK_M + rows, mask=row_ok, other=0)
+    return e, pair, row_ok
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def unit_rows(u0, sorted_ptr, block_rows_ptr, UNIT: tl.constexpr, UNITS: tl.constexpr):
+    """(pair per row, real rows) of the UNITS consecutive M-tiles ("units", UNIT rows each) of
+    the aligned layout from u0, read as one tile of UNIT * UNITS rows (`MoEConfig.halves`:
+    two units of one expert make one GEMM tile)."""
+    r = tl.arange(0, UNIT * UNITS)
+    row_ok = (r % UNIT) < tl.load(block_rows_ptr + u0 + r // UNIT)
+    pair = tl.load(sorted_ptr + u0 * UNIT + r, mask=row_ok, other=0)
+    return pair, row_ok
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr,
+                   DIRECT: tl.constexpr):
+    """Whether M-tile `pid_m` is a shared expert's: found without the routing (direct layout:
+    the last tiles; aligned: the first, `shared_tile`)."""
+    if DIRECT:
+        shared = pid_m >= n_tokens * topk
+    else:
+        shared = pid_m < (PAIRS_PER_TOKEN - topk) * tl.cdiv(n_tokens, BLOCK_M)
+    return shared
