@@ -15,7 +15,7 @@ parts=${*:-tests capture step moe profile}
 for part in $parts; do
   echo "=== $part $(date -u +%H:%M:%S)"
   case $part in
-    tests) timeout 300 python3 -m pytest -q -m cuda -p no:cacheprovider tests \
+    tests) timeout 560 python3 -m pytest -q -m cuda -p no:cacheprovider tests \
              > "$OUT/cuda_tests.log" 2>&1
            grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/cuda_tests.log" | tail -15 ;;
     capture) timeout 150 python3 scripts/capture.py --preset v2-lite --backend triton \
