@@ -63,9 +63,10 @@ def step_floor(params: mf.Params, distinct: list[int], batch: int, ctx: int,
 
 
 def decode_batch(state: mf.KVState, batch: int, ctx: int, backend: str, seed: int,
-                 max_pages: int | None = None) -> mf.Batch:
+                 max_pages: int | None = None, vocab: int = 100000) -> mf.Batch:
     """`batch` sequences with `ctx` cached tokens each (pages taken from the allocator), page
-    tables `max_pages` wide (a compiled step needs the width it was captured with)."""
+    tables `max_pages` wide (a compiled step needs the width it was captured with); each
+    sequence's new token is random below `vocab`."""
     alloc = state.allocator
     for seq in list(alloc.pages):
         alloc.release(seq)
@@ -73,7 +74,7 @@ def decode_batch(state: mf.KVState, batch: int, ctx: int, backend: str, seed: in
     work = []
     for i in range(batch):
         pages = alloc.reserve(i, ctx + 1)
-        tok = int(torch.randint(0, 100000, (1,), generator=g))
+        tok = int(torch.randint(0, vocab, (1,), generator=g))
         work.append(mf.SeqWork([tok], ctx, pages))
     max_pages = max_pages or math.ceil((max(ctx, 1) + 1) / state.page_size)
     return mf.make_batch(work, state.page_size, max_pages, device=state.cache.device,
@@ -180,7 +181,18 @@ def bench_prefill(params, state, args) -> list[dict]:
     return rows
 
 
-def bench_generate(cfg, params, args, floor_ms: float | None) -> dict:
+def generate_floor(params, state, ceil, args) -> dict[str, float]:
+    """The floor of one of `generate`'s decode steps: all `gen_requests` sequences at their mean
+    context over the decode phase (prompt + new / 2), the distinct experts counted on one eager
+    step of that batch (random tokens). Its ceiling is gen_requests tokens per floor."""
+    ctx = args.gen_prompt + args.gen_new // 2
+    batch = decode_batch(state, args.gen_requests, ctx, args.backend, seed=ctx,
+                         max_pages=args.max_pages, vocab=params.cfg.vocab_size)
+    distinct = count_distinct_experts(params, state, batch)
+    return {"ctx": ctx, **step_floor(params, distinct, args.gen_requests, ctx, ceil)}
+
+
+def bench_generate(cfg, params, args, floor_ms: float) -> dict:
     prompts = torch.randint(2, 100000, (args.gen_requests, args.gen_prompt)).tolist()
     kw = dict(max_new_tokens=args.gen_new, mode="full_and_piecewise",
               attention_backend=args.backend, eos_token_id=None, page_size=args.page_size,
@@ -203,8 +215,7 @@ def bench_generate(cfg, params, args, floor_ms: float | None) -> dict:
     res = {"requests": args.gen_requests, "prompt": args.gen_prompt, "new": args.gen_new,
            "steps": out.steps, "warmup_s": warm, "setup_s": out.setup_time_s,
            "loop_s": out.wall_time_s, "total_s": wall, "out_tok_s": new / out.wall_time_s}
-    if floor_ms:
-        res["ceiling_out_tok_s"] = args.gen_requests / floor_ms * 1e3
+    res["ceiling_out_tok_s"] = args.gen_requests / floor_ms * 1e3
     return res
 
 
@@ -254,10 +265,13 @@ def run(args) -> dict:
     if "hfcompile" in args.parts:
         result["hf_compile"] = bench_hf_compile(cfg, args)
     params = mf.init_params(cfg, seed=0, device="cuda", dtype=torch.bfloat16)
-    max_ctx = max(args.contexts + [max(args.prefill_tokens, default=0)])
+    generate = "generate" in args.parts
+    max_ctx = max(args.contexts + [max(args.prefill_tokens, default=0)]
+                  + ([args.gen_prompt + args.gen_new] if generate else []))
     pages_per_seq = math.ceil((max_ctx + 1) / args.page_size)
     args.max_pages = pages_per_seq
-    num_pages = max(args.batches) * pages_per_seq + 2
+    num_pages = max(args.batches + ([args.gen_requests] if generate else [])) \
+        * pages_per_seq + 2
     state = mf.init_state(cfg, num_pages, args.page_size, device="cuda", dtype=torch.bfloat16)
     state.cache.normal_()
     if "decode" in args.parts:
@@ -271,12 +285,14 @@ def run(args) -> dict:
         plot(rows, out / "decode_step.png", gpu)
     if "prefill" in args.parts:
         result["prefill"] = bench_prefill(params, state, args)
+    if generate:  # measured here: the engine below allocates its own cache
+        gen_floor = generate_floor(params, state, ceil, args)
     del state
     gc.collect()
     torch.cuda.empty_cache()
-    if "generate" in args.parts:
-        floors = [r["floor_ms"] for r in result.get("decode", []) if r["batch"] == 128]
-        result["generate"] = bench_generate(cfg, params, args, min(floors) if floors else None)
+    if generate:
+        result["generate"] = {**bench_generate(cfg, params, args, gen_floor["floor_ms"]),
+                              "floor_ctx": gen_floor["ctx"], "floor_ms": gen_floor["floor_ms"]}
     (out / "bench_step.json").write_text(json.dumps(result, indent=1))
     summarize(result)
     return result

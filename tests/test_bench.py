@@ -30,6 +30,26 @@ def test_distinct_experts_counts_every_moe_layer():
     assert all(1 <= n <= cfg.n_routed_experts for n in seen)
 
 
+def test_generate_floor_is_one_step_of_every_request_at_the_mean_context():
+    """`generate`'s ceiling: one decode step of all requests at prompt + new / 2 (CPU, tiny)."""
+    from argparse import Namespace
+
+    import mla_func as mf
+    from mla_func.state import init_state
+    from scripts.bench_step import generate_floor
+
+    cfg = mf.MLAConfig.preset("tiny")
+    params = mf.init_params(cfg, seed=0)
+    state = init_state(cfg, num_pages=32, page_size=4)
+    args = Namespace(gen_prompt=9, gen_new=6, gen_requests=3, backend="torch", max_pages=4)
+    ceil = {"copy_gbs": 1.0, "matmul_tflops": 1e-3}
+    got = generate_floor(params, state, ceil, args)
+    assert got["ctx"] == 12
+    kv = 3 * 13 * cfg.latent_dim * cfg.num_hidden_layers * params.embed.element_size()
+    assert got["bytes_gb"] * 1e9 > kv + params.lm_head.numel() * params.embed.element_size()
+    assert got["floor_ms"] >= got["bytes_gb"] * 1e9 / 1e9 * 1e3  # bytes over 1 GB/s, in ms
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
 @pytest.mark.parametrize("what", ["step", "kernels", "moe", "capture", "all"])
 def test_bench_without_cuda_fails_clearly_and_writes_nothing(what, tmp_path):
