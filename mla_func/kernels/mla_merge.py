@@ -6,13 +6,13 @@ is sum_s 2^(lse_s - top) o_s / sum_s 2^(lse_s - top), top = max_s lse_s (FlashDe
 et al. 2023; FlashMLA). Splits past the row's real length wrote lse = -inf and no o_s: they
 weigh 0, and their o_s (anything, NaN included) is never multiplied in.
 
-`merge_tile` vectorises over splits: it loads [heads, splits, columns] tiles (one tile when
-the splits fit the tile budget, else a chunk of splits at a time) instead of one 512-wide row
-per split in a dependent loop. `_merge_kernel` runs it with one program per (row, block of
-heads, block of columns); at many splits only over those the row's length reaches: the split
-count is fixed per captured bucket for the longest row the page table holds, so a short row
-leaves most splits empty (at 1 row and 8256 keys of capacity, 96 of 128 splits for 1024
-keys). The split kernel runs it in its last-arriving program (plan.merge "fused").
+`merged` (which `merge_tile` stores) vectorises over splits: it loads [heads, splits, columns]
+tiles (one tile when the splits fit the tile budget, else a chunk of splits at a time) instead
+of one 512-wide row per split in a dependent loop. `_merge_kernel` runs it with one program per
+(row, block of heads, block of columns); at many splits only over those the row's length
+reaches: the split count is fixed per captured bucket for the longest row the page table holds,
+so a short row leaves most splits empty (at 1 row and 8256 keys of capacity, 96 of 128 splits
+for 1024 keys). The split kernel runs it in its last-arriving program (plan.merge "fused").
 `_serial_merge_kernel` is the first version (reads positions, then one split at a time), kept
 for side-by-side timing. Every variant sums in split order within one program: deterministic.
 """
@@ -54,13 +54,14 @@ def reached_splits(positions, t, num_splits, BLOCK_N: tl.constexpr):
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def merge_tile(
-    part_o, part_lse, out, t, h, hm, c, cm, so_h, so_t, heads, kv_lora, num_splits, active,
+def merged(
+    part_o, part_lse, t, h, hm, c, cm, heads, kv_lora, num_splits, active,
     MERGE_H: tl.constexpr, MERGE_C: tl.constexpr, SPLITS_P2: tl.constexpr,
     CHUNK: tl.constexpr, CACHE: tl.constexpr,
 ):
-    """out[h, t, c] = the LSE merge of the first `active` splits, for MERGE_H heads `h` and
-    MERGE_C columns `c` of row t. CACHE ".cg" reads from L2 (partials other SMs just wrote)."""
+    """[MERGE_H, MERGE_C] fp32: the LSE merge of the first `active` splits of row t, for heads
+    `h` (live where `hm`) and columns `c` (live where `cm`). CACHE ".cg" reads from L2
+    (partials other SMs just wrote)."""
     # where(w > 0, ...), not w * o: an empty split's o_s is never written and may be NaN.
     base = (t * heads + h) * num_splits  # [MERGE_H]
     s = tl.arange(0, SPLITS_P2)
@@ -90,8 +91,21 @@ def merge_tile(
             wc = tl.exp2(lc - top[:, None])[:, :, None]
             acc += tl.sum(tl.where(wc > 0, wc * po, 0.0), 1)
     safe = tl.where(total > 0, total, 1.0)
-    tl.store(out + h[:, None] * so_h + t * so_t + c[None, :],
-             (acc / safe[:, None]).to(out.dtype.element_ty), mask=hm[:, None] & cm[None, :])
+    return acc / safe[:, None]
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def merge_tile(
+    part_o, part_lse, out, t, h, hm, c, cm, so_h, so_t, heads, kv_lora, num_splits, active,
+    MERGE_H: tl.constexpr, MERGE_C: tl.constexpr, SPLITS_P2: tl.constexpr,
+    CHUNK: tl.constexpr, CACHE: tl.constexpr,
+):
+    """out[h, t, c] = `merged`, rounded to out's dtype."""
+    o = merged(part_o, part_lse, t, h, hm, c, cm, heads, kv_lora, num_splits, active, MERGE_H,
+               MERGE_C, SPLITS_P2, CHUNK, CACHE)
+    tl.store(out + h[:, None] * so_h + t * so_t + c[None, :], o.to(out.dtype.element_ty),
+             mask=hm[:, None] & cm[None, :])
 
 
 @triton.jit(do_not_specialize=["num_splits"])

@@ -6,7 +6,7 @@ for small decode batches.
 a cuBLAS bmm then multiplies it by W_UV into o ([tokens, heads, v_head]): at a few rows that
 bmm is a launch of its own (3-4 us on an H100 for 2 MB of weights) between the merge and
 o_proj. Here one program per (row, head, block of COLS kv_lora columns) merges the row's
-partials for that head and those columns as `merge_tile` does (weights 2^(lse_s - top) over
+partials for that head and those columns with `mla_merge.merged` (weights 2^(lse_s - top) over
 the splits the row reaches, CHUNK splits at a time; empty splits never read), rounds its
 o_lat columns to the cache dtype as the o_lat buffer would, and multiplies them by the same
 columns of the head's W_UV: its share of o (fp32). It stores the share to scratch; the last
@@ -35,7 +35,7 @@ from torch import Tensor
 
 from mla_func.kernels import mla_merge
 from mla_func.kernels.counters import last_to_arrive
-from mla_func.kernels.mla_merge import ACTIVE_MIN_SPLITS, reached_splits
+from mla_func.kernels.mla_merge import ACTIVE_MIN_SPLITS, merged, reached_splits
 
 # kv_lora columns a program merges (8 programs a row and head at V2/V3's 512; W_UV: 128 x 64 in
 # bf16, 16 KiB); it loads `mla_merge.MERGE_TILE` fp32 partials at a time, as the tile merge.
@@ -73,22 +73,10 @@ def _merge_uv_kernel(
         active = reached_splits(positions, t, num_splits, BLOCK_N)
     if PDL:
         tl.extra.cuda.gdc_wait()
-    base = (t * heads + h) * num_splits
-    s = tl.arange(0, SPLITS_P2)
-    lse = tl.load(part_lse + base + s, mask=s < active, other=float("-inf"))
-    top = tl.max(lse, 0)
-    total = tl.sum(tl.exp2(lse - top), 0)
-    acc = tl.zeros([COLS], tl.float32)
-    for s0 in range(0, active, CHUNK):
-        sc = s0 + tl.arange(0, CHUNK)
-        live = sc < active
-        w = tl.exp2(tl.load(part_lse + base + sc, mask=live, other=float("-inf")) - top)
-        po = tl.load(part_o + (base + sc)[:, None] * kv_lora + c[None, :],
-                     mask=live[:, None] & cm[None, :], other=0.0)
-        # where(w > 0, ...), not w * po: an empty split's partial is never written (NaN).
-        acc += tl.sum(tl.where(w[:, None] > 0, w[:, None] * po, 0.0), 0)
-    safe = tl.where(total > 0, total, 1.0)
-    o_lat = (acc / safe).to(w_uv.dtype.element_ty)  # rounded as the o_lat buffer holds it
+    one = tl.arange(0, 1)  # the merge of one head: a [1, COLS] tile
+    o_lat = tl.reshape(merged(part_o, part_lse, t, h + one, one == 0, c, cm, heads, kv_lora,
+                              num_splits, active, 1, COLS, SPLITS_P2, CHUNK, ""), [COLS])
+    o_lat = o_lat.to(w_uv.dtype.element_ty)  # rounded as the o_lat buffer holds it
     share = tl.sum(wt.to(tl.float32) * o_lat.to(tl.float32)[None, :], 1)  # [BLOCK_V]
     row = t * heads + h
     tl.store(shares + (row * COL_BLOCKS_P2 + cb) * BLOCK_V + v, share)

@@ -3,7 +3,8 @@
 # final tree re-measured with the project's own commands, logs and JSON under $OUT:
 #   tests: scripts/gpu_check.sh tests (the whole CUDA suite);  artifacts: gpu_check.sh capture
 #   (scripts/capture.py, the V2-Lite capture report);  moe: `bench moe`;  capture: `bench
-#   capture`;  step: `bench step` with STEP_PARTS (default decode hf), contexts 1024 4096.
+#   capture`;  step: `bench step` with STEP_PARTS (default decode hf), contexts 1024 4096;
+#   merge: exp_merge.py (EM_ARGS; needs baseline/);  mlatests: the MLA and capture CUDA tests.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -21,6 +22,10 @@ for part in "$@"; do
     step) timeout 580 python3 -m scripts.bench step --parts ${STEP_PARTS:-decode hf} \
             --contexts 1024 4096 --out "$OUT/step" > "$OUT/step.log" 2>&1
           grep -v -i warn "$OUT/step.log" | grep -v "^{" | tail -40 ;;
+    merge) timeout 560 python3 docs/perf/2026-11-24-run83/exp_merge.py $EM_ARGS 2>&1 \
+             | grep -v -i warn ;;
+    mlatests) timeout 560 python3 -m pytest -q -m cuda -p no:cacheprovider \
+                tests/test_kernels_mla_cuda.py tests/test_capture_cuda.py 2>&1 | tail -5 ;;
     *) echo "unknown part $part" ;;
   esac
 done
