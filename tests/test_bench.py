@@ -47,7 +47,7 @@ def test_generate_floor_is_one_step_of_every_request_at_the_mean_context():
     assert got["ctx"] == 12
     kv = 3 * 13 * cfg.latent_dim * cfg.num_hidden_layers * params.embed.element_size()
     assert got["bytes_gb"] * 1e9 > kv + params.lm_head.numel() * params.embed.element_size()
-    assert got["floor_ms"] >= got["bytes_gb"] * 1e9 / 1e9 * 1e3  # bytes over 1 GB/s, in ms
+    assert got["floor_ms"] >= got["bytes_gb"] * 1e3  # its bytes over 1 GB/s, in ms
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
