@@ -142,6 +142,10 @@ def test_backend_pure_decode_with_padded_rows(page_size):
     assert_cache_rows(got_cache, want_cache, args[CACHE_ARG], args[9])
 
 
+# The backend's split partials start as torch.empty: an empty split's may hold NaN, which the
+# merge multiplies by its zero weight before it discards the product (mla_merge.merged); the
+# interpreter's numpy warns about that product.
+@pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
 @pytest.mark.parametrize("long_prompt", [False, True])
 def test_backend_mixed_decode_and_prefill(long_prompt):
     work = [
