@@ -181,18 +181,25 @@ def bench_prefill(params, state, args) -> list[dict]:
     return rows
 
 
+def generate_ctx(args) -> int:
+    """The mean context of `generate`'s decode steps: prompt + new / 2."""
+    return args.gen_prompt + args.gen_new // 2
+
+
 def generate_floor(params, state, ceil, args) -> dict[str, float]:
     """The floor of one of `generate`'s decode steps: all `gen_requests` sequences at their mean
-    context over the decode phase (prompt + new / 2), the distinct experts counted on one eager
-    step of that batch (random tokens). Its ceiling is gen_requests tokens per floor."""
-    ctx = args.gen_prompt + args.gen_new // 2
+    context (`generate_ctx`), the distinct experts counted on one eager step of that batch
+    (random tokens). Its ceiling is gen_requests tokens per floor."""
+    ctx = generate_ctx(args)
     batch = decode_batch(state, args.gen_requests, ctx, args.backend, seed=ctx,
                          max_pages=args.max_pages, vocab=params.cfg.vocab_size)
     distinct = count_distinct_experts(params, state, batch)
     return {"ctx": ctx, **step_floor(params, distinct, args.gen_requests, ctx, ceil)}
 
 
-def bench_generate(cfg, params, args, floor_ms: float) -> dict:
+def bench_generate(cfg, params, args, floor: dict[str, float]) -> dict:
+    """Output tokens/s of `generate` over its step loop, beside the ceiling of `floor`
+    (`generate_floor`)."""
     prompts = torch.randint(2, 100000, (args.gen_requests, args.gen_prompt)).tolist()
     kw = dict(max_new_tokens=args.gen_new, mode="full_and_piecewise",
               attention_backend=args.backend, eos_token_id=None, page_size=args.page_size,
@@ -215,8 +222,8 @@ def bench_generate(cfg, params, args, floor_ms: float) -> dict:
     res = {"requests": args.gen_requests, "prompt": args.gen_prompt, "new": args.gen_new,
            "steps": out.steps, "warmup_s": warm, "setup_s": out.setup_time_s,
            "loop_s": out.wall_time_s, "total_s": wall, "out_tok_s": new / out.wall_time_s}
-    res["ceiling_out_tok_s"] = args.gen_requests / floor_ms * 1e3
-    return res
+    res["ceiling_out_tok_s"] = args.gen_requests / floor["floor_ms"] * 1e3
+    return {**res, "floor_ctx": floor["ctx"], "floor_ms": floor["floor_ms"]}
 
 
 def plot(rows: list[dict], path: Path, gpu: str) -> None:
@@ -267,7 +274,7 @@ def run(args) -> dict:
     params = mf.init_params(cfg, seed=0, device="cuda", dtype=torch.bfloat16)
     generate = "generate" in args.parts
     max_ctx = max(args.contexts + [max(args.prefill_tokens, default=0)]
-                  + ([args.gen_prompt + args.gen_new] if generate else []))
+                  + ([generate_ctx(args)] if generate else []))
     pages_per_seq = math.ceil((max_ctx + 1) / args.page_size)
     args.max_pages = pages_per_seq
     num_pages = max(args.batches + ([args.gen_requests] if generate else [])) \
@@ -291,8 +298,7 @@ def run(args) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
     if generate:
-        result["generate"] = {**bench_generate(cfg, params, args, gen_floor["floor_ms"]),
-                              "floor_ctx": gen_floor["ctx"], "floor_ms": gen_floor["floor_ms"]}
+        result["generate"] = bench_generate(cfg, params, args, gen_floor)
     (out / "bench_step.json").write_text(json.dumps(result, indent=1))
     summarize(result)
     return result
