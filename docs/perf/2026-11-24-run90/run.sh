@@ -13,6 +13,8 @@ for part in "$@"; do
   case $part in
     levels) timeout 580 python3 docs/perf/2026-11-24-run90/exp_levels.py $LV_ARGS 2>&1 \
               | grep -v -i warn ;;
+    plan) timeout 580 python3 docs/perf/2026-11-24-run90/exp_plan.py $PL_ARGS 2>&1 \
+            | grep -v -i warn ;;
     *) OUT=$OUT bash docs/perf/2026-11-24-run83/run.sh $part | grep -v "^Name\|^NVIDIA" ;;
   esac
 done
