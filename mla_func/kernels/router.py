@@ -46,9 +46,10 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.config import MLAConfig
+from mla_func.kernels import router_rows
 from mla_func.kernels.counters import device_counters, last_to_arrive
 from mla_func.kernels.pdl import supported as pdl_supported
-from mla_func.kernels.router_select import expert_of, select_experts
+from mla_func.kernels.router_select import sum_and_select
 from mla_func.ops.moe import route
 
 METHODS = {"greedy": 0, "group_limited_greedy": 1, "noaux_tc": 2}
@@ -90,6 +91,9 @@ EARLY = True
 # 2.428 / 2.409 against 2.432 / 2.418 (ctx 1024), 2.504 / 2.489 against 2.510 / 2.499 (4096);
 # B=2-8 even (the same bits).
 PRELOAD = True
+# Up to router_rows.MAX_ROWS rows, one program an expert (`router_rows.py`) instead of the split
+# kernel. (Measurement pending: docs/perf/2026-11-24-run90/exp_rows.py.)
+FEW_ROWS = True
 
 
 @dataclass(frozen=True)
@@ -163,40 +167,6 @@ def launch_config(tokens: int, experts: int, hidden: int, n_group: int = 1) -> L
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _sum_and_select(part_ptr, b, T, n_split, bias_ptr, w_out, id_out, scale, E: tl.constexpr,
-                    BLOCK_E: tl.constexpr, BLOCK_T: tl.constexpr, SEL_T: tl.constexpr,
-                    BLOCK_S: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
-                    METHOD: tl.constexpr, N_GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-                    TOPK_GROUP: tl.constexpr, GROUP_SIZE: tl.constexpr,
-                    BLOCK_GS: tl.constexpr, NORMALIZE: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """Block b's logits: its partials summed in split order, SEL_T tokens at a time, read
-    straight into the (group, slot) layout of `select_experts`."""
-    p = tl.arange(0, BLOCK_G * BLOCK_GS)
-    eid = expert_of(p, BLOCK_GS, GROUP_SIZE)
-    pmask = ((p % BLOCK_GS < GROUP_SIZE) & (eid < E))[None, None, :]
-    js = tl.arange(0, BLOCK_S)
-    # Partials are [block, split, BLOCK_T, BLOCK_E]: constant strides inside the tile.
-    block_part = part_ptr + b.to(tl.int64) * n_split * BLOCK_T * BLOCK_E
-    for r0 in range(0, tl.minimum(T - b.to(tl.int64) * BLOCK_T, BLOCK_T), SEL_T):
-        r = r0 + tl.arange(0, SEL_T)
-        rows = b.to(tl.int64) * BLOCK_T + r
-        live = (rows < T)[:, None, None]
-        logits = tl.zeros([SEL_T, BLOCK_G * BLOCK_GS], dtype=tl.float32)
-        for j0 in tl.range(0, n_split, BLOCK_S, num_stages=3):
-            ptrs = (block_part + j0 * BLOCK_T * BLOCK_E + js[None, :, None] * BLOCK_T * BLOCK_E
-                    + r[:, None, None] * BLOCK_E + eid[None, None, :])
-            mask = live & (j0 + js < n_split)[None, :, None] & pmask
-            # .cg: other SMs wrote these, read them from L2. (Triton may stage them through
-            # an L1-allocating cp.async; no L1 holds a stale line: nothing reads a block's
-            # partials before its last program does, and L1 starts clean every launch.)
-            logits += tl.sum(tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg"), axis=1)
-        select_experts(logits, rows, T, bias_ptr, w_out, id_out, scale, E, SEL_T, K, BLOCK_K,
-                       METHOD, N_GROUP, BLOCK_G, TOPK_GROUP, GROUP_SIZE, BLOCK_GS, NORMALIZE,
-                       HAS_BIAS)
-
-
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _router_rows(r_ptr, hidden, h, h_hi, e, E: tl.constexpr):
     """The router's hidden rows `h` (those below h_hi) for the experts `e` (those below E):
     [BLOCK_H, BLOCK_E], zeros elsewhere."""
@@ -251,15 +221,15 @@ def _router_kernel(x_ptr, r_ptr, bias_ptr, part_ptr, cnt_ptr, w_out, id_out, T, 
              + t[:, None] * BLOCK_E + e[None, :], acc, mask=live[:, None])
     if REDUCE:  # the block's last split to arrive sums and selects
         if last_to_arrive(cnt_ptr + b, n_split):
-            _sum_and_select(part_ptr, b, T, n_split, bias_ptr, w_out, id_out, scale, E,
-                            BLOCK_E, BLOCK_T, SEL_T, BLOCK_S, K, BLOCK_K, METHOD, N_GROUP,
-                            BLOCK_G, TOPK_GROUP, GROUP_SIZE, BLOCK_GS, NORMALIZE, HAS_BIAS)
+            sum_and_select(part_ptr, b, T, n_split, bias_ptr, w_out, id_out, scale, E,
+                           BLOCK_E, BLOCK_T, SEL_T, BLOCK_S, K, BLOCK_K, METHOD, N_GROUP,
+                           BLOCK_G, TOPK_GROUP, GROUP_SIZE, BLOCK_GS, NORMALIZE, HAS_BIAS)
             tl.store(cnt_ptr + b, 0)
     else:
         tl.debug_barrier()  # every thread's partials stored before the program reads them
-        _sum_and_select(part_ptr, b, T, n_split, bias_ptr, w_out, id_out, scale, E, BLOCK_E,
-                        BLOCK_T, SEL_T, BLOCK_S, K, BLOCK_K, METHOD, N_GROUP, BLOCK_G,
-                        TOPK_GROUP, GROUP_SIZE, BLOCK_GS, NORMALIZE, HAS_BIAS)
+        sum_and_select(part_ptr, b, T, n_split, bias_ptr, w_out, id_out, scale, E, BLOCK_E,
+                       BLOCK_T, SEL_T, BLOCK_S, K, BLOCK_K, METHOD, N_GROUP, BLOCK_G,
+                       TOPK_GROUP, GROUP_SIZE, BLOCK_GS, NORMALIZE, HAS_BIAS)
 
 
 def kernel_constants(cfg: LaunchConfig, x_dtype: torch.dtype, experts: int, top_k: int,
@@ -304,6 +274,12 @@ def _launch(x: Tensor, router: Tensor, score_bias: Tensor | None, top_k: int, n_
     counters = _counters(x.device)
     const = kernel_constants(cfg, x.dtype, experts, top_k, n_group, topk_group, method, normalize,
                              score_bias is not None, pdl_supported(x.device))
+    if FEW_ROWS and tokens <= router_rows.MAX_ROWS:  # one program an expert
+        part = torch.empty(router_rows.MAX_ROWS * cfg.block_e, dtype=torch.float32,
+                           device=x.device)
+        router_rows.route_rows(x, router, bias, part, counters, weights, ids, scale, const,
+                               bool(const["WAIT"]))
+        return weights, ids
     _router_kernel[(cfg.blocks, cfg.n_split)](
         x, router, bias, part, counters, weights, ids, tokens, hidden, x.stride(0), cfg.chunk,
         cfg.n_split, scale, **const, num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -2,7 +2,8 @@
 
 `ops.moe.route` after the logits (DeepSeek-V2 greedy / group_limited_greedy, DeepSeek-V3
 noaux_tc; arXiv:2405.04434, arXiv:2412.19437), for a tile of tokens at once, inside the
-router kernel (`kernels/router.py`), which owns the logits and the launch.
+router kernels (`kernels/router.py`, `kernels/router_rows.py`), which own the logits and the
+launch; `sum_and_select` reads their per-split partial logits, sums them and selects.
 
 Experts are laid out as (group, slot): position p = g * BLOCK_GS + j holds expert
 g * GROUP_SIZE + j, so the per-group reductions are one reduction over the slot axis of a
@@ -97,3 +98,37 @@ def select_experts(logits, rows, T, bias_ptr, w_out, id_out, scale, E: tl.conste
     kmask = (kk + tl.where(rows < T, 0, K)[:, None]) < K
     tl.store(w_out + rows[:, None] * K + kk, weights, mask=kmask)
     tl.store(id_out + rows[:, None] * K + kk, ids, mask=kmask)
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def sum_and_select(part_ptr, b, T, n_split, bias_ptr, w_out, id_out, scale, E: tl.constexpr,
+                   BLOCK_E: tl.constexpr, BLOCK_T: tl.constexpr, SEL_T: tl.constexpr,
+                   BLOCK_S: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
+                   METHOD: tl.constexpr, N_GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+                   TOPK_GROUP: tl.constexpr, GROUP_SIZE: tl.constexpr,
+                   BLOCK_GS: tl.constexpr, NORMALIZE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Block b's logits: its partials summed in split order, SEL_T tokens at a time, read
+    straight into the (group, slot) layout of `select_experts`."""
+    p = tl.arange(0, BLOCK_G * BLOCK_GS)
+    eid = expert_of(p, BLOCK_GS, GROUP_SIZE)
+    pmask = ((p % BLOCK_GS < GROUP_SIZE) & (eid < E))[None, None, :]
+    js = tl.arange(0, BLOCK_S)
+    # Partials are [block, split, BLOCK_T, BLOCK_E]: constant strides inside the tile.
+    block_part = part_ptr + b.to(tl.int64) * n_split * BLOCK_T * BLOCK_E
+    for r0 in range(0, tl.minimum(T - b.to(tl.int64) * BLOCK_T, BLOCK_T), SEL_T):
+        r = r0 + tl.arange(0, SEL_T)
+        rows = b.to(tl.int64) * BLOCK_T + r
+        live = (rows < T)[:, None, None]
+        logits = tl.zeros([SEL_T, BLOCK_G * BLOCK_GS], dtype=tl.float32)
+        for j0 in tl.range(0, n_split, BLOCK_S, num_stages=3):
+            ptrs = (block_part + j0 * BLOCK_T * BLOCK_E + js[None, :, None] * BLOCK_T * BLOCK_E
+                    + r[:, None, None] * BLOCK_E + eid[None, None, :])
+            mask = live & (j0 + js < n_split)[None, :, None] & pmask
+            # .cg: other SMs wrote these, read them from L2. (Triton may stage them through
+            # an L1-allocating cp.async; no L1 holds a stale line: nothing reads a block's
+            # partials before its last program does, and L1 starts clean every launch.)
+            logits += tl.sum(tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg"), axis=1)
+        select_experts(logits, rows, T, bias_ptr, w_out, id_out, scale, E, SEL_T, K, BLOCK_K,
+                       METHOD, N_GROUP, BLOCK_G, TOPK_GROUP, GROUP_SIZE, BLOCK_GS, NORMALIZE,
+                       HAS_BIAS)
