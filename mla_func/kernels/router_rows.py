@@ -25,6 +25,9 @@ from mla_func.kernels.router_select import sum_and_select
 MAX_ROWS = 4
 BLOCK_HID = 2048  # hidden a step (V2-Lite: all of it, loaded before the wait; V3: 4 steps)
 NUM_WARPS = 4
+# Above 4 rows: the [rows, BLOCK_HID] tile of x takes 212 registers a thread at 4 warps and 8
+# rows (AOT sm90), 128 at 8 warps (210 at 16 rows).
+WIDE_NUM_WARPS = 8
 
 
 @triton.jit
@@ -81,9 +84,10 @@ def launch(x: Tensor, router: Tensor, bias: Tensor, part: Tensor, counter: Tenso
     names = ("E", "BLOCK_E", "K", "BLOCK_K", "METHOD", "N_GROUP", "BLOCK_G", "TOPK_GROUP",
              "GROUP_SIZE", "BLOCK_GS", "NORMALIZE", "HAS_BIAS")
     kwargs = {n: const[n] for n in names}
-    kwargs.update(ROWS=triton.next_power_of_2(tokens),
-                  BLOCK_HID=min(BLOCK_HID, triton.next_power_of_2(hidden)), PDL=pdl,
-                  num_warps=NUM_WARPS, **({"launch_pdl": True} if pdl else {}))
+    rows = triton.next_power_of_2(tokens)
+    kwargs.update(ROWS=rows, BLOCK_HID=min(BLOCK_HID, triton.next_power_of_2(hidden)), PDL=pdl,
+                  num_warps=NUM_WARPS if rows <= 4 else WIDE_NUM_WARPS,
+                  **({"launch_pdl": True} if pdl else {}))
     args = (x, router, bias, part, counter, weights, ids, tokens, hidden, x.stride(0), scale)
     return (router.shape[0],), args, kwargs
 

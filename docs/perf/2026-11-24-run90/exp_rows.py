@@ -4,6 +4,7 @@ one process, alternating rounds, ms synced / back to back, logits against each o
 the router alone (20 launches a graph, µs a launch).
 
     PYTHONPATH=. python3 exp_rows.py [--batch 1 2 4] [--ctx 1024 4096] [--rounds 6]
+        [--max-rows N] [--alone 1 4]
 """
 
 import argparse
@@ -14,6 +15,7 @@ import torch
 
 import mla_func as mf
 import mla_func.kernels.router as router
+import mla_func.kernels.router_rows as router_rows
 from scripts.bench_common import cuda_time_ms, pipelined_ms
 from scripts.bench_step import decode_batch
 
@@ -55,12 +57,16 @@ def main() -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--ctx", type=int, nargs="+", default=[1024, 4096])
     p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--max-rows", type=int, default=0, help="router_rows.MAX_ROWS (0: as is)")
+    p.add_argument("--alone", type=int, nargs="+", default=[1, 4])
     args = p.parse_args()
+    if args.max_rows:
+        router_rows.MAX_ROWS = args.max_rows
     cfg = mf.MLAConfig.preset("v2-lite")
     params = mf.init_params(cfg, seed=0, device="cuda", dtype=torch.bfloat16)
     print(f"# {torch.cuda.get_device_name()}")
     r = params.layers[1].mlp.router
-    for tokens in (1, 4):
+    for tokens in args.alone:
         x = torch.randn(tokens, cfg.hidden_size, device="cuda").bfloat16()
 
         def twenty():
