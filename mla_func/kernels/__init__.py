@@ -11,8 +11,8 @@
   alignment, the M-tile a GEMM program reads (aligned or direct layout; or the GEMM programs
   find their tiles themselves), the tile table, the grouped GEMM kernels, the pair sum, and
   the fused MoE that lays out and launches them.
-- router, router_select: the fused MoE router (logits, then scoring, group mask, top-k) in
-  one launch.
+- router, router_select, router_rows: the fused MoE router (logits, then scoring, group mask,
+  top-k) in one launch; at 1-4 rows one program an expert (router_rows).
 - swiglu: the shared experts' SwiGLU apart (large steps): cuBLAS GEMMs, one fused silu * up.
 - pdl: where programmatic dependent launch (sm90+) is available, and its rules.
 - l2_prefetch: bulk L2 prefetches the decode's early-launched split and merge issue before they

@@ -3,7 +3,8 @@
 Implements `ops.moe.route` (DeepSeek-V2 greedy / group_limited_greedy, DeepSeek-V3 noaux_tc;
 arXiv:2405.04434, arXiv:2412.19437) for any number of tokens, where the reference's six small
 kernels (fp32 cast, GEMM, softmax, topk, ...) cost far more than their arithmetic. The
-selection lives in `router_select.py`; this module owns the logits and the launch.
+selection lives in `router_select.py`; this module owns the logits and the launch. At one to
+four rows (`FEW_ROWS`) it launches `router_rows.py`'s kernel instead: one program an expert.
 
 Grid (token blocks, hidden splits). Program (b, s) computes the partial logits of the BLOCK_T
 tokens of block b over hidden chunk s with `tl.dot` on [BLOCK_T, BLOCK_H] x [BLOCK_H, BLOCK_E]
@@ -92,7 +93,14 @@ EARLY = True
 # B=2-8 even (the same bits).
 PRELOAD = True
 # Up to router_rows.MAX_ROWS rows, one program an expert (`router_rows.py`) instead of the split
-# kernel. (Measurement pending: docs/perf/2026-11-24-run90/exp_rows.py.)
+# kernel. V2-Lite on an H100, 2026-11-24 (docs/perf/2026-11-24-h100-run92, run93,
+# exp_rows.py, one process, 6 alternating rounds, against the split kernel): the router alone
+# 3.70 against 5.12 us a launch at 1 token, 3.58 against 7.35 at 4; whole-step graphs, ms
+# synced / back to back, ctx 1024: B=1 2.395 / 2.381 against 2.401 / 2.394, B=2 3.476 / 3.457
+# against 3.522 / 3.506, B=4 4.957 / 4.943 against 5.066 / 5.047 (ctx 4096: B=1 2.465 / 2.451
+# against 2.477 / 2.466, B=4 5.197 / 5.170 against 5.297 / 5.269). At 8 and 16 rows the router
+# alone was faster too (3.96 against 6.75, 4.80 against 5.86 us) but the step was even (B=8
+# 7.113 / 7.072 against 7.111 / 7.076, B=16 9.534 / 9.506 against 9.524 / 9.493): 4 rows stay.
 FEW_ROWS = True
 
 
