@@ -161,13 +161,17 @@ def fused_experts(
     shared_down: Float[Tensor, "hidden inter"] | None = None,
     config: MoEConfig | None = None,
     add_norm: tuple[Rows, Float[Tensor, " hidden"], float] | None = None,
+    x_norm: Float[Tensor, " hidden"] | None = None,
 ) -> Rows | tuple[Rows, Rows]:
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) (+ the shared MLP when given: folded
     into the launches up to FUSE_SHARED_MAX_TOKENS tokens, else `kernels.swiglu.swiglu`
     added in the sum).
     `config` (default `pick_config(tokens)`) picks the tiles and the path. `add_norm`
     (residual, weight, eps): return (residual + that, its RMSNorm) instead, as
-    `norm.add_rmsnorm` would from the sum."""
+    `norm.add_rmsnorm` would from the sum. `x_norm` (with add_norm): x is
+    rmsnorm(residual) * x_norm, written by the launch just before (`proj_route.py`'s router):
+    the gate_up tiles that do not wait for it (the folded shared experts' under PDL) read the
+    residual and normalise it themselves."""
     tokens, topk = ids.shape
     n_routed, _, n_inter, n_hidden = gate_up.shape
     cfg = config or pick_config(tokens)
@@ -207,6 +211,8 @@ def fused_experts(
         raise ValueError(f"add_norm: the residual is {tuple(add_norm[0].shape)} "
                          f"{add_norm[0].dtype}; the experts' output {tuple(x.shape)} {x.dtype}")
 
+    if x_norm is not None and add_norm is None:
+        raise ValueError("x_norm normalises add_norm's residual: pass add_norm too")
     # The add+norm in the sum (a row in one program's registers; not with the fused sum).
     y = residual = weight = eps = None
     if add_norm is not None:
@@ -241,6 +247,10 @@ def fused_experts(
         common = dict(PAIRS_PER_TOKEN=pairs_per_token, BLOCK_M=bm,
                       PRECISION="ieee" if x.dtype == torch.float32 else "tf32")
 
+        early_norm = {}  # the folded shared tiles start before the router's end (with PDL)
+        if x_norm is not None and n_shared and not cfg.halves:
+            early_norm = dict(res_ptr=residual.contiguous(), nw_ptr=x_norm, eps=eps,
+                              X_NORM=True)
         act = torch.empty(n_tiles * bm, n_inter, dtype=x.dtype, device=x.device)
         bn, bk, warps, stages = _fit(cfg.gate_up, n_inter, n_hidden)
         n_n = triton.cdiv(n_inter, bn)
@@ -254,7 +264,7 @@ def fused_experts(
             E_P2=triton.next_power_of_2(n_routed + 1),
             P_BLOCK=triton.next_power_of_2(tokens * topk) if cfg.inline_align else 1,
             num_warps=warps, num_stages=stages,
-            **({"launch_pdl": True} if pdl else {}))
+            **({"launch_pdl": True} if pdl else {}), **early_norm)
 
         out = torch.empty_like(x)
         bn, bk, warps, stages = _fit(cfg.down, n_hidden, n_inter)

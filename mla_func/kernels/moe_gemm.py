@@ -21,6 +21,7 @@ import triton.language as tl
 from mla_func.kernels.moe_inline_align import inline_tile
 from mla_func.kernels.moe_sum import last_sum
 from mla_func.kernels.moe_tile import direct_tile, is_shared_tile, tile, unit_rows
+from mla_func.kernels.norm import rms_scaled
 
 
 @triton.jit
@@ -49,16 +50,33 @@ def _k_masks(row_ok, n_ok, k_ok, EVEN_K: tl.constexpr):
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _rows_sum_sq(x_ptr, tok, row_ok, n_hidden, stride_x, BLOCK_K: tl.constexpr):
+    """Per row of the tile (token rows `tok`, those row_ok): the sum of x's squares, fp32."""
+    offs_k = tl.arange(0, BLOCK_K)
+    sum_sq = tl.zeros(tok.shape, dtype=tl.float32)
+    for k in range(0, n_hidden, BLOCK_K):
+        cols = offs_k + k
+        v = tl.load(x_ptr + tok[:, None] * stride_x + cols[None, :],
+                    mask=row_ok[:, None] & (cols < n_hidden)[None, :], other=0.0)
+        sum_sq += tl.sum(v.to(tl.float32) * v.to(tl.float32), axis=1)
+    return sum_sq
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _gate_up_rows(
     x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e, pair, row_ok, act_row0, pid_n,
     n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn, stride_se,
     stride_sg, stride_sn,
+    res_ptr, nw_ptr, eps,
     PAIRS_PER_TOKEN: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, X_NORM: tl.constexpr,
 ):
     """silu(x W_gate^T) * (x W_up^T) of BM rows of expert e (token rows gathered from `pair`)
-    and N-tile pid_n, stored to `act` rows act_row0.."""
+    and N-tile pid_n, stored to `act` rows act_row0... X_NORM: x is rmsnorm(res) * nw, written
+    by the launch before (the router, `proj_route.py`), which the shared experts' tiles do not
+    wait for: they read res (x's stride) and normalise it themselves."""
     shared = e >= n_routed
     base = _expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
     stride_g = tl.where(shared, stride_sg, stride_wg)
@@ -67,7 +85,13 @@ def _gate_up_rows(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < n_inter
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = x_ptr + tok[:, None] * stride_x + offs_k[None, :]
+    a_base = x_ptr
+    sum_sq = tl.zeros((BM,), dtype=tl.float32)
+    if X_NORM:
+        if shared:
+            a_base = res_ptr
+            sum_sq = _rows_sum_sq(res_ptr, tok, row_ok, n_hidden, stride_x, BLOCK_K)
+    a_ptrs = a_base + tok[:, None] * stride_x + offs_k[None, :]
     g_ptrs = base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
     u_ptrs = g_ptrs + stride_g
     if TMA:  # one [BM, 2 * BLOCK_N] product: gate's columns, then up's (one wgmma of
@@ -78,6 +102,11 @@ def _gate_up_rows(
     for k in range(0, n_hidden, BLOCK_K):
         a_mask, b_mask = _k_masks(row_ok, n_ok, offs_k + k < n_hidden, EVEN_K)
         a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+        if X_NORM:
+            if shared:  # x's values as the router stored them (`norm.rms_scaled`)
+                cols = offs_k + k
+                a = rms_scaled(a.to(tl.float32), sum_sq[:, None], n_hidden, eps, nw_ptr, cols,
+                               cols < n_hidden, a.dtype).to(a.dtype)
         if TMA:  # the [1, 2, BLOCK_N, BLOCK_K] block of gate and up rows, one load
             b = w_desc.load([e, 0, pid_n * BLOCK_N, k]).reshape(2 * BLOCK_N, BLOCK_K)
             acc = tl.dot(a, tl.trans(b), acc, input_precision=PRECISION)
@@ -110,10 +139,12 @@ def gate_up_kernel(
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr, TMA: tl.constexpr, HALVES: tl.constexpr, INLINE: tl.constexpr = False,
-    E_P2: tl.constexpr = 2, P_BLOCK: tl.constexpr = 1,
+    E_P2: tl.constexpr = 2, P_BLOCK: tl.constexpr = 1, res_ptr=None, nw_ptr=None, eps=0.0,
+    X_NORM: tl.constexpr = False,
 ):
     """INLINE (aligned layout, whole tiles): the routed tiles find themselves from `ids`
-    (`moe_inline_align`) and the first N-tile's programs write the tile table."""
+    (`moe_inline_align`) and the first N-tile's programs write the tile table. X_NORM (whole
+    tiles, with res_ptr, nw_ptr, eps): `_gate_up_rows`'."""
     if DIRECT:
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -135,23 +166,23 @@ def gate_up_kernel(
             _gate_up_rows(
                 x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e0, pair2, ok2, u * (BLOCK_M // 2),
                 pid_n, n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn,
-                stride_se, stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K,
-                EVEN_K, PRECISION, PDL, TMA)
+                stride_se, stride_sg, stride_sn, x_ptr, x_ptr, 0.0, PAIRS_PER_TOKEN, BLOCK_M,
+                BLOCK_N, BLOCK_K, EVEN_K, PRECISION, PDL, TMA, False)
         else:  # the end of one expert's run, then the start of the next: two half tiles
             pair0, ok0 = unit_rows(u, sorted_ptr, block_rows_ptr, BLOCK_M // 2, 1)
             _gate_up_rows(
                 x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e0, pair0, ok0, u * (BLOCK_M // 2),
                 pid_n, n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn,
-                stride_se, stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M // 2, BLOCK_N,
-                BLOCK_K, EVEN_K, PRECISION, PDL, TMA)
+                stride_se, stride_sg, stride_sn, x_ptr, x_ptr, 0.0, PAIRS_PER_TOKEN,
+                BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, PDL, TMA, False)
             if e1 >= 0:
                 pair1, ok1 = unit_rows(u + 1, sorted_ptr, block_rows_ptr, BLOCK_M // 2, 1)
                 _gate_up_rows(
                     x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e1, pair1, ok1,
                     (u + 1) * (BLOCK_M // 2), pid_n, n_inter, n_hidden, n_routed, stride_x,
-                    stride_we, stride_wg, stride_wn, stride_se, stride_sg, stride_sn,
-                    PAIRS_PER_TOKEN, BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, PDL,
-                    TMA)
+                    stride_we, stride_wg, stride_wn, stride_se, stride_sg, stride_sn, x_ptr,
+                    x_ptr, 0.0, PAIRS_PER_TOKEN, BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K,
+                    PRECISION, PDL, TMA, False)
     else:
         if INLINE:
             e, pair, row_ok = inline_tile(pid_m, pid_n, ids_ptr, sorted_ptr, block_expert_ptr,
@@ -166,8 +197,8 @@ def gate_up_kernel(
         _gate_up_rows(
             x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e, pair, row_ok, pid_m * BLOCK_M, pid_n,
             n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn, stride_se,
-            stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-            PRECISION, PDL, TMA)
+            stride_sg, stride_sn, res_ptr, nw_ptr, eps, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N,
+            BLOCK_K, EVEN_K, PRECISION, PDL, TMA, X_NORM)
 
 
 @triton.jit

@@ -1,7 +1,8 @@
 #!/bin/bash
 # The eighteenth session's GPU driver: bash docs/perf/2026-11-24-run90/run.sh <parts>, logs
 # under $OUT:  levels: exp_levels.py (LV_ARGS);  plan: exp_plan.py (PL_ARGS);  rows:
-# exp_rows.py (RW_ARGS);  rtests: the router CUDA tests;  otherwise the project's own commands
+# exp_rows.py (RW_ARGS);  rtests: the router CUDA tests;  route: exp_route.py (RT_ARGS);
+# ptests: the router, projection, MoE and capture CUDA tests;  otherwise the project's own commands
 # as in docs/perf/2026-11-24-run83/run.sh (tests, step, moe, mlatests, ...).
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -16,6 +17,12 @@ for part in "$@"; do
               | grep -v -i warn ;;
     rows) timeout 580 python3 docs/perf/2026-11-24-run90/exp_rows.py $RW_ARGS 2>&1 \
             | grep -v -i warn ;;
+    route) timeout 580 python3 docs/perf/2026-11-24-run90/exp_route.py $RT_ARGS 2>&1 \
+             | grep -v -i warn ;;
+    ptests) timeout 560 python3 -m pytest -q -m cuda -p no:cacheprovider tests/test_router.py \
+              tests/test_router_rows.py tests/test_kernels_proj_route.py \
+              tests/test_kernels_proj_norm.py tests/test_moe_cuda.py tests/test_capture_cuda.py \
+              2>&1 | tail -4 ;;
     plan) timeout 580 python3 docs/perf/2026-11-24-run90/exp_plan.py $PL_ARGS 2>&1 \
             | grep -v -i warn ;;
     rtests) timeout 300 python3 -m pytest -q -m cuda -p no:cacheprovider tests/test_router.py \
