@@ -227,7 +227,15 @@ def test_add_norm_equals_experts_then_add_rmsnorm(cfg, shared, fuse_shared, wide
                       add_norm=(residual.double(), weight, 1e-6))
 
 
-@pytest.mark.parametrize("cfg", [DIRECT, DIRECT_LAST, SMALL])
+def test_x_norm_bounds_agree():
+    """`proj_route.py` defers the norm (x written by the router) at most at the rows where both
+    its launches fit; the experts normalise for their early tiles on the direct layout only."""
+    from mla_func.kernels import proj_norm, router_rows
+
+    assert max(proj_norm.MAX_ROWS, router_rows.MAX_ROWS) <= DIRECT_MAX_TOKENS
+
+
+@pytest.mark.parametrize("cfg", [DIRECT, DIRECT_LAST])
 def test_x_norm_shared_tiles_normalise_the_residual(cfg, nan_empty):
     """`x_norm`: the folded shared experts' tiles read the residual and normalise it themselves
     (x may still be being written when they start, `proj_route.py`). With the routed weights

@@ -50,15 +50,17 @@ def _k_masks(row_ok, n_ok, k_ok, EVEN_K: tl.constexpr):
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _rows_sum_sq(x_ptr, tok, row_ok, n_hidden, stride_x, BLOCK_K: tl.constexpr):
-    """Per row of the tile (token rows `tok`, those row_ok): the sum of x's squares, fp32."""
-    offs_k = tl.arange(0, BLOCK_K)
+def _rows_sum_sq(x_ptr, tok, row_ok, n_hidden, stride_x, BLOCK_HID: tl.constexpr):
+    """Per row of the tile (token rows `tok`, those row_ok, the first ones): the sum of x's
+    squares, fp32, a whole row a load (one latency a real row, not one a K step)."""
+    cols = tl.arange(0, BLOCK_HID)
+    rows = tl.arange(0, tok.shape[0])
     sum_sq = tl.zeros(tok.shape, dtype=tl.float32)
-    for k in range(0, n_hidden, BLOCK_K):
-        cols = offs_k + k
-        v = tl.load(x_ptr + tok[:, None] * stride_x + cols[None, :],
-                    mask=row_ok[:, None] & (cols < n_hidden)[None, :], other=0.0)
-        sum_sq += tl.sum(v.to(tl.float32) * v.to(tl.float32), axis=1)
+    for m in range(0, tl.sum(row_ok.to(tl.int32))):
+        t = tl.sum(tl.where(rows == m, tok, 0))
+        v = tl.load(x_ptr + t * stride_x + cols, mask=cols < n_hidden, other=0.0)
+        v = v.to(tl.float32)
+        sum_sq = tl.where(rows == m, tl.sum(v * v), sum_sq)
     return sum_sq
 
 
@@ -71,12 +73,13 @@ def _gate_up_rows(
     res_ptr, nw_ptr, eps,
     PAIRS_PER_TOKEN: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
-    TMA: tl.constexpr, X_NORM: tl.constexpr,
+    TMA: tl.constexpr, X_NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
 ):
     """silu(x W_gate^T) * (x W_up^T) of BM rows of expert e (token rows gathered from `pair`)
     and N-tile pid_n, stored to `act` rows act_row0... X_NORM: x is rmsnorm(res) * nw, written
     by the launch before (the router, `proj_route.py`), which the shared experts' tiles do not
-    wait for: they read res (x's stride) and normalise it themselves."""
+    wait for: they read res (x's stride) and normalise it themselves (direct layout: a shared
+    tile's real rows are its first; rows of at most NORM_BLOCK)."""
     shared = e >= n_routed
     base = _expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
     stride_g = tl.where(shared, stride_sg, stride_wg)
@@ -90,7 +93,7 @@ def _gate_up_rows(
     if X_NORM:
         if shared:
             a_base = res_ptr
-            sum_sq = _rows_sum_sq(res_ptr, tok, row_ok, n_hidden, stride_x, BLOCK_K)
+            sum_sq = _rows_sum_sq(res_ptr, tok, row_ok, n_hidden, stride_x, NORM_BLOCK)
     a_ptrs = a_base + tok[:, None] * stride_x + offs_k[None, :]
     g_ptrs = base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
     u_ptrs = g_ptrs + stride_g
@@ -140,11 +143,11 @@ def gate_up_kernel(
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr, TMA: tl.constexpr, HALVES: tl.constexpr, INLINE: tl.constexpr = False,
     E_P2: tl.constexpr = 2, P_BLOCK: tl.constexpr = 1, res_ptr=None, nw_ptr=None, eps=0.0,
-    X_NORM: tl.constexpr = False,
+    X_NORM: tl.constexpr = False, NORM_BLOCK: tl.constexpr = 1,
 ):
     """INLINE (aligned layout, whole tiles): the routed tiles find themselves from `ids`
-    (`moe_inline_align`) and the first N-tile's programs write the tile table. X_NORM (whole
-    tiles, with res_ptr, nw_ptr, eps): `_gate_up_rows`'."""
+    (`moe_inline_align`) and the first N-tile's programs write the tile table. X_NORM (direct
+    layout, with res_ptr, nw_ptr, eps, NORM_BLOCK): `_gate_up_rows`'."""
     if DIRECT:
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -167,14 +170,14 @@ def gate_up_kernel(
                 x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e0, pair2, ok2, u * (BLOCK_M // 2),
                 pid_n, n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn,
                 stride_se, stride_sg, stride_sn, x_ptr, x_ptr, 0.0, PAIRS_PER_TOKEN, BLOCK_M,
-                BLOCK_N, BLOCK_K, EVEN_K, PRECISION, PDL, TMA, False)
+                BLOCK_N, BLOCK_K, EVEN_K, PRECISION, PDL, TMA, False, 1)
         else:  # the end of one expert's run, then the start of the next: two half tiles
             pair0, ok0 = unit_rows(u, sorted_ptr, block_rows_ptr, BLOCK_M // 2, 1)
             _gate_up_rows(
                 x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e0, pair0, ok0, u * (BLOCK_M // 2),
                 pid_n, n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn,
                 stride_se, stride_sg, stride_sn, x_ptr, x_ptr, 0.0, PAIRS_PER_TOKEN,
-                BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, PDL, TMA, False)
+                BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, PDL, TMA, False, 1)
             if e1 >= 0:
                 pair1, ok1 = unit_rows(u + 1, sorted_ptr, block_rows_ptr, BLOCK_M // 2, 1)
                 _gate_up_rows(
@@ -182,7 +185,7 @@ def gate_up_kernel(
                     (u + 1) * (BLOCK_M // 2), pid_n, n_inter, n_hidden, n_routed, stride_x,
                     stride_we, stride_wg, stride_wn, stride_se, stride_sg, stride_sn, x_ptr,
                     x_ptr, 0.0, PAIRS_PER_TOKEN, BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K,
-                    PRECISION, PDL, TMA, False)
+                    PRECISION, PDL, TMA, False, 1)
     else:
         if INLINE:
             e, pair, row_ok = inline_tile(pid_m, pid_n, ids_ptr, sorted_ptr, block_expert_ptr,
@@ -198,7 +201,7 @@ def gate_up_kernel(
             x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e, pair, row_ok, pid_m * BLOCK_M, pid_n,
             n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn, stride_se,
             stride_sg, stride_sn, res_ptr, nw_ptr, eps, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N,
-            BLOCK_K, EVEN_K, PRECISION, PDL, TMA, X_NORM)
+            BLOCK_K, EVEN_K, PRECISION, PDL, TMA, X_NORM, NORM_BLOCK)
 
 
 @triton.jit
