@@ -4,7 +4,7 @@ normalise the residual themselves) against the tree before it (`proj_norm`'s las
 normalises, then `moe_route`; the experts read x): V2-Lite whole-step graphs in one process,
 alternating rounds, ms synced / back to back, logits against each other (2026-11-24,
 eighteenth session). The "plain" variant is the same code with `proj_route.fits` false and
-`x_norm` dropped, i.e. the launches of the tree before.
+`x_norm` dropped, i.e. the launches of the tree before; "race" bounds the shared tiles' norm.
 
     PYTHONPATH=. python3 exp_route.py [--batch 1 2 4] [--ctx 1024 4096] [--rounds 6]
 """
@@ -28,7 +28,10 @@ def _no_x_norm(*args, x_norm=None, **kwargs):
     return TREE["experts"](*args, **kwargs)
 
 
-VARIANTS = {"route": TREE, "plain": dict(fits=lambda *a: False, experts=_no_x_norm)}
+# "race": the norm deferred but the shared tiles read x unnormalised while the router writes
+# it (wrong numbers): what the shared tiles' own norm costs.
+VARIANTS = {"route": TREE, "plain": dict(fits=lambda *a: False, experts=_no_x_norm),
+            "race": dict(fits=TREE["fits"], experts=_no_x_norm)}
 
 
 def capture(fn, variant: str, warm: int = 3):
