@@ -247,15 +247,18 @@ def fused_experts(
         common = dict(PAIRS_PER_TOKEN=pairs_per_token, BLOCK_M=bm,
                       PRECISION="ieee" if x.dtype == torch.float32 else "tf32")
 
+        act = torch.empty(n_tiles * bm, n_inter, dtype=x.dtype, device=x.device)
+        bn, bk, warps, stages = _fit(cfg.gate_up, n_inter, n_hidden)
+        n_n = triton.cdiv(n_inter, bn)
         early_norm = {}  # the folded shared tiles start before the router's end (with PDL)
         # proj_route.py defers the norm at direct-layout sizes only (test_moe checks the
         # bounds): elsewhere x is whole when the experts start.
         if x_norm is not None and n_shared and cfg.direct:
+            block = triton.next_power_of_2(n_hidden)  # the shared tiles' normalised rows, bm
+            scratch = torch.empty(n_shared * n_n * bm * block, dtype=x.dtype,  # a program
+                                  device=x.device)
             early_norm = dict(res_ptr=residual.contiguous(), nw_ptr=x_norm, eps=eps,
-                              X_NORM=True, NORM_BLOCK=triton.next_power_of_2(n_hidden))
-        act = torch.empty(n_tiles * bm, n_inter, dtype=x.dtype, device=x.device)
-        bn, bk, warps, stages = _fit(cfg.gate_up, n_inter, n_hidden)
-        n_n = triton.cdiv(n_inter, bn)
+                              scratch_ptr=scratch, X_NORM=True, NORM_BLOCK=block)
         gate_up_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
             x, gate_up, s_gate_up, _desc(gate_up, [1, 2, bn, bk]) if cfg.tma else None, act,
             *tiles, n_inter, n_hidden, n_routed, x.stride(0),
