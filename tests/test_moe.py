@@ -26,7 +26,6 @@ from mla_func.kernels.moe_config import (
 )
 from mla_func.kernels.norm import add_rmsnorm
 from mla_func.moe import experts, experts_add_norm
-from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import route
 from mla_func.ops.norm import rmsnorm as rmsnorm_ref
 
@@ -225,40 +224,6 @@ def test_add_norm_equals_experts_then_add_rmsnorm(cfg, shared, fuse_shared, wide
     with pytest.raises(ValueError, match="add_norm: the residual is"):
         fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg,
                       add_norm=(residual.double(), weight, 1e-6))
-
-
-def test_x_norm_bounds_agree():
-    """`proj_route.py` defers the norm (x written by the router) at most at the rows where both
-    its launches fit; the experts normalise for their early tiles on the direct layout only."""
-    from mla_func.kernels import proj_norm, router_rows
-
-    assert max(proj_norm.MAX_ROWS, router_rows.MAX_ROWS) <= DIRECT_MAX_TOKENS
-
-
-@pytest.mark.parametrize("cfg", [DIRECT, DIRECT_LAST])
-def test_x_norm_shared_tiles_normalise_the_residual(cfg, nan_empty):
-    """`x_norm`: the folded shared experts' tiles read the residual and normalise it themselves
-    (x may still be being written when they start, `proj_route.py`). With the routed weights
-    zero the result is the shared MLP of rmsnorm(residual) alone, whatever x holds; and with
-    x = rmsnorm(residual) it is what the experts give without `x_norm`."""
-    x, w, ids, gu, dn, mlp = make(3, 2, 8, 96, 32, 1, seed=13)
-    residual = torch.randn_like(x)
-    norm_w, next_w = 1 + 0.1 * torch.randn(x.shape[1]), 1 + 0.1 * torch.randn(x.shape[1])
-    xn = rmsnorm_ref(residual, norm_w, 1e-6)
-    cfg = dataclasses.replace(cfg, fuse_shared=True)
-    h, y = fused_experts(torch.randn_like(x), torch.zeros_like(w), ids, gu, dn, mlp.gate_up,
-                         mlp.down, cfg, add_norm=(residual, next_w, 1e-6), x_norm=norm_w)
-    want = residual + swiglu(xn, mlp.gate_up, mlp.down)
-    close(h, want, 1e-5)
-    close(y, rmsnorm_ref(want, next_w, 1e-6), 1e-5)
-    h, y = fused_experts(xn, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg,
-                         add_norm=(residual, next_w, 1e-6), x_norm=norm_w)
-    want_h, want_y = fused_experts(xn, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg,
-                                   add_norm=(residual, next_w, 1e-6))
-    close(h, want_h, 1e-6)
-    close(y, want_y, 1e-6)
-    with pytest.raises(ValueError, match="pass add_norm too"):
-        fused_experts(xn, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg, x_norm=norm_w)
 
 
 def test_add_norm_wider_than_one_program(nan_empty):

@@ -161,17 +161,13 @@ def fused_experts(
     shared_down: Float[Tensor, "hidden inter"] | None = None,
     config: MoEConfig | None = None,
     add_norm: tuple[Rows, Float[Tensor, " hidden"], float] | None = None,
-    x_norm: Float[Tensor, " hidden"] | None = None,
 ) -> Rows | tuple[Rows, Rows]:
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) (+ the shared MLP when given: folded
     into the launches up to FUSE_SHARED_MAX_TOKENS tokens, else `kernels.swiglu.swiglu`
     added in the sum).
     `config` (default `pick_config(tokens)`) picks the tiles and the path. `add_norm`
     (residual, weight, eps): return (residual + that, its RMSNorm) instead, as
-    `norm.add_rmsnorm` would from the sum. `x_norm` (with add_norm): x is
-    rmsnorm(residual) * x_norm, possibly written by the launch just before (`proj_route.py`'s
-    router, at direct-layout sizes): there the gate_up tiles that do not wait for it (the
-    folded shared experts' under PDL) read the residual and normalise it themselves."""
+    `norm.add_rmsnorm` would from the sum."""
     tokens, topk = ids.shape
     n_routed, _, n_inter, n_hidden = gate_up.shape
     cfg = config or pick_config(tokens)
@@ -211,8 +207,6 @@ def fused_experts(
         raise ValueError(f"add_norm: the residual is {tuple(add_norm[0].shape)} "
                          f"{add_norm[0].dtype}; the experts' output {tuple(x.shape)} {x.dtype}")
 
-    if x_norm is not None and add_norm is None:
-        raise ValueError("x_norm normalises add_norm's residual: pass add_norm too")
     # The add+norm in the sum (a row in one program's registers; not with the fused sum).
     y = residual = weight = eps = None
     if add_norm is not None:
@@ -250,15 +244,6 @@ def fused_experts(
         act = torch.empty(n_tiles * bm, n_inter, dtype=x.dtype, device=x.device)
         bn, bk, warps, stages = _fit(cfg.gate_up, n_inter, n_hidden)
         n_n = triton.cdiv(n_inter, bn)
-        early_norm = {}  # the folded shared tiles start before the router's end (with PDL)
-        # proj_route.py defers the norm at direct-layout sizes only (test_moe checks the
-        # bounds): elsewhere x is whole when the experts start.
-        if x_norm is not None and n_shared and cfg.direct:
-            block = triton.next_power_of_2(n_hidden)  # the shared tiles' normalised rows, bm
-            scratch = torch.empty(n_shared * n_n * bm * block, dtype=x.dtype,  # a program
-                                  device=x.device)
-            early_norm = dict(res_ptr=residual.contiguous(), nw_ptr=x_norm, eps=eps,
-                              scratch_ptr=scratch, X_NORM=True, NORM_BLOCK=block)
         gate_up_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
             x, gate_up, s_gate_up, _desc(gate_up, [1, 2, bn, bk]) if cfg.tma else None, act,
             *tiles, n_inter, n_hidden, n_routed, x.stride(0),
@@ -269,7 +254,7 @@ def fused_experts(
             E_P2=triton.next_power_of_2(n_routed + 1),
             P_BLOCK=triton.next_power_of_2(tokens * topk) if cfg.inline_align else 1,
             num_warps=warps, num_stages=stages,
-            **({"launch_pdl": True} if pdl else {}), **early_norm)
+            **({"launch_pdl": True} if pdl else {}))
 
         out = torch.empty_like(x)
         bn, bk, warps, stages = _fit(cfg.down, n_hidden, n_inter)

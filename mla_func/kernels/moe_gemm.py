@@ -21,7 +21,6 @@ import triton.language as tl
 from mla_func.kernels.moe_inline_align import inline_tile
 from mla_func.kernels.moe_sum import last_sum
 from mla_func.kernels.moe_tile import direct_tile, is_shared_tile, tile, unit_rows
-from mla_func.kernels.norm import rms_scaled
 
 
 @triton.jit
@@ -50,41 +49,16 @@ def _k_masks(row_ok, n_ok, k_ok, EVEN_K: tl.constexpr):
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _normalise_rows(res_ptr, tok, row_ok, n_hidden, stride_x, nw_ptr, eps, dst,
-                    BLOCK_HID: tl.constexpr):
-    """dst rows 0.. = rmsnorm(res[tok]) * nw for the tile's real rows (row_ok: the first
-    ones), `norm.rms_scaled`'s values in res's dtype, a whole row a load, rows BLOCK_HID
-    apart; then the program's threads wait for each other (they read the rows back)."""
-    cols = tl.arange(0, BLOCK_HID)
-    rows = tl.arange(0, tok.shape[0])
-    ok = cols < n_hidden
-    for m in range(0, tl.sum(row_ok.to(tl.int32))):
-        t = tl.sum(tl.where(rows == m, tok, 0))
-        v = tl.load(res_ptr + t * stride_x + cols, mask=ok, other=0.0)
-        vf = v.to(tl.float32)
-        y = rms_scaled(vf, tl.sum(vf * vf), n_hidden, eps, nw_ptr, cols, ok, v.dtype)
-        tl.store(dst + m * BLOCK_HID + cols, y.to(v.dtype), mask=ok)
-    tl.debug_barrier()
-
-
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _gate_up_rows(
     x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e, pair, row_ok, act_row0, pid_n,
     n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn, stride_se,
     stride_sg, stride_sn,
-    res_ptr, nw_ptr, eps, scratch_ptr,
     PAIRS_PER_TOKEN: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
-    TMA: tl.constexpr, X_NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """silu(x W_gate^T) * (x W_up^T) of BM rows of expert e (token rows gathered from `pair`)
-    and N-tile pid_n, stored to `act` rows act_row0... X_NORM: x is rmsnorm(res) * nw, written
-    by the launch before (the router, `proj_route.py`), which the shared experts' tiles do not
-    wait for: they normalise res's rows (x's stride) into their own rows of `scratch` (direct
-    layout: a shared tile's real rows are its first; rows of at most NORM_BLOCK; a program's
-    rows at (shared expert, N-tile)) and read those. (Normalising each K step's tile instead
-    made the V2-Lite step 8% slower, docs/perf/2026-11-24-h100-run97.)"""
+    and N-tile pid_n, stored to `act` rows act_row0.."""
     shared = e >= n_routed
     base = _expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
     stride_g = tl.where(shared, stride_sg, stride_wg)
@@ -94,13 +68,6 @@ def _gate_up_rows(
     n_ok = offs_n < n_inter
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = x_ptr + tok[:, None] * stride_x + offs_k[None, :]
-    if X_NORM:
-        if shared:  # its own normalised copy of the rows, read like x below
-            dst = scratch_ptr + ((e - n_routed) * tl.num_programs(1) + pid_n).to(
-                tl.int64) * BM * NORM_BLOCK
-            _normalise_rows(res_ptr, tok, row_ok, n_hidden, stride_x, nw_ptr, eps, dst,
-                            NORM_BLOCK)
-            a_ptrs = dst + tl.arange(0, BM)[:, None].to(tl.int64) * NORM_BLOCK + offs_k[None, :]
     g_ptrs = base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
     u_ptrs = g_ptrs + stride_g
     if TMA:  # one [BM, 2 * BLOCK_N] product: gate's columns, then up's (one wgmma of
@@ -143,12 +110,10 @@ def gate_up_kernel(
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr, TMA: tl.constexpr, HALVES: tl.constexpr, INLINE: tl.constexpr = False,
-    E_P2: tl.constexpr = 2, P_BLOCK: tl.constexpr = 1, res_ptr=None, nw_ptr=None, eps=0.0,
-    scratch_ptr=None, X_NORM: tl.constexpr = False, NORM_BLOCK: tl.constexpr = 1,
+    E_P2: tl.constexpr = 2, P_BLOCK: tl.constexpr = 1,
 ):
     """INLINE (aligned layout, whole tiles): the routed tiles find themselves from `ids`
-    (`moe_inline_align`) and the first N-tile's programs write the tile table. X_NORM (direct
-    layout, with res_ptr, nw_ptr, eps, scratch_ptr, NORM_BLOCK): `_gate_up_rows`'."""
+    (`moe_inline_align`) and the first N-tile's programs write the tile table."""
     if DIRECT:
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -170,23 +135,23 @@ def gate_up_kernel(
             _gate_up_rows(
                 x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e0, pair2, ok2, u * (BLOCK_M // 2),
                 pid_n, n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn,
-                stride_se, stride_sg, stride_sn, x_ptr, x_ptr, 0.0, x_ptr, PAIRS_PER_TOKEN,
-                BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, PDL, TMA, False, 1)
+                stride_se, stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K,
+                EVEN_K, PRECISION, PDL, TMA)
         else:  # the end of one expert's run, then the start of the next: two half tiles
             pair0, ok0 = unit_rows(u, sorted_ptr, block_rows_ptr, BLOCK_M // 2, 1)
             _gate_up_rows(
                 x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e0, pair0, ok0, u * (BLOCK_M // 2),
                 pid_n, n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn,
-                stride_se, stride_sg, stride_sn, x_ptr, x_ptr, 0.0, x_ptr, PAIRS_PER_TOKEN,
-                BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, PDL, TMA, False, 1)
+                stride_se, stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M // 2, BLOCK_N,
+                BLOCK_K, EVEN_K, PRECISION, PDL, TMA)
             if e1 >= 0:
                 pair1, ok1 = unit_rows(u + 1, sorted_ptr, block_rows_ptr, BLOCK_M // 2, 1)
                 _gate_up_rows(
                     x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e1, pair1, ok1,
                     (u + 1) * (BLOCK_M // 2), pid_n, n_inter, n_hidden, n_routed, stride_x,
-                    stride_we, stride_wg, stride_wn, stride_se, stride_sg, stride_sn, x_ptr,
-                    x_ptr, 0.0, x_ptr, PAIRS_PER_TOKEN, BLOCK_M // 2, BLOCK_N, BLOCK_K,
-                    EVEN_K, PRECISION, PDL, TMA, False, 1)
+                    stride_we, stride_wg, stride_wn, stride_se, stride_sg, stride_sn,
+                    PAIRS_PER_TOKEN, BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, PDL,
+                    TMA)
     else:
         if INLINE:
             e, pair, row_ok = inline_tile(pid_m, pid_n, ids_ptr, sorted_ptr, block_expert_ptr,
@@ -201,8 +166,8 @@ def gate_up_kernel(
         _gate_up_rows(
             x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e, pair, row_ok, pid_m * BLOCK_M, pid_n,
             n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn, stride_se,
-            stride_sg, stride_sn, res_ptr, nw_ptr, eps, scratch_ptr, PAIRS_PER_TOKEN, BLOCK_M,
-            BLOCK_N, BLOCK_K, EVEN_K, PRECISION, PDL, TMA, X_NORM, NORM_BLOCK)
+            stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+            PRECISION, PDL, TMA)
 
 
 @triton.jit
