@@ -2,6 +2,7 @@
 # The eighteenth session's GPU driver: bash docs/perf/2026-11-24-run90/run.sh <parts>, logs
 # under $OUT:  levels: exp_levels.py (LV_ARGS);  plan: exp_plan.py (PL_ARGS);  rows:
 # exp_rows.py (RW_ARGS);  rtests: the router CUDA tests;  route: exp_route.py (RT_ARGS);
+# wait: exp_route_wait.py (RT_ARGS);
 # ptests: the router, projection, MoE and capture CUDA tests (of trees de2b1cc-f94d0e6: runs
 # 96-99; their proj_route test is gone since);  otherwise the project's own commands
 # as in docs/perf/2026-11-24-run83/run.sh (tests, step, moe, mlatests, ...).
@@ -17,6 +18,8 @@ for part in "$@"; do
     levels) timeout 580 python3 docs/perf/2026-11-24-run90/exp_levels.py $LV_ARGS 2>&1 \
               | grep -v -i warn ;;
     rows) timeout 580 python3 docs/perf/2026-11-24-run90/exp_rows.py $RW_ARGS 2>&1 \
+            | grep -v -i warn ;;
+    wait) timeout 580 python3 docs/perf/2026-11-24-run90/exp_route_wait.py $RT_ARGS 2>&1 \
             | grep -v -i warn ;;
     route) timeout 580 python3 docs/perf/2026-11-24-run90/exp_route.py $RT_ARGS 2>&1 \
              | grep -v -i warn ;;
