@@ -20,16 +20,15 @@ from torch import Tensor
 
 import mla_func.kernels.norm  # noqa: F401  (registers rmsnorm / add_rmsnorm)
 import mla_func.kernels.proj_norm  # noqa: F401  (registers proj_add_rmsnorm)
-import mla_func.kernels.proj_route  # noqa: F401  (registers proj_add_norm_route)
 import mla_func.kernels.small_linear  # noqa: F401  (registers small_linear)
 from mla_func.attention import attend
 from mla_func.batch import Batch, BatchError
 from mla_func.config import MLAConfig
-from mla_func.kernels.router import settings as router_settings
+from mla_func.kernels.router import route_fused
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import route
 from mla_func.ops.norm import rmsnorm
-from mla_func.params import Attention, Layer, MoE, Params, rope_attention_factor
+from mla_func.params import Attention, DenseMLP, MoE, Params, rope_attention_factor
 from mla_func.state import KVState
 
 # Tests set this to run the fused Triton kernels on the CPU (TRITON_INTERPRET=1).
@@ -113,39 +112,21 @@ def attention_block(
     return o.flatten(1, 2)
 
 
-def project_add_norm_route(
-    o: Float[Tensor, "tokens width_in"], w: Float[Tensor, "hidden width_in"],
-    h: Float[Tensor, "tokens hidden"], weight: Float[Tensor, " hidden"], moe: MoE,
-    cfg: MLAConfig,
-) -> tuple[Float[Tensor, "tokens hidden"], Float[Tensor, "tokens hidden"],
-           Float[Tensor, "tokens topk"], Int[Tensor, "tokens topk"]]:
-    """`project_add_norm`, then the MoE's routing of its normalised rows: (h, x, routing
-    weights, expert ids). At a few rows one op whose router normalises the rows itself
-    (`kernels/proj_route.py`)."""
-    if _fused(h):
-        return torch.ops.mla_func.proj_add_norm_route(
-            o, w, h, weight, cfg.rms_norm_eps, moe.router, moe.score_bias,
-            *router_settings(cfg))
-    h, x = project_add_norm(o, w, h, weight, cfg.rms_norm_eps)
-    return h, x, *route(x, moe.router, moe.score_bias, cfg)
-
-
 def ffn_add_norm(
-    layer: Layer, o: Float[Tensor, "tokens width_in"], h: Float[Tensor, "tokens hidden"],
+    mlp: DenseMLP | MoE, x: Float[Tensor, "tokens hidden"], h: Float[Tensor, "tokens hidden"],
     weight: Float[Tensor, " hidden"], cfg: MLAConfig,
 ) -> tuple[Float[Tensor, "tokens hidden"], Float[Tensor, "tokens hidden"]]:
-    """The attention's output projection and residual add, then the FFN sub-layer on their
-    norm, its residual add and the next norm (`weight`): (h', rmsnorm(h')). The MoE's experts
-    do the add and the norm in their final reduction (one launch)."""
+    """(h + ffn(x), rmsnorm(h + ffn(x))): the FFN sub-layer, the residual add and the next
+    norm. The MoE's experts do the add and the norm in their final reduction (one launch)."""
     from mla_func.moe import experts_add_norm
 
-    eps, mlp, w_o = cfg.rms_norm_eps, layer.mlp, layer.attn.o_proj.flatten(1, 2)
+    eps = cfg.rms_norm_eps
     if isinstance(mlp, MoE):
-        h, x, weights, ids = project_add_norm_route(o, w_o, h, layer.post_attn_norm, mlp, cfg)
+        route_fn = route_fused if _fused(x) else route
+        weights, ids = route_fn(x, mlp.router, mlp.score_bias, cfg)
         # The experts implementation adds the shared experts itself (fused on CUDA).
         return experts_add_norm(x, weights, ids, mlp.gate_up, mlp.down, mlp.shared, h, weight,
-                                eps, x_late=True)
-    h, x = project_add_norm(o, w_o, h, layer.post_attn_norm, eps)
+                                eps)
     return add_norm(h, swiglu(x, mlp.gate_up, mlp.down), weight, eps)
 
 
@@ -162,9 +143,11 @@ def forward(
     x = norm(h, layers[0].input_norm, eps)
     for i, layer in enumerate(layers):
         o = attention_block(layer.attn, x, state.cache, i, batch, params.rope_inv_freq, cfg)
+        h, x = project_add_norm(o, layer.attn.o_proj.flatten(1, 2), h, layer.post_attn_norm,
+                                eps)
         # The next layer's input norm; after the last layer, the final norm.
         after = layers[i + 1].input_norm if i + 1 < len(layers) else params.norm
-        h, x = ffn_add_norm(layer, o, h, after, cfg)
+        h, x = ffn_add_norm(layer.mlp, x, h, after, cfg)
     return project_logits(x, batch.logits_index, params.lm_head), state
 
 

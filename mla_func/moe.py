@@ -72,19 +72,15 @@ def experts_add_norm(
     norm_weight: Float[Tensor, " hidden"],
     eps: float,
     impl: str | None = None,
-    x_late: bool = False,
 ) -> tuple[Float[Tensor, "tokens hidden"], Float[Tensor, "tokens hidden"]]:
     """(h, rmsnorm(h)) with h = residual + experts(...): the residual stream after the MoE and
     the next layer's input (`norm.add_rmsnorm`'s rounding: the MoE output, then h, in x's
-    dtype). `x_late`: x may still be being written by the launch just before
-    (`kernels/proj_route.py`'s router): on the Triton path no tile reads it before that launch
-    ends (the folded shared experts' tiles otherwise start early)."""
+    dtype)."""
     impl = impl or ("triton" if x.device.type in ("cuda", "meta") else "sorted_torch")
     if impl == "triton":
         s_gate_up, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
         return torch.ops.mla_func.moe_experts_add_norm(
-            x, weights, ids, gate_up, down, s_gate_up, s_down, residual, norm_weight, eps,
-            x_late)
+            x, weights, ids, gate_up, down, s_gate_up, s_down, residual, norm_weight, eps)
     h = residual + experts(x, weights, ids, gate_up, down, shared, impl)
     return h, rmsnorm(h, norm_weight, eps)
 
@@ -111,17 +107,15 @@ def _moe_experts_add_norm_op(
     x: Tensor, weights: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor,
     shared_gate_up: Optional[Tensor], shared_down: Optional[Tensor],  # noqa: UP045
     residual: Tensor, norm_weight: Tensor, eps: float,
-    x_late: bool = False,
 ) -> tuple[Tensor, Tensor]:
     from mla_func.kernels.fused_moe import fused_experts
 
     return fused_experts(x, weights, ids, gate_up, down, shared_gate_up, shared_down,
-                         add_norm=(residual, norm_weight, eps), x_late=x_late)
+                         add_norm=(residual, norm_weight, eps))
 
 
 @_moe_experts_add_norm_op.register_fake
-def _(x, weights, ids, gate_up, down, shared_gate_up, shared_down, residual, norm_weight, eps,
-      x_late=False):
+def _(x, weights, ids, gate_up, down, shared_gate_up, shared_down, residual, norm_weight, eps):
     return torch.empty_like(x), torch.empty(
         x.shape, dtype=torch.promote_types(x.dtype, norm_weight.dtype), device=x.device)
 

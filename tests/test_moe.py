@@ -226,27 +226,6 @@ def test_add_norm_equals_experts_then_add_rmsnorm(cfg, shared, fuse_shared, wide
                       add_norm=(residual.double(), weight, 1e-6))
 
 
-def test_x_late_bounds_agree():
-    """`proj_route.py` defers the norm (x written by the router) at most at the rows where both
-    its launches fit; the experts wait for x in every tile (`x_late`) on the direct layout."""
-    from mla_func.kernels import proj_norm, router_rows
-
-    assert max(proj_norm.MAX_ROWS, router_rows.MAX_ROWS) <= DIRECT_MAX_TOKENS
-
-
-@pytest.mark.parametrize("cfg", [DIRECT, DIRECT_LAST, SMALL])
-def test_x_late_gives_the_same_bits(cfg, nan_empty):
-    """`x_late` only makes the shared tiles wait for the launch before (sm90 PDL)."""
-    x, w, ids, gu, dn, mlp = make(3, 2, 8, 96, 32, 1, seed=13)
-    residual, weight = torch.randn_like(x), 1 + 0.1 * torch.randn(x.shape[1])
-    cfg = dataclasses.replace(cfg, fuse_shared=True)
-    late = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg,
-                         add_norm=(residual, weight, 1e-6), x_late=True)
-    early = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg,
-                          add_norm=(residual, weight, 1e-6))
-    assert torch.equal(late[0], early[0]) and torch.equal(late[1], early[1])
-
-
 def test_add_norm_wider_than_one_program(nan_empty):
     """Rows wider than ADD_NORM_MAX_WIDTH (V3's 7168 on a GPU; here 2112 columns, so the last
     of the sum's column blocks is partial) on a decode step's table row: the sum, then

@@ -33,9 +33,6 @@ no_act = dict(act_desc=None, act_half_desc=None)
 for fn, (bm, bn, bk, warps, stages), const in [
         (gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=False, PDL=True, **no_tma)),
         (gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=True, PDL=True, **no_tma)),
-        # ... whose shared tiles wait too (x written by the launch before, `x_late`).
-        (gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=True, PDL=True, WAIT_ALL=True,
-                                                  **no_tma)),
         # The routed tiles found in the kernel (8-32 and 33-128 decode tokens' tiles).
         (gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=False, PDL=True, INLINE=True,
                                                   E_P2=128, P_BLOCK=256, **no_tma)),
@@ -60,7 +57,7 @@ for fn, (bm, bn, bk, warps, stages), const in [
     const = dict(PAIRS_PER_TOKEN=8, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32",
                  EVEN_K=(1408 if fn is not gate_up_kernel else 2048) % bk == 0, **const)
     if fn is gate_up_kernel:
-        const = dict(INLINE=False, E_P2=2, P_BLOCK=1, WAIT_ALL=False) | const
+        const = dict(INLINE=False, E_P2=2, P_BLOCK=1) | const
     if fn is down_kernel:
         const = dict(LAST_SUM=False, HAS_EXTRA=False, ADD_NORM=False, SUM_BLOCK=1,
                      TRIGGER=False) | const

@@ -161,16 +161,13 @@ def fused_experts(
     shared_down: Float[Tensor, "hidden inter"] | None = None,
     config: MoEConfig | None = None,
     add_norm: tuple[Rows, Float[Tensor, " hidden"], float] | None = None,
-    x_late: bool = False,
 ) -> Rows | tuple[Rows, Rows]:
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) (+ the shared MLP when given: folded
     into the launches up to FUSE_SHARED_MAX_TOKENS tokens, else `kernels.swiglu.swiglu`
     added in the sum).
     `config` (default `pick_config(tokens)`) picks the tiles and the path. `add_norm`
     (residual, weight, eps): return (residual + that, its RMSNorm) instead, as
-    `norm.add_rmsnorm` would from the sum. `x_late`: x may still be being written by the
-    launch just before (`proj_route.py`'s router, at direct-layout sizes): there every gate_up
-    tile waits for it, the folded shared experts' too."""
+    `norm.add_rmsnorm` would from the sum."""
     tokens, topk = ids.shape
     n_routed, _, n_inter, n_hidden = gate_up.shape
     cfg = config or pick_config(tokens)
@@ -256,9 +253,7 @@ def fused_experts(
             PDL=pdl, TMA=cfg.tma, HALVES=cfg.halves, INLINE=cfg.inline_align,
             E_P2=triton.next_power_of_2(n_routed + 1),
             P_BLOCK=triton.next_power_of_2(tokens * topk) if cfg.inline_align else 1,
-            # proj_route.py defers the norm at direct-layout sizes only (test_moe checks the
-            # bounds): elsewhere x is whole when the experts start.
-            WAIT_ALL=x_late and cfg.direct, num_warps=warps, num_stages=stages,
+            num_warps=warps, num_stages=stages,
             **({"launch_pdl": True} if pdl else {}))
 
         out = torch.empty_like(x)

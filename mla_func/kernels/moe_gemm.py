@@ -110,11 +110,10 @@ def gate_up_kernel(
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr, TMA: tl.constexpr, HALVES: tl.constexpr, INLINE: tl.constexpr = False,
-    E_P2: tl.constexpr = 2, P_BLOCK: tl.constexpr = 1, WAIT_ALL: tl.constexpr = False,
+    E_P2: tl.constexpr = 2, P_BLOCK: tl.constexpr = 1,
 ):
     """INLINE (aligned layout, whole tiles): the routed tiles find themselves from `ids`
-    (`moe_inline_align`) and the first N-tile's programs write the tile table. WAIT_ALL: the
-    shared experts' tiles wait for the launch before too (it writes x, `proj_route.py`)."""
+    (`moe_inline_align`) and the first N-tile's programs write the tile table."""
     if DIRECT:
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -122,8 +121,8 @@ def gate_up_kernel(
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
     if PDL:  # launched while the router (and alignment) run: routed tiles need their output
-        if HALVES or WAIT_ALL or not is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN,
-                                                    BLOCK_M, DIRECT):
+        if HALVES or not is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN, BLOCK_M,
+                                        DIRECT):
             tl.extra.cuda.gdc_wait()
     if HALVES:  # units 2 pid_m and 2 pid_m + 1 (BLOCK_M // 2 rows each, no shared experts)
         u = 2 * pid_m

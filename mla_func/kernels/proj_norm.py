@@ -53,30 +53,15 @@ def _proj_add_norm_kernel(
     o_ptr, w_ptr, h_ptr, nw_ptr, a_ptr, h_out_ptr, y_ptr, counter, n_rows, n_in, n_out, so,
     sw, eps,
     ROWS_P2: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_OUT: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr = True,
+    BLOCK_OUT: tl.constexpr, PDL: tl.constexpr,
 ):
     acc, n = project_rows(o_ptr, w_ptr, n_rows, n_in, n_out, so, sw, ROWS_P2, BLOCK_N,
                           BLOCK_K, PDL)
     n_ok = n < n_out
     r = tl.arange(0, ROWS_P2)
     dt = h_out_ptr.dtype.element_ty
-    mine = (r < n_rows)[:, None] & n_ok[None, :]
-    if not NORM:  # h only, each program its columns: the consumer normalises (proj_route.py)
-        cols = r[:, None] * n_out + n[None, :]
-        res = tl.load(h_ptr + cols, mask=mine, other=0.0).to(tl.float32)
-        tl.store(h_out_ptr + cols, (res + acc.to(dt).to(tl.float32)).to(dt), mask=mine)
-    else:
-        tl.store(a_ptr + r[:, None] * n_out + n[None, :], acc.to(dt), mask=mine)
-        _add_norm_last(a_ptr, h_ptr, nw_ptr, h_out_ptr, y_ptr, counter, r, n_rows, n_out, eps,
-                       BLOCK_OUT)
-
-
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _add_norm_last(a_ptr, h_ptr, nw_ptr, h_out_ptr, y_ptr, counter, r, n_rows, n_out, eps,
-                   BLOCK_OUT: tl.constexpr):
-    """The last program to arrive: h + a and its norm, every row at once."""
-    dt = h_out_ptr.dtype.element_ty
+    tl.store(a_ptr + r[:, None] * n_out + n[None, :], acc.to(dt),
+             mask=(r < n_rows)[:, None] & n_ok[None, :])
     if last_to_arrive(counter, tl.num_programs(0)):  # whole rows, add and norm
         c = tl.arange(0, BLOCK_OUT)
         ok = (r < n_rows)[:, None] & (c < n_out)[None, :]
@@ -105,38 +90,22 @@ def fits(o: Tensor, w: Tensor, h: Tensor) -> bool:
 def launch(
     o: Float[Tensor, "tokens width_in"], w: Float[Tensor, "hidden width_in"],
     h: Float[Tensor, "tokens hidden"], weight: Float[Tensor, " hidden"], eps: float,
-    norm: bool = True,
 ) -> tuple[tuple, tuple, dict, tuple[Tensor, Tensor]]:
     """(grid, arguments, keyword arguments, (h + o w^T, its norm) outputs) of the kernel (the
-    sm90 compile test reads the same). Without `norm` the kernel stores h + o w^T only (the
-    second output is left unwritten) and has no last-program level."""
+    sm90 compile test reads the same)."""
     rows, n_in = o.shape
     n_out = w.shape[0]
+    a = torch.empty(rows, n_out, dtype=h.dtype, device=h.device)
     h_out = torch.empty_like(h)
-    if norm:
-        a = torch.empty(rows, n_out, dtype=h.dtype, device=h.device)
-        y = torch.empty(h.shape, dtype=torch.promote_types(h.dtype, weight.dtype),
-                        device=h.device)
-    else:
-        a = y = h_out  # not written
+    y = torch.empty(h.shape, dtype=torch.promote_types(h.dtype, weight.dtype), device=h.device)
     pdl = pdl_supported(h.device)
     args = (o, w, h, weight, a, h_out, y, _counter(h.device), rows, n_in, n_out, o.stride(0),
             w.stride(0), eps)
     kwargs = dict(ROWS_P2=triton.next_power_of_2(MAX_ROWS), BLOCK_N=BLOCK_N,
                   BLOCK_K=min(BLOCK_K, triton.next_power_of_2(n_in)),
-                  BLOCK_OUT=triton.next_power_of_2(n_out), PDL=pdl, NORM=norm,
-                  num_warps=NUM_WARPS,
+                  BLOCK_OUT=triton.next_power_of_2(n_out), PDL=pdl, num_warps=NUM_WARPS,
                   **({"launch_pdl": True} if pdl else {}))
     return (triton.cdiv(n_out, BLOCK_N),), args, kwargs, (h_out, y)
-
-
-def project_add(o: Float[Tensor, "tokens width_in"], w: Float[Tensor, "hidden width_in"],
-                h: Float[Tensor, "tokens hidden"]) -> Float[Tensor, "tokens hidden"]:
-    """h + o w^T alone, for `fits` shapes: the kernel without its last level (the norm is the
-    consumer's, `proj_route.py`)."""
-    grid, args, kwargs, (h_out, _) = launch(o, w, h, h[0], 0.0, norm=False)  # no weight read
-    _proj_add_norm_kernel[grid](*args, **kwargs)
-    return h_out
 
 
 @torch.library.custom_op("mla_func::proj_add_rmsnorm", mutates_args=())

@@ -263,15 +263,9 @@ def _counters(device: torch.device) -> Tensor:
     return device_counters("moe_route", device, _COUNTER_SLOTS)
 
 
-def few_rows(tokens: int, experts: int) -> bool:
-    """Whether `moe_route` runs `router_rows.py`'s kernel for these sizes."""
-    return FEW_ROWS and 0 < tokens <= router_rows.MAX_ROWS and experts <= MAX_EXPERTS
-
-
-def launch(x: Tensor, router: Tensor, score_bias: Tensor | None, top_k: int, n_group: int,
-           topk_group: int, method: str, normalize: bool, scale: float,
-           norm: tuple[Tensor, float, Tensor] | None = None) -> tuple[Tensor, Tensor]:
-    """`moe_route`'s launch. `norm` (few rows only): `router_rows.launch`'s."""
+def _launch(x: Tensor, router: Tensor, score_bias: Tensor | None, top_k: int, n_group: int,
+            topk_group: int, method: str, normalize: bool, scale: float
+            ) -> tuple[Tensor, Tensor]:
     tokens, hidden = x.shape
     experts = router.shape[0]
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=x.device)
@@ -288,15 +282,12 @@ def launch(x: Tensor, router: Tensor, score_bias: Tensor | None, top_k: int, n_g
     counters = _counters(x.device)
     const = kernel_constants(cfg, x.dtype, experts, top_k, n_group, topk_group, method, normalize,
                              score_bias is not None, pdl_supported(x.device))
-    if few_rows(tokens, experts):  # one program an expert
+    if FEW_ROWS and tokens <= router_rows.MAX_ROWS:  # one program an expert
         part = torch.empty(router_rows.MAX_ROWS * cfg.block_e, dtype=torch.float32,
                            device=x.device)
         router_rows.route_rows(x, router, bias, part, counters, weights, ids, scale, const,
-                               bool(const["WAIT"]), norm)
+                               bool(const["WAIT"]))
         return weights, ids
-    if norm is not None:
-        raise ValueError(f"the router normalises its input at 1 to {router_rows.MAX_ROWS} rows "
-                         f"only (router.few_rows); got {tokens}")
     _router_kernel[(cfg.blocks, cfg.n_split)](
         x, router, bias, part, counters, weights, ids, tokens, hidden, x.stride(0), cfg.chunk,
         cfg.n_split, scale, **const, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -321,8 +312,8 @@ def moe_route(x: Tensor, router: Tensor, score_bias: Tensor | None, top_k: int, 
     """x [tokens, hidden], router fp32 [experts, hidden] -> (weights fp32, ids int64)
     [tokens, top_k]: `route` with the settings passed as plain values."""
     if router.shape[0] <= MAX_EXPERTS:
-        return launch(x, router, score_bias, top_k, n_group, topk_group, method, normalize,
-                      scale)
+        return _launch(x, router, score_bias, top_k, n_group, topk_group, method, normalize,
+                       scale)
     cfg = _reference_cfg(router.shape[0], top_k, n_group, topk_group, method, normalize, scale)
     weights, ids = route(x, router, score_bias, cfg)
     return weights.contiguous(), ids.contiguous()
@@ -342,13 +333,8 @@ def route_fused(
     cfg: MLAConfig,
 ) -> tuple[Float[Tensor, "tokens topk"], Int[Tensor, "tokens topk"]]:
     """`ops.moe.route` as one custom op (one Triton launch at up to MAX_EXPERTS experts)."""
-    return torch.ops.mla_func.moe_route(x, router, score_bias, *settings(cfg))
-
-
-def settings(cfg: MLAConfig) -> tuple[int, int, int, str, bool, float]:
-    """`moe_route`'s plain-value settings after its tensors: (top_k, n_group, topk_group,
-    method, normalize, scale)."""
     method = cfg.topk_method
     normalize = cfg.norm_topk_prob and (method == "noaux_tc" or cfg.model_type == "deepseek_v3")
-    return (cfg.num_experts_per_tok, cfg.n_group or 1, cfg.topk_group or 1, method,
-            bool(normalize), float(cfg.routed_scaling_factor))
+    return torch.ops.mla_func.moe_route(
+        x, router, score_bias, cfg.num_experts_per_tok, cfg.n_group or 1, cfg.topk_group or 1,
+        method, normalize, float(cfg.routed_scaling_factor))

@@ -20,7 +20,6 @@ import triton.language as tl
 from torch import Tensor
 
 from mla_func.kernels.counters import last_to_arrive
-from mla_func.kernels.norm import rms_scaled
 from mla_func.kernels.router_select import sum_and_select
 
 MAX_ROWS = 4
@@ -44,16 +43,12 @@ def _rows_dot(x_ptr, x_stride, r, live, k, k_ok, w):
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _router_rows_kernel(
     x_ptr, r_ptr, bias_ptr, part_ptr, cnt_ptr, w_out, id_out, T, hidden, x_stride, scale,
-    nw_ptr, y_ptr, eps,
     E: tl.constexpr, BLOCK_E: tl.constexpr, ROWS: tl.constexpr, BLOCK_HID: tl.constexpr,
     K: tl.constexpr, BLOCK_K: tl.constexpr, METHOD: tl.constexpr, N_GROUP: tl.constexpr,
     BLOCK_G: tl.constexpr, TOPK_GROUP: tl.constexpr, GROUP_SIZE: tl.constexpr,
     BLOCK_GS: tl.constexpr, NORMALIZE: tl.constexpr, HAS_BIAS: tl.constexpr,
-    PDL: tl.constexpr, NORM: tl.constexpr = False,
+    PDL: tl.constexpr,
 ):
-    """NORM: x is the residual stream h (rows of hidden <= BLOCK_HID): each program routes
-    y = rmsnorm(h) * nw (`norm.rms_scaled`, rounded to y's dtype as stored) and stores its
-    share of y's columns."""
     e = tl.program_id(0)
     row = r_ptr + e.to(tl.int64) * hidden
     k = tl.arange(0, BLOCK_HID)
@@ -63,24 +58,11 @@ def _router_rows_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     r = tl.arange(0, ROWS)
     live = r < T
-    if NORM:
-        k_ok = k < hidden
-        at = r[:, None] * x_stride + k[None, :]
-        ok = live[:, None] & k_ok[None, :]
-        xt = tl.load(x_ptr + at, mask=ok, other=0.0)
-        xf = xt.to(tl.float32)
-        y = rms_scaled(xf, tl.sum(xf * xf, axis=1)[:, None], hidden, eps, nw_ptr, k, k_ok,
-                       xt.dtype).to(y_ptr.dtype.element_ty)
-        share = tl.cdiv(hidden, tl.num_programs(0))
-        mine = (k >= e * share) & (k < e * share + share)
-        tl.store(y_ptr + r[:, None] * hidden + k[None, :], y, mask=ok & mine[None, :])
-        acc = tl.sum(y.to(tl.float32) * w[None, :], axis=1)
-    else:
-        acc = _rows_dot(x_ptr, x_stride, r, live, k, k < hidden, w)
-        for k0 in range(BLOCK_HID, hidden, BLOCK_HID):  # wider rows (V3's 7168): the rest
-            kk = k0 + k
-            w = tl.load(row + kk, mask=kk < hidden, other=0.0)
-            acc += _rows_dot(x_ptr, x_stride, r, live, kk, kk < hidden, w)
+    acc = _rows_dot(x_ptr, x_stride, r, live, k, k < hidden, w)
+    for k0 in range(BLOCK_HID, hidden, BLOCK_HID):  # wider rows (V3's 7168): the rest
+        kk = k0 + k
+        w = tl.load(row + kk, mask=kk < hidden, other=0.0)
+        acc += _rows_dot(x_ptr, x_stride, r, live, kk, kk < hidden, w)
     tl.store(part_ptr + r * BLOCK_E + e, acc, mask=live)
     if last_to_arrive(cnt_ptr, tl.num_programs(0)):
         block = tl.full([], 0, tl.int32)  # one block of rows (a tensor: the callee casts it)
@@ -91,44 +73,32 @@ def _router_rows_kernel(
 
 
 def launch(x: Tensor, router: Tensor, bias: Tensor, part: Tensor, counter: Tensor,
-           weights: Tensor, ids: Tensor, scale: float, const: dict[str, object], pdl: bool,
-           norm: tuple[Tensor, float, Tensor] | None = None) -> tuple[tuple, tuple, dict]:
+           weights: Tensor, ids: Tensor, scale: float, const: dict[str, object], pdl: bool
+           ) -> tuple[tuple, tuple, dict]:
     """(grid, arguments, keyword arguments) of the kernel for x's rows (at most MAX_ROWS):
     `const` holds the selection's constexprs (`router.kernel_constants`); `part` has
-    MAX_ROWS x BLOCK_E float32 elements. `norm` (weight, eps, y): x is the residual stream;
-    route y = rmsnorm(x) * weight and store it to y (rows of at most BLOCK_HID). The sm90
-    compile test reads the same."""
+    MAX_ROWS x BLOCK_E float32 elements. The sm90 compile test reads the same."""
     tokens, hidden = x.shape
     if not 0 < tokens <= MAX_ROWS:
         raise ValueError(f"router_rows takes 1 to {MAX_ROWS} rows; got {tokens}")
-    if norm is not None and not fits_norm(hidden):
-        raise ValueError(f"router_rows normalises rows of at most {BLOCK_HID}; got {hidden}")
     names = ("E", "BLOCK_E", "K", "BLOCK_K", "METHOD", "N_GROUP", "BLOCK_G", "TOPK_GROUP",
              "GROUP_SIZE", "BLOCK_GS", "NORMALIZE", "HAS_BIAS")
     kwargs = {n: const[n] for n in names}
     rows = triton.next_power_of_2(tokens)
     kwargs.update(ROWS=rows, BLOCK_HID=min(BLOCK_HID, triton.next_power_of_2(hidden)), PDL=pdl,
-                  NORM=norm is not None, num_warps=NUM_WARPS if rows <= 4 else WIDE_NUM_WARPS,
+                  num_warps=NUM_WARPS if rows <= 4 else WIDE_NUM_WARPS,
                   **({"launch_pdl": True} if pdl else {}))
-    nw, eps, y = norm if norm is not None else (x, 0.0, x)
-    args = (x, router, bias, part, counter, weights, ids, tokens, hidden, x.stride(0), scale,
-            nw, y, eps)
+    args = (x, router, bias, part, counter, weights, ids, tokens, hidden, x.stride(0), scale)
     return (router.shape[0],), args, kwargs
-
-
-def fits_norm(hidden: int) -> bool:
-    """Whether the kernel normalises rows this wide (in one step of BLOCK_HID)."""
-    return hidden <= BLOCK_HID
 
 
 def route_rows(x: Tensor, router: Tensor, bias: Tensor, part: Tensor, counter: Tensor,
                weights: Tensor, ids: Tensor, scale: float, const: dict[str, object],
-               pdl: bool, norm: tuple[Tensor, float, Tensor] | None = None) -> None:
-    """Fill `weights` and `ids` [rows, top_k] for x's rows (and y, given `norm`; `launch`'s
-    arguments)."""
+               pdl: bool) -> None:
+    """Fill `weights` and `ids` [rows, top_k] for x's rows (`launch`'s arguments)."""
     grid, args, kwargs = launch(x, router, bias, part, counter, weights, ids, scale, const,
-                                pdl, norm)
+                                pdl)
     _router_rows_kernel[grid](*args, **kwargs)
 
 
-__all__ = ["MAX_ROWS", "fits_norm", "launch", "route_rows"]
+__all__ = ["MAX_ROWS", "launch", "route_rows"]

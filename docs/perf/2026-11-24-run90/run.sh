@@ -3,8 +3,8 @@
 # under $OUT:  levels: exp_levels.py (LV_ARGS);  plan: exp_plan.py (PL_ARGS);  rows:
 # exp_rows.py (RW_ARGS);  rtests: the router CUDA tests;  route: exp_route.py (RT_ARGS);
 # wait: exp_route_wait.py (RT_ARGS);
-# ptests: the router, projection, MoE and capture CUDA tests (of trees de2b1cc-f94d0e6: runs
-# 96-99; their proj_route test is gone since);  otherwise the project's own commands
+# ptests: the router, projection, MoE and capture CUDA tests (of trees de2b1cc-f94d0e6 and
+# f723fd8: runs 96-99, 101; their proj_route test is gone since);  otherwise the project's own commands
 # as in docs/perf/2026-11-24-run83/run.sh (tests, step, moe, mlatests, ...).
 set -o pipefail
 export PYTHONUNBUFFERED=1
