@@ -277,8 +277,6 @@ def _launch(x: Tensor, router: Tensor, score_bias: Tensor | None, top_k: int, n_
     bias = score_bias.float().contiguous() if score_bias is not None else router
     grouped = method != "greedy"
     cfg = launch_config(tokens, experts, hidden, n_group if grouped else 1)
-    part = torch.empty(cfg.blocks * cfg.n_split * cfg.block_t * cfg.block_e,
-                       dtype=torch.float32, device=x.device)
     counters = _counters(x.device)
     const = kernel_constants(cfg, x.dtype, experts, top_k, n_group, topk_group, method, normalize,
                              score_bias is not None, pdl_supported(x.device))
@@ -288,6 +286,8 @@ def _launch(x: Tensor, router: Tensor, score_bias: Tensor | None, top_k: int, n_
         router_rows.route_rows(x, router, bias, part, counters, weights, ids, scale, const,
                                bool(const["WAIT"]))
         return weights, ids
+    part = torch.empty(cfg.blocks * cfg.n_split * cfg.block_t * cfg.block_e,
+                       dtype=torch.float32, device=x.device)
     _router_kernel[(cfg.blocks, cfg.n_split)](
         x, router, bias, part, counters, weights, ids, tokens, hidden, x.stride(0), cfg.chunk,
         cfg.n_split, scale, **const, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
