@@ -1,0 +1,20 @@
+#!/bin/bash
+# The twentieth session's GPU driver: bash docs/perf/2026-11-24-run104/run.sh <parts>, logs
+# under $OUT:  after: exp_after.py (AF_ARGS);  launch: exp_launch.py (LA_ARGS);  otherwise the
+# eighteenth session's parts (docs/perf/2026-11-24-run90/run.sh: tests, step, moe, ...).
+set -o pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
+export PYTHONPATH=.:/tmp/site
+D=docs/perf/2026-11-24-run104
+for part in "$@"; do
+  echo "=== $part $(date -u +%H:%M:%S)"
+  case $part in
+    after) timeout 580 python3 $D/exp_after.py $AF_ARGS 2>&1 | grep -v -i warn \
+             | tee "$OUT/after.log" ;;
+    launch) timeout 580 python3 $D/exp_launch.py $LA_ARGS 2>&1 | grep -v -i warn \
+              | tee "$OUT/launch.log" ;;
+    *) OUT=$OUT bash docs/perf/2026-11-24-run90/run.sh $part ;;
+  esac
+done
