@@ -1,7 +1,8 @@
 #!/bin/bash
 # The twentieth session's GPU driver: bash docs/perf/2026-11-24-run104/run.sh <parts>, logs
-# under $OUT:  after: exp_after.py (AF_ARGS);  host: exp_host.py (HO_ARGS);  launch:
-# exp_launch.py (LA_ARGS);  otherwise the eighteenth session's parts (docs/perf/2026-11-24-run90/run.sh: tests, step, moe, ...).
+# under $OUT:  after: exp_after.py (AF_ARGS);  host, host2: exp_host.py, exp_host2.py
+# (HO_ARGS);  launch: exp_launch.py (LA_ARGS);  otherwise the eighteenth session's parts
+# (docs/perf/2026-11-24-run90/run.sh: tests, step, moe, ...).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -15,6 +16,8 @@ for part in "$@"; do
              | tee "$OUT/after.log" ;;
     host) timeout 580 python3 $D/exp_host.py $HO_ARGS 2>&1 | grep -v -i warn \
             | tee "$OUT/host.log" ;;
+    host2) timeout 580 python3 $D/exp_host2.py $HO_ARGS 2>&1 | grep -v -i warn \
+             | tee "$OUT/host2.log" ;;
     launch) timeout 580 python3 $D/exp_launch.py $LA_ARGS 2>&1 | grep -v -i warn \
               | tee "$OUT/launch.log" ;;
     *) OUT=$OUT bash docs/perf/2026-11-24-run90/run.sh $part ;;
