@@ -1,7 +1,7 @@
 #!/bin/bash
 # The twentieth session's GPU driver: bash docs/perf/2026-11-24-run104/run.sh <parts>, logs
 # under $OUT:  after: exp_after.py (AF_ARGS);  host, host2: exp_host.py, exp_host2.py
-# (HO_ARGS);  launch: exp_launch.py (LA_ARGS);  otherwise the eighteenth session's parts
+# (HO_ARGS);  launch: exp_launch.py (LA_ARGS);  graph: exp_graph.py (GR_ARGS);  otherwise the eighteenth session's parts
 # (docs/perf/2026-11-24-run90/run.sh: tests, step, moe, ...).
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -18,6 +18,8 @@ for part in "$@"; do
             | tee "$OUT/host.log" ;;
     host2) timeout 580 python3 $D/exp_host2.py $HO_ARGS 2>&1 | grep -v -i warn \
              | tee "$OUT/host2.log" ;;
+    graph) timeout 580 python3 $D/exp_graph.py $GR_ARGS 2>&1 | grep -v -i warn \
+             | tee "$OUT/graph.log" ;;
     launch) timeout 580 python3 $D/exp_launch.py $LA_ARGS 2>&1 | grep -v -i warn \
               | tee "$OUT/launch.log" ;;
     *) OUT=$OUT bash docs/perf/2026-11-24-run90/run.sh $part ;;
