@@ -1,8 +1,8 @@
 """What a whole-step graph's launch costs, per batch (2026-11-24, twentieth session). Run 105:
 `replay()` of the V2-Lite step graph held the host 0.01 / 0.15 / 0.33 ms at B = 1 / 32 / 128,
 and a synced replay ran 8 / 158 / 116 us over one back to back. Per batch here: the graph's
-nodes by type (`CUDAGraph.debug_dump`), the host's time in `replay()` with the GPU idle and
-with it busy (a sleep kernel queued first: then the launch cannot wait on the GPU's progress),
+GPU activities by name (the profiler over one replay), the host's time in `replay()` with the
+GPU idle and with it busy (a sleep kernel queued first: then the launch cannot wait on the GPU's progress),
 and the replay idle / queued / back to back (exp_launch.py's three timings):
 
     PYTHONPATH=. python3 exp_graph.py [--batch 1 8 32 128] [--ctx 1024]
@@ -12,12 +12,11 @@ import argparse
 import collections
 import math
 import os
-import re
 import statistics
-import tempfile
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 import mla_func as mf
 from scripts.bench_step import decode_batch
@@ -29,7 +28,7 @@ sys.path.insert(0, sys_path)
 from exp_launch import timings  # noqa: E402
 
 
-def capture(params, state, batch, dump: str):
+def capture(params, state, batch):
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -37,25 +36,20 @@ def capture(params, state, batch, dump: str):
             mf.forward(params, state, batch)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    g.enable_debug_mode()
     with torch.cuda.graph(g):
         mf.forward(params, state, batch)
-    g.debug_dump(dump)
     g.replay()
     torch.cuda.synchronize()
     return g
 
 
-def node_types(dump: str) -> tuple[collections.Counter, collections.Counter, int]:
-    """(node types, kernel-name-like words, edges marked programmatic) of a DOT dump (the file
-    stays in $OUT for a closer look)."""
-    text = open(dump).read()
-    kinds = collections.Counter(re.findall(
-        r"\b(KERNEL|MEMSET|MEMCPY|EVENT_RECORD|WAIT_EVENT|EMPTY|HOST|MEM_ALLOC|MEM_FREE)\b",
-        text))
-    names = collections.Counter(re.findall(r"\b(_\w+_kernel\w*|\w*[Kk]ernel\w*|sm90_\w+|"
-                                           r"cutlass\w+|nvjet\w+|gemm\w*)\b", text))
-    return kinds, names, len(re.findall(r"rogrammatic", text))
+def node_names(replay) -> collections.Counter:
+    """The GPU activities of one replay under the profiler, by name (first 40 characters)."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        replay()
+        torch.cuda.synchronize()
+    return collections.Counter(e.name[:40] for e in prof.events()
+                               if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
 def busy_host_ms(replay, reps: int = 20) -> float:
@@ -81,14 +75,12 @@ def main() -> None:
     pages = max(args.batch) * math.ceil((args.ctx + 1) / 64) + 130
     state = mf.init_state(cfg, pages, 64, device="cuda", dtype=torch.bfloat16)
     state.cache.normal_()
-    out = os.environ.get("OUT", tempfile.gettempdir())
     for bsz in args.batch:
         batch = decode_batch(state, bsz, args.ctx, "triton", seed=bsz, max_pages=129)
-        dump = os.path.join(out, f"graph_b{bsz}.dot")
-        g = capture(params, state, batch, dump)
-        kinds, names, prog = node_types(dump)
+        g = capture(params, state, batch)
+        names = node_names(g.replay)
         t = timings(g.replay)
-        print(f"B={bsz}: nodes {dict(kinds)}, {prog} programmatic mentions; host replay() idle "
+        print(f"B={bsz}: {sum(names.values())} GPU activities; host replay() idle "
               f"{t['host_replay']:.4f} / busy {busy_host_ms(g.replay):.4f} ms; replay idle "
               f"{t['idle']:.4f} queued {t['queued']:.4f} b2b {t['b2b']:.4f} ms", flush=True)
         print(f"  kernels: {names.most_common(40)}", flush=True)
