@@ -2,8 +2,8 @@
 `replay()` of the V2-Lite step graph held the host 0.01 / 0.15 / 0.33 ms at B = 1 / 32 / 128,
 and a synced replay ran 8 / 158 / 116 us over one back to back. Per batch here: the graph's
 GPU activities by name (the profiler over one replay), the host's time in `replay()` with the
-GPU idle and with it busy (a sleep kernel queued first: then the launch cannot wait on the GPU's progress),
-and the replay idle / queued / back to back (exp_launch.py's three timings):
+GPU idle and with it busy (a sleep kernel queued first: then the launch cannot wait on the
+GPU's progress), and the replay idle / queued / back to back (exp_launch.py's three timings):
 
     PYTHONPATH=. python3 exp_graph.py [--batch 1 8 32 128] [--ctx 1024]
 """
