@@ -307,7 +307,9 @@ def test_emulated_dispatch_matches_eager():
 def test_dispatch_copy_plans_repad_and_stay_bounded(monkeypatch):
     """The copy targets kept per bucket and input shapes (`CompiledStep._fill`): steps of
     different token counts in one bucket, in turn, each pad their own rows again (a longer
-    step wrote real ones there) and match eager; the kept plans never pass their bound."""
+    step wrote real ones there) and match eager; the kept plans never pass their bound. The
+    values' shapes at real sizes (`CompiledStep._real`) are kept too, and the repeated token
+    counts (5, 7) take theirs from that cache."""
     from mla_func.capture import dispatch
     from mla_func.compile_step import compile_step
 
@@ -329,6 +331,7 @@ def test_dispatch_copy_plans_repad_and_stay_bounded(monkeypatch):
         want, _ = mf.forward(params, ref, mf.make_batch(work, 4, 4))
         torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
         assert 1 <= len(step.fill_plans) <= 2
+        assert {key[1:] for key in step.real_shapes} >= {(n, 1)}  # (tokens, seqs)
         # The segments' copy of the token ids: this step's, then the pad value 0.
         ids = next(step.buffers.leaves[sp.index] for sp in step.plan.signature.leaves
                    if sp.path == "batch.token_ids")

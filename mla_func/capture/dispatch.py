@@ -34,6 +34,8 @@ from mla_func.capture.tree import TreeDef, unflatten
 MODES = ("eager", "piecewise", "full", "full_and_piecewise")
 # `_fill`'s copy plans kept per step (one per bucket and input shapes; cleared when full).
 FILL_PLANS_KEPT = 256
+# `_real`'s evaluated shapes kept per step (one per graph value and real sizes).
+REAL_SHAPES_KEPT = 4096
 
 
 def _leaves(td: TreeDef, obj: Any, out: list[torch.Tensor], path: str) -> None:
@@ -97,6 +99,7 @@ class CompiledStep:
     static_axes: list[tuple[int, int, int]] | None = field(default=None, repr=False)
     fill_plans: dict[tuple, tuple[list[torch.Tensor], list[tuple[torch.Tensor, Any]]]] = field(
         default_factory=dict, repr=False)
+    real_shapes: dict[tuple, list[int]] = field(default_factory=dict, repr=False)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("eager", "piecewise", "full"), 0))
 
@@ -245,10 +248,20 @@ class CompiledStep:
         return dsts, pads
 
     def _real(self, node: fx.Node, t: torch.Tensor, real: dict[str, int]) -> torch.Tensor:
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor):
-            return t
-        return narrow_to(t, [self.plan.traced.evaluate(s, real) for s in val.shape])
+        """`t` (node's value at a bucket size) narrowed to its size at the `real` sizes."""
+        key = (node, *real.values())  # the dims in signature order: a fixed key layout
+        shape = self.real_shapes.get(key)
+        if shape is None:
+            val = node.meta.get("val")
+            if not isinstance(val, torch.Tensor):
+                return t
+            if len(self.real_shapes) >= REAL_SHAPES_KEPT:
+                self.real_shapes.clear()
+            # A sympy substitution per value: a third of a decode step's `_outputs` host time
+            # (CPU, 27 layers of the tiny preset, 2026-11-24).
+            shape = self.real_shapes[key] = [self.plan.traced.evaluate(s, real)
+                                             for s in val.shape]
+        return narrow_to(t, shape)
 
     def _replay_piecewise(self, bucket: PiecewiseBucket, leaves: Sequence[torch.Tensor],
                           real: dict[str, int]) -> tuple[list[torch.Tensor], set[fx.Node]]:

@@ -1,8 +1,9 @@
 #!/bin/bash
 # The twentieth session's GPU driver: bash docs/perf/2026-11-24-run104/run.sh <parts>, logs
 # under $OUT:  after: exp_after.py (AF_ARGS);  host, host2: exp_host.py, exp_host2.py
-# (HO_ARGS);  launch: exp_launch.py (LA_ARGS);  graph: exp_graph.py (GR_ARGS);  otherwise the eighteenth session's parts
-# (docs/perf/2026-11-24-run90/run.sh: tests, step, moe, ...).
+# (HO_ARGS);  launch: exp_launch.py (LA_ARGS);  graph: exp_graph.py (GR_ARGS);
+#   dispatch: exp_dispatch.py (DI_ARGS);  otherwise the eighteenth session's parts
+#   (docs/perf/2026-11-24-run90/run.sh: tests, step, moe, ...).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -20,6 +21,8 @@ for part in "$@"; do
              | tee "$OUT/host2.log" ;;
     graph) timeout 580 python3 $D/exp_graph.py $GR_ARGS 2>&1 | grep -v -i warn \
              | tee "$OUT/graph.log" ;;
+    dispatch) timeout 580 python3 $D/exp_dispatch.py $DI_ARGS 2>&1 | grep -v -i warn \
+                | tee "$OUT/dispatch.log" ;;
     launch) timeout 580 python3 $D/exp_launch.py $LA_ARGS 2>&1 | grep -v -i warn \
               | tee "$OUT/launch.log" ;;
     *) OUT=$OUT bash docs/perf/2026-11-24-run90/run.sh $part ;;
