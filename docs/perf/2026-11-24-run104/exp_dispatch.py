@@ -3,9 +3,12 @@ twentieth session). One process, one compiled step (mode "full"), alternating ro
 batch: `step(state, batch)` synced and back to back with the tree's `CompiledStep._real`
 (cached shapes) and with the version before it (a sympy substitution per output per call),
 and the bare replay of the bucket's graph as the reference. No profiler runs in this process
-(run 105 showed it slowing later graph launches):
+(run 105 showed it slowing later graph launches). `--mode piecewise`: the same for a
+piecewise step (graphs up to the largest batch's tokens), whose dispatch narrows ~110 values
+a step (no bare replay then):
 
     PYTHONPATH=. python3 exp_dispatch.py [--batch 1 32 128] [--ctx 1024] [--rounds 6]
+                                         [--mode full|piecewise]
 """
 
 import argparse
@@ -50,6 +53,7 @@ def main() -> None:
     p.add_argument("--ctx", type=int, nargs="+", default=[1024])
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--max-pages", type=int, default=129)
+    p.add_argument("--mode", choices=("full", "piecewise"), default="full")
     args = p.parse_args()
     print(f"# {torch.cuda.get_device_name()}", flush=True)
     cfg = mf.MLAConfig.preset("v2-lite")
@@ -57,14 +61,15 @@ def main() -> None:
     pages = max(args.batch) * math.ceil((max(args.ctx) + 1) / 64) + 130
     state = mf.init_state(cfg, pages, 64, device="cuda", dtype=torch.bfloat16)
     state.cache.normal_()
-    step = compile_step(params, state, mode="full", max_seqs=max(args.batch),
+    step = compile_step(params, state, mode=args.mode, max_seqs=max(args.batch),
+                        max_tokens=max(args.batch) if args.mode == "piecewise" else None,
                         max_pages=args.max_pages, backend="triton", progress=False)
     for ctx in args.ctx:
         for bsz in args.batch:
             batch = decode_batch(state, bsz, ctx, "triton", seed=bsz, max_pages=args.max_pages)
             kind, size = step.choose(step._merge((state, batch)))
-            assert kind == "full"
-            replay = step.full[size].graph.replay
+            assert kind == args.mode
+            replay = step.full[size].graph.replay if kind == "full" else None
 
             def call(b=batch):
                 return step(state, b)
@@ -77,11 +82,12 @@ def main() -> None:
                     res.setdefault(f"step {name} synced", []).append(cuda_time_ms(call, reps=30))
                     res.setdefault(f"step {name} b2b", []).append(pipelined_ms(call))
                     res.setdefault(f"host step() {name}", []).append(host_ms(call))
-                res.setdefault("replay synced", []).append(cuda_time_ms(replay, reps=30))
-                res.setdefault("replay b2b", []).append(pipelined_ms(replay))
-                res.setdefault("host replay()", []).append(host_ms(replay))
+                if replay is not None:
+                    res.setdefault("replay synced", []).append(cuda_time_ms(replay, reps=30))
+                    res.setdefault("replay b2b", []).append(pipelined_ms(replay))
+                    res.setdefault("host replay()", []).append(host_ms(replay))
             CompiledStep._real = CACHED
-            print(f"ctx {ctx} B={bsz}, ms, median of {args.rounds} rounds (min-max):",
+            print(f"{kind} ctx {ctx} B={bsz}, ms, median of {args.rounds} rounds (min-max):",
                   flush=True)
             for k, v in res.items():
                 print(f"  {k:24s} {statistics.median(v):.4f}  ({min(v):.4f}-{max(v):.4f})",
