@@ -327,11 +327,14 @@ def test_dispatch_copy_plans_repad_and_stay_bounded(monkeypatch):
                            alloc.reserve(seq, n))]
         batch = mf.make_batch(work, 4, 4)
         assert step.choose(step._merge((state, batch))) == ("piecewise", 8)
+        shapes_before = dict(step.real_shapes)
         logits, _ = step(state, batch)
         want, _ = mf.forward(params, ref, mf.make_batch(work, 4, 4))
         torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
         assert 1 <= len(step.fill_plans) <= 2
         assert {key[1:] for key in step.real_shapes} >= {(n, 1)}  # (tokens, seqs)
+        if (n, 1) in {key[1:] for key in shapes_before}:  # a repeated count: nothing new
+            assert step.real_shapes == shapes_before
         # The segments' copy of the token ids: this step's, then the pad value 0.
         ids = next(step.buffers.leaves[sp.index] for sp in step.plan.signature.leaves
                    if sp.path == "batch.token_ids")
