@@ -10,6 +10,7 @@ Then (`--census`) a kernel census of one eager prefill step per size, after ever
 """
 
 import argparse
+import gc
 import statistics
 import time
 
@@ -74,7 +75,6 @@ def run_generate(cfg, params, args, batch_tokens: int) -> None:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-    engine._step_fn = engine._step_fn  # (left wrapped: the engine is dropped next)
     out_tokens = args.requests * args.new
     print(f"loop {wall * 1e3:.1f} ms, {len(log)} steps, {out_tokens / wall:.0f} output tok/s")
     if log and log[0]["ev"] is not None:
@@ -164,6 +164,9 @@ def main() -> None:
     params = mf.init_params(cfg, seed=0, device=device, dtype=dtype)
     for bt in args.batch_tokens:
         run_generate(cfg, params, args, bt)
+        gc.collect()  # the engine's graphs and cache go before the next one is built
+        if device == "cuda":
+            torch.cuda.empty_cache()
     if args.census and device == "cuda":
         census(cfg, params, args)
 
