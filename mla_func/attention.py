@@ -22,6 +22,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mla_func.custom_op import custom_op
 from mla_func.ops import attention as ref
 
 
@@ -116,7 +117,7 @@ register_backend(AttentionBackend(
     "pure torch; picks its form from host metadata, so only single-token decode is uniform"))
 
 
-@torch.library.custom_op("mla_func::mla_attention", mutates_args=("cache",))
+@custom_op("mla_func::mla_attention", mutates_args=("cache",))
 def mla_attention(
     q_nope: Tensor, q_pe: Tensor, kv: Tensor, cache: Tensor, layer: int, kv_norm: Tensor,
     inv_freq: Tensor, w_uk: Tensor, w_uv: Tensor, slot_mapping: Tensor, token_seq: Tensor,
@@ -169,7 +170,7 @@ def attend(
     implementation, which `meta` tensors run, checks nothing). q_pe and kv are the input
     projection's output, before the rope and the norm, which the op applies (`kv_norm`,
     `inv_freq`, `rope_scale`, `eps`)."""
-    return torch.ops.mla_func.mla_attention(
+    return mla_attention(
         q_nope, q_pe, kv, cache, layer, kv_norm, inv_freq, w_uk, w_uv, slot_mapping, token_seq,
         positions, page_table, seq_lens, host, scale, rope_scale, eps, backend)
 

@@ -18,12 +18,12 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-import mla_func.kernels.norm  # noqa: F401  (registers rmsnorm / add_rmsnorm)
-import mla_func.kernels.proj_norm  # noqa: F401  (registers proj_add_rmsnorm)
-import mla_func.kernels.small_linear  # noqa: F401  (registers small_linear)
+import mla_func.kernels.norm as fused_norm
 from mla_func.attention import attend
 from mla_func.batch import Batch, BatchError
 from mla_func.config import MLAConfig
+from mla_func.custom_op import custom_op
+from mla_func.kernels import proj_norm, small_linear
 from mla_func.kernels.router import route_fused
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import route
@@ -47,7 +47,7 @@ def add_norm(
 ) -> tuple[Float[Tensor, "tokens hidden"], Float[Tensor, "tokens hidden"]]:
     """(h + r, rmsnorm(h + r)): the residual stream and the next sub-layer's input."""
     if _fused(h):
-        return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
+        return fused_norm.add_rmsnorm(h, r, weight, eps)
     h = h + r
     return h, rmsnorm(h, weight, eps)
 
@@ -59,14 +59,14 @@ def project_add_norm(
     """(h + o w^T, rmsnorm(h + o w^T)): the attention's output projection, the residual add
     and the FFN's input norm (one launch at a few rows, `kernels/proj_norm.py`)."""
     if _fused(h):
-        return torch.ops.mla_func.proj_add_rmsnorm(o, w, h, weight, eps)
+        return proj_norm.proj_add_rmsnorm(o, w, h, weight, eps)
     return add_norm(h, o @ w.T, weight, eps)
 
 
 def norm(x: Float[Tensor, "tokens width"], weight: Float[Tensor, " width"], eps: float
          ) -> Float[Tensor, "tokens width"]:
     if _fused(x):
-        return torch.ops.mla_func.rmsnorm(x, weight, eps)
+        return fused_norm.rmsnorm(x, weight, eps)
     return rmsnorm(x, weight, eps)
 
 
@@ -75,7 +75,7 @@ def linear(x: Float[Tensor, "tokens width_in"], w: Float[Tensor, "width_out widt
     """x w^T (at a few rows one launch that loads w before x is ready,
     `kernels/small_linear.py`)."""
     if _fused(x):
-        return torch.ops.mla_func.small_linear(x, w)
+        return small_linear.small_linear(x, w)
     return x @ w.T
 
 
@@ -151,7 +151,7 @@ def forward(
     return project_logits(x, batch.logits_index, params.lm_head), state
 
 
-@torch.library.custom_op("mla_func::logits", mutates_args=())
+@custom_op("mla_func::logits", mutates_args=())
 def _logits_op(x: Tensor, index: Tensor, lm_head: Tensor) -> Tensor:
     return (x[index] @ lm_head.T).float()
 
@@ -168,5 +168,5 @@ def project_logits(
     """float32 logits of the rows `index` of x (each sequence's last new token). One op (a
     custom op, one node for tracers), whose rows are the sequences, not the tokens: a caller
     that runs the step in pieces padded to a token count can run it on the real sequences."""
-    return torch.ops.mla_func.logits(x, index, lm_head)
+    return _logits_op(x, index, lm_head)
 

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mla_func.custom_op import custom_op
 from mla_func.kernels.moe_align import align_torch, max_blocks
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import experts_reference
@@ -49,7 +50,7 @@ def experts(
     impl = impl or ("triton" if x.device.type in ("cuda", "meta") else "sorted_torch")
     if impl == "triton":
         s_gate_up, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
-        return torch.ops.mla_func.moe_experts(x, weights, ids, gate_up, down, s_gate_up, s_down)
+        return _moe_experts_op(x, weights, ids, gate_up, down, s_gate_up, s_down)
     if impl == "sorted_torch":
         out = sorted_torch(x, weights, ids, gate_up, down)
     elif impl == "reference":
@@ -79,14 +80,14 @@ def experts_add_norm(
     impl = impl or ("triton" if x.device.type in ("cuda", "meta") else "sorted_torch")
     if impl == "triton":
         s_gate_up, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
-        return torch.ops.mla_func.moe_experts_add_norm(
+        return _moe_experts_add_norm_op(
             x, weights, ids, gate_up, down, s_gate_up, s_down, residual, norm_weight, eps)
     h = residual + experts(x, weights, ids, gate_up, down, shared, impl)
     return h, rmsnorm(h, norm_weight, eps)
 
 
 # typing.Optional: the schema inference of older torch looks the annotation up in a table.
-@torch.library.custom_op("mla_func::moe_experts", mutates_args=())
+@custom_op("mla_func::moe_experts", mutates_args=())
 def _moe_experts_op(
     x: Tensor, weights: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor,
     shared_gate_up: Optional[Tensor], shared_down: Optional[Tensor],  # noqa: UP045
@@ -102,7 +103,7 @@ def _(x, weights, ids, gate_up, down, shared_gate_up, shared_down):
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("mla_func::moe_experts_add_norm", mutates_args=())
+@custom_op("mla_func::moe_experts_add_norm", mutates_args=())
 def _moe_experts_add_norm_op(
     x: Tensor, weights: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor,
     shared_gate_up: Optional[Tensor], shared_down: Optional[Tensor],  # noqa: UP045

@@ -13,6 +13,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from mla_func.custom_op import custom_op
+
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
@@ -60,7 +62,7 @@ def _launch(x: Tensor, r: Tensor | None, w: Tensor, eps: float) -> tuple[Tensor,
     return h.view(x.shape), y.view(x.shape)
 
 
-@torch.library.custom_op("mla_func::rmsnorm", mutates_args=())
+@custom_op("mla_func::rmsnorm", mutates_args=())
 def rmsnorm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return _launch(x, None, weight, eps)[1]
 
@@ -71,7 +73,7 @@ def _(x, weight, eps):
                        device=x.device)
 
 
-@torch.library.custom_op("mla_func::add_rmsnorm", mutates_args=())
+@custom_op("mla_func::add_rmsnorm", mutates_args=())
 def add_rmsnorm(h: Tensor, r: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     return _launch(h, r, weight, eps)
 

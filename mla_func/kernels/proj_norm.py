@@ -28,6 +28,7 @@ import triton.language as tl
 from jaxtyping import Float
 from torch import Tensor
 
+from mla_func.custom_op import custom_op
 from mla_func.kernels.counters import device_counters, last_to_arrive
 from mla_func.kernels.norm import add_rmsnorm, rms_scaled
 from mla_func.kernels.pdl import supported as pdl_supported
@@ -108,7 +109,7 @@ def launch(
     return (triton.cdiv(n_out, BLOCK_N),), args, kwargs, (h_out, y)
 
 
-@torch.library.custom_op("mla_func::proj_add_rmsnorm", mutates_args=())
+@custom_op("mla_func::proj_add_rmsnorm", mutates_args=())
 def proj_add_rmsnorm(o: Tensor, w: Tensor, h: Tensor, weight: Tensor, eps: float
                      ) -> tuple[Tensor, Tensor]:
     """(h + o w^T, rmsnorm(h + o w^T) * weight): one launch up to MAX_ROWS rows (`fits`),

@@ -47,6 +47,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.config import MLAConfig
+from mla_func.custom_op import custom_op
 from mla_func.kernels import router_rows
 from mla_func.kernels.counters import device_counters, last_to_arrive
 from mla_func.kernels.pdl import supported as pdl_supported
@@ -305,7 +306,7 @@ def _reference_cfg(experts: int, top_k: int, n_group: int, topk_group: int, meth
                    routed_scaling_factor=scale)
 
 
-@torch.library.custom_op("mla_func::moe_route", mutates_args=())
+@custom_op("mla_func::moe_route", mutates_args=())
 def moe_route(x: Tensor, router: Tensor, score_bias: Tensor | None, top_k: int, n_group: int,
               topk_group: int, method: str, normalize: bool, scale: float
               ) -> tuple[Tensor, Tensor]:
@@ -335,6 +336,6 @@ def route_fused(
     """`ops.moe.route` as one custom op (one Triton launch at up to MAX_EXPERTS experts)."""
     method = cfg.topk_method
     normalize = cfg.norm_topk_prob and (method == "noaux_tc" or cfg.model_type == "deepseek_v3")
-    return torch.ops.mla_func.moe_route(
+    return moe_route(
         x, router, score_bias, cfg.num_experts_per_tok, cfg.n_group or 1, cfg.topk_group or 1,
         method, normalize, float(cfg.routed_scaling_factor))

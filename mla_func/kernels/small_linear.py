@@ -21,6 +21,7 @@ import triton.language as tl
 from jaxtyping import Float
 from torch import Tensor
 
+from mla_func.custom_op import custom_op
 from mla_func.kernels.pdl import supported as pdl_supported
 
 # One row only: in the V2-Lite decode step on an H100 (2026-11-24, whole-step graphs, ctx
@@ -113,7 +114,7 @@ def launch(x: Float[Tensor, "tokens width_in"], w: Float[Tensor, "width_out widt
     return (triton.cdiv(n_out, BLOCK_N),), args, kwargs, y
 
 
-@torch.library.custom_op("mla_func::small_linear", mutates_args=())
+@custom_op("mla_func::small_linear", mutates_args=())
 def small_linear(x: Tensor, w: Tensor) -> Tensor:
     """x w^T: the kernel up to MAX_ROWS rows (`fits`), else a GEMM."""
     if not fits(x, w):

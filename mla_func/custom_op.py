@@ -1,0 +1,67 @@
+"""The project's custom ops: one opaque node for tracers, a plain function call when run eagerly.
+
+`torch.library.custom_op` keeps a kernel launch one node in a traced graph (the capture
+compiler's `make_fx`, dynamo), with its fake implementation for shapes. An eager call through it
+walks the dispatcher in Python (the autograd key, a redispatch, the aliasing check, dynamo's
+disable wrapper) before the function runs: on the H100 host of
+docs/perf/2026-11-24-h100-run112, 72-93 us a call of one small rmsnorm against 55-58 us for
+its function alone, and an eager V2-Lite step makes ~136 such calls.
+
+`custom_op` registers the op as torch does and returns an `EagerOp`: called with real tensors
+while nothing traces, it runs the function itself (the same kernels, the same results); while a
+tracer runs (a torch dispatch or function mode is active, dynamo is compiling, or a tensor
+argument is fake or on `meta`) it calls the registered op. The dispatcher's side effects are
+skipped on the direct path: no autograd (these ops have no backward; the model runs without
+gradients) and no version-counter bump of the tensors a mutating op writes.
+"""
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+# Set False to send every eager call through the dispatcher (tests and benchmarks compare).
+DIRECT = True
+
+
+def _tracing(args: Iterable[Any]) -> bool:
+    """Whether a call with `args` is being traced (or faked), not run."""
+    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
+        return True
+    if torch.compiler.is_compiling():
+        return True
+    for a in args:
+        if isinstance(a, Tensor):
+            # Fake and functional tensors are subclasses; planning runs on `meta`.
+            if type(a) is not Tensor or a.is_meta:
+                return True
+    return False
+
+
+class EagerOp:
+    """A registered custom op (`op`, what tracers record) and its Python function (`fn`, what
+    an eager call runs)."""
+
+    def __init__(self, op: Any, fn: Callable[..., Any]) -> None:
+        self.op, self.fn = op, fn
+        self.__doc__, self.__name__ = fn.__doc__, fn.__name__
+
+    def register_fake(self, fake: Callable[..., Any]) -> Callable[..., Any]:
+        return self.op.register_fake(fake)
+
+    def __call__(self, *args: Any) -> Any:
+        if DIRECT and not _tracing(args):
+            return self.fn(*args)
+        return self.op(*args)
+
+
+def custom_op(name: str, *, mutates_args: tuple[str, ...] | str
+              ) -> Callable[[Callable[..., Any]], EagerOp]:
+    """`torch.library.custom_op(name, mutates_args=...)` as a decorator, returning an
+    `EagerOp` (positional arguments only: every op of this project is called that way)."""
+
+    def wrap(fn: Callable[..., Any]) -> EagerOp:
+        return EagerOp(torch.library.custom_op(name, mutates_args=mutates_args)(fn), fn)
+
+    return wrap
