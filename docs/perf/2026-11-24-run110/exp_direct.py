@@ -80,7 +80,7 @@ def main() -> None:
         for name, b in batches.items():
             for direct in ((False, True) if r % 2 == 0 else (True, False)):
                 custom_op.DIRECT = direct
-                fn = lambda b=b: mf.forward(params, state, b)  # noqa: E731
+                fn = lambda b=b, s=state: mf.forward(params, s, b)  # noqa: E731
                 fn()
                 results.setdefault((name, direct), []).append(time_call(fn, args.reps))
     print("\nbatch | dispatcher: host / GPU ms | direct: host / GPU ms")
