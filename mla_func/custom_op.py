@@ -12,7 +12,9 @@ while nothing traces, it runs the function itself (the same kernels, the same re
 tracer runs (a torch dispatch or function mode is active, dynamo is compiling, or a tensor
 argument is fake or on `meta`) it calls the registered op. The dispatcher's side effects are
 skipped on the direct path: no autograd (these ops have no backward; the model runs without
-gradients) and no version-counter bump of the tensors a mutating op writes.
+gradients) and no version-counter bump of the tensors a mutating op writes. The wrapper's frame
+is marked `__tracebackhide__`, so that plans and capture errors name the line that called the
+op (`capture.errors.is_hidden`).
 """
 
 from collections.abc import Callable, Iterable
@@ -51,6 +53,7 @@ class EagerOp:
         return self.op.register_fake(fake)
 
     def __call__(self, *args: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841  (plans and errors name the caller's line)
         if DIRECT and not _tracing(args):
             return self.fn(*args)
         return self.op(*args)

@@ -106,3 +106,16 @@ def test_the_model_gives_the_same_bits_through_the_dispatcher_or_not(monkeypatch
         outs.append((first, then, state.cache.clone()))
     for via_op, direct in zip(*outs, strict=True):
         assert torch.equal(direct, via_op)
+
+
+def test_errors_and_plans_name_the_callers_line():
+    """The wrapper's frame hides itself (`__tracebackhide__`): an error raised by the
+    dispatcher (here: an argument the schema refuses) is placed at the line that called the
+    op, as plans place the op's node."""
+    from mla_func.capture.errors import user_frame_of_exception
+
+    x = torch.randn(2, 3)
+    with _Seen(), pytest.raises(Exception) as info:  # a mode: the registered op is called
+        scale_add(x, x, "not a float")
+    where = user_frame_of_exception(info.value)
+    assert where is not None and "test_custom_op.py" in where and "scale_add(x, x" in where

@@ -19,9 +19,9 @@ import torch
 def forward(self, in_0, in_1, in_2, in_3):
     # mla_func/model.py:142 in forward: h = params.embed[batch.token_ids]
     index_tensor = torch.ops.aten.index.Tensor(in_0, [in_1])
-    # mla_func/model.py:69 in norm: return torch.ops.mla_func.rmsnorm(x, weight, eps)
+    # mla_func/model.py:69 in norm: return fused_norm.rmsnorm(x, weight, eps)
     rmsnorm_default = torch.ops.mla_func.rmsnorm.default(index_tensor, in_2, 1e-06)
-    # mla_func/model.py:78 in linear: return torch.ops.mla_func.small_linear(x, w)
+    # mla_func/model.py:78 in linear: return small_linear.small_linear(x, w)
     small_linear_default = torch.ops.mla_func.small_linear.default(rmsnorm_default, in_3)
     # mla_func/model.py:87 in project_qkv_a: q, kv = qkv.split((qkv.shape[1] - cfg.latent_dim, cfg.latent_dim), dim=1)
     split_with_sizes_default = torch.ops.aten.split_with_sizes.default(small_linear_default, [96, 40], 1)

@@ -25,7 +25,7 @@ def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8):
     view_default = torch.ops.aten.view.default(in_0, [in_1, 64])
     # mla_func/model.py:146 in forward: h, x = project_add_norm(o, layer.attn.o_proj.flatten(1, 2), h, layer.post_attn_norm,
     view_default_1 = torch.ops.aten.view.default(in_2, [64, 64])
-    # mla_func/model.py:62 in project_add_norm: return torch.ops.mla_func.proj_add_rmsnorm(o, w, h, weight, eps)
+    # mla_func/model.py:62 in project_add_norm: return proj_norm.proj_add_rmsnorm(o, w, h, weight, eps)
     proj_add_rmsnorm_default = torch.ops.mla_func.proj_add_rmsnorm.default(view_default, view_default_1, in_3, in_4, 1e-06)
     getitem = proj_add_rmsnorm_default[0]
     getitem_1 = proj_add_rmsnorm_default[1]
@@ -42,11 +42,11 @@ def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8):
     mul_tensor = torch.ops.aten.mul.Tensor(silu_default, getitem_3)
     permute_default_1 = torch.ops.aten.permute.default(in_6, [1, 0])
     mm_default_1 = torch.ops.aten.mm.default(mul_tensor, permute_default_1)
-    # mla_func/model.py:50 in add_norm: return torch.ops.mla_func.add_rmsnorm(h, r, weight, eps)
+    # mla_func/model.py:50 in add_norm: return fused_norm.add_rmsnorm(h, r, weight, eps)
     add_rmsnorm_default = torch.ops.mla_func.add_rmsnorm.default(getitem, mm_default_1, in_7, 1e-06)
     getitem_4 = add_rmsnorm_default[0]
     getitem_5 = add_rmsnorm_default[1]
-    # mla_func/model.py:78 in linear: return torch.ops.mla_func.small_linear(x, w)
+    # mla_func/model.py:78 in linear: return small_linear.small_linear(x, w)
     small_linear_default = torch.ops.mla_func.small_linear.default(getitem_5, in_8)
     # mla_func/model.py:87 in project_qkv_a: q, kv = qkv.split((qkv.shape[1] - cfg.latent_dim, cfg.latent_dim), dim=1)
     split_with_sizes_default = torch.ops.aten.split_with_sizes.default(small_linear_default, [96, 40], 1)

@@ -8,6 +8,7 @@ as wrong output under graphs are turned into an exception that names the line to
 import os
 import traceback
 from collections.abc import Iterable
+from types import FrameType
 
 # Frames from these directories are machinery, never "the user's line".
 _MACHINERY = (
@@ -60,6 +61,12 @@ def is_user_file(filename: str) -> bool:
     return not any(m in filename for m in _MACHINERY)
 
 
+def is_hidden(frame: FrameType) -> bool:
+    """A frame that declares itself a call wrapper, never the user's line (pytest's
+    `__tracebackhide__` convention: a true local of that name)."""
+    return bool(frame.f_locals.get("__tracebackhide__", False))
+
+
 def user_frame(frames: Iterable[traceback.FrameSummary]) -> str | None:
     """The innermost frame of user code: `path:line in function: source`."""
     found = None
@@ -73,5 +80,6 @@ def user_frame(frames: Iterable[traceback.FrameSummary]) -> str | None:
 
 
 def user_frame_of_exception(exc: BaseException) -> str | None:
-    return user_frame(traceback.extract_tb(exc.__traceback__))
+    frames = (fl for fl in traceback.walk_tb(exc.__traceback__) if not is_hidden(fl[0]))
+    return user_frame(traceback.StackSummary.extract(frames))
 

@@ -30,6 +30,7 @@ from torch.overrides import TorchFunctionMode
 
 from mla_func.capture.errors import (
     CaptureError,
+    is_hidden,
     is_user_file,
     user_frame,
     user_frame_of_exception,
@@ -139,7 +140,8 @@ def _no_runtime_checks():
 
 def _caller() -> str | None:
     frame = sys._getframe(2)
-    while frame is not None and not is_user_file(frame.f_code.co_filename):
+    while frame is not None and (not is_user_file(frame.f_code.co_filename)
+                                 or is_hidden(frame)):
         frame = frame.f_back
     if frame is None:
         return None
