@@ -14,6 +14,7 @@ Each backend declares how much of it a CUDA graph may hold (DESIGN.md, vLLM's le
 `never` < `uniform_single_token_decode` < `uniform_batch` < `always`.
 """
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
@@ -49,26 +50,47 @@ class AttentionBackend:
 
 
 BACKENDS: dict[str, AttentionBackend] = {}
-LAZY_BACKENDS = ("triton",)  # registered when first asked for (importing them loads Triton)
+
+
+def triton_unavailable(device: torch.device) -> str | None:
+    """Triton kernels need a CUDA device, or Triton's CPU interpreter (TRITON_INTERPRET=1,
+    read when Triton is first imported: set it before importing mla_func)."""
+    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    return ("its kernels need a CUDA device, or Triton's CPU interpreter (set "
+            "TRITON_INTERPRET=1 before the first import; slow: for tests); use the 'torch' "
+            "backend on the CPU")
+
+
+# Registered when first asked for (importing them loads Triton), with the check that runs
+# before that import: on a CPU without the interpreter, importing the kernels fails inside
+# Triton (its Gluon module asserts), not with the error that names the fix.
+LAZY_BACKENDS: dict[str, Callable[[torch.device], str | None]] = {"triton": triton_unavailable}
 
 
 def register_backend(backend: AttentionBackend) -> None:
     BACKENDS[backend.name] = backend
 
 
+def _check(name: str, unavailable: Callable[[torch.device], str | None] | None,
+           device: torch.device | str | None) -> None:
+    if device is not None and unavailable is not None:
+        why = unavailable(torch.device(device))
+        if why is not None:
+            raise ValueError(f"attention backend {name!r} cannot run on {device}: {why}")
+
+
 def get_backend(name: str, device: torch.device | str | None = None) -> AttentionBackend:
     """The backend called `name`; given `device`, a ValueError if it cannot run there."""
     if name not in BACKENDS:
-        if name == "triton":
+        if name in LAZY_BACKENDS:
+            _check(name, LAZY_BACKENDS[name], device)
             import mla_func.kernels.backend  # noqa: F401  (registers "triton")
         if name not in BACKENDS:
             known = sorted(set(BACKENDS) | set(LAZY_BACKENDS))
             raise ValueError(f"unknown attention backend {name!r}; known: {known}")
     backend = BACKENDS[name]
-    if device is not None and backend.unavailable is not None:
-        why = backend.unavailable(torch.device(device))
-        if why is not None:
-            raise ValueError(f"attention backend {name!r} cannot run on {device}: {why}")
+    _check(name, backend.unavailable, device)
     return backend
 
 

@@ -79,6 +79,13 @@ from mla_func.validation import (
     seq_limit,
 )
 
+# Default token budget of a step. A prefill of 8192 tokens keeps the GPU busy where smaller
+# chunks leave it waiting on the host: V2-Lite on an H100, 128 requests x (512 + 256),
+# `full_and_piecewise`: 4,092 / 7,209 / 8,266 output tokens/s at 512 / 4096 / 8192
+# (docs/perf/2026-11-24-h100-run117). A larger budget delays the decodes that share a step
+# with a prefill chunk (an 8192-token step took ~78 ms there, a 512-token one ~29).
+MAX_BATCH_TOKENS = 8192
+
 __all__ = [
     "AUTO_PROGRESS_DELAY_S", "MODES", "EmptyPromptError", "Engine", "GenerateOutput", "Prompt",
     "PromptTooLongError", "Request", "RequestError", "TokenIdError", "check_mode", "check_prompt",
@@ -143,7 +150,8 @@ class Engine:
 
     def __init__(
         self, cfg: MLAConfig, params: Params, *, num_pages: int, mode: str = "eager",
-        attention_backend: str = "torch", page_size: int = 16, max_batch_tokens: int = 512,
+        attention_backend: str = "torch", page_size: int = 16,
+        max_batch_tokens: int = MAX_BATCH_TOKENS,
         max_seqs: int = 64, max_seq_len: int | None = None,
         eos_token_id: int | Sequence[int] | Literal["config"] | None = "config",
         return_logits: bool = False, progress: bool | None = None,
@@ -311,7 +319,8 @@ def generate(
     cfg: MLAConfig, params: Params, prompts: Sequence[Prompt] | Tensor | IntArray,
     max_new_tokens: int = 8, mode: str = "eager", attention_backend: str = "torch",
     return_logits: bool = False, *,
-    page_size: int = 16, num_pages: int | None = None, max_batch_tokens: int = 512,
+    page_size: int = 16, num_pages: int | None = None,
+    max_batch_tokens: int = MAX_BATCH_TOKENS,
     max_seqs: int = 64, eos_token_id: int | Sequence[int] | Literal["config"] | None = "config",
     progress: bool | None = None, on_error: str = "raise",
     max_graph_tokens: int = TOKENS_MAX_CAPTURED,

@@ -57,7 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="default: bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--page-size", type=_count(1), default=16)
-    ap.add_argument("--max-batch-tokens", type=_count(1), default=512)
+    ap.add_argument("--max-batch-tokens", type=_count(1), default=None,
+                    help="tokens per step (default: mla_func.engine.MAX_BATCH_TOKENS)")
     ap.add_argument("--max-seqs", type=_count(1), default=64)
     ap.add_argument("--max-graph-tokens", type=_count(1), default=None,
                     help="graph modes: steps of more tokens run eagerly (default: the "
@@ -98,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         out = mf.generate(
             cfg, params, prompts.tolist(), args.max_new_tokens, mode=args.mode,
             attention_backend=args.backend, page_size=args.page_size,
-            max_batch_tokens=args.max_batch_tokens, max_seqs=args.max_seqs,
-            eos_token_id=None if args.no_eos else "config",
+            max_seqs=args.max_seqs, eos_token_id=None if args.no_eos else "config",
+            **({"max_batch_tokens": args.max_batch_tokens} if args.max_batch_tokens else {}),
             **({"max_graph_tokens": args.max_graph_tokens} if args.max_graph_tokens else {}))
     except ValueError as err:  # the package's input errors are ValueError subclasses
         print(f"error: {err}", file=sys.stderr)

@@ -86,6 +86,17 @@ def test_requests_wait_for_pages(model, reference, count_steps):
     assert out.steps == 3 * NEW  # nothing overlapped
 
 
+def test_default_budget_takes_a_long_prompt_in_one_step(model, count_steps):
+    """The default token budget (`engine.MAX_BATCH_TOKENS`) prefills a 1000-token prompt in
+    one step: the GPU-bound size of run 117, not 512-token chunks."""
+    from mla_func.engine import MAX_BATCH_TOKENS
+
+    cfg, params = model
+    prompt = torch.randint(2, cfg.vocab_size, (1000,), generator=torch.Generator().manual_seed(5))
+    out = mf.generate(cfg, params, [prompt.tolist()], 2, eos_token_id=None)
+    assert MAX_BATCH_TOKENS >= 1000 and count_steps == [1000, 1] and out.steps == 2
+
+
 def test_eos_stops_and_frees(model, reference):
     cfg, params = model
     tokens, _ = reference

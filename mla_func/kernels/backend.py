@@ -12,13 +12,16 @@ prologue (rope, latent norm) and the cache write share one launch with the query
 its own.
 """
 
-import os
-
-import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mla_func.attention import MHA_MIN_QUERY, AttentionBackend, GraphSupport, register_backend
+from mla_func.attention import (
+    MHA_MIN_QUERY,
+    AttentionBackend,
+    GraphSupport,
+    register_backend,
+    triton_unavailable,
+)
 from mla_func.kernels.absorb import NewRows
 from mla_func.kernels.cache_write import write_cache
 from mla_func.kernels.mla_absorbed import attend_absorbed
@@ -89,21 +92,10 @@ class TritonMLA:
 
 BACKEND = TritonMLA()
 
-
-def unavailable(device: torch.device) -> str | None:
-    """Triton kernels need a CUDA device, or Triton's CPU interpreter (TRITON_INTERPRET=1,
-    read when Triton is first imported: set it before importing mla_func)."""
-    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return None
-    return ("its kernels need a CUDA device, or Triton's CPU interpreter (set "
-            "TRITON_INTERPRET=1 before the first import; slow: for tests); use the 'torch' "
-            "backend on the CPU")
-
-
 register_backend(AttentionBackend(
     "triton", GraphSupport.UNIFORM_SINGLE_TOKEN_DECODE, BACKEND.run,
     "Triton split-KV absorbed decode (launch shape from bucket + capacity, owned workspace); "
     "prefill picks absorbed or MHA from host metadata, so only single-token decode is uniform",
-    unavailable))
+    triton_unavailable))
 
 __all__ = ["BACKEND", "TritonMLA"]
