@@ -52,17 +52,17 @@ class EagerOp:
     def register_fake(self, fake: Callable[..., Any]) -> Callable[..., Any]:
         return self.op.register_fake(fake)
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # noqa: F841  (plans and errors name the caller's line)
-        if DIRECT and not _tracing(args):
-            return self.fn(*args)
-        return self.op(*args)
+        if DIRECT and not _tracing((*args, *kwargs.values())):
+            return self.fn(*args, **kwargs)
+        return self.op(*args, **kwargs)
 
 
 def custom_op(name: str, *, mutates_args: tuple[str, ...] | str
               ) -> Callable[[Callable[..., Any]], EagerOp]:
     """`torch.library.custom_op(name, mutates_args=...)` as a decorator, returning an
-    `EagerOp` (positional arguments only: every op of this project is called that way)."""
+    `EagerOp`."""
 
     def wrap(fn: Callable[..., Any]) -> EagerOp:
         return EagerOp(torch.library.custom_op(name, mutates_args=mutates_args)(fn), fn)

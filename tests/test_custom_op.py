@@ -52,6 +52,7 @@ def test_an_eager_call_runs_the_function_without_the_dispatcher(monkeypatch):
     want = torch.ops.mla_func_test.scale_add(x, y, 2.5)
     monkeypatch.setattr(scale_add, "op", _Refused())
     assert torch.equal(scale_add(x, y, 2.5), want)
+    assert torch.equal(scale_add(x, y=y, s=2.5), want)  # keywords too
 
 
 def test_a_mutating_op_writes_the_same_rows_either_way(monkeypatch):
