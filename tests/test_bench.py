@@ -66,3 +66,32 @@ def test_bench_step_rejects_unknown_arguments(tmp_path):
 
     with pytest.raises(SystemExit, match="unknown arguments --batchez 3"):
         main(["step", "--batchez", "3", "--out", str(tmp_path / "out")])
+
+
+def test_profile_generate_timeline_accounts_for_every_step(capsys):
+    """The timeline's kinds of step add up to the engine's steps and to every token the steps
+    ran (prompts, then one token a decode); on a CPU its GPU columns stay empty."""
+    import mla_func as mf
+    from scripts.profile_generate import main, summary, timed_steps
+
+    cfg = mf.MLAConfig.preset("tiny")
+    params = mf.init_params(cfg, seed=0)
+    engine = mf.Engine(cfg, params, num_pages=40, page_size=8, max_batch_tokens=48, max_seqs=4,
+                       eos_token_id=None, progress=False)
+    log: list = []
+    engine._step_fn = timed_steps(engine._step_fn, log)
+    requests, prompt, new = 5, 30, 4
+    for i in range(requests):
+        engine.submit(list(range(2 + i, 2 + i + prompt)), new)
+    engine.run(progress=False)
+    rows = summary(log)
+    assert sum(r["count"] for r in rows) == engine.steps == len(log)
+    assert sum(r["tokens"] for r in rows) == requests * prompt + requests * (new - 1)
+    kinds = {r["steps"] for r in rows}
+    assert {"prefill, eager", "decode, eager"} <= kinds
+    assert all(r["gpu_ms_sum"] is None for r in rows)
+    main(["--preset", "tiny", "--device", "cpu", "--mode", "eager", "--requests", "3",
+          "--prompt", "20", "--new", "3", "--page-size", "8", "--max-batch-tokens", "32",
+          "--timeline"])
+    out = capsys.readouterr().out
+    assert "steps by kind" in out and "decode, eager" in out
