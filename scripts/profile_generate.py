@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--new", type=int, default=256)
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--max-batch-tokens", type=int, default=8192)
+    p.add_argument("--max-seq-len", type=int, default=None,
+                   help="the engine's (page-table width); default prompt + new - 1, as "
+                        "generate() sizes it")
     p.add_argument("--timeline", action="store_true", help="each step's GPU time by kind")
     p.add_argument("--top", type=int, default=25)
     args = p.parse_args(argv)
@@ -102,7 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     engine = mf.Engine(cfg, params, num_pages=args.requests * need + 2, mode=args.mode,
                        attention_backend=args.backend or ("triton" if cuda else "torch"),
                        page_size=args.page_size, max_batch_tokens=args.max_batch_tokens,
-                       max_seqs=args.requests, eos_token_id=None, progress=False)
+                       max_seqs=args.requests, eos_token_id=None, progress=False,
+                       max_seq_len=args.max_seq_len or args.prompt + args.new - 1)
     prompts = torch.randint(2, cfg.vocab_size, (args.requests, args.prompt)).tolist()
 
     def sync() -> None:
