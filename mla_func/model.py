@@ -18,11 +18,11 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-import mla_func.kernels.norm as fused_norm
 from mla_func.attention import attend
 from mla_func.batch import Batch, BatchError
 from mla_func.config import MLAConfig
 from mla_func.custom_op import custom_op
+from mla_func.kernels import norm as fused_norm
 from mla_func.kernels import proj_norm, small_linear
 from mla_func.kernels.router import route_fused
 from mla_func.ops.mlp import swiglu
