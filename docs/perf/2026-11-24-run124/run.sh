@@ -1,0 +1,22 @@
+#!/bin/bash
+# The twenty-second session's GPU driver: bash docs/perf/2026-11-24-run124/run.sh <parts>, logs
+# under $OUT:  splits: exp_splits.py (SP_ARGS);  splits768: the same with generate's 12-page
+# table at ctx 640;  otherwise the earlier sessions' parts (docs/perf/2026-11-24-run110/run.sh:
+# tests, gen, step512, ...).
+set -o pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
+export PYTHONPATH=.:/tmp/site
+D=docs/perf/2026-11-24-run124
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+for part in "$@"; do
+  echo "=== $part $(date -u +%H:%M:%S)"
+  case $part in
+    splits) timeout 400 python3 $D/exp_splits.py $SP_ARGS 2>&1 | grep -v -i warn \
+              | tee "$OUT/splits.log" ;;
+    splits768) timeout 300 python3 $D/exp_splits.py --ctx 640 --max-pages 12 --batch 32 128 \
+                 --rounds 4 2>&1 | grep -v -i warn | tee "$OUT/splits768.log" ;;
+    *) OUT=$OUT bash docs/perf/2026-11-24-run110/run.sh $part ;;
+  esac
+done
