@@ -8,6 +8,7 @@ program, 32 KiB of fp32 partials a program), a B=128 step 2. Variants replace on
 tree's:
 
     PYTHONPATH=. python3 exp_splits.py [--batch 1 32 128] [--ctx 512] [--max-pages 9]
+        [--splits 1 2 4 8 16] [--rounds 6]
 """
 
 import argparse
@@ -55,6 +56,7 @@ def main() -> None:
     p.add_argument("--ctx", type=int, nargs="+", default=[512])
     p.add_argument("--max-pages", type=int, default=9)
     p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--splits", type=int, nargs="+", default=list(SPLITS))
     args = p.parse_args()
     cfg = mf.MLAConfig.preset("v2-lite")
     params = mf.init_params(cfg, seed=0, device="cuda", dtype=torch.bfloat16)
@@ -69,7 +71,7 @@ def main() -> None:
             print(f"ctx {ctx} B={bsz}: tree plan {tree}", flush=True)
             batch = decode_batch(state, bsz, ctx, "triton", seed=bsz, max_pages=args.max_pages)
             graphs = {"tree": capture(params, state, batch, None)}
-            for s in SPLITS:
+            for s in args.splits:
                 if s != tree.num_splits and s <= args.max_pages * 64 // tree.block_n:
                     graphs[f"s{s}"] = capture(params, state, batch, s)
             names = list(graphs)
