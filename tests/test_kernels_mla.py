@@ -29,7 +29,7 @@ from mla_helpers import (  # noqa: E402
 
 from mla_func.kernels import mla_merge  # noqa: E402
 from mla_func.kernels.cache_write import reference_write, write_cache  # noqa: E402
-from mla_func.kernels.decode_plan import num_sms  # noqa: E402
+from mla_func.kernels.decode_plan import TWO_WAVE_KEYS, num_sms  # noqa: E402
 from mla_func.kernels.mla_absorbed import attend_absorbed  # noqa: E402
 from mla_func.kernels.mla_decode import (  # noqa: E402
     MAX_SPLITS,
@@ -290,6 +290,12 @@ def test_plan_is_a_function_of_shapes_and_fills_the_gpu():
     assert plan_decode(128, 4096, 132, 16, waves=1).num_splits == 1
     assert plan_decode(128, 4096, 132, 16).num_splits == 2  # two waves by default
     assert plan_decode(32, 4096, 132, 16).num_splits == 8
+    # One wave where two would cut a short capacity into splits under TWO_WAVE_KEYS keys; not
+    # where the capacity bounds the splits (1-8 rows at 576 keys).
+    assert [plan_decode(rows, 576, 132, 16).num_splits for rows in (1, 8, 16, 32, 64, 128)] == [
+        18, 18, 8, 4, 2, 2]
+    assert plan_decode(32, 1088, 132, 16).num_splits == 4
+    assert plan_decode(32, TWO_WAVE_KEYS * 8, 132, 16).num_splits == 8
     # Launched early everywhere; the merge warms W_UV in L2 at small batches only.
     assert all(plan_decode(rows, 8256, 132, 16).early for rows in (1, 8, 32, 128))
     assert [plan_decode(rows, 8256, 132, 16).warm for rows in (1, 8, 9, 32)] == [

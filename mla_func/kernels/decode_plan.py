@@ -62,6 +62,17 @@ WS_MIN_KEYS = 64
 # 61.4 against 47.2 / 51.5 / 63.3, ctx 4096 48.7 / 56.5 / 72.8 against 51.1 / 57.3 / 73.0;
 # B=8 even; B=128 ctx 4096 393.3 against 387.7.
 WS_EARLY_MAX_ROWS = 4
+# Two waves of split programs (`waves`) only where each split may cover this many keys of the
+# capacity; shorter splits fill one wave (16 heads a program; where the capacity, not the
+# fill, bounds the splits, as at 1-4 rows, nothing changes). Short splits' fixed work (the
+# query loads, the fp32 partials of every head, the merge's reads of them) outweighs the
+# second wave's overlap. H100, 2026-11-24, V2-Lite whole-step graphs, ms back to back, the
+# two-wave split count against one wave's (docs/perf/2026-11-24-h100-run124, run125): 576 keys
+# of capacity (ctx 512) B=16 9.333 (15 splits) against 9.293 (8), B=32 11.169 (8) against
+# 11.119 (4); 768 keys (ctx 640) B=32 11.152 against 11.096; 1088 keys (ctx 1024) B=32 11.265
+# against 11.225. At B=128 one wave (1 split of 576 or 768 keys) was slower: 12.707 against
+# 12.646, 12.920 against 12.778.
+TWO_WAVE_KEYS = 256
 
 
 @dataclass(frozen=True)
@@ -109,7 +120,8 @@ def plan_decode(
 ) -> DecodePlan:
     """The launch shape for `num_rows` query rows (the bucket) whose keys may reach
     `max_seq_len` (the cache capacity of one sequence, not any real length): the fewest splits
-    that keep `waves` programs per SM busy, at most one per key block of the capacity.
+    that keep `waves` programs per SM busy, at most one per key block of the capacity; one
+    wave where the splits would cover fewer than TWO_WAVE_KEYS keys (16 heads a program).
 
     Tiles: 16 heads x 32 keys x 576 (4 warps); 64 heads per program (8 warps) above 16 heads,
     so a KV tile serves 64 heads per read and the two head blocks of V3's 128 share it through
@@ -147,7 +159,11 @@ def plan_decode(
         block_h = 16 if heads <= 16 else 64
     num_warps = 4 if block_h <= 16 else 8
     most = max(1, min(MAX_SPLITS, _cdiv(max(1, max_seq_len), block_n or 32)))
-    splits = _fill_splits(max(1, num_rows) * _cdiv(heads, block_h), most, num_sms * waves)
+    programs = max(1, num_rows) * _cdiv(heads, block_h)
+    splits = _fill_splits(programs, most, num_sms * waves)
+    filled = programs * splits >= FILL * num_sms * waves  # not bound by the capacity
+    if block_h <= 16 and filled and max_seq_len < TWO_WAVE_KEYS * splits:
+        splits = _fill_splits(programs, most, num_sms)
     shared_p = block_h > 16 and block_n is None and _shared_p_pays(splits, max_seq_len)
     if shared_p and splits == 1:
         splits = 2

@@ -2,8 +2,8 @@
 # The twenty-second session's GPU driver: bash docs/perf/2026-11-24-run124/run.sh <parts>, logs
 # under $OUT:  splits: exp_splits.py (SP_ARGS);  splits768: the same with generate's 12-page
 # table at ctx 640;  splits2: B=8/16/64 at ctx 512 and B=32/64 at ctx 1024 (17 pages);
-#   otherwise the earlier sessions' parts (docs/perf/2026-11-24-run110/run.sh:
-# tests, gen, step512, ...).
+#   rule: exp_rule.py at ctx 512 (9 pages) and 1024 (17 pages);  otherwise the earlier
+#   sessions' parts (docs/perf/2026-11-24-run110/run.sh: tests, gen, step512, ...).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -22,6 +22,10 @@ for part in "$@"; do
                --splits 4 6 8 12 16 --rounds 4 2>&1 | grep -v -i warn | tee "$OUT/splits2.log"
              timeout 250 python3 $D/exp_splits.py --ctx 1024 --max-pages 17 --batch 32 64 \
                --splits 2 4 6 8 --rounds 4 2>&1 | grep -v -i warn | tee "$OUT/splits3.log" ;;
+    rule) timeout 280 python3 $D/exp_rule.py --ctx 512 --max-pages 9 2>&1 | grep -v -i warn \
+            | tee "$OUT/rule512.log"
+          timeout 280 python3 $D/exp_rule.py --ctx 1024 --max-pages 17 2>&1 \
+            | grep -v -i warn | tee "$OUT/rule1024.log" ;;
     *) OUT=$OUT bash docs/perf/2026-11-24-run110/run.sh $part ;;
   esac
 done
