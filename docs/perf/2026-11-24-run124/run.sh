@@ -2,7 +2,8 @@
 # The twenty-second session's GPU driver: bash docs/perf/2026-11-24-run124/run.sh <parts>, logs
 # under $OUT:  splits: exp_splits.py (SP_ARGS);  splits768: the same with generate's 12-page
 # table at ctx 640;  splits2: B=8/16/64 at ctx 512 and B=32/64 at ctx 1024 (17 pages);
-#   rule: exp_rule.py at ctx 512 (9 pages) and 1024 (17 pages);  otherwise the earlier
+#   rule: exp_rule.py at ctx 512 (9 pages) and 1024 (17 pages);  timeline: exp_timeline.py
+#   (TL_ARGS; default B=32 / 128 at ctx 512, 9 pages);  otherwise the earlier
 #   sessions' parts (docs/perf/2026-11-24-run110/run.sh: tests, gen, step512, ...).
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -26,6 +27,8 @@ for part in "$@"; do
             | tee "$OUT/rule512.log"
           timeout 280 python3 $D/exp_rule.py --ctx 1024 --max-pages 17 2>&1 \
             | grep -v -i warn | tee "$OUT/rule1024.log" ;;
+    timeline) timeout 300 python3 $D/exp_timeline.py ${TL_ARGS:---batch 32 128 --ctx 512 \
+                --max-pages 9} 2>&1 | grep -v -i warn | tee "$OUT/timeline.log" ;;
     *) OUT=$OUT bash docs/perf/2026-11-24-run110/run.sh $part ;;
   esac
 done
