@@ -64,14 +64,14 @@ WS_MIN_KEYS = 64
 WS_EARLY_MAX_ROWS = 4
 # Two waves of split programs (`waves`) only where each split may cover this many keys of the
 # capacity; shorter splits fill one wave (16 heads a program; where the capacity, not the
-# fill, bounds the splits, as at 1-4 rows, nothing changes). Short splits' fixed work (the
+# fill, bounds the splits, as at a few rows, nothing changes). Short splits' fixed work (the
 # query loads, the fp32 partials of every head, the merge's reads of them) outweighs the
-# second wave's overlap. H100, 2026-11-24, V2-Lite whole-step graphs, ms back to back, the
-# two-wave split count against one wave's (docs/perf/2026-11-24-h100-run124, run125): 576 keys
-# of capacity (ctx 512) B=16 9.333 (15 splits) against 9.293 (8), B=32 11.169 (8) against
-# 11.119 (4); 768 keys (ctx 640) B=32 11.152 against 11.096; 1088 keys (ctx 1024) B=32 11.265
-# against 11.225. At B=128 one wave (1 split of 576 or 768 keys) was slower: 12.707 against
-# 12.646, 12.920 against 12.778.
+# second wave's overlap. H100, 2026-11-24, V2-Lite whole-step graphs, ms back to back, one
+# process each, this rule against two waves (docs/perf/2026-11-24-h100-run126): 576 keys of
+# capacity (ctx 512) B=16 9.322 against 9.365, B=32 11.061 against 11.100, B=64 11.876
+# against 11.898; 1088 keys (ctx 1024) B=8 7.121 against 7.209, B=16 9.364 against 9.428,
+# B=32 11.308 against 11.373. At B=128 one wave (1 split of 576 or 768 keys) was slower than
+# the two of the plan: 12.707 against 12.646, 12.920 against 12.778 (run 124).
 TWO_WAVE_KEYS = 256
 
 
