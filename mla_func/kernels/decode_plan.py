@@ -71,7 +71,8 @@ WS_EARLY_MAX_ROWS = 4
 # capacity (ctx 512) B=16 9.322 against 9.365, B=32 11.061 against 11.100, B=64 11.876
 # against 11.898; 1088 keys (ctx 1024) B=8 7.121 against 7.209, B=16 9.364 against 9.428,
 # B=32 11.308 against 11.373. At B=128 one wave (1 split of 576 or 768 keys) was slower than
-# the two of the plan: 12.707 against 12.646, 12.920 against 12.778 (run 124).
+# the two of the plan: 12.707 against 12.646, 12.920 against 12.778 (run 124). An H200 gained
+# 0.5-1.1% in the same rows (docs/perf/2026-11-24-h200-run130).
 TWO_WAVE_KEYS = 256
 
 
