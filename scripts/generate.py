@@ -40,6 +40,8 @@ def _device(text: str) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from mla_func.engine import MAX_BATCH_TOKENS
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--preset", default=None, choices=("tiny", "v2-lite", "v3"),
@@ -57,8 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="default: bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--page-size", type=_count(1), default=16)
-    ap.add_argument("--max-batch-tokens", type=_count(1), default=None,
-                    help="tokens per step (default: mla_func.engine.MAX_BATCH_TOKENS)")
+    ap.add_argument("--max-batch-tokens", type=_count(1), default=MAX_BATCH_TOKENS,
+                    help="tokens per step (default: %(default)s)")
     ap.add_argument("--max-seqs", type=_count(1), default=64)
     ap.add_argument("--max-graph-tokens", type=_count(1), default=None,
                     help="graph modes: steps of more tokens run eagerly (default: the "
@@ -99,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         out = mf.generate(
             cfg, params, prompts.tolist(), args.max_new_tokens, mode=args.mode,
             attention_backend=args.backend, page_size=args.page_size,
-            max_seqs=args.max_seqs, eos_token_id=None if args.no_eos else "config",
-            **({"max_batch_tokens": args.max_batch_tokens} if args.max_batch_tokens else {}),
+            max_batch_tokens=args.max_batch_tokens, max_seqs=args.max_seqs,
+            eos_token_id=None if args.no_eos else "config",
             **({"max_graph_tokens": args.max_graph_tokens} if args.max_graph_tokens else {}))
     except ValueError as err:  # the package's input errors are ValueError subclasses
         print(f"error: {err}", file=sys.stderr)
