@@ -153,7 +153,12 @@ def forward(
 
 @custom_op("mla_func::logits", mutates_args=())
 def _logits_op(x: Tensor, index: Tensor, lm_head: Tensor) -> Tensor:
-    return (x[index] @ lm_head.T).float()
+    rows = x[index]
+    if rows.is_cuda and rows.dtype in (torch.bfloat16, torch.float16):
+        # cuBLAS stores its fp32 accumulator as is: no half-precision logits written, then
+        # read and widened (at B=128 and a 102400-word vocabulary, 52 MB less traffic).
+        return torch.mm(rows, lm_head.T, out_dtype=torch.float32)
+    return (rows @ lm_head.T).float()
 
 
 @_logits_op.register_fake
@@ -165,7 +170,8 @@ def project_logits(
     x: Float[Tensor, "tokens hidden"], index: Int[Tensor, " seqs"],
     lm_head: Float[Tensor, "vocab hidden"],
 ) -> Float[Tensor, "seqs vocab"]:
-    """float32 logits of the rows `index` of x (each sequence's last new token). One op (a
+    """float32 logits of the rows `index` of x (each sequence's last new token; on CUDA from
+    half-precision weights, the product's fp32 accumulator unrounded). One op (a
     custom op, one node for tracers), whose rows are the sequences, not the tokens: a caller
     that runs the step in pieces padded to a token count can run it on the real sequences."""
     return _logits_op(x, index, lm_head)

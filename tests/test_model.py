@@ -127,3 +127,29 @@ def test_batch_for_another_page_size_is_refused(tiny):
 def test_params_need_a_floating_dtype():
     with pytest.raises(ValueError, match="floating-point dtype; got torch.int32"):
         mf.init_params(mf.MLAConfig.preset("tiny"), dtype=torch.int32)
+
+
+def test_logits_are_float32_products_of_the_selected_rows():
+    x = torch.randn(7, 64, dtype=torch.float64)
+    lm_head = torch.randn(50, 64, dtype=torch.float64)
+    index = torch.tensor([6, 0, 3])
+    out = mf.model.project_logits(x.float(), index, lm_head.float())
+    assert out.dtype == torch.float32 and out.shape == (3, 50)
+    torch.testing.assert_close(out.double(), x[index] @ lm_head.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_logits_keep_the_fp32_accumulator(dtype):
+    """On CUDA, half-precision weights give logits unrounded to their dtype: closer to the exact
+    product of the same half-precision inputs than one half-precision rounding step."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(33, 2048, device="cuda", generator=g).to(dtype)
+    lm_head = (torch.randn(4096, 2048, device="cuda", generator=g) / 45).to(dtype)
+    index = torch.arange(32, -1, -1, device="cuda")
+    out = mf.model.project_logits(x, index, lm_head)
+    exact = x[index].double() @ lm_head.double().T
+    rounded = (x[index] @ lm_head.T).double()  # what half-precision logits would be
+    assert out.dtype == torch.float32
+    err, half_err = (out.double() - exact).abs().max(), (rounded - exact).abs().max()
+    assert err < 1e-4 * exact.abs().max() and err < half_err / 20
