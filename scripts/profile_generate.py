@@ -79,6 +79,7 @@ def summary(log: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from mla_func.engine import MAX_BATCH_TOKENS
     from scripts.bench_common import print_table
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -90,7 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--new", type=int, default=256)
     p.add_argument("--page-size", type=int, default=64)
-    p.add_argument("--max-batch-tokens", type=int, default=8192)
+    p.add_argument("--max-batch-tokens", type=int, default=MAX_BATCH_TOKENS,
+                   help="tokens per step (default: the engine's, %(default)s)")
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="the engine's (page-table width); default prompt + new - 1, as "
                         "generate() sizes it")
