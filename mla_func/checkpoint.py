@@ -239,9 +239,8 @@ def _build(cfg: MLAConfig, reader: _Reader, device: torch.device, dtype: torch.d
                 down[j].copy_(mlp(f"{m}experts.{j}.", gate_up[j])[1])
         bias = m + "gate.e_score_correction_bias"
         return MoE(
-            # Rounded to the model dtype as HF holds it, then kept in float32 (route computes
-            # in float32; one copy at load instead of one per step).
-            router=get(m + "gate.weight").float(),
+            # In the model dtype, as HF holds it (route computes the scores in float32).
+            router=get(m + "gate.weight"),
             # HF keeps the correction bias in float32 whatever the model dtype: so do we.
             score_bias=reader.get(bias, device, torch.float32) if c.topk_method == "noaux_tc"
             else None,

@@ -51,7 +51,9 @@ class DenseMLP:
 
 @dataclass(frozen=True)
 class MoE:
-    router: Float[Tensor, "experts hidden"]  # always float32 (scores are computed in fp32)
+    # In the weights' dtype, as HF holds it; the scores are computed in float32 (a bf16 or
+    # fp16 product is exact in float32, so the routing is HF's).
+    router: Float[Tensor, "experts hidden"]
     # noaux_tc only: added to the scores for expert selection, not to the weights.
     score_bias: Float[Tensor, " experts"] | None
     gate_up: Float[Tensor, "experts 2 moe_inter hidden"]
@@ -196,7 +198,7 @@ def init_params(
         if c.is_moe_layer(i):
             e = c.n_routed_experts
             mlp: DenseMLP | MoE = MoE(
-                router=rand(e, h, std=h**-0.5).float(),
+                router=rand(e, h, std=h**-0.5),
                 score_bias=rand(e, std=0.1) if c.topk_method == "noaux_tc" else None,
                 gate_up=rand(e, 2, c.moe_intermediate_size, h, std=h**-0.5),
                 down=rand(e, h, c.moe_intermediate_size, std=c.moe_intermediate_size**-0.5),

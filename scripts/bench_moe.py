@@ -85,8 +85,8 @@ def make_layers(cfg: MLAConfig, n: int) -> list[Layer]:
     e, h, i = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
     s = cfg.n_shared_experts * i
     kw = dict(device="cuda", dtype=torch.bfloat16)
-    # Routers in float32, as init_params and load_hf keep them.
-    return [Layer((torch.randn(e, h, **kw) * h**-0.5).float(),
+    # Routers in the weights' dtype, as init_params and load_hf keep them.
+    return [Layer(torch.randn(e, h, **kw) * h**-0.5,
                   torch.randn(e, 2, i, h, **kw) * h**-0.5, torch.randn(e, h, i, **kw) * i**-0.5,
                   torch.randn(2, s, h, **kw) * h**-0.5, torch.randn(h, s, **kw) * s**-0.5)
             for _ in range(n)]

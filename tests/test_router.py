@@ -2,9 +2,11 @@
 
 CPU: the kernel runs interpreted (conftest sets TRITON_INTERPRET), mostly with float32 x (the
 interpreter's bfloat16 rounding is unreliable; loading bf16 x is exact, and the forced-config
-tests use it for the kernel's bf16 path). The chosen experts must be the same set per token,
-and the weights, matched by expert id, within 1e-5. The sm90 AOT compile checks registers and
-spills at real sizes; the `cuda` tests check the TF32 products against float32 on a GPU.
+tests use it for the kernel's TF32 split of a float32 router). A router in x's half dtype takes
+one half-precision product: fp16 on the CPU, bf16 too on a GPU (the 3.9 interpreter's bf16
+tl.dot is wrong). The chosen experts must be the same set per token, and the weights, matched
+by expert id, within 1e-5. The sm90 AOT compile checks registers and spills at real sizes; the
+`cuda` tests check the products against float32 on a GPU.
 """
 
 from dataclasses import replace
@@ -28,9 +30,11 @@ def _cfg(method, experts, k, n_group=1, topk_group=1, norm=False, scale=1.0,
                    topk_group=topk_group, norm_topk_prob=norm, routed_scaling_factor=scale)
 
 
-def _inputs(cfg, tokens, hidden, dtype=torch.float32, device=DEVICE):
+def _inputs(cfg, tokens, hidden, dtype=torch.float32, device=DEVICE, router_dtype=None):
+    """x in `dtype`; the router in `router_dtype` (default float32), its values fresh in each."""
     x = torch.randn(tokens, hidden, device=device).to(dtype)
     router = torch.randn(cfg.n_routed_experts, hidden, device=device) / hidden**0.5
+    router = router.to(router_dtype or torch.float32)
     bias = 0.1 * torch.randn(cfg.n_routed_experts, device=device)
     return x, router, bias
 
@@ -178,18 +182,27 @@ FORCED = [  # experts, n_group, tokens, hidden, LaunchConfig fields the model wo
 ]
 
 
+DTYPES = [  # x, router: every product form of the kernel
+    (torch.float32, torch.float32),  # tf32x3
+    (torch.bfloat16, torch.float32),  # the router split in two TF32 products
+    (torch.float16, torch.float16),  # one half-precision product
+    # ... in bf16, the model's for a bf16 model: on a GPU only (the 3.9 interpreter's bf16
+    # tl.dot is wrong; fp16 runs the same code on the CPU)
+    *([(torch.bfloat16, torch.bfloat16)] if DEVICE == "cuda" else []),
+]
+
+
 @pytest.mark.parametrize("experts, n_group, tokens, hidden, fields", FORCED)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype, router_dtype", DTYPES)
 def test_forced_configs_match_route(monkeypatch, experts, n_group, tokens, hidden, fields,
-                                    dtype):
-    # Bigger token blocks than the model picks at test sizes; bf16 x takes the kernel's
-    # split-router path (two TF32 products on a GPU), float32 x tf32x3.
+                                    dtype, router_dtype):
+    # Bigger token blocks than the model picks at test sizes, in each product form.
     method = "noaux_tc" if n_group > 1 else "greedy"
     cfg = _cfg(method, experts, 8 if experts > 64 else 6, n_group, 4 if n_group > 1 else 1,
                norm=True, scale=2.5)
     forced = fused.LaunchConfig(**fields)
     monkeypatch.setattr(fused, "launch_config", lambda *args: forced)
-    x, router, bias = _inputs(cfg, tokens, hidden, dtype)
+    x, router, bias = _inputs(cfg, tokens, hidden, dtype, router_dtype=router_dtype)
     bias = bias if method == "noaux_tc" else None
     _assert_same_routing(route_fused(x, router, bias, cfg), route(x, router, bias, cfg),
                          **_cpu_ties(tokens, method, cfg.num_experts_per_tok))
@@ -206,6 +219,23 @@ def test_launch_config_is_consistent(experts, hidden, n_group):
         assert (c.n_split - 1) * c.chunk < hidden <= c.n_split * c.chunk
         assert c.block_t % c.sel_t == 0 and c.block_t * c.block_e <= fused._ACC_TILE
         assert c.n_split == 1 or c.blocks <= fused._COUNTER_SLOTS
+
+
+def test_half_router_is_read_as_it_is():
+    """A router in x's half dtype is multiplied in it (one exact product); any other pairing
+    reads it as float32."""
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+    assert fused.router_is_half(bf16, bf16) and fused.router_is_half(fp16, fp16)
+    assert not any(fused.router_is_half(x, r) for x, r in
+                   [(bf16, fp32), (fp32, fp32), (fp32, bf16), (bf16, fp16), (fp16, bf16)])
+    cfg = _cfg("greedy", 16, 4)
+    c = fused.launch_config(40, 16, 64, 1, True)
+    const = fused.kernel_constants(c, bf16, 16, 4, 1, 1, "greedy", False, False, half=True)
+    assert const["W_HALF"] and not fused.kernel_constants(
+        c, bf16, 16, 4, 1, 1, "greedy", False, False)["W_HALF"]
+    half = bf16 if DEVICE == "cuda" else fp16  # the interpreter's bf16 tl.dot is wrong
+    x, router, _ = _inputs(cfg, 40, 64, half, router_dtype=half)
+    _assert_same_routing(route_fused(x, router, None, cfg), route(x, router, None, cfg))
 
 
 def test_launch_config_counts_whole_waves():
@@ -255,19 +285,27 @@ from triton.backends.compiler import GPUTarget
 from sm90_ptxas import ptxas_usage
 from mla_func.kernels.router import _router_kernel, kernel_constants, launch_config
 bf16, fp32 = torch.bfloat16, torch.float32
-for tokens, e, h, k, method, g, tg, xdt, pdl in [
-        (1, 64, 2048, 6, "greedy", 1, 1, bf16, False),
-        (128, 64, 2048, 6, "greedy", 1, 1, bf16, False),
-        (4096, 64, 2048, 6, "greedy", 1, 1, bf16, False),  # 64-token blocks: wgmma
-        (1, 256, 7168, 8, "noaux_tc", 8, 4, bf16, False),
-        (8192, 256, 7168, 8, "noaux_tc", 8, 4, bf16, False),
-        (128, 256, 7168, 8, "noaux_tc", 8, 4, fp32, False),  # float32 x: tf32x3
+# x dtype, router dtype: a bf16 router with a bf16 x is the one-product (W_HALF) form.
+for tokens, e, h, k, method, g, tg, xdt, rdt, pdl in [
+        (1, 64, 2048, 6, "greedy", 1, 1, bf16, fp32, False),
+        (128, 64, 2048, 6, "greedy", 1, 1, bf16, fp32, False),
+        (4096, 64, 2048, 6, "greedy", 1, 1, bf16, fp32, False),  # 64-token blocks: wgmma
+        (1, 256, 7168, 8, "noaux_tc", 8, 4, bf16, fp32, False),
+        (8192, 256, 7168, 8, "noaux_tc", 8, 4, bf16, fp32, False),
+        (128, 256, 7168, 8, "noaux_tc", 8, 4, fp32, fp32, False),  # float32 x: tf32x3
+        (128, 64, 2048, 6, "greedy", 1, 1, bf16, bf16, False),
+        (4096, 64, 2048, 6, "greedy", 1, 1, bf16, bf16, False),
+        (8192, 256, 7168, 8, "noaux_tc", 8, 4, bf16, bf16, False),
         # Decode on sm90: launched early, one dot step a split (its router rows before the wait).
-        (1, 64, 2048, 6, "greedy", 1, 1, bf16, True)]:
-    c = launch_config(tokens, e, h, g)
+        (1, 64, 2048, 6, "greedy", 1, 1, bf16, fp32, True),
+        (1, 64, 2048, 6, "greedy", 1, 1, bf16, bf16, True),
+        (1, 256, 7168, 8, "noaux_tc", 8, 4, bf16, bf16, True)]:
+    half = xdt == rdt == bf16
+    c = launch_config(tokens, e, h, g, half)
     noaux = method == "noaux_tc"
-    const = kernel_constants(c, xdt, e, k, g, tg, method, noaux, noaux, pdl=pdl)
-    sig = dict(x_ptr="*bf16" if xdt == bf16 else "*fp32", r_ptr="*fp32", bias_ptr="*fp32",
+    const = kernel_constants(c, xdt, e, k, g, tg, method, noaux, noaux, pdl=pdl, half=half)
+    sig = dict(x_ptr="*bf16" if xdt == bf16 else "*fp32",
+               r_ptr="*bf16" if rdt == bf16 else "*fp32", bias_ptr="*fp32",
                part_ptr="*fp32", cnt_ptr="*i32", w_out="*fp32", id_out="*i64", T="i32",
                hidden="i32", x_stride="i32", chunk="i32", n_split="i32", scale="fp32")
     sig.update({n: "constexpr" for n in const})
@@ -278,8 +316,8 @@ for tokens, e, h, k, method, g, tg, xdt, pdl in [
     regs, spills, report = ptxas_usage(kernel)
     print(tokens, e, h, c, "registers", regs, "spills", spills, "smem", kernel.metadata.shared)
     assert spills == 0 and kernel.metadata.shared <= 160 * 1024, report
-    assert const["PRELOAD"] == pdl, const
-    if pdl:
+    assert const["PRELOAD"] == (pdl and c.chunk == c.block_h), const
+    if const["PRELOAD"]:
         ptx = kernel.asm["ptx"]
         assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait"), "rows after the wait"
 """
@@ -296,20 +334,23 @@ GPU_TOKENS = [1, 7, 64, 128, 300, 512, 4096]
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("router_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("tokens", GPU_TOKENS)
-def test_v2_lite_size_on_gpu(tokens):
+def test_v2_lite_size_on_gpu(tokens, router_dtype):
     cfg = MLAConfig.preset("v2-lite")
-    x, router, _ = _inputs(cfg, tokens, cfg.hidden_size, torch.bfloat16, "cuda")
+    x, router, _ = _inputs(cfg, tokens, cfg.hidden_size, torch.bfloat16, "cuda", router_dtype)
     _assert_same_routing_up_to_ties(route_fused(x, router, None, cfg),
                                     route(x, router, None, cfg), (x, router, None, cfg))
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype, router_dtype", [(torch.bfloat16, torch.float32),
+                                                 (torch.bfloat16, torch.bfloat16),
+                                                 (torch.float32, torch.float32)])
 @pytest.mark.parametrize("tokens", GPU_TOKENS)
-def test_v3_size_on_gpu(tokens, dtype):
+def test_v3_size_on_gpu(tokens, dtype, router_dtype):
     cfg = MLAConfig.preset("v3")
-    x, router, bias = _inputs(cfg, tokens, cfg.hidden_size, dtype, "cuda")
+    x, router, bias = _inputs(cfg, tokens, cfg.hidden_size, dtype, "cuda", router_dtype)
     # H100: one of 4096 tokens swapped 3 experts (2026-11-22), one of 512 (2026-11-23, run
     # 94): near ties between two groups. A token may differ only at a float64 tie.
     _assert_same_routing_up_to_ties(route_fused(x, router, bias, cfg),

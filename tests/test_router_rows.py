@@ -1,7 +1,8 @@
 """The few-row router (kernels/router_rows.py, one program an expert) vs `ops.moe.route` and
 vs the split router on fresh random inputs, at 1 to MAX_ROWS rows.
 
-CPU: interpreted, float32 x (as test_router.py); the sm90 AOT compile checks registers and
+CPU: interpreted, float32 x and router, and fp16 both (a half-precision model's form; as
+test_router.py); the sm90 AOT compile checks registers and
 spills at V2-Lite and V3 sizes and that the router rows load before the PDL wait; the `cuda`
 tests run bf16 x at real sizes, up to float64 ties (test_router.py's margin).
 """
@@ -35,13 +36,17 @@ CASES = [  # method, experts, n_group, topk_group, top_k, norm, scale, tokens, h
 
 @pytest.mark.parametrize("method, experts, n_group, topk_group, k, norm, scale, tokens, hidden",
                          CASES)
+# x and the router in one dtype; the half one fp16 on the CPU (the 3.9 interpreter's bf16
+# tl.dot, in the split router compared with, is wrong).
+@pytest.mark.parametrize("dtype", [torch.float32,
+                                   torch.bfloat16 if DEVICE == "cuda" else torch.float16])
 def test_matches_route_and_the_split_router(monkeypatch, method, experts, n_group, topk_group,
-                                            k, norm, scale, tokens, hidden):
+                                            k, norm, scale, tokens, hidden, dtype):
     calls = []
     real = router_rows.route_rows
     monkeypatch.setattr(router_rows, "route_rows", lambda *a: calls.append(a) or real(*a))
     cfg = _cfg(method, experts, k, n_group, topk_group, norm, scale)
-    x, router, bias = _inputs(cfg, tokens, hidden)
+    x, router, bias = _inputs(cfg, tokens, hidden, dtype, router_dtype=dtype)
     bias = bias if method == "noaux_tc" else None
     rows = route_fused(x, router, bias, cfg)
     assert len(calls) == 1  # the few-row kernel ran
@@ -80,9 +85,11 @@ from triton.backends.compiler import GPUTarget
 from sm90_ptxas import ptxas_usage
 from mla_func.kernels import router_rows
 from mla_func.kernels.router import kernel_constants, launch_config
-for tokens, e, h, k, method, g, tg in [(1, 64, 2048, 6, "greedy", 1, 1),
-                                        (4, 64, 2048, 6, "greedy", 1, 1),
-                                        (4, 256, 7168, 8, "noaux_tc", 8, 4)]:
+for tokens, e, h, k, method, g, tg, rdt in [(1, 64, 2048, 6, "greedy", 1, 1, "fp32"),
+                                             (4, 64, 2048, 6, "greedy", 1, 1, "fp32"),
+                                             (4, 256, 7168, 8, "noaux_tc", 8, 4, "fp32"),
+                                             (1, 64, 2048, 6, "greedy", 1, 1, "bf16"),
+                                             (4, 256, 7168, 8, "noaux_tc", 8, 4, "bf16")]:
     noaux = method == "noaux_tc"
     c = launch_config(tokens, e, h, g)
     const = kernel_constants(c, torch.bfloat16, e, k, g, tg, method, noaux, noaux, pdl=True)
@@ -90,7 +97,7 @@ for tokens, e, h, k, method, g, tg in [(1, 64, 2048, 6, "greedy", 1, 1),
     r = torch.empty(e, h, device="meta")
     grid, args, kwargs = router_rows.launch(x, r, r, r, r, r, r, 1.0, const, True)
     consts = {n: v for n, v in kwargs.items() if n.isupper()}
-    sig = dict(x_ptr="*bf16", r_ptr="*fp32", bias_ptr="*fp32", part_ptr="*fp32", cnt_ptr="*i32",
+    sig = dict(x_ptr="*bf16", r_ptr="*" + rdt, bias_ptr="*fp32", part_ptr="*fp32", cnt_ptr="*i32",
                w_out="*fp32", id_out="*i64", T="i32", hidden="i32", x_stride="i32",
                scale="fp32")
     sig.update({n: "constexpr" for n in consts})
@@ -112,11 +119,13 @@ def test_compiles_for_sm90_at_real_sizes():
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("router_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("preset", ["v2-lite", "v3"])
 @pytest.mark.parametrize("tokens", [1, 2, 3, 4])
-def test_real_sizes_on_gpu(preset, tokens):
+def test_real_sizes_on_gpu(preset, tokens, router_dtype):
     cfg = MLAConfig.preset(preset)
-    x, router, bias = _inputs(cfg, tokens, cfg.hidden_size, torch.bfloat16, "cuda")
+    x, router, bias = _inputs(cfg, tokens, cfg.hidden_size, torch.bfloat16, "cuda",
+                              router_dtype)
     bias = bias if cfg.topk_method == "noaux_tc" else None
     _assert_same_routing_up_to_ties(route_fused(x, router, bias, cfg),
                                     route(x, router, bias, cfg), (x, router, bias, cfg),

@@ -8,12 +8,14 @@ four rows (`FEW_ROWS`) it launches `router_rows.py`'s kernel instead: one progra
 
 Grid (token blocks, hidden splits). Program (b, s) computes the partial logits of the BLOCK_T
 tokens of block b over hidden chunk s with `tl.dot` on [BLOCK_T, BLOCK_H] x [BLOCK_H, BLOCK_E]
-tiles, so a router chunk is read once per block, not once per token. The products come
-close to float32 accuracy on TF32 tensor cores (plain TF32 would flip near-tied experts
-against the float32 reference): a bf16/fp16 x is exact in TF32, so the router is split into a
-TF32 head and tail, two products (~2^-21 relative); a float32 x takes tf32x3. A tie closer
-than that can still fall the other way than in cuBLAS's float32 GEMM (one token in 4096 at
-V3 size, H200, 2026-11-22), as it can between any two float32 summation orders.
+tiles, so a router chunk is read once per block, not once per token. The products are those
+of the float32 reference (plain TF32 would flip near-tied experts against it): a router in
+x's half dtype (bf16/fp16, as the params keep it for a half-precision model) takes one
+half-precision product, exact in its float32 accumulator; a float32 router with a bf16/fp16 x
+(exact in TF32) is split into a TF32 head and tail, two products (~2^-21 relative); a float32
+x takes tf32x3. Only the summation order differs from cuBLAS's float32 GEMM, so a tie closer
+than that order's rounding can still fall the other way (one token in 4096 at V3 size, H200,
+2026-11-22), as it can between any two float32 summation orders.
 
 Every program stores its partials; the last program of the block to arrive (an acq_rel
 counter, reset by that program so the buffer is zero again for the next launch) sums them in
@@ -59,6 +61,8 @@ MAX_EXPERTS = 256
 # Hidden per dot step. mma.sync keeps whole dot operands in registers, up to three copies
 # each (value, TF32 head, TF32 tail): a deeper step spills (AOT sm90: 231+ registers at 128).
 _BLOCK_H = 32
+# ... with the router in x's half dtype: one copy of each operand, half as wide.
+_BLOCK_H_HALF = 32
 _ACC_TILE = 8192  # BLOCK_T x BLOCK_E logits per program (AOT sm90: 64 x 256 spills)
 _SELECT_TILE = 4096  # tokens x experts selected at once (its temporaries live in registers)
 _TAIL_TILE = 2048  # partials per step of the last program's sum (pipelined through smem)
@@ -129,7 +133,8 @@ def _group_block(experts: int, n_group: int) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=256)
-def launch_config(tokens: int, experts: int, hidden: int, n_group: int = 1) -> LaunchConfig:
+def launch_config(tokens: int, experts: int, hidden: int, n_group: int = 1,
+                  half: bool = False) -> LaunchConfig:
     """The cheapest (token block, split) by the cost model above (pure; the sm90 AOT test
     uses it too). Per SM: the router chunk and x tile it reads (or its multiply-adds, if
     more), scaled by the programs sharing an SM in whole waves (a partial wave costs a whole
@@ -137,10 +142,11 @@ def launch_config(tokens: int, experts: int, hidden: int, n_group: int = 1) -> L
     26.7; the whole-wave picks were as fast or faster at every V2-Lite and V3 size where the
     pick moved, docs/perf/2026-11-23-h100-run14), plus the latency of its dot steps; then one
     block's last program: the sync, the partials it reads, its L2 round trips and its
-    selection steps."""
+    selection steps. `half`: the router in x's half dtype (its hidden step)."""
     tokens = max(tokens, 1)
     block_e = max(triton.next_power_of_2(experts), 16)
-    block_h = _BLOCK_H
+    block_h = _BLOCK_H_HALF if half else _BLOCK_H
+    w_bytes = 2 if half else 4  # a router element
     block_g, block_gs = _group_block(experts, n_group)
     block_p = block_g * block_gs
     tiles = triton.cdiv(hidden, block_h)
@@ -160,7 +166,7 @@ def launch_config(tokens: int, experts: int, hidden: int, n_group: int = 1) -> L
             block_s = min(max(_TAIL_TILE // (sel_t * block_p), 1),
                           triton.next_power_of_2(n_split))
             share = float(-(-blocks * n_split // _SMS))  # whole waves
-            main = (share * max(chunk * (block_e * 4 + block_t * 2) / _BYTES_PER_NS,
+            main = (share * max(chunk * (block_e * w_bytes + block_t * 2) / _BYTES_PER_NS,
                                 block_t * block_e * chunk / _MACS_PER_NS)
                     + max(1.0, share / _RESIDENT) * per * _STEP_NS)
             tail = (steps * (_SELECT_NS + -(-n_split // block_s) * _TRIP_NS)
@@ -193,7 +199,7 @@ def _router_kernel(x_ptr, r_ptr, bias_ptr, part_ptr, cnt_ptr, w_out, id_out, T, 
                    TOPK_GROUP: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_GS: tl.constexpr,
                    NORMALIZE: tl.constexpr, HAS_BIAS: tl.constexpr, REDUCE: tl.constexpr,
                    X_EXACT: tl.constexpr, PDL: tl.constexpr, WAIT: tl.constexpr,
-                   PRELOAD: tl.constexpr = False):
+                   PRELOAD: tl.constexpr = False, W_HALF: tl.constexpr = False):
     b = tl.program_id(0)
     s = tl.program_id(1)
     e = tl.arange(0, BLOCK_E)
@@ -217,7 +223,9 @@ def _router_kernel(x_ptr, r_ptr, bias_ptr, part_ptr, cnt_ptr, w_out, id_out, T, 
             wt = w_pre
         else:
             wt = _router_rows(r_ptr, hidden, h, h_hi, e, E)
-        if X_EXACT:
+        if W_HALF:  # x and the router in one half dtype: exact products, float32 sums
+            acc = tl.dot(xt, wt, acc)
+        elif X_EXACT:
             # x (bf16/fp16) is exact in TF32; so is the router's head (its top 11 significant
             # bits), and its tail is kept to 2^-21 relative: two TF32 products.
             w_hi = (wt.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
@@ -243,8 +251,10 @@ def _router_kernel(x_ptr, r_ptr, bias_ptr, part_ptr, cnt_ptr, w_out, id_out, T, 
 
 def kernel_constants(cfg: LaunchConfig, x_dtype: torch.dtype, experts: int, top_k: int,
                      n_group: int, topk_group: int, method: str, normalize: bool,
-                     has_bias: bool, pdl: bool = False) -> dict[str, object]:
-    """The constexpr arguments of `_router_kernel` (shared with the sm90 AOT test)."""
+                     has_bias: bool, pdl: bool = False, half: bool = False
+                     ) -> dict[str, object]:
+    """The constexpr arguments of `_router_kernel` (shared with the sm90 AOT test); `half`:
+    the router in x's half dtype (`router_is_half`)."""
     grouped = method != "greedy"
     block_g, block_gs = _group_block(experts, n_group if grouped else 1)
     return dict(E=experts, BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_T=cfg.block_t,
@@ -255,7 +265,14 @@ def kernel_constants(cfg: LaunchConfig, x_dtype: torch.dtype, experts: int, top_
                 GROUP_SIZE=experts // n_group if grouped else experts, BLOCK_GS=block_gs,
                 NORMALIZE=normalize, HAS_BIAS=has_bias, REDUCE=cfg.n_split > 1,
                 X_EXACT=x_dtype in (torch.bfloat16, torch.float16), PDL=pdl,
-                WAIT=pdl and EARLY, PRELOAD=pdl and EARLY and PRELOAD and cfg.chunk == cfg.block_h)
+                WAIT=pdl and EARLY, PRELOAD=pdl and EARLY and PRELOAD and cfg.chunk == cfg.block_h,
+                W_HALF=half)
+
+
+def router_is_half(x_dtype: torch.dtype, router_dtype: torch.dtype) -> bool:
+    """Whether the kernels multiply in the router's own dtype: x and the router both bf16, or
+    both fp16 (exact products); otherwise the router is read as float32."""
+    return x_dtype == router_dtype and x_dtype in (torch.bfloat16, torch.float16)
 
 
 def _counters(device: torch.device) -> Tensor:
@@ -274,13 +291,14 @@ def _launch(x: Tensor, router: Tensor, score_bias: Tensor | None, top_k: int, n_
     if not tokens:
         return weights, ids
     x = x.contiguous()
-    router = router.float().contiguous()
+    half = router_is_half(x.dtype, router.dtype)
+    router = router.contiguous() if half else router.float().contiguous()
     bias = score_bias.float().contiguous() if score_bias is not None else router
     grouped = method != "greedy"
-    cfg = launch_config(tokens, experts, hidden, n_group if grouped else 1)
+    cfg = launch_config(tokens, experts, hidden, n_group if grouped else 1, half)
     counters = _counters(x.device)
     const = kernel_constants(cfg, x.dtype, experts, top_k, n_group, topk_group, method, normalize,
-                             score_bias is not None, pdl_supported(x.device))
+                             score_bias is not None, pdl_supported(x.device), half)
     if FEW_ROWS and tokens <= router_rows.MAX_ROWS:  # one program an expert
         part = torch.empty(router_rows.MAX_ROWS * cfg.block_e, dtype=torch.float32,
                            device=x.device)
@@ -310,8 +328,9 @@ def _reference_cfg(experts: int, top_k: int, n_group: int, topk_group: int, meth
 def moe_route(x: Tensor, router: Tensor, score_bias: Tensor | None, top_k: int, n_group: int,
               topk_group: int, method: str, normalize: bool, scale: float
               ) -> tuple[Tensor, Tensor]:
-    """x [tokens, hidden], router fp32 [experts, hidden] -> (weights fp32, ids int64)
-    [tokens, top_k]: `route` with the settings passed as plain values."""
+    """x [tokens, hidden], router [experts, hidden] (x's half dtype, or float32) ->
+    (weights fp32, ids int64) [tokens, top_k]: `route` with the settings passed as plain
+    values."""
     if router.shape[0] <= MAX_EXPERTS:
         return _launch(x, router, score_bias, top_k, n_group, topk_group, method, normalize,
                        scale)

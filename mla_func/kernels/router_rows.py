@@ -3,9 +3,10 @@
 At one to MAX_ROWS rows the split router (`router.py`) spreads the hidden axis over many
 programs (64 at V2-Lite's one token), each computing a partial logit of every expert with
 tensor-core products, and its last program sums all those partials before it selects. Here
-program e computes expert e's whole logit for every row: its router row (float32) loads before
-the PDL wait, the rows of x after it; products and sums in float32 on the CUDA cores (float32
-products, like the reference's float32 GEMM, not TF32 ones), one value an expert a row is
+program e computes expert e's whole logit for every row: its router row (x's half dtype or
+float32, as `router._launch` passes it) loads before the PDL wait, the rows of x after it;
+products and sums in float32 on the CUDA cores (float32 products, like the reference's float32
+GEMM, not TF32 ones), one value an expert a row is
 stored, and the last program to arrive (an acq_rel counter it resets) selects with
 `router_select.sum_and_select` over a single split.
 
@@ -52,7 +53,7 @@ def _router_rows_kernel(
     e = tl.program_id(0)
     row = r_ptr + e.to(tl.int64) * hidden
     k = tl.arange(0, BLOCK_HID)
-    w = tl.load(row + k, mask=k < hidden, other=0.0)  # before the wait: no dependency
+    w = tl.load(row + k, mask=k < hidden, other=0.0).to(tl.float32)  # before the wait
     if PDL:  # x is read once the kernel before (its writer) ended; then the experts' gate_up
         tl.extra.cuda.gdc_wait()  # and the alignment may launch (their shared tiles read x)
         tl.extra.cuda.gdc_launch_dependents()
@@ -61,7 +62,7 @@ def _router_rows_kernel(
     acc = _rows_dot(x_ptr, x_stride, r, live, k, k < hidden, w)
     for k0 in range(BLOCK_HID, hidden, BLOCK_HID):  # wider rows (V3's 7168): the rest
         kk = k0 + k
-        w = tl.load(row + kk, mask=kk < hidden, other=0.0)
+        w = tl.load(row + kk, mask=kk < hidden, other=0.0).to(tl.float32)
         acc += _rows_dot(x_ptr, x_stride, r, live, kk, kk < hidden, w)
     tl.store(part_ptr + r * BLOCK_E + e, acc, mask=live)
     if last_to_arrive(cnt_ptr, tl.num_programs(0)):

@@ -26,8 +26,8 @@ def route(
     cfg: MLAConfig,
 ) -> tuple[Float[Tensor, "tokens topk"], Int[Tensor, "tokens topk"]]:
     """Top-k expert ids and their float32 weights per token. The scores are computed in
-    float32, as HF does; `router` is kept in float32 by init_params and load_hf, so no copy of
-    it is made per step."""
+    float32, as HF does (`router` in the weights' dtype: its products with a bf16 or fp16 x
+    are exact in float32)."""
     logits = x.float() @ router.float().T
     k, method = cfg.num_experts_per_tok, cfg.topk_method
     n_experts = router.shape[0]
