@@ -61,8 +61,13 @@ MAX_EXPERTS = 256
 # Hidden per dot step. mma.sync keeps whole dot operands in registers, up to three copies
 # each (value, TF32 head, TF32 tail): a deeper step spills (AOT sm90: 231+ registers at 128).
 _BLOCK_H = 32
-# ... with the router in x's half dtype: one copy of each operand, half as wide.
-_BLOCK_H_HALF = 32
+# ... with the router in x's half dtype: one copy of each operand, half as wide. The router
+# alone on an H100, 2026-11-24 (docs/perf/2026-11-24-h100-run137, exp_router.py, 6 alternating
+# rounds, us a launch; the cost model's pick at each step; fp32: the float32 router of before):
+# 64 against 32 / 128 / fp32: 5.99 / 6.00 / 5.78 / 6.68 at 8 tokens, 5.27 / 5.61 / 5.19 / 6.09
+# at 128, 6.32 / 6.44 / 7.47 / 7.85 at 512, 12.91 / 15.33 / 17.06 / 24.08 at 4096, 29.57 / 31.24
+# / 24.79 / 36.69 at 8192 (the same experts in every form).
+_BLOCK_H_HALF = 64
 _ACC_TILE = 8192  # BLOCK_T x BLOCK_E logits per program (AOT sm90: 64 x 256 spills)
 _SELECT_TILE = 4096  # tokens x experts selected at once (its temporaries live in registers)
 _TAIL_TILE = 2048  # partials per step of the last program's sum (pipelined through smem)

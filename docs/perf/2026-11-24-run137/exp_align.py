@@ -10,6 +10,7 @@ layout is checked against the tree's:
 """
 
 import argparse
+import os
 import statistics
 
 import torch
@@ -19,9 +20,15 @@ from mla_func.kernels import moe_align as ma
 from scripts.bench_common import cuda_time_ms
 
 # name: (slice, history rows a load, warps of the counts, warps of the rows)
+# (run 137: the first seven; run 138: the rest with the tree and "s256 h64" again)
 VARIANTS = {"tree": (128, 32, 4, 4), "h64": (128, 64, 4, 8), "h256": (128, 256, 4, 8),
             "w8": (128, 32, 4, 8), "s64": (64, 32, 4, 4), "s256": (256, 32, 4, 8),
             "s256 h64": (256, 64, 8, 8)}
+if os.environ.get("ALIGN_SET") == "2":
+    VARIANTS = {"tree": (128, 32, 4, 4), "s256 h64": (256, 64, 8, 8),
+                "h64 w4": (128, 64, 4, 4), "s256 h128": (256, 128, 8, 8),
+                "s256 h64 c4": (256, 64, 4, 8), "s512 h64": (512, 64, 8, 8),
+                "s512 h64 w16": (512, 64, 8, 16), "s256 h64 w16": (256, 64, 8, 16)}
 
 
 def align(ids, experts, block_m, slice_, hist_rows, w_count, w_rows, parts=("count", "rows"),
