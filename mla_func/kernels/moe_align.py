@@ -221,14 +221,18 @@ def _align_sliced_kernel(
     n_slices = tl.num_programs(0)
     keys = tl.arange(0, E_P2)
     rows = tl.arange(0, HIST_ROWS)
-    counts = tl.zeros([E_P2], dtype=tl.int32)
-    before = tl.zeros([E_P2], dtype=tl.int32)
+    # Summed elementwise, reduced over the rows once after the loop: a reduction across warps
+    # in every step made each step wait for the last.
+    counts = tl.zeros([HIST_ROWS, E_P2], dtype=tl.int32)
+    before = tl.zeros([HIST_ROWS, E_P2], dtype=tl.int32)
     for r0 in range(0, n_slices, HIST_ROWS):
         r = r0 + rows
         h = tl.load(hist_ptr + r[:, None] * E_P2 + keys[None, :], mask=(r < n_slices)[:, None],
                     other=0, cache_modifier=".cg")  # other SMs wrote them: read from L2
-        counts += tl.sum(h, axis=0)
-        before += tl.sum(tl.where((r < pid)[:, None], h, 0), axis=0)
+        counts += h
+        before += tl.where((r < pid)[:, None], h, 0)
+    counts = tl.sum(counts, axis=0)
+    before = tl.sum(before, axis=0)
     starts = _tiles(block_expert_ptr, block_rows_ptr, counts, pid * BLOCK_CHUNK,
                     n_slices * BLOCK_CHUNK, n_blocks, n_routed,
                     PAIRS_PER_TOKEN - topk, BLOCK_M, E_P2, BLOCK_CHUNK)

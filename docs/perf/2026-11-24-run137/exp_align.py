@@ -12,6 +12,7 @@ layout is checked against the tree's:
 import argparse
 import os
 import statistics
+import sys
 
 import torch
 import triton
@@ -19,11 +20,20 @@ import triton
 from mla_func.kernels import moe_align as ma
 from scripts.bench_common import cuda_time_ms
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import align_before  # noqa: E402  (the kernels before run 139)
+
 # name: (slice, history rows a load, warps of the counts, warps of the rows)
 # (run 137: the first seven; run 138: the rest with the tree and "s256 h64" again)
 VARIANTS = {"tree": (128, 32, 4, 4), "h64": (128, 64, 4, 8), "h256": (128, 256, 4, 8),
             "w8": (128, 32, 4, 8), "s64": (64, 32, 4, 4), "s256": (256, 32, 4, 8),
             "s256 h64": (256, 64, 8, 8)}
+if os.environ.get("ALIGN_SET") == "3":  # run 139: the rows' histories summed elementwise
+    VARIANTS = {"old tree": (128, 32, 4, 4, "old"), "old s256 h128": (256, 128, 8, 8, "old"),
+                "new tree": (128, 32, 4, 4), "new h64": (128, 64, 4, 4),
+                "new s256 h64": (256, 64, 8, 8), "new s256 h128": (256, 128, 8, 8),
+                "new s512 h64": (512, 64, 8, 8), "new s512 h128": (512, 128, 8, 8),
+                "new s256 h64 w4": (256, 64, 4, 4)}
 if os.environ.get("ALIGN_SET") == "2":
     VARIANTS = {"tree": (128, 32, 4, 4), "s256 h64": (256, 64, 8, 8),
                 "h64 w4": (128, 64, 4, 4), "s256 h128": (256, 128, 8, 8),
@@ -31,8 +41,9 @@ if os.environ.get("ALIGN_SET") == "2":
                 "s512 h64 w16": (512, 64, 8, 16), "s256 h64 w16": (256, 64, 8, 16)}
 
 
-def align(ids, experts, block_m, slice_, hist_rows, w_count, w_rows, parts=("count", "rows"),
-          hist=None):
+def align(ids, experts, block_m, slice_, hist_rows, w_count, w_rows, kernels="tree",
+          parts=("count", "rows"), hist=None):
+    mod = align_before if kernels == "old" else ma
     tokens, topk = ids.shape
     n = tokens * topk
     sorted_pairs, block_expert, block_rows = ma.empty_layout(ids, experts, 0, block_m)
@@ -43,10 +54,10 @@ def align(ids, experts, block_m, slice_, hist_rows, w_count, w_rows, parts=("cou
     if hist is None:
         hist = torch.empty(n_slices, e_p2, dtype=torch.int32, device=ids.device)
     if "count" in parts:
-        ma._slice_counts_kernel[(n_slices,)](ids, hist, n, topk, **common, SLICE=slice_,
+        mod._slice_counts_kernel[(n_slices,)](ids, hist, n, topk, **common, SLICE=slice_,
                                              num_warps=w_count)
     if "rows" in parts:
-        ma._align_sliced_kernel[(n_slices,)](
+        mod._align_sliced_kernel[(n_slices,)](
             ids, hist, sorted_pairs, block_expert, block_rows, n, nb, topk, experts, **common,
             BLOCK_M=block_m, SLICE=slice_, HIST_ROWS=hist_rows,
             BLOCK_CHUNK=max(16, 2048 // e_p2), num_warps=w_rows)
