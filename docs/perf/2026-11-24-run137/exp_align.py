@@ -85,8 +85,9 @@ def main() -> None:
         want = ma.align_torch(ids, 64, 0, 64)
         graphs, times = {}, {}
         runs = {name: dict(v=v, parts=("count", "rows")) for name, v in VARIANTS.items()}
-        runs["tree counts only"] = dict(v=VARIANTS["tree"], parts=("count",))
-        runs["tree rows only"] = dict(v=VARIANTS["tree"], parts=("rows",))
+        base = VARIANTS.get("tree") or VARIANTS["new tree"]
+        runs["tree counts only"] = dict(v=base, parts=("count",))
+        runs["tree rows only"] = dict(v=base, parts=("rows",))
         for name, run in runs.items():
             out = align(ids, 64, 64, *run["v"])
             if run["parts"] == ("count", "rows"):
