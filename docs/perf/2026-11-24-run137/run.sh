@@ -2,8 +2,9 @@
 # The twenty-fourth session's GPU driver: bash docs/perf/2026-11-24-run137/run.sh <parts>, logs
 # under $OUT:  quick: the CUDA tests of the router, the MoE and the model;  router:
 #   exp_router.py;  rstep: exp_step.py (ctx 512, 9 pages; B=1/32/128);  align: exp_align.py;
-#   layer: exp_layer.py;  moetl: exp_moe_timeline.py at 4096 tokens;  bmoe: bench moe;  otherwise the earlier
-#   sessions' parts (docs/perf/2026-11-24-run133/run.sh: tests, step512, step, logits, ...).
+#   layer: exp_layer.py;  moetl: 2026-11-23-run68/exp_moe_timeline.py at 4096 tokens;
+#   bmoe: bench moe;  otherwise the earlier sessions' parts (docs/perf/2026-11-24-run133/
+#   run.sh: tests, step512, step, logits, ...).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -25,7 +26,7 @@ for part in "$@"; do
              | tee "$OUT/align.log" ;;
     layer) timeout 300 python3 $D/exp_layer.py ${LY_ARGS} 2>&1 | grep -v -i warn \
              | tee "$OUT/layer.log" ;;
-    moetl) timeout 200 python3 $D/exp_moe_timeline.py ${MT_ARGS} 2>&1 | grep -v -i warn \
+    moetl) timeout 200 python3 docs/perf/2026-11-23-run68/exp_moe_timeline.py ${MT_ARGS} 2>&1 | grep -v -i warn \
              | tee "$OUT/moetl.log" ;;
     bmoe) timeout 400 python3 -m scripts.bench moe ${BM_ARGS} --out "$OUT/moe" \
             > "$OUT/bmoe.log" 2>&1; grep -v -i warn "$OUT/bmoe.log" | grep -v "^{" | tail -25 ;;
