@@ -10,8 +10,10 @@ RMSNorm, the MoE router) run as fused Triton kernels (`kernels/norm.py`, `router
 reference numerics; after an MoE the residual add and the next norm ride in the experts' final
 reduction (`moe.experts_add_norm`), and after the attention in its output projection
 (`project_add_norm`; at a few rows one launch, `kernels/proj_norm.py`). Projections of a few
-rows (`linear`) may run as matrix-vector kernels that load their weights early
-(`kernels/small_linear.py`): their rounding of the bf16 product can differ from cuBLAS's.
+rows may run as matrix-vector kernels that load their weights early (`kernels/small_linear.py`):
+their rounding of the bf16 product can differ from cuBLAS's. A layer's first projection takes
+the residual stream too (`norm_linear`, `kernels/norm_linear.py`): at one row it normalises h
+itself, and the MoE before it leaves its norm out (`defer_norm`).
 """
 
 import torch
@@ -23,7 +25,8 @@ from mla_func.batch import Batch, BatchError
 from mla_func.config import MLAConfig
 from mla_func.custom_op import custom_op
 from mla_func.kernels import norm as fused_norm
-from mla_func.kernels import proj_norm, small_linear
+from mla_func.kernels import norm_linear as fused_norm_linear
+from mla_func.kernels import proj_norm
 from mla_func.kernels.router import route_fused
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import route
@@ -70,20 +73,25 @@ def norm(x: Float[Tensor, "tokens width"], weight: Float[Tensor, " width"], eps:
     return rmsnorm(x, weight, eps)
 
 
-def linear(x: Float[Tensor, "tokens width_in"], w: Float[Tensor, "width_out width_in"]
-           ) -> Float[Tensor, "tokens width_out"]:
-    """x w^T (at a few rows one launch that loads w before x is ready,
-    `kernels/small_linear.py`)."""
+def norm_linear(
+    x: Float[Tensor, "tokens width_in"], h: Float[Tensor, "tokens width_in"],
+    weight: Float[Tensor, " width_in"], eps: float, w: Float[Tensor, "width_out width_in"],
+) -> Float[Tensor, "tokens width_out"]:
+    """x w^T, x being rmsnorm(h) * weight. On the fused path at one row the kernel normalises
+    h itself and x is not read (`kernels/norm_linear.py`; the op that made h may leave x
+    unwritten)."""
     if _fused(x):
-        return small_linear.small_linear(x, w)
+        return fused_norm_linear.norm_linear(x, h, weight, eps, w)
     return x @ w.T
 
 
 def project_qkv_a(
-    attn: Attention, x: Float[Tensor, "tokens hidden"], cfg: MLAConfig
+    attn: Attention, x: Float[Tensor, "tokens hidden"], h: Float[Tensor, "tokens hidden"],
+    input_norm: Float[Tensor, " hidden"], cfg: MLAConfig,
 ) -> tuple[Float[Tensor, "tokens heads qk_head"], Float[Tensor, "tokens latent"]]:
-    """(q, kv_a_proj(x)): both projections of x in one GEMM (`Attention.qkv_a_proj`)."""
-    qkv = linear(x, attn.qkv_a_proj)
+    """(q, kv_a_proj(x)): both projections of x = rmsnorm(h) * input_norm in one GEMM
+    (`Attention.qkv_a_proj`; `norm_linear`)."""
+    qkv = norm_linear(x, h, input_norm, cfg.rms_norm_eps, attn.qkv_a_proj)
     q, kv = qkv.split((qkv.shape[1] - cfg.latent_dim, cfg.latent_dim), dim=1)
     if attn.q_b_proj is not None:
         q = norm(q, attn.q_a_norm, cfg.rms_norm_eps) @ attn.q_b_proj.flatten(0, 1).T
@@ -93,14 +101,17 @@ def project_qkv_a(
 def attention_block(
     attn: Attention,
     x: Float[Tensor, "tokens hidden"],
+    h: Float[Tensor, "tokens hidden"],
+    input_norm: Float[Tensor, " hidden"],
     cache: Float[Tensor, "layers pages page_size latent"],
     layer: int,
     batch: Batch,
     inv_freq: Float[Tensor, " qk_rope"],
     cfg: MLAConfig,
 ) -> Float[Tensor, "tokens width_in"]:
-    """The attention's output per head, flattened (heads x v_head), before o_proj."""
-    q, kv = project_qkv_a(attn, x, cfg)
+    """The attention's output per head, flattened (heads x v_head), before o_proj; x is
+    rmsnorm(h) * input_norm (`norm_linear`)."""
+    q, kv = project_qkv_a(attn, x, h, input_norm, cfg)
     # The op applies the rope and the latent norm itself (the Triton decode path fuses them
     # with its first launch).
     nope = cfg.qk_nope_head_dim
@@ -114,10 +125,11 @@ def attention_block(
 
 def ffn_add_norm(
     mlp: DenseMLP | MoE, x: Float[Tensor, "tokens hidden"], h: Float[Tensor, "tokens hidden"],
-    weight: Float[Tensor, " hidden"], cfg: MLAConfig,
+    weight: Float[Tensor, " hidden"], cfg: MLAConfig, defer_norm: bool = False,
 ) -> tuple[Float[Tensor, "tokens hidden"], Float[Tensor, "tokens hidden"]]:
     """(h + ffn(x), rmsnorm(h + ffn(x))): the FFN sub-layer, the residual add and the next
-    norm. The MoE's experts do the add and the norm in their final reduction (one launch)."""
+    norm. The MoE's experts do the add and the norm in their final reduction (one launch).
+    `defer_norm`: the norm's only reader is `norm_linear` (the MoE may leave it unwritten)."""
     from mla_func.moe import experts_add_norm
 
     eps = cfg.rms_norm_eps
@@ -126,7 +138,7 @@ def ffn_add_norm(
         weights, ids = route_fn(x, mlp.router, mlp.score_bias, cfg)
         # The experts implementation adds the shared experts itself (fused on CUDA).
         return experts_add_norm(x, weights, ids, mlp.gate_up, mlp.down, mlp.shared, h, weight,
-                                eps)
+                                eps, defer_norm=defer_norm)
     return add_norm(h, swiglu(x, mlp.gate_up, mlp.down), weight, eps)
 
 
@@ -142,12 +154,15 @@ def forward(
     h = params.embed[batch.token_ids]
     x = norm(h, layers[0].input_norm, eps)
     for i, layer in enumerate(layers):
-        o = attention_block(layer.attn, x, state.cache, i, batch, params.rope_inv_freq, cfg)
+        o = attention_block(layer.attn, x, h, layer.input_norm, state.cache, i, batch,
+                            params.rope_inv_freq, cfg)
         h, x = project_add_norm(o, layer.attn.o_proj.flatten(1, 2), h, layer.post_attn_norm,
                                 eps)
-        # The next layer's input norm; after the last layer, the final norm.
-        after = layers[i + 1].input_norm if i + 1 < len(layers) else params.norm
-        h, x = ffn_add_norm(layer.mlp, x, h, after, cfg)
+        # The next layer's input norm, read only by its `norm_linear`; after the last layer,
+        # the final norm, which the logits read.
+        last = i + 1 == len(layers)
+        after = params.norm if last else layers[i + 1].input_norm
+        h, x = ffn_add_norm(layer.mlp, x, h, after, cfg, defer_norm=not last)
     return project_logits(x, batch.logits_index, params.lm_head), state
 
 

@@ -73,15 +73,19 @@ def experts_add_norm(
     norm_weight: Float[Tensor, " hidden"],
     eps: float,
     impl: str | None = None,
+    defer_norm: bool = False,
 ) -> tuple[Float[Tensor, "tokens hidden"], Float[Tensor, "tokens hidden"]]:
     """(h, rmsnorm(h)) with h = residual + experts(...): the residual stream after the MoE and
     the next layer's input (`norm.add_rmsnorm`'s rounding: the MoE output, then h, in x's
-    dtype)."""
+    dtype). `defer_norm`: the norm's only reader is `kernels.norm_linear.norm_linear`, so the
+    Triton path may leave it unwritten where that op normalises h itself
+    (`fused_moe.fused_experts`)."""
     impl = impl or ("triton" if x.device.type in ("cuda", "meta") else "sorted_torch")
     if impl == "triton":
         s_gate_up, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
         return _moe_experts_add_norm_op(
-            x, weights, ids, gate_up, down, s_gate_up, s_down, residual, norm_weight, eps)
+            x, weights, ids, gate_up, down, s_gate_up, s_down, residual, norm_weight, eps,
+            defer_norm)
     h = residual + experts(x, weights, ids, gate_up, down, shared, impl)
     return h, rmsnorm(h, norm_weight, eps)
 
@@ -107,16 +111,17 @@ def _(x, weights, ids, gate_up, down, shared_gate_up, shared_down):
 def _moe_experts_add_norm_op(
     x: Tensor, weights: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor,
     shared_gate_up: Optional[Tensor], shared_down: Optional[Tensor],  # noqa: UP045
-    residual: Tensor, norm_weight: Tensor, eps: float,
+    residual: Tensor, norm_weight: Tensor, eps: float, defer_norm: bool,
 ) -> tuple[Tensor, Tensor]:
     from mla_func.kernels.fused_moe import fused_experts
 
     return fused_experts(x, weights, ids, gate_up, down, shared_gate_up, shared_down,
-                         add_norm=(residual, norm_weight, eps))
+                         add_norm=(residual, norm_weight, eps), defer_norm=defer_norm)
 
 
 @_moe_experts_add_norm_op.register_fake
-def _(x, weights, ids, gate_up, down, shared_gate_up, shared_down, residual, norm_weight, eps):
+def _(x, weights, ids, gate_up, down, shared_gate_up, shared_down, residual, norm_weight, eps,
+      defer_norm):
     return torch.empty_like(x), torch.empty(
         x.shape, dtype=torch.promote_types(x.dtype, norm_weight.dtype), device=x.device)
 

@@ -112,6 +112,40 @@ def test_fused_kernels_match_the_reference_path(tiny, monkeypatch):
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
 
 
+def test_one_row_leaves_the_moe_norm_to_the_next_projection(tiny, monkeypatch):
+    """The fused path with the Triton MoE (interpreted on CPU): at one decode row every MoE
+    layer but the last is told to leave its norm out (`defer_norm`), and the next layer's
+    `norm_linear` normalises h itself: with those norms NaN, the logits are still the
+    reference path's."""
+    from mla_func import model, moe
+
+    cfg, params = tiny
+    tokens = _prompt(11, 5)
+    inner, seen = moe.experts_add_norm, []
+
+    def triton_moe(*args, defer_norm=False, **kwargs):
+        h, y = inner(*args, impl="triton", defer_norm=defer_norm, **kwargs)
+        seen.append((h.shape[0], defer_norm))
+        if defer_norm and h.shape[0] == 1:
+            y = torch.full_like(y, float("nan"))  # what nothing may read
+        return h, y
+
+    outs = []
+    for fused in (False, True):
+        monkeypatch.setattr(model, "FORCE_FUSED", fused)
+        if fused:
+            monkeypatch.setattr(moe, "experts_add_norm", triton_moe)
+        state = mf.init_state(cfg, num_pages=16, page_size=4)
+        pages = state.allocator.reserve(0, 12)
+        mf.forward(params, state, mf.make_batch([mf.SeqWork(tokens, 0, pages)], 4, 4))
+        logits, _ = mf.forward(params, state, mf.make_batch([mf.SeqWork([9], 11, pages)], 4, 4))
+        outs.append(logits)
+    moe_layers = cfg.num_hidden_layers - cfg.first_k_dense_replace
+    assert moe_layers == 2 and seen == [(11, True), (11, False), (1, True), (1, False)]
+    assert not outs[1].isnan().any()
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+
+
 def test_batch_for_another_page_size_is_refused(tiny):
     """Slots and page ids laid out for 8-token pages address other rows of a 16-token-page
     cache: forward refuses the batch before writing anything."""

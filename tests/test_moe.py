@@ -226,6 +226,25 @@ def test_add_norm_equals_experts_then_add_rmsnorm(cfg, shared, fuse_shared, wide
                       add_norm=(residual.double(), weight, 1e-6))
 
 
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_defer_norm_leaves_the_norm_out_at_one_row(tokens, nan_empty):
+    """`defer_norm` on the last_sum path: at one row (`norm_linear.normalises`) the tail adds
+    the residual and stops, h has the same bits and the norm stays unwritten (NaN-poisoned);
+    at two rows nothing changes."""
+    x, w, ids, gu, dn, mlp = make(tokens, 6, 64, 96, 32, 2, seed=13)
+    residual = torch.randn_like(x)
+    weight = 1 + 0.1 * torch.randn(x.shape[1])
+    want_h, want_y = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, DIRECT_LAST,
+                                   add_norm=(residual, weight, 1e-6))
+    h, y = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, DIRECT_LAST,
+                         add_norm=(residual, weight, 1e-6), defer_norm=True)
+    assert torch.equal(h, want_h) and not want_y.isnan().any()
+    if tokens == 1:
+        assert y.isnan().all()
+    else:
+        assert torch.equal(y, want_y)
+
+
 def test_add_norm_wider_than_one_program(nan_empty):
     """Rows wider than ADD_NORM_MAX_WIDTH (V3's 7168 on a GPU; here 2112 columns, so the last
     of the sum's column blocks is partial) on a decode step's table row: the sum, then

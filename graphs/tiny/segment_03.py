@@ -20,20 +20,20 @@ Outputs:
 import torch
 
 def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in_10):
-    # mla_func/model.py:112 in attention_block: return o.flatten(1, 2)
+    # mla_func/model.py:123 in attention_block: return o.flatten(1, 2)
     view_default = torch.ops.aten.view.default(in_0, [in_1, 64])
-    # mla_func/model.py:146 in forward: h, x = project_add_norm(o, layer.attn.o_proj.flatten(1, 2), h, layer.post_attn_norm,
+    # mla_func/model.py:159 in forward: h, x = project_add_norm(o, layer.attn.o_proj.flatten(1, 2), h, layer.post_attn_norm,
     view_default_1 = torch.ops.aten.view.default(in_2, [64, 64])
-    # mla_func/model.py:62 in project_add_norm: return proj_norm.proj_add_rmsnorm(o, w, h, weight, eps)
+    # mla_func/model.py:65 in project_add_norm: return proj_norm.proj_add_rmsnorm(o, w, h, weight, eps)
     proj_add_rmsnorm_default = torch.ops.mla_func.proj_add_rmsnorm.default(view_default, view_default_1, in_3, in_4, 1e-06)
     getitem = proj_add_rmsnorm_default[0]
     getitem_1 = proj_add_rmsnorm_default[1]
-    # mla_func/kernels/router.py:339 in route_fused: return moe_route(
+    # mla_func/kernels/router.py:363 in route_fused: return moe_route(
     moe_route_default = torch.ops.mla_func.moe_route.default(getitem_1, in_5, None, 2, 1, 1, 'greedy', False, 1.0)
     getitem_2 = moe_route_default[0]
     getitem_3 = moe_route_default[1]
-    # mla_func/moe.py:83 in experts_add_norm: return _moe_experts_add_norm_op(
-    moe_experts_add_norm_default = torch.ops.mla_func.moe_experts_add_norm.default(getitem_1, getitem_2, getitem_3, in_6, in_7, in_8, in_9, getitem, in_10, 1e-06)
+    # mla_func/moe.py:86 in experts_add_norm: return _moe_experts_add_norm_op(
+    moe_experts_add_norm_default = torch.ops.mla_func.moe_experts_add_norm.default(getitem_1, getitem_2, getitem_3, in_6, in_7, in_8, in_9, getitem, in_10, 1e-06, False)
     getitem_4 = moe_experts_add_norm_default[0]
     getitem_5 = moe_experts_add_norm_default[1]
     return (getitem_5,)

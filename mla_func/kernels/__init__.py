@@ -19,8 +19,9 @@
   wait; absorb: the decode's query absorption and new rows in one launch; p_scratch: the
   64-head split kernel's p hand-off through scratch; mla_merge_uv: the split-KV merge fused
   with the W_UV product (a few decode rows).
-- proj_norm, small_linear: few-row projections that load their weights before the PDL wait
-  (o_proj + residual add + RMSNorm in one launch; the fused q + kv_a projection).
+- proj_norm, small_linear, norm_linear: few-row projections that load their weights before
+  the PDL wait (o_proj + residual add + RMSNorm in one launch; a matrix-vector product; the
+  fused q + kv_a projection of one row, which normalises the residual row itself).
 - counters: the last-program arrival the router, proj_norm and the decode's fused merges
   share, and the per-op, per-device counters of the router and proj_norm.
 - mla_decode_ws, mla_ws_partitions: the decode's split kernel at 64 heads a program on sm90,

@@ -17,7 +17,8 @@ weights):
    numerics), so the model's add+norm launch after the MoE is gone too (rows up to
    `ADD_NORM_MAX_WIDTH` wide; wider ones, V3's, run `norm.add_rmsnorm` after the sum). With
    `MoEConfig.last_sum` (direct layout) the down kernel's last programs do this instead
-   (`moe_sum.last_sum`: per N-tile arrival counters), the same bits, one launch fewer.
+   (`moe_sum.last_sum`: per N-tile arrival counters), the same bits, one launch fewer; with
+   `defer_norm` they leave the norm to the next projection (`norm_linear`) at one row.
 
 Shared experts ride along at small token counts (`FUSE_SHARED_MAX_TOKENS`): a shared MLP of
 width `shared * moe_inter` is `shared` more experts (strided views of the same weights, no copy)
@@ -77,6 +78,7 @@ from mla_func.kernels.moe_gemm import down_kernel, down_sum_kernel, gate_up_kern
 from mla_func.kernels.moe_inline_align import MAX_PAIRS as INLINE_MAX_PAIRS
 from mla_func.kernels.moe_sum import sum_kernel
 from mla_func.kernels.norm import add_rmsnorm
+from mla_func.kernels.norm_linear import normalises
 from mla_func.kernels.pdl import supported as pdl_supported
 from mla_func.kernels.swiglu import swiglu
 
@@ -161,13 +163,16 @@ def fused_experts(
     shared_down: Float[Tensor, "hidden inter"] | None = None,
     config: MoEConfig | None = None,
     add_norm: tuple[Rows, Float[Tensor, " hidden"], float] | None = None,
+    defer_norm: bool = False,
 ) -> Rows | tuple[Rows, Rows]:
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) (+ the shared MLP when given: folded
     into the launches up to FUSE_SHARED_MAX_TOKENS tokens, else `kernels.swiglu.swiglu`
     added in the sum).
     `config` (default `pick_config(tokens)`) picks the tiles and the path. `add_norm`
     (residual, weight, eps): return (residual + that, its RMSNorm) instead, as
-    `norm.add_rmsnorm` would from the sum."""
+    `norm.add_rmsnorm` would from the sum. `defer_norm`: the RMSNorm's only reader is
+    `norm_linear`, which normalises the rows itself where `norm_linear.normalises`;
+    there, on the `last_sum` path, the norm is left out and the returned norm is unwritten."""
     tokens, topk = ids.shape
     n_routed, _, n_inter, n_hidden = gate_up.shape
     cfg = config or pick_config(tokens)
@@ -275,7 +280,8 @@ def fused_experts(
                     sum_ptr=out, extra_ptr=extra, counter_ptr=_last_sum_counters(x.device, n_n),
                     **norm, LAST_SUM=True, HAS_EXTRA=extra is not None, ADD_NORM=y is not None,
                     SUM_BLOCK=triton.next_power_of_2(n_hidden),
-                    TRIGGER=pdl and LAST_SUM_TRIGGER)
+                    TRIGGER=pdl and LAST_SUM_TRIGGER,
+                    NORM=not (defer_norm and normalises(tokens, n_hidden)))
             down_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
                 act, down, s_down, *descs, buf, weights, *tiles, n_hidden, n_inter, n_routed,
                 *strides, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0,
@@ -286,7 +292,8 @@ def fused_experts(
             main.wait_stream(side)  # the join: `extra` is read below, on this stream
 
     if cfg.last_sum:
-        pass  # the down kernel's last programs summed (and, given y, added and normalised)
+        pass  # the down kernel's last programs summed (and, given y, added and normalised
+        # unless the norm was deferred)
     elif y is not None:
         # One program a row (the norm needs all of it), in registers, in the layout of
         # `norm.add_rmsnorm`'s (the same block, 4 warps): the same bits.

@@ -241,12 +241,13 @@ def down_kernel(
     sum_ptr=None, extra_ptr=None, res_ptr=None, y_ptr=None, nw_ptr=None, counter_ptr=None,
     eps=0.0, LAST_SUM: tl.constexpr = False, HAS_EXTRA: tl.constexpr = False,
     ADD_NORM: tl.constexpr = False, SUM_BLOCK: tl.constexpr = 1, TRIGGER: tl.constexpr = False,
+    NORM: tl.constexpr = True,
 ):
     """Each pair's weighted expert output to its own row of `out` ([pairs, hidden]); with
     HALVES, M-tiles as in `gate_up_kernel` (`act_half_desc`: TMA blocks of half the rows).
     LAST_SUM (direct layout): then `moe_sum.last_sum` into `sum_ptr` (+ extra, + the residual
-    and the norm into y with ADD_NORM). TRIGGER (sm90): let the launch after start at once
-    (PDL; it waits for this one's end before it reads)."""
+    with ADD_NORM, and the norm into y unless NORM is off). TRIGGER (sm90): let the launch
+    after start at once (PDL; it waits for this one's end before it reads)."""
     if TRIGGER:
         tl.extra.cuda.gdc_launch_dependents()
     if DIRECT:
@@ -294,7 +295,7 @@ def down_kernel(
         if LAST_SUM:  # every M-tile's program arrives, the last of an N-tile sums it
             last_sum(out_ptr, extra_ptr, sum_ptr, res_ptr, y_ptr, nw_ptr, counter_ptr, pid_n,
                      tl.num_programs(0), tl.num_programs(1), n_tokens, n_hidden, eps,
-                     PAIRS_PER_TOKEN, HAS_EXTRA, ADD_NORM, BLOCK_N, SUM_BLOCK)
+                     PAIRS_PER_TOKEN, HAS_EXTRA, ADD_NORM, BLOCK_N, SUM_BLOCK, NORM)
 
 
 @triton.jit(do_not_specialize=["n_tokens", "n_tiles"])

@@ -8,7 +8,8 @@ Two forms, the same arithmetic in the same order: `sum_kernel`, a launch of its 
 last program to finish an N-tile sums that tile's columns of every token (an arrival counter
 per N-tile, `counters.last_to_arrive`), and with the add+norm the last N-tile to be summed
 normalises the rows, so the chain of launches between the experts and the next layer's first
-projection is one shorter.
+projection is one shorter. Without its norm (NORM off: the next projection normalises the rows
+itself, `norm_linear`) the tail adds the residual and stops: one dependent level less again.
 """
 
 from typing import no_type_check
@@ -92,13 +93,13 @@ def sum_kernel(buf_ptr, extra_ptr, out_ptr, res_ptr, y_ptr, w_ptr, n_hidden, eps
 def last_sum(buf_ptr, extra_ptr, out_ptr, res_ptr, y_ptr, w_ptr, counter_ptr, pid_n, arrivals,
              n_n, n_tokens, n_hidden, eps, PAIRS_PER_TOKEN: tl.constexpr,
              HAS_EXTRA: tl.constexpr, ADD_NORM: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK: tl.constexpr):
+             BLOCK: tl.constexpr, NORM: tl.constexpr = True):
     """`sum_kernel`'s work as the tail of a program of N-tile `pid_n` (columns pid_n * BLOCK_N
     ..) that has stored its pair rows to `buf`: the last of the tile's `arrivals` programs sums
-    the tile's columns of every token (+ the residual, ADD_NORM); with ADD_NORM the last of
-    the `n_n` tiles to be summed then normalises every row whole (BLOCK >= n_hidden), as
-    `sum_kernel` does in one program a row (the same bits at the same num_warps). Counters:
-    n_n + 1 int32 zeros, left zero."""
+    the tile's columns of every token (+ the residual, ADD_NORM); with ADD_NORM and NORM the
+    last of the `n_n` tiles to be summed then normalises every row whole (BLOCK >= n_hidden),
+    as `sum_kernel` does in one program a row (the same bits at the same num_warps); without
+    NORM y is not written. Counters: n_n + 1 int32 zeros, left zero."""
     if last_to_arrive(counter_ptr + pid_n, arrivals):
         offs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         ok = offs < n_hidden
@@ -111,7 +112,7 @@ def last_sum(buf_ptr, extra_ptr, out_ptr, res_ptr, y_ptr, w_ptr, counter_ptr, pi
                 tl.store(out_ptr + t * n_hidden + offs, acc.to(out_ptr.dtype.element_ty),
                          mask=ok)
         tl.store(counter_ptr + pid_n, 0)
-        if ADD_NORM:
+        if ADD_NORM and NORM:
             if last_to_arrive(counter_ptr + n_n, n_n):
                 cols = tl.arange(0, BLOCK)
                 whole = cols < n_hidden
