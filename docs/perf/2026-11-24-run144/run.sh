@@ -1,6 +1,7 @@
 #!/bin/bash
 # The twenty-fifth session's GPU driver: bash docs/perf/2026-11-24-run144/run.sh <parts>, logs
-# under $OUT:  defer: exp_defer.py (B=1 and 2 at ctx 512 / 1024 / 4096);  nltests: the CUDA
+# under $OUT:  defer: exp_defer.py (B=1 and 2 at ctx 512 / 1024 / 4096);  nl: exp_nl.py
+#   (norm_linear's tiles at B=1);  tl1: the B=1 timeline at ctx 512;  nltests: the CUDA
 #   tests of norm_linear, small_linear, the MoE and the model;  otherwise the earlier
 #   sessions' parts (docs/perf/2026-11-24-run137/run.sh: tests, step512, step, bmoe, ...).
 set -o pipefail
@@ -15,6 +16,9 @@ for part in "$@"; do
   case $part in
     defer) timeout 500 python3 $D/exp_defer.py ${DF_ARGS} 2>&1 | grep -v -i warn \
              | tee "$OUT/defer.log" ;;
+    nl) timeout 400 python3 $D/exp_nl.py ${NL_ARGS} 2>&1 | grep -v -i warn | tee "$OUT/nl.log" ;;
+    tl1) timeout 300 python3 docs/perf/2026-11-24-run124/exp_timeline.py --batch 1 --ctx 512 \
+           --max-pages 9 2>&1 | grep -v -i warn | tee "$OUT/timeline.log" ;;
     nltests) timeout 500 python3 -m pytest -q -m cuda -p no:cacheprovider \
                tests/test_kernels_norm_linear.py tests/test_kernels_small_linear.py \
                tests/test_moe_cuda.py tests/test_model.py tests/test_capture_cuda.py \
