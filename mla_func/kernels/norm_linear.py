@@ -8,7 +8,10 @@ matrix-vector kernel loads its weight rows before its PDL wait, then reads the w
 (4 KiB at V2-Lite's 2048) and the norm weight, takes the row's sum of squares and normalises
 it with `norm.rms_scaled`'s rounding, rounded to the model dtype as the norm's output is, and
 multiplies. So the op before may leave the normalised row unwritten
-(`fused_moe.fused_experts`'s `defer_norm`).
+(`fused_moe.fused_experts`'s `defer_norm`). V2-Lite whole-step graphs at B=1 on an H100,
+2026-11-24, one process, ms back to back against the norm in the MoE and `small_linear`:
+2.346 against 2.367 at ctx 512, 2.347 against 2.376 at 1024, 2.428 against 2.454 at 4096,
+logits equal to the bit (docs/perf/2026-11-24-h100-run144, exp_defer.py).
 
 `norm_linear(x, h, weight, eps, w)`: x is rmsnorm(h) * weight as the op before returned it.
 Where `normalises(rows, width)` x is never read (it may be unwritten); elsewhere the op is
@@ -50,8 +53,10 @@ def _normed(hf, nw_ptr, k, k_ok, rstd, dt):
 def _norm_linear_kernel(h_ptr, nw_ptr, w_ptr, y_ptr, n_in, n_out, sw, eps,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     """y = (rmsnorm(h) * nw) w^T for one row h of n_in <= BLOCK_K, BLOCK_N outputs a program.
-    One chunk of the row only: a K loop for wider rows took the sm90 build from 71 to 96
-    registers a thread, so that fewer programs fit an SM at once than `small_linear`'s grid."""
+    Registers decide how many programs an SM holds at once: one chunk of the row only (a K
+    loop for wider rows cost 25 more a thread in the sm90 build) and the norm weight loaded
+    after the wait (before, it cost 8 more) leave 63, so V2-Lite's 912 programs fit at once
+    (8 an SM)."""
     if PDL:  # the launch after may load its weights now (it waits for this one's end)
         tl.extra.cuda.gdc_launch_dependents()
     dt = h_ptr.dtype.element_ty
