@@ -1,6 +1,6 @@
 """Inputs of the few-row projection kernels' tests (test_kernels_small_linear.py,
-test_kernels_proj_norm.py): fresh random values from a seeded generator, on the GPU when
-there is one."""
+test_kernels_proj_norm.py, test_kernels_norm_linear.py): fresh random values from a seeded
+generator, on the GPU when there is one; and their CUDA-graph check."""
 
 import torch
 
@@ -18,3 +18,16 @@ def projection_inputs(rows: int, n_in: int, n_out: int, dtype: torch.dtype, seed
     if residual:
         out += [torch.randn(rows, n_out, generator=g), 1 + 0.1 * torch.randn(n_out, generator=g)]
     return [t.to(DEV, dtype) for t in out]
+
+
+def replay_matches_eager(step, src: torch.Tensor) -> None:
+    """`step()` (which writes its input from `src`, then runs the kernel) captured in a CUDA
+    graph; `src` redrawn, the replay's outputs equal a fresh eager call's, bit for bit."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    src.normal_()  # new inputs for the replay
+    graph.replay()
+    eager = step()
+    captured, eager = ((captured,), (eager,)) if torch.is_tensor(eager) else (captured, eager)
+    assert all(torch.equal(g, e) for g, e in zip(captured, eager, strict=True))

@@ -15,7 +15,7 @@ import torch
 if not torch.cuda.is_available():  # before any @triton.jit kernel is defined (CPU only)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from linear_helpers import projection_inputs  # noqa: E402
+from linear_helpers import projection_inputs, replay_matches_eager  # noqa: E402
 
 from mla_func.kernels import norm_linear as nl  # noqa: E402
 from mla_func.kernels import small_linear as sl  # noqa: E402
@@ -92,9 +92,4 @@ def test_cuda_v2_lite_size_after_a_kernel_and_in_a_graph():
     y = step()
     torch.testing.assert_close(y.float(), _reference(h, weight, w).float(), rtol=1e-2,
                                atol=1e-2)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        g_y = step()
-    src.normal_()
-    graph.replay()
-    assert torch.equal(g_y, step())
+    replay_matches_eager(step, src)

@@ -13,7 +13,7 @@ import torch
 if not torch.cuda.is_available():  # before any @triton.jit kernel is defined (CPU only)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from linear_helpers import projection_inputs  # noqa: E402
+from linear_helpers import projection_inputs, replay_matches_eager  # noqa: E402
 
 from mla_func.kernels import proj_norm  # noqa: E402
 from mla_func.kernels.proj_norm import fits, proj_add_rmsnorm  # noqa: E402
@@ -94,11 +94,5 @@ def test_cuda_v2_lite_size_after_a_kernel_and_in_a_graph(rows):
     h_ref, y_ref = _reference(o, w, h, weight, 1e-6)
     torch.testing.assert_close(h_new.float(), h_ref.float(), rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(y.float(), y_ref.float(), rtol=2e-2, atol=2e-2)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        g_h, g_y = step()
-    src.normal_()  # new inputs for the replay
-    graph.replay()
-    h_new, y = step()
-    assert torch.equal(g_h, h_new) and torch.equal(g_y, y)
+    replay_matches_eager(step, src)
     assert int(proj_norm._counter(h.device)[0]) == 0

@@ -95,6 +95,15 @@ def test_meta_device_plans_v3_without_memory():
     assert params.embed.device.type == "meta"
 
 
+def _decode_after(cfg, params, prompt):
+    """The logits of one decode row (token 9) after `prompt`'s prefill, on a fresh cache."""
+    state = mf.init_state(cfg, num_pages=16, page_size=4)
+    pages = state.allocator.reserve(0, len(prompt) + 1)
+    mf.forward(params, state, mf.make_batch([mf.SeqWork(prompt, 0, pages)], 4, 4))
+    batch = mf.make_batch([mf.SeqWork([9], len(prompt), pages)], 4, 4)
+    return mf.forward(params, state, batch)[0]
+
+
 def test_fused_kernels_match_the_reference_path(tiny, monkeypatch):
     """The fused Triton norm/prologue kernels (interpreted on CPU) give the reference logits."""
     from mla_func import model
@@ -104,11 +113,7 @@ def test_fused_kernels_match_the_reference_path(tiny, monkeypatch):
     outs = []
     for fused in (False, True):
         monkeypatch.setattr(model, "FORCE_FUSED", fused)
-        state = mf.init_state(cfg, num_pages=16, page_size=4)
-        pages = state.allocator.reserve(0, 12)
-        mf.forward(params, state, mf.make_batch([mf.SeqWork(tokens, 0, pages)], 4, 4))
-        logits, _ = mf.forward(params, state, mf.make_batch([mf.SeqWork([9], 11, pages)], 4, 4))
-        outs.append(logits)
+        outs.append(_decode_after(cfg, params, tokens))
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
 
 
@@ -135,11 +140,7 @@ def test_one_row_leaves_the_moe_norm_to_the_next_projection(tiny, monkeypatch):
         monkeypatch.setattr(model, "FORCE_FUSED", fused)
         if fused:
             monkeypatch.setattr(moe, "experts_add_norm", triton_moe)
-        state = mf.init_state(cfg, num_pages=16, page_size=4)
-        pages = state.allocator.reserve(0, 12)
-        mf.forward(params, state, mf.make_batch([mf.SeqWork(tokens, 0, pages)], 4, 4))
-        logits, _ = mf.forward(params, state, mf.make_batch([mf.SeqWork([9], 11, pages)], 4, 4))
-        outs.append(logits)
+        outs.append(_decode_after(cfg, params, tokens))
     moe_layers = cfg.num_hidden_layers - cfg.first_k_dense_replace
     assert moe_layers == 2 and seen == [(11, True), (11, False), (1, True), (1, False)]
     assert not outs[1].isnan().any()

@@ -21,23 +21,28 @@ from scripts.bench_common import cuda_time_ms, pipelined_ms
 from scripts.bench_step import decode_batch
 
 
+def graph_of(params, state, batch):
+    """A whole-step graph of `forward` (warmed up on a side stream) and its logits."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            mf.forward(params, state, batch)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out, _ = mf.forward(params, state, batch)
+    return g, out
+
+
 def capture(params, state, batch, defer: bool):
     real = norm_linear.normalises
     if not defer:
         norm_linear.normalises = fused_moe.normalises = lambda rows, width: False
     try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                mf.forward(params, state, batch)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out, _ = mf.forward(params, state, batch)
+        return graph_of(params, state, batch)
     finally:
         norm_linear.normalises = fused_moe.normalises = real
-    return g, out
 
 
 def main() -> None:

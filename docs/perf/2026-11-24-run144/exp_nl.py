@@ -11,6 +11,7 @@ import math
 import statistics
 
 import torch
+from exp_defer import graph_of  # this folder (the script's own directory)
 
 import mla_func as mf
 import mla_func.kernels.small_linear as sl
@@ -25,18 +26,9 @@ def capture(params, state, batch, block_n: int, warps: int):
     real = sl.BLOCK_N, sl.NUM_WARPS
     sl.BLOCK_N, sl.NUM_WARPS = block_n, warps
     try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                mf.forward(params, state, batch)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out, _ = mf.forward(params, state, batch)
+        return graph_of(params, state, batch)
     finally:
         sl.BLOCK_N, sl.NUM_WARPS = real
-    return g, out
 
 
 def main() -> None:

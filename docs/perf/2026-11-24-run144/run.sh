@@ -21,6 +21,7 @@ for part in "$@"; do
            --max-pages 9 2>&1 | grep -v -i warn | tee "$OUT/timeline.log" ;;
     nltests) timeout 500 python3 -m pytest -q -m cuda -p no:cacheprovider \
                tests/test_kernels_norm_linear.py tests/test_kernels_small_linear.py \
+               tests/test_kernels_proj_norm.py \
                tests/test_moe_cuda.py tests/test_model.py tests/test_capture_cuda.py \
                > "$OUT/nltests.log" 2>&1; tail -5 "$OUT/nltests.log" ;;
     *) OUT=$OUT bash docs/perf/2026-11-24-run137/run.sh $part ;;
