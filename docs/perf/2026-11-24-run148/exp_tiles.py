@@ -1,0 +1,117 @@
+"""The MoE's tiles at 1, 2 and 4 decode rows, re-measured in the whole step (twenty-sixth
+session, 2026-11-24). `moe_config.CONFIGS` took its 1-4-token rows from sweeps of the layer
+alone on an H200 (2026-11-22), before the last-sum tail and the deferred norm; here each
+variant replaces the row of the batch's token count while the step is captured. V2-Lite
+whole-step graphs (plain `torch.cuda.graph` around `forward`), one process, alternating
+rounds, ms synced / back to back, and each variant's logits against the tree's:
+
+    PYTHONPATH=. python3 exp_tiles.py [--batch 1 2 4] [--ctx 512] [--rounds 6] [--only A B]
+
+A variant is gate_up (N, K, warps, stages) and down (N, K, warps, stages); the rest of the
+row (direct layout, PDL, last_sum at one row) stays the tree's.
+"""
+
+import argparse
+import math
+import statistics
+from dataclasses import replace
+
+import torch
+
+import mla_func as mf
+import mla_func.kernels.fused_moe as fused_moe
+from mla_func.kernels.moe_config import pick_config
+from scripts.bench_common import cuda_time_ms, pipelined_ms
+from scripts.bench_step import decode_batch
+
+# name: (gate_up tile, down tile); None keeps the tree's.
+VARIANTS = {
+    "tree": (None, None),
+    "gu16": ((16, 128, 4, 4), None),
+    "gu64": ((64, 128, 4, 4), None),
+    "gu32k64s6": ((32, 64, 4, 6), None),
+    "gu32k256s3": ((32, 256, 4, 3), None),
+    "gu32w2": ((32, 128, 2, 4), None),
+    "dn32": (None, (32, 128, 4, 4)),
+    "dn128": (None, (128, 128, 4, 4)),
+    "dn64k64s6": (None, (64, 64, 4, 6)),
+    "dn64k256s3": (None, (64, 256, 4, 3)),
+    "dn64w8": (None, (64, 128, 8, 4)),
+    "dn32w2": (None, (32, 128, 2, 4)),
+}
+
+
+def graph_of(params, state, batch):
+    """A whole-step graph of `forward` (warmed up on a side stream) and its logits."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            mf.forward(params, state, batch)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out, _ = mf.forward(params, state, batch)
+    return g, out
+
+
+def capture(params, state, batch, tokens: int, variant: str):
+    gu, dn = VARIANTS[variant]
+    tree = pick_config(tokens)
+    cfg = replace(tree, gate_up=gu or tree.gate_up, down=dn or tree.down)
+    fused_moe.pick_config = lambda t: cfg if t == tokens else pick_config(t)
+    try:
+        return graph_of(params, state, batch)
+    finally:
+        fused_moe.pick_config = pick_config
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--ctx", type=int, nargs="+", default=[512])
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--only", nargs="+", default=list(VARIANTS))
+    args = p.parse_args()
+    names = ["tree"] + [v for v in args.only if v != "tree"]
+    cfg = mf.MLAConfig.preset("v2-lite")
+    params = mf.init_params(cfg, seed=0, device="cuda", dtype=torch.bfloat16)
+    pages = max(args.batch) * math.ceil((max(args.ctx) + 1) / 64) + 2
+    state = mf.init_state(cfg, pages, 64, device="cuda", dtype=torch.bfloat16)
+    state.cache.normal_()
+    print(f"# {torch.cuda.get_device_name()}")
+    for ctx in args.ctx:
+        max_pages = math.ceil((ctx + 1) / 64)
+        for bsz in args.batch:
+            batch = decode_batch(state, bsz, ctx, "triton", seed=bsz, max_pages=max_pages)
+            print(f"ctx {ctx} B={bsz}: tree row {pick_config(bsz)}", flush=True)
+            graphs = {}
+            for v in names:
+                try:
+                    graphs[v] = capture(params, state, batch, bsz, v)
+                except Exception as err:  # noqa: BLE001  (a tile that does not compile)
+                    print(f"  {v}: {type(err).__name__}: {err}"[:300], flush=True)
+            for v in graphs:
+                graphs[v][0].replay()
+            torch.cuda.synchronize()
+            ref = graphs["tree"][1]
+            times: dict[str, list[float]] = {v: [] for v in graphs}
+            back: dict[str, list[float]] = {v: [] for v in graphs}
+            order = list(graphs)
+            for r in range(args.rounds):
+                for v in (order if r % 2 == 0 else order[::-1]):
+                    times[v].append(cuda_time_ms(graphs[v][0].replay, reps=30))
+                    back[v].append(pipelined_ms(graphs[v][0].replay))
+            for v in graphs:
+                out = graphs[v][1]
+                print(f"ctx {ctx} B={bsz} {v:11s} {statistics.median(times[v]):.3f} / "
+                      f"{statistics.median(back[v]):.3f} ({min(back[v]):.3f}-"
+                      f"{max(back[v]):.3f})  max|d| {(out - ref).abs().max().item():.3g} "
+                      f"argmax equal {torch.equal(out.argmax(-1), ref.argmax(-1))}",
+                      flush=True)
+            del graphs
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
