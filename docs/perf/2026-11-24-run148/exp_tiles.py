@@ -38,6 +38,14 @@ VARIANTS = {
     "dn64k256s3": (None, (64, 256, 4, 3)),
     "dn64w8": (None, (64, 128, 8, 4)),
     "dn32w2": (None, (32, 128, 2, 4)),
+    # run 149: around run 148's best
+    "gu32w1": ((32, 128, 1, 4), None),
+    "gu32w2s3": ((32, 128, 2, 3), None),
+    "gu32w2s5": ((32, 128, 2, 5), None),
+    "dn32s3": (None, (32, 128, 4, 3)),
+    "dn128w8": (None, (128, 128, 8, 4)),
+    "gu32w2+dn32": ((32, 128, 2, 4), (32, 128, 4, 4)),
+    "gu32w2+dn64w8": ((32, 128, 2, 4), (64, 128, 8, 4)),
 }
 
 
@@ -104,7 +112,7 @@ def main() -> None:
                     back[v].append(pipelined_ms(graphs[v][0].replay))
             for v in graphs:
                 out = graphs[v][1]
-                print(f"ctx {ctx} B={bsz} {v:11s} {statistics.median(times[v]):.3f} / "
+                print(f"ctx {ctx} B={bsz} {v:13s} {statistics.median(times[v]):.3f} / "
                       f"{statistics.median(back[v]):.3f} ({min(back[v]):.3f}-"
                       f"{max(back[v]):.3f})  max|d| {(out - ref).abs().max().item():.3g} "
                       f"argmax equal {torch.equal(out.argmax(-1), ref.argmax(-1))}",
