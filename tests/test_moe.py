@@ -288,6 +288,17 @@ def test_table_rows_match_reference(bound, triton_align, nan_empty, monkeypatch)
     assert len(calls) == triton_align
 
 
+@pytest.mark.parametrize("bound", [1, 2, 4, 8])
+def test_decode_rows_match_reference(bound, nan_empty):
+    """The 1-8-token rows of the config table as they are (hidden 256 and moe_inter 128 leave
+    every tile unshrunk) at their own token counts, shared experts folded in."""
+    cfg = pick_config(bound)
+    assert cfg == next(c for b, c in CONFIGS if b == bound)  # each count has a row of its own
+    x, w, ids, gu, dn, mlp = make(bound, 6, 64, 256, 128, 2, seed=bound)
+    got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg)
+    close(got, reference(x, w, ids, gu, dn, mlp), 1e-5)
+
+
 def test_direct_config_checks():
     assert pick_config(DIRECT_MAX_TOKENS).direct and not pick_config(DIRECT_MAX_TOKENS + 1).direct
     x, w, ids, gu, dn, _ = make(17, 2, 8, 32, 16, 0)

@@ -87,11 +87,20 @@ class MoEConfig:
 # against 2.428 / 2.409). Its last programs go over the tokens one at a time: the step at
 # B=2 / 4 was slower with it (3.522 / 3.494 against 3.502 / 3.483, 5.199 / 5.166 against
 # 5.113 / 5.076, run 75), though the layer alone at 2 tokens was faster (94.4 against 95.0).
+# The 1-8-token rows' tiles were then re-measured in V2-Lite whole-step graphs on an H100,
+# 2026-11-24 (docs/perf/2026-11-24-h100-run149, run150, run151; docs/perf/2026-11-24-run148/
+# exp_tiles.py; one process, alternating rounds, ms back to back against the H200 sweep's
+# tiles, the same logits): B=1 gate_up at 2 warps and 3 stages, down 32 columns at 3 stages:
+# 2.336 against 2.357 at ctx 1024 (run 150); B=2 down 128 x 128 at 3 stages: 3.285 against
+# 3.310; B=4 gate_up at 2 warps, down 128 x 128: 4.937 against 5.000; B=8 (a row of its own
+# now: 9-16 tokens keep theirs, not measured) gate_up at 2 warps: 6.927 against 6.982.
+# Run 151 repeats them at ctx 512 and 4096 (docs/PERF.md).
 CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
-    (1, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 4), direct=True, pdl=True,
+    (1, MoEConfig(16, (32, 128, 2, 3), (32, 128, 4, 3), direct=True, pdl=True,
                   last_sum=True)),
-    (2, MoEConfig(16, (32, 128, 4, 4), (128, 64, 4, 4), direct=True, pdl=True)),
-    (4, MoEConfig(16, (32, 128, 4, 4), (64, 64, 4, 4), direct=True, pdl=True)),
+    (2, MoEConfig(16, (32, 128, 4, 4), (128, 128, 4, 3), direct=True, pdl=True)),
+    (4, MoEConfig(16, (32, 128, 2, 4), (128, 128, 4, 4), direct=True, pdl=True)),
+    (8, MoEConfig(16, (32, 256, 2, 3), (64, 128, 4, 3), pdl=True, inline_align=True)),
     (16, MoEConfig(16, (32, 256, 4, 3), (64, 128, 4, 3), pdl=True, inline_align=True)),
     (64, MoEConfig(16, (32, 128, 4, 4), (64, 128, 4, 3), pdl=True, inline_align=True)),
     (128, MoEConfig(32, (128, 128, 8, 3), (64, 128, 4, 3), pdl=True, inline_align=True)),

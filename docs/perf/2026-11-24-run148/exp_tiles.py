@@ -52,7 +52,11 @@ VARIANTS = {
     "gu32w2+dn128": ((32, 128, 2, 4), (128, 128, 4, 4)),
     "dn128s3": (None, (128, 128, 4, 3)),
     "gu32k256w2": ((32, 256, 2, 3), None),
+    "old": (None, None),  # run 151: the table's tiles before this session (OLD below)
 }
+# The 1-8-token rows' tiles before this session's change (the H200 sweep of 2026-11-22).
+OLD = {1: ((32, 128, 4, 4), (64, 128, 4, 4)), 2: ((32, 128, 4, 4), (128, 64, 4, 4)),
+       4: ((32, 128, 4, 4), (64, 64, 4, 4)), 8: ((32, 256, 4, 3), (64, 128, 4, 3))}
 
 
 def graph_of(params, state, batch):
@@ -70,7 +74,7 @@ def graph_of(params, state, batch):
 
 
 def capture(params, state, batch, tokens: int, variant: str):
-    gu, dn = VARIANTS[variant]
+    gu, dn = OLD[tokens] if variant == "old" else VARIANTS[variant]
     tree = pick_config(tokens)
     cfg = replace(tree, gate_up=gu or tree.gate_up, down=dn or tree.down)
     fused_moe.pick_config = lambda t: cfg if t == tokens else pick_config(t)
