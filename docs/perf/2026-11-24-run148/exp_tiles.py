@@ -52,6 +52,9 @@ VARIANTS = {
     "gu32w2+dn128": ((32, 128, 2, 4), (128, 128, 4, 4)),
     "dn128s3": (None, (128, 128, 4, 3)),
     "gu32k256w2": ((32, 256, 2, 3), None),
+    # run 153: 32 and 128 rows
+    "gu128w4": ((128, 128, 4, 3), None),
+    "dn64w2": (None, (64, 128, 2, 3)),
     "old": (None, None),  # run 151: the table's tiles before this session (OLD below)
 }
 # The 1-8-token rows' tiles before this session's change (the H200 sweep of 2026-11-22).
