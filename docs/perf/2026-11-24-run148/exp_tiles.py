@@ -77,7 +77,11 @@ def graph_of(params, state, batch):
 
 
 def capture(params, state, batch, tokens: int, variant: str):
-    gu, dn = OLD[tokens] if variant == "old" else VARIANTS[variant]
+    if variant == "old":  # the old row that covered this count (none past 8: the tree's)
+        gu, dn = OLD[min((b for b in OLD if b >= tokens), default=max(OLD))] if tokens <= 8 \
+            else (None, None)
+    else:
+        gu, dn = VARIANTS[variant]
     tree = pick_config(tokens)
     cfg = replace(tree, gate_up=gu or tree.gate_up, down=dn or tree.down)
     fused_moe.pick_config = lambda t: cfg if t == tokens else pick_config(t)
