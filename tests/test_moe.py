@@ -288,7 +288,7 @@ def test_table_rows_match_reference(bound, triton_align, nan_empty, monkeypatch)
     assert len(calls) == triton_align
 
 
-@pytest.mark.parametrize("bound", [1, 2, 4, 8])
+@pytest.mark.parametrize("bound", [1, 2, 3, 4, 8])
 def test_decode_rows_match_reference(bound, nan_empty):
     """The 1-8-token rows of the config table as they are (hidden 256 and moe_inter 128 leave
     every tile unshrunk) at their own token counts, shared experts folded in."""

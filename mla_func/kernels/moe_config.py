@@ -93,12 +93,16 @@ class MoEConfig:
 # tiles, the same logits): B=1 gate_up at 2 warps and 3 stages, down 32 columns at 3 stages:
 # 2.336 against 2.357 at ctx 1024 (run 150); B=2 down 128 x 128 at 3 stages: 3.285 against
 # 3.310; B=4 gate_up at 2 warps, down 128 x 128: 4.937 against 5.000; B=8 (a row of its own
-# now: 9-16 tokens keep theirs, not measured) gate_up at 2 warps: 6.927 against 6.982.
-# Run 151 repeats them at ctx 512 and 4096 (docs/PERF.md).
+# now) gate_up at 2 warps: 6.927 against 6.982. Run 151 repeats them at ctx 512 and 4096
+# (docs/PERF.md). Run 154 (ctx 1024): B=3 was slower on the new 4-token tiles (4.228 against
+# 4.187), so 3 tokens keep the old ones in a row of their own; B=6 took the 8-token row's
+# (6.238 against 6.245); at B=16 the 2-warp gate_up was slower (9.456 against 9.400), so
+# 9-16 tokens keep theirs.
 CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(16, (32, 128, 2, 3), (32, 128, 4, 3), direct=True, pdl=True,
                   last_sum=True)),
     (2, MoEConfig(16, (32, 128, 4, 4), (128, 128, 4, 3), direct=True, pdl=True)),
+    (3, MoEConfig(16, (32, 128, 4, 4), (64, 64, 4, 4), direct=True, pdl=True)),
     (4, MoEConfig(16, (32, 128, 2, 4), (128, 128, 4, 4), direct=True, pdl=True)),
     (8, MoEConfig(16, (32, 256, 2, 3), (64, 128, 4, 3), pdl=True, inline_align=True)),
     (16, MoEConfig(16, (32, 256, 4, 3), (64, 128, 4, 3), pdl=True, inline_align=True)),
