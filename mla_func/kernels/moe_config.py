@@ -1,8 +1,9 @@
 """Tiles and paths of the fused MoE (`mla_func.kernels.fused_moe`) per static token count.
 
 Picked per step's static token count, never autotuned at run time (graph capture). The table
-and the thresholds are measured with `scripts/bench_moe.py --sweep` on an H200 (V2-Lite: 64
-experts, top-6, 2 shared, hidden 2048, moe_inter 1408, bf16).
+and the thresholds are measured on V2-Lite (64 experts, top-6, 2 shared, hidden 2048,
+moe_inter 1408, bf16): with `scripts/bench_moe.py --sweep` on an H200 and an H100, and the
+1-8-token rows in whole-step graphs on an H100 (the comment above `CONFIGS` says which).
 """
 
 from dataclasses import dataclass
