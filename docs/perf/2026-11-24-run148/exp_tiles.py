@@ -1,7 +1,8 @@
-"""The MoE's tiles at 1, 2 and 4 decode rows, re-measured in the whole step (twenty-sixth
-session, 2026-11-24). `moe_config.CONFIGS` took its 1-4-token rows from sweeps of the layer
-alone on an H200 (2026-11-22), before the last-sum tail and the deferred norm; here each
-variant replaces the row of the batch's token count while the step is captured. V2-Lite
+"""The MoE's tiles at a few decode rows (runs 148-154: 1-8, 16, 32 and 128), re-measured in
+the whole step (twenty-sixth session, 2026-11-24). `moe_config.CONFIGS` took its 1-16-token
+rows from sweeps of the layer alone on an H200 (2026-11-22), before the last-sum tail and the
+deferred norm; here each variant replaces the row of the batch's token count while the step
+is captured ("old": the rows before this session, up to 8 tokens). V2-Lite
 whole-step graphs (plain `torch.cuda.graph` around `forward`), one process, alternating
 rounds, ms synced / back to back, and each variant's logits against the tree's:
 
