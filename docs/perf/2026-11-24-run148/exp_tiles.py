@@ -92,6 +92,37 @@ def capture(params, state, batch, tokens: int, variant: str):
         fused_moe.pick_config = pick_config
 
 
+def compare(capture_one, names: list[str], rounds: int, label: str, width: int) -> None:
+    """Capture each variant (`capture_one(name)` -> (graph, logits); "tree" first), replay them
+    in alternating rounds and print ms synced / back to back and the logits against the tree's
+    (exp_warps.py uses it too)."""
+    graphs = {}
+    for v in names:
+        try:
+            graphs[v] = capture_one(v)
+        except Exception as err:  # noqa: BLE001  (a variant that does not compile)
+            print(f"  {v}: {type(err).__name__}: {err}"[:300], flush=True)
+    for v in graphs:
+        graphs[v][0].replay()
+    torch.cuda.synchronize()
+    ref = graphs["tree"][1]
+    times: dict[str, list[float]] = {v: [] for v in graphs}
+    back: dict[str, list[float]] = {v: [] for v in graphs}
+    order = list(graphs)
+    for r in range(rounds):
+        for v in (order if r % 2 == 0 else order[::-1]):
+            times[v].append(cuda_time_ms(graphs[v][0].replay, reps=30))
+            back[v].append(pipelined_ms(graphs[v][0].replay))
+    for v in graphs:
+        out = graphs[v][1]
+        print(f"{label} {v:{width}s} {statistics.median(times[v]):.3f} / "
+              f"{statistics.median(back[v]):.3f} ({min(back[v]):.3f}-{max(back[v]):.3f})  "
+              f"max|d| {(out - ref).abs().max().item():.3g} "
+              f"argmax equal {torch.equal(out.argmax(-1), ref.argmax(-1))}", flush=True)
+    del graphs
+    torch.cuda.empty_cache()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4])
@@ -111,33 +142,8 @@ def main() -> None:
         for bsz in args.batch:
             batch = decode_batch(state, bsz, ctx, "triton", seed=bsz, max_pages=max_pages)
             print(f"ctx {ctx} B={bsz}: tree row {pick_config(bsz)}", flush=True)
-            graphs = {}
-            for v in names:
-                try:
-                    graphs[v] = capture(params, state, batch, bsz, v)
-                except Exception as err:  # noqa: BLE001  (a tile that does not compile)
-                    print(f"  {v}: {type(err).__name__}: {err}"[:300], flush=True)
-            for v in graphs:
-                graphs[v][0].replay()
-            torch.cuda.synchronize()
-            ref = graphs["tree"][1]
-            times: dict[str, list[float]] = {v: [] for v in graphs}
-            back: dict[str, list[float]] = {v: [] for v in graphs}
-            order = list(graphs)
-            for r in range(args.rounds):
-                for v in (order if r % 2 == 0 else order[::-1]):
-                    times[v].append(cuda_time_ms(graphs[v][0].replay, reps=30))
-                    back[v].append(pipelined_ms(graphs[v][0].replay))
-            for v in graphs:
-                out = graphs[v][1]
-                print(f"ctx {ctx} B={bsz} {v:13s} {statistics.median(times[v]):.3f} / "
-                      f"{statistics.median(back[v]):.3f} ({min(back[v]):.3f}-"
-                      f"{max(back[v]):.3f})  max|d| {(out - ref).abs().max().item():.3g} "
-                      f"argmax equal {torch.equal(out.argmax(-1), ref.argmax(-1))}",
-                      flush=True)
-            del graphs
-            torch.cuda.empty_cache()
-
+            compare(lambda v, b=batch, n=bsz: capture(params, state, b, n, v), names, args.rounds,
+                    f"ctx {ctx} B={bsz}", 13)
 
 if __name__ == "__main__":
     main()

@@ -9,16 +9,14 @@ graphs, one process, alternating rounds, ms synced / back to back, logits agains
 
 import argparse
 import math
-import statistics
 
 import torch
-from exp_tiles import graph_of  # this folder (the script's own directory)
+from exp_tiles import compare, graph_of  # this folder (the script's own directory)
 
 import mla_func as mf
 import mla_func.kernels.mla_merge_uv as merge_uv
 import mla_func.kernels.proj_norm as proj_norm
 import mla_func.kernels.router_rows as router_rows
-from scripts.bench_common import cuda_time_ms, pipelined_ms
 from scripts.bench_step import decode_batch
 
 # name: (module, its warps constant, value); "tree" patches nothing.
@@ -64,32 +62,8 @@ def main() -> None:
         max_pages = math.ceil((ctx + 1) / 64)
         for bsz in args.batch:
             batch = decode_batch(state, bsz, ctx, "triton", seed=bsz, max_pages=max_pages)
-            graphs = {}
-            for v in names:
-                try:
-                    graphs[v] = capture(params, state, batch, v)
-                except Exception as err:  # noqa: BLE001  (a variant that does not compile)
-                    print(f"  {v}: {type(err).__name__}: {err}"[:300], flush=True)
-            for v in graphs:
-                graphs[v][0].replay()
-            torch.cuda.synchronize()
-            ref = graphs["tree"][1]
-            times: dict[str, list[float]] = {v: [] for v in graphs}
-            back: dict[str, list[float]] = {v: [] for v in graphs}
-            order = list(graphs)
-            for r in range(args.rounds):
-                for v in (order if r % 2 == 0 else order[::-1]):
-                    times[v].append(cuda_time_ms(graphs[v][0].replay, reps=30))
-                    back[v].append(pipelined_ms(graphs[v][0].replay))
-            for v in graphs:
-                out = graphs[v][1]
-                print(f"ctx {ctx} B={bsz} {v:5s} {statistics.median(times[v]):.3f} / "
-                      f"{statistics.median(back[v]):.3f} ({min(back[v]):.3f}-"
-                      f"{max(back[v]):.3f})  max|d| {(out - ref).abs().max().item():.3g} "
-                      f"argmax equal {torch.equal(out.argmax(-1), ref.argmax(-1))}",
-                      flush=True)
-            del graphs
-            torch.cuda.empty_cache()
+            compare(lambda v, b=batch: capture(params, state, b, v), names, args.rounds,
+                    f"ctx {ctx} B={bsz}", 5)
 
 
 if __name__ == "__main__":
