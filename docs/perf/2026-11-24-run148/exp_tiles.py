@@ -123,12 +123,16 @@ def compare(capture_one, names: list[str], rounds: int, label: str, width: int) 
     torch.cuda.empty_cache()
 
 
-def main() -> None:
+def sweep(variants: dict, capture, width: int, batch: list[int], ctx: list[int],
+          header=None) -> None:
+    """The command line (--batch, --ctx, --rounds, --only), V2-Lite with a random cache, and
+    at each context and batch `compare` of the variants `capture(params, state, batch, rows,
+    name)` captures; `header(rows)` is printed first (exp_warps.py uses it too)."""
     p = argparse.ArgumentParser()
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--ctx", type=int, nargs="+", default=[512])
+    p.add_argument("--batch", type=int, nargs="+", default=batch)
+    p.add_argument("--ctx", type=int, nargs="+", default=ctx)
     p.add_argument("--rounds", type=int, default=6)
-    p.add_argument("--only", nargs="+", default=list(VARIANTS))
+    p.add_argument("--only", nargs="+", default=list(variants))
     args = p.parse_args()
     names = ["tree"] + [v for v in args.only if v != "tree"]
     cfg = mf.MLAConfig.preset("v2-lite")
@@ -137,13 +141,21 @@ def main() -> None:
     state = mf.init_state(cfg, pages, 64, device="cuda", dtype=torch.bfloat16)
     state.cache.normal_()
     print(f"# {torch.cuda.get_device_name()}")
-    for ctx in args.ctx:
-        max_pages = math.ceil((ctx + 1) / 64)
+    for c in args.ctx:
+        max_pages = math.ceil((c + 1) / 64)
         for bsz in args.batch:
-            batch = decode_batch(state, bsz, ctx, "triton", seed=bsz, max_pages=max_pages)
-            print(f"ctx {ctx} B={bsz}: tree row {pick_config(bsz)}", flush=True)
-            compare(lambda v, b=batch, n=bsz: capture(params, state, b, n, v), names, args.rounds,
-                    f"ctx {ctx} B={bsz}", 13)
+            b = decode_batch(state, bsz, c, "triton", seed=bsz, max_pages=max_pages)
+            label = f"ctx {c} B={bsz}"
+            if header is not None:
+                print(f"{label}: {header(bsz)}", flush=True)
+            compare(lambda v, b=b, n=bsz: capture(params, state, b, n, v), names, args.rounds,
+                    label, width)
+
+
+def main() -> None:
+    sweep(VARIANTS, capture, 13, batch=[1, 2, 4], ctx=[512],
+          header=lambda rows: f"tree row {pick_config(rows)}")
+
 
 if __name__ == "__main__":
     main()

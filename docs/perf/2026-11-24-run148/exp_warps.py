@@ -7,17 +7,11 @@ graphs, one process, alternating rounds, ms synced / back to back, logits agains
     PYTHONPATH=. python3 exp_warps.py [--batch 1 2 4] [--ctx 1024] [--rounds 6] [--only ...]
 """
 
-import argparse
-import math
+from exp_tiles import graph_of, sweep  # this folder (the script's own directory)
 
-import torch
-from exp_tiles import compare, graph_of  # this folder (the script's own directory)
-
-import mla_func as mf
 import mla_func.kernels.mla_merge_uv as merge_uv
 import mla_func.kernels.proj_norm as proj_norm
 import mla_func.kernels.router_rows as router_rows
-from scripts.bench_step import decode_batch
 
 # name: (module, its warps constant, value); "tree" patches nothing.
 VARIANTS = {
@@ -45,25 +39,8 @@ def capture(params, state, batch, variant: str):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--ctx", type=int, nargs="+", default=[1024])
-    p.add_argument("--rounds", type=int, default=6)
-    p.add_argument("--only", nargs="+", default=list(VARIANTS))
-    args = p.parse_args()
-    names = ["tree"] + [v for v in args.only if v != "tree"]
-    cfg = mf.MLAConfig.preset("v2-lite")
-    params = mf.init_params(cfg, seed=0, device="cuda", dtype=torch.bfloat16)
-    pages = max(args.batch) * math.ceil((max(args.ctx) + 1) / 64) + 2
-    state = mf.init_state(cfg, pages, 64, device="cuda", dtype=torch.bfloat16)
-    state.cache.normal_()
-    print(f"# {torch.cuda.get_device_name()}")
-    for ctx in args.ctx:
-        max_pages = math.ceil((ctx + 1) / 64)
-        for bsz in args.batch:
-            batch = decode_batch(state, bsz, ctx, "triton", seed=bsz, max_pages=max_pages)
-            compare(lambda v, b=batch: capture(params, state, b, v), names, args.rounds,
-                    f"ctx {ctx} B={bsz}", 5)
+    sweep(VARIANTS, lambda params, state, batch, rows, v: capture(params, state, batch, v), 5,
+          batch=[1, 2, 4], ctx=[1024])
 
 
 if __name__ == "__main__":
