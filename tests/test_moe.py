@@ -136,6 +136,43 @@ def test_halves_match_whole_tiles_and_reference(tokens, topk, n_exp, skew, tma):
             fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, bad)
 
 
+def _tails(ids, n_exp, block_m):
+    """(tails a program before them takes, short last tiles left alone) of the aligned layout."""
+    _, expert, rows = align_torch(ids, n_exp, 0, block_m)
+    same = expert[1:] == expert[:-1]
+    short = (rows[1:] <= block_m // 2) & (rows[1:] > 0)
+    return int((same & short).sum()), int((same & (rows[1:] > block_m // 2)
+                                               & (rows[1:] < block_m)).sum())
+
+
+@pytest.mark.parametrize("tokens,topk,n_exp,skew", [
+    (160, 2, 8, False),  # runs of 33-48 rows: a tile and a tail, or a tile and a longer end
+    (40, 6, 64, False),  # every run one tile (no tails); empty experts
+    (45, 2, 8, True),    # one expert takes every token: a whole tile and a 13-row tail
+])
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
+def test_merge_tail_matches_whole_tiles_and_reference(tokens, topk, n_exp, skew, tma,
+                                                      nan_empty):
+    """`MoEConfig.merge_tail`: a tail's rows computed by the program of the tile before it;
+    the reference's result and the whole-tile programs' (`act`'s padding rows NaN)."""
+    x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, 32, 16, 1, skew=skew, seed=tokens)
+    merged, left = _tails(ids, n_exp, 32)
+    assert (merged > 0 and left > 0) if tokens == 160 else merged == (tokens == 45)
+    cfg = MoEConfig(32, (32, 64, 4, 1), (64, 32, 4, 1), fuse_shared=False, tma=tma)
+    whole = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg)
+    got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
+                        dataclasses.replace(cfg, merge_tail=True))
+    close(got, reference(x, w, ids, gu, dn, mlp), 1e-5)
+    close(got, whole, 1e-6)  # numpy's products of another height may round otherwise
+    for bad in (dataclasses.replace(cfg, merge_tail=True, fuse_shared=True, tma=False),
+                dataclasses.replace(DIRECT, merge_tail=True),
+                dataclasses.replace(cfg, merge_tail=True, block_m=16),
+                dataclasses.replace(cfg, merge_tail=True, halves=True)):
+        with pytest.raises(ValueError, match="merge_tail needs"):
+            fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, bad)
+
+
 @pytest.mark.parametrize("tokens,topk,n_exp,shared,skew,fold", [
     (7, 2, 8, 1, False, None),    # shared experts folded: their tiles first
     (33, 2, 8, 0, False, None),   # several M-tiles per expert

@@ -53,14 +53,19 @@ for fn, (bm, bn, bk, warps, stages), const in [
                                                  act_half_desc=None)),
         (gate_up_kernel, (128, 128, 64, 8, 4), dict(DIRECT=False, PDL=True, TMA=True,
                                                     HALVES=True)),
-        (down_kernel, (128, 256, 64, 8, 4), dict(DIRECT=False, TMA=True, HALVES=True))]:
+        (down_kernel, (128, 256, 64, 8, 4), dict(DIRECT=False, TMA=True, HALVES=True)),
+        # ... or whole tiles that take their expert's tail (two accumulators).
+        (gate_up_kernel, (128, 128, 64, 8, 4), dict(DIRECT=False, PDL=True, TMA=True,
+                                                    HALVES=False, MERGE_TAIL=True)),
+        (down_kernel, (128, 256, 64, 8, 4), dict(DIRECT=False, TMA=True, HALVES=False,
+                                                 MERGE_TAIL=True))]:
     const = dict(PAIRS_PER_TOKEN=8, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32",
                  EVEN_K=(1408 if fn is not gate_up_kernel else 2048) % bk == 0, **const)
     if fn is gate_up_kernel:
-        const = dict(INLINE=False, E_P2=2, P_BLOCK=1) | const
+        const = dict(INLINE=False, E_P2=2, P_BLOCK=1, MERGE_TAIL=False) | const
     if fn is down_kernel:
         const = dict(LAST_SUM=False, HAS_EXTRA=False, ADD_NORM=False, SUM_BLOCK=1,
-                     TRIGGER=False) | const
+                     TRIGGER=False, MERGE_TAIL=False) | const
     w_block = f"1, 2, {bn}, {bk}" if fn is gate_up_kernel else f"{bn}, {bk}"
     descs = dict(w_desc=f"tensordesc<bf16[{w_block}]>", act_desc=f"tensordesc<bf16[{bm}, {bk}]>",
                  act_half_desc=f"tensordesc<bf16[{bm // 2}, {bk}]>")
@@ -173,6 +178,37 @@ def test_cuda_halves_match_whole_tiles(tokens, tma):
     want = reference(x, w, ids, gu, dn, mlp)
     assert ((got.float() - want.float()).norm() / want.float().norm()) < 2e-2
     assert torch.equal(got, fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens,skew", [(300, True), (2048, False), (4096, False),
+                                         (4096, True)])
+@pytest.mark.parametrize("tma", [False, True])
+def test_cuda_merge_tail_matches_whole_tiles(tokens, skew, tma):
+    """Tails taken by the tile before them (`MoEConfig.merge_tail`) at V2-Lite size: the
+    reference's result, and the bits of whole tiles (every row's products run over K in the
+    same order); captured and replayed on fresh routing too."""
+    x, w, ids, gu, dn, mlp = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda",
+                                  skew=skew)
+    cfg = MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), fuse_shared=False, tma=tma)
+    merged = dataclasses.replace(cfg, merge_tail=True)
+    _, expert, rows = align_torch(ids, V2_LITE["n_exp"], 0, 128)
+    tails = ((expert[1:] == expert[:-1]) & (rows[1:] > 0) & (rows[1:] <= 64)).sum().item()
+    assert tails > 0  # what this test is about
+    got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, merged)
+    want = reference(x, w, ids, gu, dn, mlp)
+    assert ((got.float() - want.float()).norm() / want.float().norm()) < 2e-2
+    assert torch.equal(got, fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg))
+    static = [t.clone() for t in (x, w, ids)]
+    run = lambda: fused_experts(*static, gu, dn, mlp.gate_up, mlp.down, merged)  # noqa: E731
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    x2, w2, ids2, *_ = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda", seed=5)
+    for dst, src in zip(static, (x2, w2, ids2), strict=True):
+        dst.copy_(src)
+    graph.replay()
+    assert torch.equal(out, fused_experts(x2, w2, ids2, gu, dn, mlp.gate_up, mlp.down, cfg))
 
 
 @pytest.mark.cuda

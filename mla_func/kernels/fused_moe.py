@@ -195,6 +195,11 @@ def fused_experts(
     if cfg.halves and (cfg.direct or n_shared or cfg.block_m < 32):
         raise ValueError("MoEConfig.halves needs the aligned layout, the shared experts apart "
                          "and block_m >= 32")
+    if cfg.merge_tail and (cfg.direct or n_shared or cfg.block_m < 32 or cfg.halves
+                           or cfg.inline_align):
+        raise ValueError("MoEConfig.merge_tail needs the aligned layout of whole tiles "
+                         "(not halves, not inline_align), the shared experts apart and "
+                         "block_m >= 32")
     if cfg.inline_align and (cfg.direct or cfg.halves):
         raise ValueError("MoEConfig.inline_align needs the aligned layout with whole tiles")
     if cfg.inline_align and tokens * topk > INLINE_MAX_PAIRS:
@@ -256,6 +261,7 @@ def fused_experts(
             s_gate_up.stride(0), s_gate_up.stride(1), s_gate_up.stride(2),
             BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_hidden % bk == 0, DIRECT=cfg.direct, **common,
             PDL=pdl, TMA=cfg.tma, HALVES=cfg.halves, INLINE=cfg.inline_align,
+            MERGE_TAIL=cfg.merge_tail,
             E_P2=triton.next_power_of_2(n_routed + 1),
             P_BLOCK=triton.next_power_of_2(tokens * topk) if cfg.inline_align else 1,
             num_warps=warps, num_stages=stages,
@@ -269,7 +275,7 @@ def fused_experts(
                               device=x.device)
             descs = (None, None, None)
             if cfg.tma:  # act (whole and half tiles), down
-                half = _desc(act, [bm // 2, bk]) if cfg.halves else None
+                half = _desc(act, [bm // 2, bk]) if cfg.halves or cfg.merge_tail else None
                 descs = (_desc(act, [bm, bk]), half, _desc(down, [bn, bk]))
             n_n = triton.cdiv(n_hidden, bn)
             tail = {}
@@ -285,8 +291,8 @@ def fused_experts(
             down_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
                 act, down, s_down, *descs, buf, weights, *tiles, n_hidden, n_inter, n_routed,
                 *strides, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0,
-                DIRECT=cfg.direct, **common, TMA=cfg.tma, HALVES=cfg.halves, num_warps=warps,
-                num_stages=stages, **tail)
+                DIRECT=cfg.direct, **common, TMA=cfg.tma, HALVES=cfg.halves,
+                MERGE_TAIL=cfg.merge_tail, num_warps=warps, num_stages=stages, **tail)
     finally:
         if side is not None:
             main.wait_stream(side)  # the join: `extra` is read below, on this stream

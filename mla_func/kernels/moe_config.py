@@ -26,6 +26,11 @@ class MoEConfig:
     rows, not block_m; a GEMM program takes two such units, as one block_m-row tile when both
     are one expert's, else as one or two half tiles (the end of a run, the start of the next),
     so the last tile of a run computes at most half a tile of padding rows.
+    `merge_tail` (aligned layout, whole tiles, shared experts apart): an expert's last tile of
+    at most block_m / 2 real rows after a tile of its own (its tail) is no program of its
+    own: the program of the tile before it also takes the tail's first block_m / 2 rows, a
+    second product on the weight tiles it loads anyway (block_m + block_m / 2 rows, two
+    accumulators), so the tail's rows read no weights of their own.
     `inline_align` (aligned layout, whole tiles): no alignment launch; each gate_up program
     finds its routed M-tile from the routing itself (`moe_inline_align`, O(block_m x pairs)
     a program) and the first N-tile's programs write the tile table the down GEMM reads.
@@ -44,6 +49,7 @@ class MoEConfig:
     halves: bool = False
     inline_align: bool = False
     last_sum: bool = False
+    merge_tail: bool = False
 
 
 # (max tokens, config): the first row whose bound is >= the step's static token count.

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from mla_func.kernels.moe_inline_align import inline_tile
 from mla_func.kernels.moe_sum import last_sum
-from mla_func.kernels.moe_tile import direct_tile, is_shared_tile, tile, unit_rows
+from mla_func.kernels.moe_tile import direct_tile, is_shared_tile, tail_tile, tile, unit_rows
 
 
 @triton.jit
@@ -49,16 +49,27 @@ def _k_masks(row_ok, n_ok, k_ok, EVEN_K: tl.constexpr):
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _act_store(act_ptr, act, act_row0, offs_n, row_ok, n_ok, n_inter, BM: tl.constexpr):
+    """BM rows of silu(gate) * up, stored to `act` rows act_row0.."""
+    act_rows = (act_row0 + tl.arange(0, BM)).to(tl.int64)
+    act_ptrs = act_ptr + act_rows[:, None] * n_inter + offs_n[None, :]
+    tl.store(act_ptrs, act.to(act_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _gate_up_rows(
     x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e, pair, row_ok, act_row0, pid_n,
     n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn, stride_se,
     stride_sg, stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, t_pair=None, t_ok=None, TAIL: tl.constexpr = False,
 ):
     """silu(x W_gate^T) * (x W_up^T) of BM rows of expert e (token rows gathered from `pair`)
-    and N-tile pid_n, stored to `act` rows act_row0.."""
+    and N-tile pid_n, stored to `act` rows act_row0... TAIL (`MoEConfig.merge_tail`): also
+    BM // 2 more rows of expert e (`t_pair`, `t_ok`; `act` rows act_row0 + BM..), a second
+    product on the same weight tiles of every K step."""
     shared = e >= n_routed
     base = _expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
     stride_g = tl.where(shared, stride_sg, stride_wg)
@@ -70,33 +81,56 @@ def _gate_up_rows(
     a_ptrs = x_ptr + tok[:, None] * stride_x + offs_k[None, :]
     g_ptrs = base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
     u_ptrs = g_ptrs + stride_g
+    if TAIL:
+        t_ptrs = x_ptr + (t_pair // PAIRS_PER_TOKEN).to(tl.int64)[:, None] * stride_x \
+            + offs_k[None, :]
     if TMA:  # one [BM, 2 * BLOCK_N] product: gate's columns, then up's (one wgmma of
         acc = tl.zeros((BM, 2 * BLOCK_N), dtype=tl.float32)  # twice the width)
+        if TAIL:
+            acc_t = tl.zeros((BM // 2, 2 * BLOCK_N), dtype=tl.float32)
     else:
         acc_g = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
+        if TAIL:
+            acc_tg = tl.zeros((BM // 2, BLOCK_N), dtype=tl.float32)
+            acc_tu = tl.zeros((BM // 2, BLOCK_N), dtype=tl.float32)
     for k in range(0, n_hidden, BLOCK_K):
-        a_mask, b_mask = _k_masks(row_ok, n_ok, offs_k + k < n_hidden, EVEN_K)
+        k_ok = offs_k + k < n_hidden
+        a_mask, b_mask = _k_masks(row_ok, n_ok, k_ok, EVEN_K)
         a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+        if TAIL:
+            t_mask, _ = _k_masks(t_ok, n_ok, k_ok, EVEN_K)
+            a_t = tl.load(t_ptrs, mask=t_mask, other=0.0)
+            t_ptrs += BLOCK_K
         if TMA:  # the [1, 2, BLOCK_N, BLOCK_K] block of gate and up rows, one load
             b = w_desc.load([e, 0, pid_n * BLOCK_N, k]).reshape(2 * BLOCK_N, BLOCK_K)
             acc = tl.dot(a, tl.trans(b), acc, input_precision=PRECISION)
+            if TAIL:
+                acc_t = tl.dot(a_t, tl.trans(b), acc_t, input_precision=PRECISION)
         else:
             g = tl.load(g_ptrs, mask=b_mask, other=0.0)
             u = tl.load(u_ptrs, mask=b_mask, other=0.0)
             acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
             acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
+            if TAIL:
+                acc_tg = tl.dot(a_t, g, acc_tg, input_precision=PRECISION)
+                acc_tu = tl.dot(a_t, u, acc_tu, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
     if TMA:
         acc_g, acc_u = tl.split(tl.permute(acc.reshape(BM, 2, BLOCK_N), (0, 2, 1)))
+        if TAIL:
+            acc_tg, acc_tu = tl.split(tl.permute(acc_t.reshape(BM // 2, 2, BLOCK_N),
+                                                 (0, 2, 1)))
     act = acc_g * tl.sigmoid(acc_g) * acc_u
-    act_rows = (act_row0 + tl.arange(0, BM)).to(tl.int64)
-    act_ptrs = act_ptr + act_rows[:, None] * n_inter + offs_n[None, :]
+    if TAIL:
+        act_t = acc_tg * tl.sigmoid(acc_tg) * acc_tu
     if PDL:  # shared tiles too: `act` may reuse memory the router still uses (its partials)
         tl.extra.cuda.gdc_wait()
-    tl.store(act_ptrs, act.to(act_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+    _act_store(act_ptr, act, act_row0, offs_n, row_ok, n_ok, n_inter, BM)
+    if TAIL:
+        _act_store(act_ptr, act_t, act_row0 + BM, offs_n, t_ok, n_ok, n_inter, BM // 2)
 
 
 # The token count only sizes the direct layout, the unit count only the halves' last tile: not
@@ -110,10 +144,12 @@ def gate_up_kernel(
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr, TMA: tl.constexpr, HALVES: tl.constexpr, INLINE: tl.constexpr = False,
-    E_P2: tl.constexpr = 2, P_BLOCK: tl.constexpr = 1,
+    E_P2: tl.constexpr = 2, P_BLOCK: tl.constexpr = 1, MERGE_TAIL: tl.constexpr = False,
 ):
     """INLINE (aligned layout, whole tiles): the routed tiles find themselves from `ids`
-    (`moe_inline_align`) and the first N-tile's programs write the tile table."""
+    (`moe_inline_align`) and the first N-tile's programs write the tile table. MERGE_TAIL
+    (aligned layout, whole tiles, no shared experts): a program also takes its expert's tail
+    (`moe_tile.tail_tile`)."""
     if DIRECT:
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -152,6 +188,23 @@ def gate_up_kernel(
                     stride_we, stride_wg, stride_wn, stride_se, stride_sg, stride_sn,
                     PAIRS_PER_TOKEN, BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, PDL,
                     TMA)
+    elif MERGE_TAIL:
+        e, pair, row_ok, merge, t_pair, t_ok = tail_tile(pid_m, sorted_ptr, block_expert_ptr,
+                                                         block_rows_ptr, n_units, BLOCK_M)
+        if e < 0:
+            return
+        if merge:
+            _gate_up_rows(
+                x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e, pair, row_ok, pid_m * BLOCK_M,
+                pid_n, n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn,
+                stride_se, stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K,
+                EVEN_K, PRECISION, PDL, TMA, t_pair, t_ok, True)
+        else:
+            _gate_up_rows(
+                x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e, pair, row_ok, pid_m * BLOCK_M,
+                pid_n, n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn,
+                stride_se, stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K,
+                EVEN_K, PRECISION, PDL, TMA)
     else:
         if INLINE:
             e, pair, row_ok = inline_tile(pid_m, pid_n, ids_ptr, sorted_ptr, block_expert_ptr,
@@ -172,15 +225,30 @@ def gate_up_kernel(
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _weighted(acc, pair, row_ok, weights_ptr, topk, dtype: tl.constexpr,
+              PAIRS_PER_TOKEN: tl.constexpr):
+    """A down product's rows times their pairs' routing weights (1 for shared experts), fp32."""
+    j = pair % PAIRS_PER_TOKEN
+    routed = row_ok & (j < topk)
+    w = tl.load(weights_ptr + (pair // PAIRS_PER_TOKEN) * topk + j, mask=routed, other=1.0)
+    # Round to the model dtype first, as the reference does, then weight in fp32.
+    return acc.to(dtype).to(tl.float32) * w[:, None]
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _down_tile(
     act_ptr, w_ptr, ws_ptr, act_desc, w_desc, weights_ptr, act_row0, e, pair, row_ok, n0,
     n_ok, n_hidden, n_inter, n_routed, topk, stride_we, stride_wn, stride_se, stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+    t_desc=None, t_pair=None, t_ok=None, TAIL: tl.constexpr = False,
 ):
     """(act W_down^T) * routing weight of the BLOCK_M `act` rows from act_row0 and the N-tile
     of columns n0 + BLOCK_N, fp32 (padding rows are dropped by the caller's store; with TMA
-    they hold whatever `act` held)."""
+    they hold whatever `act` held). TAIL (`MoEConfig.merge_tail`): the products of those rows
+    and of the BLOCK_M // 2 rows from act_row0 + BLOCK_M (`t_desc`: TMA blocks of that many
+    rows) on the same weight tiles, both unweighted (`_weighted`)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     base = _expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
     stride_n = tl.where(e >= n_routed, stride_sn, stride_wn)
@@ -188,6 +256,10 @@ def _down_tile(
     act_rows = (act_row0 + tl.arange(0, BLOCK_M)).to(tl.int64)
     a_ptrs = act_ptr + act_rows[:, None] * n_inter + offs_k[None, :]
     b_ptrs = base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
+    if TAIL:
+        t_rows = (act_row0 + BLOCK_M + tl.arange(0, BLOCK_M // 2)).to(tl.int64)
+        t_ptrs = act_ptr + t_rows[:, None] * n_inter + offs_k[None, :]
+        acc_t = tl.zeros((BLOCK_M // 2, BLOCK_N), dtype=tl.float32)
     if TMA:  # rows of the [experts * hidden, moe_inter] view, and of `act`
         row_w = e * n_hidden + n0
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -195,18 +267,35 @@ def _down_tile(
         if TMA:
             a = act_desc.load([act_row0, k])
             b = tl.trans(w_desc.load([row_w, k]))
+            if TAIL:
+                a_t = t_desc.load([act_row0 + BLOCK_M, k])
         else:
-            a_mask, b_mask = _k_masks(row_ok, n_ok, offs_k + k < n_inter, EVEN_K)
+            k_ok = offs_k + k < n_inter
+            a_mask, b_mask = _k_masks(row_ok, n_ok, k_ok, EVEN_K)
             a = tl.load(a_ptrs, mask=a_mask, other=0.0)
             b = tl.load(b_ptrs, mask=b_mask, other=0.0)
+            if TAIL:
+                t_mask, _ = _k_masks(t_ok, n_ok, k_ok, EVEN_K)
+                a_t = tl.load(t_ptrs, mask=t_mask, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        if TAIL:
+            acc_t = tl.dot(a_t, b, acc_t, input_precision=PRECISION)
+            t_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
-    j = pair % PAIRS_PER_TOKEN
-    routed = row_ok & (j < topk)
-    w = tl.load(weights_ptr + (pair // PAIRS_PER_TOKEN) * topk + j, mask=routed, other=1.0)
-    # Round to the model dtype first, as the reference does, then weight in fp32.
-    return acc.to(act_ptr.dtype.element_ty).to(tl.float32) * w[:, None]
+    if TAIL:
+        return acc, acc_t
+    else:
+        return _weighted(acc, pair, row_ok, weights_ptr, topk, act_ptr.dtype.element_ty,
+                         PAIRS_PER_TOKEN)
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _store_pairs(out_ptr, y, pair, row_ok, offs_n, n_ok, n_hidden):
+    """Each row of y to its pair's row of `out`."""
+    out_ptrs = out_ptr + pair.to(tl.int64)[:, None] * n_hidden + offs_n[None, :]
+    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
@@ -217,16 +306,27 @@ def _down_rows(
     stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+    t_desc=None, t_pair=None, t_ok=None, TAIL: tl.constexpr = False,
 ):
-    """`_down_tile` of BM rows, stored to each pair's row of `out`."""
+    """`_down_tile` of BM rows (TAIL: and BM // 2 more), stored to each pair's row of `out`."""
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < n_hidden
-    y = _down_tile(act_ptr, w_ptr, ws_ptr, act_desc, w_desc, weights_ptr, act_row0, e, pair,
-                   row_ok, pid_n * BLOCK_N, n_ok, n_hidden, n_inter, n_routed, topk,
-                   stride_we, stride_wn, stride_se, stride_sn,
-                   PAIRS_PER_TOKEN, BM, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, TMA)
-    out_ptrs = out_ptr + pair.to(tl.int64)[:, None] * n_hidden + offs_n[None, :]
-    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+    if TAIL:  # the tail's rows first: one accumulator's epilogue at a time (registers)
+        acc, acc_t = _down_tile(
+            act_ptr, w_ptr, ws_ptr, act_desc, w_desc, weights_ptr, act_row0, e, pair, row_ok,
+            pid_n * BLOCK_N, n_ok, n_hidden, n_inter, n_routed, topk, stride_we, stride_wn,
+            stride_se, stride_sn, PAIRS_PER_TOKEN, BM, BLOCK_N, BLOCK_K, EVEN_K, PRECISION,
+            TMA, t_desc, t_pair, t_ok, True)
+        dtype = act_ptr.dtype.element_ty
+        _store_pairs(out_ptr, _weighted(acc_t, t_pair, t_ok, weights_ptr, topk, dtype,
+                                        PAIRS_PER_TOKEN), t_pair, t_ok, offs_n, n_ok, n_hidden)
+        y = _weighted(acc, pair, row_ok, weights_ptr, topk, dtype, PAIRS_PER_TOKEN)
+    else:
+        y = _down_tile(act_ptr, w_ptr, ws_ptr, act_desc, w_desc, weights_ptr, act_row0, e,
+                       pair, row_ok, pid_n * BLOCK_N, n_ok, n_hidden, n_inter, n_routed, topk,
+                       stride_we, stride_wn, stride_se, stride_sn,
+                       PAIRS_PER_TOKEN, BM, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, TMA)
+    _store_pairs(out_ptr, y, pair, row_ok, offs_n, n_ok, n_hidden)
 
 
 @triton.jit(do_not_specialize=["n_tokens", "n_units"])
@@ -241,10 +341,11 @@ def down_kernel(
     sum_ptr=None, extra_ptr=None, res_ptr=None, y_ptr=None, nw_ptr=None, counter_ptr=None,
     eps=0.0, LAST_SUM: tl.constexpr = False, HAS_EXTRA: tl.constexpr = False,
     ADD_NORM: tl.constexpr = False, SUM_BLOCK: tl.constexpr = 1, TRIGGER: tl.constexpr = False,
-    NORM: tl.constexpr = True,
+    NORM: tl.constexpr = True, MERGE_TAIL: tl.constexpr = False,
 ):
     """Each pair's weighted expert output to its own row of `out` ([pairs, hidden]); with
-    HALVES, M-tiles as in `gate_up_kernel` (`act_half_desc`: TMA blocks of half the rows).
+    HALVES or MERGE_TAIL, M-tiles as in `gate_up_kernel` (`act_half_desc`: TMA blocks of half
+    the rows).
     LAST_SUM (direct layout): then `moe_sum.last_sum` into `sum_ptr` (+ extra, + the residual
     with ADD_NORM, and the norm into y unless NORM is off). TRIGGER (sm90): let the launch
     after start at once (PDL; it waits for this one's end before it reads)."""
@@ -283,6 +384,23 @@ def down_kernel(
                     (u + 1) * (BLOCK_M // 2), e1, pair1, ok1, pid_n, n_hidden, n_inter,
                     n_routed, topk, stride_we, stride_wn, stride_se, stride_sn,
                     PAIRS_PER_TOKEN, BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, TMA)
+    elif MERGE_TAIL:
+        e, pair, row_ok, merge, t_pair, t_ok = tail_tile(pid_m, sorted_ptr, block_expert_ptr,
+                                                         block_rows_ptr, n_units, BLOCK_M)
+        if e < 0:
+            return
+        if merge:
+            _down_rows(
+                act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr,
+                pid_m * BLOCK_M, e, pair, row_ok, pid_n, n_hidden, n_inter, n_routed, topk,
+                stride_we, stride_wn, stride_se, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N,
+                BLOCK_K, EVEN_K, PRECISION, TMA, act_half_desc, t_pair, t_ok, True)
+        else:
+            _down_rows(
+                act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr,
+                pid_m * BLOCK_M, e, pair, row_ok, pid_n, n_hidden, n_inter, n_routed, topk,
+                stride_we, stride_wn, stride_se, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N,
+                BLOCK_K, EVEN_K, PRECISION, TMA)
     else:
         e, pair, row_ok = tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
                                 n_tokens, topk, n_routed, PAIRS_PER_TOKEN, BLOCK_M, DIRECT)

@@ -82,6 +82,31 @@ def unit_rows(u0, sorted_ptr, block_rows_ptr, UNIT: tl.constexpr, UNITS: tl.cons
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def tail_tile(q, sorted_ptr, block_expert_ptr, block_rows_ptr, n_tiles, BLOCK_M: tl.constexpr):
+    """M-tile `q` of the aligned layout under `MoEConfig.merge_tail`: (expert, pair per row,
+    real rows, whether the program also takes the tail, the tail's pair per row, its real
+    rows). A tail is an expert's last tile of at most BLOCK_M // 2 real rows after a tile of
+    its own: the program of that tile before it takes its first BLOCK_M // 2 rows, and the
+    tail's own program gets expert -1 (as unused tiles do)."""
+    e = tl.load(block_expert_ptr + q)
+    n_rows = tl.load(block_rows_ptr + q)
+    more = q + 1 < n_tiles
+    e_next = tl.load(block_expert_ptr + q + 1, mask=more, other=-1)
+    rows_next = tl.load(block_rows_ptr + q + 1, mask=more, other=BLOCK_M)
+    e_prev = tl.load(block_expert_ptr + q - 1, mask=q > 0, other=-1)
+    taken = (e == e_prev) & (n_rows <= BLOCK_M // 2)  # only a run's last tile is short
+    merge = (e_next == e) & (rows_next <= BLOCK_M // 2)
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < n_rows
+    pair = tl.load(sorted_ptr + q * BLOCK_M + rows, mask=row_ok, other=0)
+    t_rows = tl.arange(0, BLOCK_M // 2)
+    t_ok = t_rows < tl.where(merge, rows_next, 0)
+    t_pair = tl.load(sorted_ptr + (q + 1) * BLOCK_M + t_rows, mask=t_ok, other=0)
+    return tl.where(taken, -1, e), pair, row_ok, merge, t_pair, t_ok
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr,
                    DIRECT: tl.constexpr):
     """Whether M-tile `pid_m` is a shared expert's: found without the routing (direct layout:
