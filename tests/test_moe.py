@@ -112,30 +112,6 @@ def test_tma_matches_reference_and_pointer_loads(tokens, topk, n_exp, hidden, in
                       config=dataclasses.replace(cfg, tma=True))
 
 
-@pytest.mark.parametrize("tokens,topk,n_exp,skew", [
-    (64, 2, 8, False),   # runs of 1 and 2 units: 3 whole tiles, 5 half tiles
-    (40, 6, 64, False),  # every run one half tile; empty experts
-    (30, 2, 8, True),    # one expert takes every token: a whole tile, then half tiles
-])
-@pytest.mark.parametrize("tma", [False, True])
-@pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
-def test_halves_match_whole_tiles_and_reference(tokens, topk, n_exp, skew, tma):
-    """`MoEConfig.halves`: runs padded to half tiles, two units a program (one whole tile or
-    up to two half tiles): the reference's result and the whole-tile layout's."""
-    x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, 32, 16, 1, skew=skew, seed=tokens)
-    cfg = MoEConfig(8 * 4, (32, 64, 4, 1), (64, 32, 4, 1), fuse_shared=False, tma=tma)
-    whole = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg)
-    got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
-                        dataclasses.replace(cfg, halves=True))
-    close(got, reference(x, w, ids, gu, dn, mlp), 1e-5)
-    close(got, whole, 1e-6)  # numpy's products of another height may round otherwise
-    for bad in (dataclasses.replace(cfg, halves=True, fuse_shared=True, tma=False),
-                dataclasses.replace(DIRECT, halves=True),
-                dataclasses.replace(cfg, halves=True, block_m=16)):
-        with pytest.raises(ValueError, match="halves needs"):
-            fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, bad)
-
-
 def _tails(ids, n_exp, block_m):
     """(tails a program before them takes, short last tiles left alone) of the aligned layout."""
     _, expert, rows = align_torch(ids, n_exp, 0, block_m)
@@ -168,7 +144,7 @@ def test_merge_tail_matches_whole_tiles_and_reference(tokens, topk, n_exp, skew,
     for bad in (dataclasses.replace(cfg, merge_tail=True, fuse_shared=True, tma=False),
                 dataclasses.replace(DIRECT, merge_tail=True),
                 dataclasses.replace(cfg, merge_tail=True, block_m=16),
-                dataclasses.replace(cfg, merge_tail=True, halves=True)):
+                dataclasses.replace(cfg, merge_tail=True, inline_align=True)):
         with pytest.raises(ValueError, match="merge_tail needs"):
             fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, bad)
 
@@ -192,11 +168,9 @@ def test_inline_align_matches_aligned_and_reference(tokens, topk, n_exp, shared,
                         dataclasses.replace(cfg, inline_align=True))
     close(got, reference(x, w, ids, gu, dn, mlp), 1e-5)
     assert torch.equal(got, fused_experts(x, w, ids, gu, dn, s_gu, s_dn, cfg))
-    for bad in (dataclasses.replace(DIRECT, inline_align=True),
-                dataclasses.replace(cfg, inline_align=True, halves=True, block_m=32,
-                                    fuse_shared=False)):
-        with pytest.raises(ValueError, match="inline_align needs"):
-            fused_experts(x, w, ids, gu, dn, s_gu, s_dn, bad)
+    with pytest.raises(ValueError, match="inline_align needs"):
+        fused_experts(x, w, ids, gu, dn, s_gu, s_dn, dataclasses.replace(DIRECT,
+                                                                         inline_align=True))
     x, w, ids, gu, dn, _ = make(683, 6, 8, 16, 16, 0)  # 4098 pairs: one program holds 4096
     with pytest.raises(ValueError, match="at most 4096 routed pairs"):
         fused_experts(x, w, ids, gu, dn, config=dataclasses.replace(cfg, inline_align=True))

@@ -192,16 +192,12 @@ def fused_experts(
     pdl = cfg.pdl and pdl_supported(x.device)
     if cfg.tma and (cfg.direct or n_shared):
         raise ValueError("MoEConfig.tma needs the aligned layout and the shared experts apart")
-    if cfg.halves and (cfg.direct or n_shared or cfg.block_m < 32):
-        raise ValueError("MoEConfig.halves needs the aligned layout, the shared experts apart "
-                         "and block_m >= 32")
-    if cfg.merge_tail and (cfg.direct or n_shared or cfg.block_m < 32 or cfg.halves
-                           or cfg.inline_align):
-        raise ValueError("MoEConfig.merge_tail needs the aligned layout of whole tiles "
-                         "(not halves, not inline_align), the shared experts apart and "
+    if cfg.merge_tail and (cfg.direct or n_shared or cfg.block_m < 32 or cfg.inline_align):
+        raise ValueError("MoEConfig.merge_tail needs the aligned layout found by the alignment "
+                         "launch (not inline_align), the shared experts apart and "
                          "block_m >= 32")
-    if cfg.inline_align and (cfg.direct or cfg.halves):
-        raise ValueError("MoEConfig.inline_align needs the aligned layout with whole tiles")
+    if cfg.inline_align and cfg.direct:
+        raise ValueError("MoEConfig.inline_align needs the aligned layout")
     if cfg.inline_align and tokens * topk > INLINE_MAX_PAIRS:
         raise ValueError(f"MoEConfig.inline_align takes at most {INLINE_MAX_PAIRS} routed pairs;"
                          f" got {tokens} tokens x top-{topk}")
@@ -244,10 +240,9 @@ def fused_experts(
             if cfg.inline_align:  # the gate_up kernel writes the table (moe_inline_align)
                 layout = empty_layout(ids, n_routed, n_shared, bm)
             else:
-                layout = align(ids, n_routed, n_shared, bm // 2 if cfg.halves else bm, pdl)
-            n_tiles = triton.cdiv(layout[1].shape[0], 2) if cfg.halves else layout[1].shape[0]
-        n_units = layout[1].shape[0]  # M-tiles of the layout (units, with halves)
-        tiles = (ids, *layout, tokens, n_units, topk)
+                layout = align(ids, n_routed, n_shared, bm, pdl)
+            n_tiles = layout[1].shape[0]
+        tiles = (ids, *layout, tokens, n_tiles, topk)
         common = dict(PAIRS_PER_TOKEN=pairs_per_token, BLOCK_M=bm,
                       PRECISION="ieee" if x.dtype == torch.float32 else "tf32")
 
@@ -260,8 +255,7 @@ def fused_experts(
             gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
             s_gate_up.stride(0), s_gate_up.stride(1), s_gate_up.stride(2),
             BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_hidden % bk == 0, DIRECT=cfg.direct, **common,
-            PDL=pdl, TMA=cfg.tma, HALVES=cfg.halves, INLINE=cfg.inline_align,
-            MERGE_TAIL=cfg.merge_tail,
+            PDL=pdl, TMA=cfg.tma, INLINE=cfg.inline_align, MERGE_TAIL=cfg.merge_tail,
             E_P2=triton.next_power_of_2(n_routed + 1),
             P_BLOCK=triton.next_power_of_2(tokens * topk) if cfg.inline_align else 1,
             num_warps=warps, num_stages=stages,
@@ -274,8 +268,8 @@ def fused_experts(
             buf = torch.empty(tokens * pairs_per_token, n_hidden, dtype=x.dtype,
                               device=x.device)
             descs = (None, None, None)
-            if cfg.tma:  # act (whole and half tiles), down
-                half = _desc(act, [bm // 2, bk]) if cfg.halves or cfg.merge_tail else None
+            if cfg.tma:  # act (whole tiles, and the tails' half tiles), down
+                half = _desc(act, [bm // 2, bk]) if cfg.merge_tail else None
                 descs = (_desc(act, [bm, bk]), half, _desc(down, [bn, bk]))
             n_n = triton.cdiv(n_hidden, bn)
             tail = {}
@@ -291,8 +285,8 @@ def fused_experts(
             down_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
                 act, down, s_down, *descs, buf, weights, *tiles, n_hidden, n_inter, n_routed,
                 *strides, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0,
-                DIRECT=cfg.direct, **common, TMA=cfg.tma, HALVES=cfg.halves,
-                MERGE_TAIL=cfg.merge_tail, num_warps=warps, num_stages=stages, **tail)
+                DIRECT=cfg.direct, **common, TMA=cfg.tma, MERGE_TAIL=cfg.merge_tail,
+                num_warps=warps, num_stages=stages, **tail)
     finally:
         if side is not None:
             main.wait_stream(side)  # the join: `extra` is read below, on this stream

@@ -22,16 +22,12 @@ class MoEConfig:
     `shared_stream` (shared experts apart): they run on a side CUDA stream, beside the
     alignment and the routed GEMMs, joined before the sum (the same kernels, the same bits);
     off CUDA (the Triton interpreter) they run in order on the one stream there is.
-    `halves` (aligned layout, shared experts apart): experts' runs are padded to block_m / 2
-    rows, not block_m; a GEMM program takes two such units, as one block_m-row tile when both
-    are one expert's, else as one or two half tiles (the end of a run, the start of the next),
-    so the last tile of a run computes at most half a tile of padding rows.
-    `merge_tail` (aligned layout, whole tiles, shared experts apart): an expert's last tile of
-    at most block_m / 2 real rows after a tile of its own (its tail) is no program of its
-    own: the program of the tile before it also takes the tail's first block_m / 2 rows, a
-    second product on the weight tiles it loads anyway (block_m + block_m / 2 rows, two
-    accumulators), so the tail's rows read no weights of their own.
-    `inline_align` (aligned layout, whole tiles): no alignment launch; each gate_up program
+    `merge_tail` (aligned layout from the alignment launch, shared experts apart): an
+    expert's last tile of at most block_m / 2 real rows after a tile of its own (its tail) is
+    no program of its own: the program of the tile before it also takes the tail's first
+    block_m / 2 rows, a second product on the weight tiles it loads anyway (block_m +
+    block_m / 2 rows, two accumulators), so the tail's rows read no weights of their own.
+    `inline_align` (aligned layout): no alignment launch; each gate_up program
     finds its routed M-tile from the routing itself (`moe_inline_align`, O(block_m x pairs)
     a program) and the first N-tile's programs write the tile table the down GEMM reads.
     `last_sum` (direct layout, not `fused_sum`): no sum launch; the down GEMM's programs sum
@@ -46,7 +42,6 @@ class MoEConfig:
     pdl: bool = False
     tma: bool = False
     shared_stream: bool = False
-    halves: bool = False
     inline_align: bool = False
     last_sum: bool = False
     merge_tail: bool = False
@@ -74,11 +69,17 @@ class MoEConfig:
 # `exp_shared_stream.py`, medians of 3 alternating rounds): 517 against 532 us at 1024 tokens,
 # 691 against 722 at 2048, 1205 against 1226 at 4096. Past 2048 it stays off: in the piecewise
 # prefill step at 4096 tokens it was slower (runs 5-6: 52.2-53.2 against 50.2-51.1 ms), at
-# 2048 faster (27.9-28.1 against 28.3-28.5 ms). `halves` from 4096 tokens: H100, 2026-11-23
-# (docs/perf/2026-11-23-h100-run53, `exp_halves.py`, the layer alone, medians of 3 alternating
-# rounds, whole tiles against halves): 1240 against 1213 us at 4096 tokens, 2302 against 2199
-# at 8192, but 517 against 528 at 1024 and 679 against 818 at 2048; between 2049 and 4095
-# tokens it is not measured and stays off. `inline_align` from 5 to 128 tokens (the aligned
+# 2048 faster (27.9-28.1 against 28.3-28.5 ms). `merge_tail` from 1025 tokens: H100,
+# 2026-11-25 (docs/perf/2026-11-25-h100-run1, `exp_tail.py`, the layer alone, medians of 6
+# alternating rounds, on against the table before it): 632.0 against 664.4 us at 2048 tokens
+# (whole tiles before), 1156.5 against 1183.7 at 4096 and 2124.6 against 2202.1 at 8192 (half
+# tiles before: `halves`, runs padded to 64-row units two a program, since removed; it had
+# beaten whole tiles from 4096 tokens, docs/perf/2026-11-23-h100-run53). At 1024 tokens no
+# expert of random routing had a tail and it was slower, 529.3 against 516.9: there the down
+# GEMM's 128-column tiles leave room for two programs a SM, and the second accumulator's
+# registers and shared memory leave one (ptxas, sm90: 146 against 106 registers, 123 against
+# 98 KB); so that row keeps whole tiles. Between 1025 and 2047, and 2049 and 4095 tokens, it
+# is not measured. `inline_align` from 5 to 128 tokens (the aligned
 # rows of decode sizes): H100, 2026-11-24 (docs/perf/2026-11-24-h100-run59, `exp_inline.py`,
 # medians of 4 alternating rounds, on against off): the layer alone 315.1 / 366.5 / 397.5 /
 # 405.3 against 319.8 / 371.9 / 400.3 / 410.2 us at 16 / 32 / 64 / 128 tokens; V2-Lite
@@ -120,10 +121,9 @@ CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (1024, MoEConfig(128, (128, 64, 8, 3), (128, 64, 8, 3), pdl=True, tma=True,
                      shared_stream=True)),
     (2048, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True,
-                     shared_stream=True)),
-    (4095, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True)),
+                     shared_stream=True, merge_tail=True)),
     (1 << 62, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True,
-                        halves=True)),
+                        merge_tail=True)),
 )
 
 DIRECT_MAX_TOKENS = max(bound for bound, cfg in CONFIGS if cfg.direct)

@@ -4,7 +4,9 @@ pair (at a few tokens with the pair sum as its programs' tail, `moe_sum.last_sum
 direct layout's down GEMM that also sums each token's pairs (the pair sum's launch is
 `moe_sum.py`).
 
-Every kernel reads its M-tile through `moe_tile.tile` (either layout) and accumulates in fp32.
+Every kernel reads its M-tile through `moe_tile.tile` (either layout; `moe_tile.tail_tile` with
+`MoEConfig.merge_tail`: a program then also takes its expert's short last tile as a second
+product of half the rows on the same weight tiles) and accumulates in fp32.
 Expert weights are read by pointer loads, or with `TMA` by tensor descriptors: routed gate_up
 as it lies ([experts, 2, moe_inter, hidden], blocks [1, 2, BLOCK_N, BLOCK_K]: gate's and up's
 rows in one load and one product twice as wide, ~7% faster than two at 4096 tokens on an
@@ -20,7 +22,7 @@ import triton.language as tl
 
 from mla_func.kernels.moe_inline_align import inline_tile
 from mla_func.kernels.moe_sum import last_sum
-from mla_func.kernels.moe_tile import direct_tile, is_shared_tile, tail_tile, tile, unit_rows
+from mla_func.kernels.moe_tile import direct_tile, is_shared_tile, tail_tile, tile
 
 
 @triton.jit
@@ -133,17 +135,17 @@ def _gate_up_rows(
         _act_store(act_ptr, act_t, act_row0 + BM, offs_n, t_ok, n_ok, n_inter, BM // 2)
 
 
-# The token count only sizes the direct layout, the unit count only the halves' last tile: not
+# The token count only sizes the direct layout, the tile count only the last tile's tail: not
 # specialised, one compile serves every bucket.
-@triton.jit(do_not_specialize=["n_tokens", "n_units"])
+@triton.jit(do_not_specialize=["n_tokens", "n_blocks"])
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def gate_up_kernel(
     x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
-    block_rows_ptr, n_tokens, n_units, topk, n_inter, n_hidden, n_routed, stride_x,
+    block_rows_ptr, n_tokens, n_blocks, topk, n_inter, n_hidden, n_routed, stride_x,
     stride_we, stride_wg, stride_wn, stride_se, stride_sg, stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr, TMA: tl.constexpr, HALVES: tl.constexpr, INLINE: tl.constexpr = False,
+    PDL: tl.constexpr, TMA: tl.constexpr, INLINE: tl.constexpr = False,
     E_P2: tl.constexpr = 2, P_BLOCK: tl.constexpr = 1, MERGE_TAIL: tl.constexpr = False,
 ):
     """INLINE (aligned layout, whole tiles): the routed tiles find themselves from `ids`
@@ -157,40 +159,11 @@ def gate_up_kernel(
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
     if PDL:  # launched while the router (and alignment) run: routed tiles need their output
-        if HALVES or not is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN, BLOCK_M,
-                                        DIRECT):
+        if not is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN, BLOCK_M, DIRECT):
             tl.extra.cuda.gdc_wait()
-    if HALVES:  # units 2 pid_m and 2 pid_m + 1 (BLOCK_M // 2 rows each, no shared experts)
-        u = 2 * pid_m
-        e0 = tl.load(block_expert_ptr + u)
-        e1 = tl.load(block_expert_ptr + u + 1, mask=u + 1 < n_units, other=-1)
-        if e0 < 0:
-            return
-        if e0 == e1:  # one expert's 2 units: one BLOCK_M-row tile
-            pair2, ok2 = unit_rows(u, sorted_ptr, block_rows_ptr, BLOCK_M // 2, 2)
-            _gate_up_rows(
-                x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e0, pair2, ok2, u * (BLOCK_M // 2),
-                pid_n, n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn,
-                stride_se, stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K,
-                EVEN_K, PRECISION, PDL, TMA)
-        else:  # the end of one expert's run, then the start of the next: two half tiles
-            pair0, ok0 = unit_rows(u, sorted_ptr, block_rows_ptr, BLOCK_M // 2, 1)
-            _gate_up_rows(
-                x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e0, pair0, ok0, u * (BLOCK_M // 2),
-                pid_n, n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn,
-                stride_se, stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M // 2, BLOCK_N,
-                BLOCK_K, EVEN_K, PRECISION, PDL, TMA)
-            if e1 >= 0:
-                pair1, ok1 = unit_rows(u + 1, sorted_ptr, block_rows_ptr, BLOCK_M // 2, 1)
-                _gate_up_rows(
-                    x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e1, pair1, ok1,
-                    (u + 1) * (BLOCK_M // 2), pid_n, n_inter, n_hidden, n_routed, stride_x,
-                    stride_we, stride_wg, stride_wn, stride_se, stride_sg, stride_sn,
-                    PAIRS_PER_TOKEN, BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, PDL,
-                    TMA)
-    elif MERGE_TAIL:
+    if MERGE_TAIL:
         e, pair, row_ok, merge, t_pair, t_ok = tail_tile(pid_m, sorted_ptr, block_expert_ptr,
-                                                         block_rows_ptr, n_units, BLOCK_M)
+                                                         block_rows_ptr, n_blocks, BLOCK_M)
         if e < 0:
             return
         if merge:
@@ -329,23 +302,23 @@ def _down_rows(
     _store_pairs(out_ptr, y, pair, row_ok, offs_n, n_ok, n_hidden)
 
 
-@triton.jit(do_not_specialize=["n_tokens", "n_units"])
+@triton.jit(do_not_specialize=["n_tokens", "n_blocks"])
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def down_kernel(
-    act_ptr, w_ptr, ws_ptr, act_desc, act_half_desc, w_desc, out_ptr, weights_ptr, ids_ptr,
-    sorted_ptr, block_expert_ptr, block_rows_ptr, n_tokens, n_units, topk, n_hidden, n_inter,
+    act_ptr, w_ptr, ws_ptr, act_desc, act_tail_desc, w_desc, out_ptr, weights_ptr, ids_ptr,
+    sorted_ptr, block_expert_ptr, block_rows_ptr, n_tokens, n_blocks, topk, n_hidden, n_inter,
     n_routed, stride_we, stride_wn, stride_se, stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
-    TMA: tl.constexpr, HALVES: tl.constexpr,
+    TMA: tl.constexpr,
     sum_ptr=None, extra_ptr=None, res_ptr=None, y_ptr=None, nw_ptr=None, counter_ptr=None,
     eps=0.0, LAST_SUM: tl.constexpr = False, HAS_EXTRA: tl.constexpr = False,
     ADD_NORM: tl.constexpr = False, SUM_BLOCK: tl.constexpr = 1, TRIGGER: tl.constexpr = False,
     NORM: tl.constexpr = True, MERGE_TAIL: tl.constexpr = False,
 ):
     """Each pair's weighted expert output to its own row of `out` ([pairs, hidden]); with
-    HALVES or MERGE_TAIL, M-tiles as in `gate_up_kernel` (`act_half_desc`: TMA blocks of half
-    the rows).
+    MERGE_TAIL, M-tiles as in `gate_up_kernel` (`act_tail_desc`: TMA blocks of the tails'
+    half tiles).
     LAST_SUM (direct layout): then `moe_sum.last_sum` into `sum_ptr` (+ extra, + the residual
     with ADD_NORM, and the norm into y unless NORM is off). TRIGGER (sm90): let the launch
     after start at once (PDL; it waits for this one's end before it reads)."""
@@ -357,36 +330,9 @@ def down_kernel(
     else:  # N-tiles fastest: an M-tile's `act` rows are read from L2 by all its N-tiles
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
-    if HALVES:
-        u = 2 * pid_m
-        e0 = tl.load(block_expert_ptr + u)
-        e1 = tl.load(block_expert_ptr + u + 1, mask=u + 1 < n_units, other=-1)
-        if e0 < 0:
-            return
-        if e0 == e1:
-            pair2, ok2 = unit_rows(u, sorted_ptr, block_rows_ptr, BLOCK_M // 2, 2)
-            _down_rows(
-                act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr,
-                u * (BLOCK_M // 2), e0, pair2, ok2, pid_n, n_hidden, n_inter, n_routed, topk,
-                stride_we, stride_wn, stride_se, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N,
-                BLOCK_K, EVEN_K, PRECISION, TMA)
-        else:
-            pair0, ok0 = unit_rows(u, sorted_ptr, block_rows_ptr, BLOCK_M // 2, 1)
-            _down_rows(
-                act_ptr, w_ptr, ws_ptr, act_half_desc, w_desc, out_ptr, weights_ptr,
-                u * (BLOCK_M // 2), e0, pair0, ok0, pid_n, n_hidden, n_inter, n_routed, topk,
-                stride_we, stride_wn, stride_se, stride_sn, PAIRS_PER_TOKEN, BLOCK_M // 2,
-                BLOCK_N, BLOCK_K, EVEN_K, PRECISION, TMA)
-            if e1 >= 0:
-                pair1, ok1 = unit_rows(u + 1, sorted_ptr, block_rows_ptr, BLOCK_M // 2, 1)
-                _down_rows(
-                    act_ptr, w_ptr, ws_ptr, act_half_desc, w_desc, out_ptr, weights_ptr,
-                    (u + 1) * (BLOCK_M // 2), e1, pair1, ok1, pid_n, n_hidden, n_inter,
-                    n_routed, topk, stride_we, stride_wn, stride_se, stride_sn,
-                    PAIRS_PER_TOKEN, BLOCK_M // 2, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, TMA)
-    elif MERGE_TAIL:
+    if MERGE_TAIL:
         e, pair, row_ok, merge, t_pair, t_ok = tail_tile(pid_m, sorted_ptr, block_expert_ptr,
-                                                         block_rows_ptr, n_units, BLOCK_M)
+                                                         block_rows_ptr, n_blocks, BLOCK_M)
         if e < 0:
             return
         if merge:
@@ -394,7 +340,7 @@ def down_kernel(
                 act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr,
                 pid_m * BLOCK_M, e, pair, row_ok, pid_n, n_hidden, n_inter, n_routed, topk,
                 stride_we, stride_wn, stride_se, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N,
-                BLOCK_K, EVEN_K, PRECISION, TMA, act_half_desc, t_pair, t_ok, True)
+                BLOCK_K, EVEN_K, PRECISION, TMA, act_tail_desc, t_pair, t_ok, True)
         else:
             _down_rows(
                 act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr,

@@ -70,18 +70,6 @@ def tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, n_tokens,
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def unit_rows(u0, sorted_ptr, block_rows_ptr, UNIT: tl.constexpr, UNITS: tl.constexpr):
-    """(pair per row, real rows) of the UNITS consecutive M-tiles ("units", UNIT rows each) of
-    the aligned layout from u0, read as one tile of UNIT * UNITS rows (`MoEConfig.halves`:
-    two units of one expert make one GEMM tile)."""
-    r = tl.arange(0, UNIT * UNITS)
-    row_ok = (r % UNIT) < tl.load(block_rows_ptr + u0 + r // UNIT)
-    pair = tl.load(sorted_ptr + u0 * UNIT + r, mask=row_ok, other=0)
-    return pair, row_ok
-
-
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def tail_tile(q, sorted_ptr, block_expert_ptr, block_rows_ptr, n_tiles, BLOCK_M: tl.constexpr):
     """M-tile `q` of the aligned layout under `MoEConfig.merge_tail`: (expert, pair per row,
     real rows, whether the program also takes the tail, the tail's pair per row, its real
