@@ -13,6 +13,10 @@ same with `merge_tail` (halves off), alternating rounds of CUDA-graph replays, �
 then the routed experts' kernels alone under the profiler.
 
     PYTHONPATH=. python3 exp_tail.py [--tokens 1024 2048 4096 8192] [--rounds 6]
+
+`--sweep` (after merge_tail went into the table): at each token count the table's config
+against other tiles with merge_tail, alternating rounds, µs a layer (gate_up / down given as
+(N, K, warps, stages)).
 """
 
 import argparse
@@ -38,11 +42,55 @@ def tails(ids: torch.Tensor, experts: int) -> tuple[int, int]:
     return used, tail
 
 
+GATE_UP = [(128, 64, 8, 3), (64, 64, 8, 4), (64, 64, 4, 4), (128, 128, 8, 2)]
+DOWN = [(256, 64, 8, 3), (128, 64, 8, 4), (256, 128, 8, 2), (128, 128, 8, 3)]
+
+
+def sweep(tokens: list[int], rounds: int) -> None:
+    cfg = MLAConfig.preset("v2-lite")
+    print(f"# {torch.cuda.get_device_name()}")
+    torch.manual_seed(0)
+    layers = make_layers(cfg, 4)
+    for t in tokens:
+        x = torch.randn(t, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+        table = pick_config(t)
+        variants = {"table": table}
+        variants |= {f"gate_up {g}": replace(table, gate_up=g) for g in GATE_UP}
+        variants |= {f"down {d}": replace(table, down=d) for d in DOWN}
+        want = fused_layer(x, layers[0], cfg, table)
+        names = []
+        for name, c in variants.items():
+            try:
+                got = fused_layer(x, layers[0], cfg, c)
+            except Exception as err:  # noqa: BLE001  (a tile that does not fit is reported)
+                print(f"  {name}: {type(err).__name__}: {err}"[:200])
+                continue
+            d = (got.float() - want.float()).abs().max().item()
+            print(f"  {name}: max |d| against the table {d:.3g}")
+            names.append(name)
+        times: dict[str, list[float]] = {name: [] for name in names}
+        for r in range(rounds):
+            for name in (names if r % 2 == 0 else names[::-1]):
+                fn = lambda c=variants[name], x=x: [  # noqa: E731
+                    fused_layer(x, layer, cfg, c) for layer in layers]
+                times[name].append(graph_time_ms(fn, reps=20) * 1e3 / len(layers))
+        print(f"\n{t} tokens, table {table}")
+        base = statistics.median(times["table"])
+        for name in sorted(names, key=lambda n: statistics.median(times[n])):
+            us = statistics.median(times[name])
+            print(f"  {name:28s} {us:8.1f} µs {100 * (us / base - 1):+5.1f}%  rounds "
+                  + " ".join(f"{v:.1f}" for v in times[name]))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--sweep", action="store_true")
     args = p.parse_args()
+    if args.sweep:
+        sweep(args.tokens, args.rounds)
+        return
     cfg = MLAConfig.preset("v2-lite")
     print(f"# {torch.cuda.get_device_name()}")
     ceil = measure_ceilings()
