@@ -6,6 +6,7 @@ import dataclasses
 
 import torch
 
+from mla_func.kernels.moe_align import align_torch
 from mla_func.kernels.moe_config import MoEConfig
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import experts_reference
@@ -50,3 +51,13 @@ def reference(x, weights, ids, gate_up, down, mlp):
 def close(a, b, tol):
     err = (a.float() - b.float()).abs().max().item()
     assert err <= tol * b.float().abs().max().item(), err
+
+
+def tails(ids, n_exp, block_m):
+    """(tails the tile before them takes under `MoEConfig.merge_tail`, short last tiles left
+    alone) of the aligned layout without shared experts."""
+    _, expert, rows = align_torch(ids, n_exp, 0, block_m)
+    same = expert[1:] == expert[:-1]
+    short = (rows[1:] <= block_m // 2) & (rows[1:] > 0)
+    return int((same & short).sum()), int((same & (rows[1:] > block_m // 2)
+                                               & (rows[1:] < block_m)).sum())

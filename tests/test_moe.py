@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 import torch
-from moe_helpers import DIRECT, DIRECT_LAST, DIRECT_SUM, SMALL, close, make, reference
+from moe_helpers import DIRECT, DIRECT_LAST, DIRECT_SUM, SMALL, close, make, reference, tails
 
 from mla_func.config import MLAConfig
 from mla_func.kernels import fused_moe, moe_align
@@ -112,15 +112,6 @@ def test_tma_matches_reference_and_pointer_loads(tokens, topk, n_exp, hidden, in
                       config=dataclasses.replace(cfg, tma=True))
 
 
-def _tails(ids, n_exp, block_m):
-    """(tails a program before them takes, short last tiles left alone) of the aligned layout."""
-    _, expert, rows = align_torch(ids, n_exp, 0, block_m)
-    same = expert[1:] == expert[:-1]
-    short = (rows[1:] <= block_m // 2) & (rows[1:] > 0)
-    return int((same & short).sum()), int((same & (rows[1:] > block_m // 2)
-                                               & (rows[1:] < block_m)).sum())
-
-
 @pytest.mark.parametrize("tokens,topk,n_exp,skew", [
     (160, 2, 8, False),  # runs of 33-48 rows: a tile and a tail, or a tile and a longer end
     (40, 6, 64, False),  # every run one tile (no tails); empty experts
@@ -133,7 +124,7 @@ def test_merge_tail_matches_whole_tiles_and_reference(tokens, topk, n_exp, skew,
     """`MoEConfig.merge_tail`: a tail's rows computed by the program of the tile before it;
     the reference's result and the whole-tile programs' (`act`'s padding rows NaN)."""
     x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, 32, 16, 1, skew=skew, seed=tokens)
-    merged, left = _tails(ids, n_exp, 32)
+    merged, left = tails(ids, n_exp, 32)
     assert (merged > 0 and left > 0) if tokens == 160 else merged == (tokens == 45)
     cfg = MoEConfig(32, (32, 64, 4, 1), (64, 32, 4, 1), fuse_shared=False, tma=tma)
     whole = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg)

@@ -211,17 +211,17 @@ def _weighted(acc, pair, row_ok, weights_ptr, topk, dtype: tl.constexpr,
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _down_tile(
-    act_ptr, w_ptr, ws_ptr, act_desc, w_desc, weights_ptr, act_row0, e, pair, row_ok, n0,
-    n_ok, n_hidden, n_inter, n_routed, topk, stride_we, stride_wn, stride_se, stride_sn,
-    PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
-    t_desc=None, t_pair=None, t_ok=None, TAIL: tl.constexpr = False,
+    act_ptr, w_ptr, ws_ptr, act_desc, w_desc, act_row0, e, row_ok, n0, n_ok, n_hidden,
+    n_inter, n_routed, stride_we, stride_wn, stride_se, stride_sn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+    t_desc=None, t_ok=None, TAIL: tl.constexpr = False,
 ):
-    """(act W_down^T) * routing weight of the BLOCK_M `act` rows from act_row0 and the N-tile
-    of columns n0 + BLOCK_N, fp32 (padding rows are dropped by the caller's store; with TMA
-    they hold whatever `act` held). TAIL (`MoEConfig.merge_tail`): the products of those rows
-    and of the BLOCK_M // 2 rows from act_row0 + BLOCK_M (`t_desc`: TMA blocks of that many
-    rows) on the same weight tiles, both unweighted (`_weighted`)."""
+    """act W_down^T of the BLOCK_M `act` rows from act_row0 and the N-tile of columns
+    n0 + BLOCK_N, fp32, before the routing weights (`_weighted`; padding rows are dropped by
+    the caller's store; with TMA they hold whatever `act` held). TAIL (`MoEConfig.merge_tail`):
+    also that of the BLOCK_M // 2 rows from act_row0 + BLOCK_M (`t_desc`: TMA blocks of that
+    many rows) on the same weight tiles: returns both."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     base = _expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
     stride_n = tl.where(e >= n_routed, stride_sn, stride_wn)
@@ -259,8 +259,7 @@ def _down_tile(
     if TAIL:
         return acc, acc_t
     else:
-        return _weighted(acc, pair, row_ok, weights_ptr, topk, act_ptr.dtype.element_ty,
-                         PAIRS_PER_TOKEN)
+        return acc
 
 
 @triton.jit
@@ -284,21 +283,20 @@ def _down_rows(
     """`_down_tile` of BM rows (TAIL: and BM // 2 more), stored to each pair's row of `out`."""
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < n_hidden
+    dtype = act_ptr.dtype.element_ty
     if TAIL:  # the tail's rows first: one accumulator's epilogue at a time (registers)
         acc, acc_t = _down_tile(
-            act_ptr, w_ptr, ws_ptr, act_desc, w_desc, weights_ptr, act_row0, e, pair, row_ok,
-            pid_n * BLOCK_N, n_ok, n_hidden, n_inter, n_routed, topk, stride_we, stride_wn,
-            stride_se, stride_sn, PAIRS_PER_TOKEN, BM, BLOCK_N, BLOCK_K, EVEN_K, PRECISION,
-            TMA, t_desc, t_pair, t_ok, True)
-        dtype = act_ptr.dtype.element_ty
+            act_ptr, w_ptr, ws_ptr, act_desc, w_desc, act_row0, e, row_ok, pid_n * BLOCK_N,
+            n_ok, n_hidden, n_inter, n_routed, stride_we, stride_wn, stride_se, stride_sn,
+            BM, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, TMA, t_desc, t_ok, True)
         _store_pairs(out_ptr, _weighted(acc_t, t_pair, t_ok, weights_ptr, topk, dtype,
                                         PAIRS_PER_TOKEN), t_pair, t_ok, offs_n, n_ok, n_hidden)
-        y = _weighted(acc, pair, row_ok, weights_ptr, topk, dtype, PAIRS_PER_TOKEN)
     else:
-        y = _down_tile(act_ptr, w_ptr, ws_ptr, act_desc, w_desc, weights_ptr, act_row0, e,
-                       pair, row_ok, pid_n * BLOCK_N, n_ok, n_hidden, n_inter, n_routed, topk,
-                       stride_we, stride_wn, stride_se, stride_sn,
-                       PAIRS_PER_TOKEN, BM, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, TMA)
+        acc = _down_tile(act_ptr, w_ptr, ws_ptr, act_desc, w_desc, act_row0, e, row_ok,
+                         pid_n * BLOCK_N, n_ok, n_hidden, n_inter, n_routed, stride_we,
+                         stride_wn, stride_se, stride_sn, BM, BLOCK_N, BLOCK_K, EVEN_K,
+                         PRECISION, TMA)
+    y = _weighted(acc, pair, row_ok, weights_ptr, topk, dtype, PAIRS_PER_TOKEN)
     _store_pairs(out_ptr, y, pair, row_ok, offs_n, n_ok, n_hidden)
 
 
@@ -387,9 +385,10 @@ def down_sum_kernel(
     for q in range(0, n_tiles):
         e, pair, row_ok = direct_tile(q, ids_ptr, n_tokens, topk, n_routed, PAIRS_PER_TOKEN,
                                       BLOCK_M)
-        y = _down_tile(act_ptr, w_ptr, ws_ptr, None, None, weights_ptr, q * BLOCK_M, e, pair,
-                       row_ok, n0, n_ok, n_hidden, n_inter, n_routed, topk,
-                       stride_we, stride_wn, stride_se, stride_sn,
-                       PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, False)
+        acc = _down_tile(act_ptr, w_ptr, ws_ptr, None, None, q * BLOCK_M, e, row_ok, n0, n_ok,
+                         n_hidden, n_inter, n_routed, stride_we, stride_wn, stride_se,
+                         stride_sn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, False)
+        y = _weighted(acc, pair, row_ok, weights_ptr, topk, act_ptr.dtype.element_ty,
+                      PAIRS_PER_TOKEN)
         total += y.to(out_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=out_ok)
