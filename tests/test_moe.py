@@ -1,5 +1,5 @@
 """mla_func.moe and kernels/moe_align.py, moe_inline_align.py, moe_config.py, moe_gemm.py,
-moe_sum.py, fused_moe.py against ops.moe.experts_reference.
+moe_gate_up.py, moe_down.py, moe_sum.py, fused_moe.py against ops.moe.experts_reference.
 
 CPU: Triton under TRITON_INTERPRET=1 (conftest sets it without a GPU) at small sizes, float32
 (the 3.9 interpreter's bf16 tl.dot is wrong, so bf16 runs under `-m cuda` only). The GPU tests

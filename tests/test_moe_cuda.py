@@ -25,7 +25,8 @@ _AOT = """
 import triton
 from triton.backends.compiler import GPUTarget
 from sm90_ptxas import ptxas_usage
-from mla_func.kernels.moe_gemm import down_kernel, down_sum_kernel, gate_up_kernel
+from mla_func.kernels.moe_down import down_kernel, down_sum_kernel
+from mla_func.kernels.moe_gate_up import gate_up_kernel
 ptrs = dict(weights_ptr="*fp32", ids_ptr="*i64", sorted_ptr="*i32", block_expert_ptr="*i32",
             block_rows_ptr="*i32", counter_ptr="*i32", eps="fp32")
 no_tma = dict(TMA=False, w_desc=None)

@@ -7,10 +7,11 @@
 - mla_prefill: MHA-form causal prefill/extend (expanded K/V, flash attention).
 - backend: registers the "triton" attention backend (imported lazily by get_backend).
 - norm, rope: fused RMSNorm and the MLA prologue (rope, c_kv norm, cache row).
-- moe_align, moe_tile, moe_inline_align, moe_config, moe_gemm, moe_sum, fused_moe: expert
-  alignment, the M-tile a GEMM program reads (aligned or direct layout; or the GEMM programs
-  find their tiles themselves), the tile table, the grouped GEMM kernels, the pair sum, and
-  the fused MoE that lays out and launches them.
+- moe_align, moe_tile, moe_inline_align, moe_config, moe_gemm, moe_gate_up, moe_down, moe_sum,
+  fused_moe: expert alignment, the M-tile a GEMM program reads (aligned or direct layout; or
+  the GEMM programs find their tiles themselves), the tile table, the grouped GEMMs' shared
+  operands, the gate_up and down GEMM kernels, the pair sum, and the fused MoE that lays out
+  and launches them.
 - router, router_select, router_rows: the fused MoE router (logits, then scoring, group mask,
   top-k) in one launch; at 1-4 rows one program an expert (router_rows).
 - swiglu: the shared experts' SwiGLU apart (large steps): cuBLAS GEMMs, one fused silu * up.

@@ -1,7 +1,8 @@
 """Fused MoE grouped GEMM in Triton (after vLLM's `fused_moe` Triton kernel and the DeepSeekMoE
 layer of arXiv:2401.06066 / arXiv:2405.04434), static-shape and free of host syncs.
 
-This module lays out the tiles and launches the kernels of `moe_gemm.py` and `moe_sum.py`.
+This module lays out the tiles and launches the kernels of `moe_gate_up.py`, `moe_down.py`
+and `moe_sum.py`.
 Pipeline (four launches, all sizes fixed by `tokens`, `topk`, the config table and the
 weights):
 1. `moe_align.align`: pairs sorted by expert, each expert's run padded to `block_m` rows
@@ -74,7 +75,8 @@ from mla_func.kernels.moe_config import (
     MoEConfig,
     pick_config,
 )
-from mla_func.kernels.moe_gemm import down_kernel, down_sum_kernel, gate_up_kernel
+from mla_func.kernels.moe_down import down_kernel, down_sum_kernel
+from mla_func.kernels.moe_gate_up import gate_up_kernel
 from mla_func.kernels.moe_inline_align import MAX_PAIRS as INLINE_MAX_PAIRS
 from mla_func.kernels.moe_sum import sum_kernel
 from mla_func.kernels.norm import add_rmsnorm

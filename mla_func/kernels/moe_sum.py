@@ -1,5 +1,5 @@
 """The last step of the fused MoE (`fused_moe.fused_experts`): each token's pair rows, as the
-down GEMM (`moe_gemm.down_kernel`) wrote them, summed in fp32 (+ the shared experts' output
+down GEMM (`moe_down.down_kernel`) wrote them, summed in fp32 (+ the shared experts' output
 when they ran apart), optionally with the residual add and the next layer's RMSNorm
 (`norm.add_rmsnorm`'s numerics).
 

@@ -1,0 +1,215 @@
+"""The fused MoE's second grouped GEMM: (act W_down^T) times each pair's routing weight, written
+to the pair's own row of a [pairs, hidden] buffer (no atomic reduction: deterministic, replayed
+bit-identically), which the pair sum (`moe_sum.py`) adds up per token; at a few tokens with that
+sum as its programs' tail (`moe_sum.last_sum`), and the direct layout's form that also sums each
+token's pairs in one launch (`down_sum_kernel`). `act` is the gate_up GEMM's output
+(`moe_gate_up.py`). Operands and layouts: `moe_gemm.py`; the tiles and the launch:
+`fused_moe.fused_experts`.
+"""
+
+from typing import no_type_check
+
+import triton
+import triton.language as tl
+
+from mla_func.kernels.moe_gemm import expert_base, k_masks
+from mla_func.kernels.moe_sum import last_sum
+from mla_func.kernels.moe_tile import direct_tile, tail_tile, tile
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _weighted(acc, pair, row_ok, weights_ptr, topk, dtype: tl.constexpr,
+              PAIRS_PER_TOKEN: tl.constexpr):
+    """A down product's rows times their pairs' routing weights (1 for shared experts), fp32."""
+    j = pair % PAIRS_PER_TOKEN
+    routed = row_ok & (j < topk)
+    w = tl.load(weights_ptr + (pair // PAIRS_PER_TOKEN) * topk + j, mask=routed, other=1.0)
+    # Round to the model dtype first, as the reference does, then weight in fp32.
+    return acc.to(dtype).to(tl.float32) * w[:, None]
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _down_tile(
+    act_ptr, w_ptr, ws_ptr, act_desc, w_desc, act_row0, e, row_ok, n0, n_ok, n_hidden,
+    n_inter, n_routed, stride_we, stride_wn, stride_se, stride_sn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+    t_desc=None, t_ok=None, TAIL: tl.constexpr = False,
+):
+    """act W_down^T of the BLOCK_M `act` rows from act_row0 and the N-tile of columns
+    n0 + BLOCK_N, fp32, before the routing weights (`_weighted`; padding rows are dropped by
+    the caller's store; with TMA they hold whatever `act` held). TAIL (`MoEConfig.merge_tail`):
+    also that of the BLOCK_M // 2 rows from act_row0 + BLOCK_M (`t_desc`: TMA blocks of that
+    many rows) on the same weight tiles: returns both."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    base = expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
+    stride_n = tl.where(e >= n_routed, stride_sn, stride_wn)
+    offs_k = tl.arange(0, BLOCK_K)
+    act_rows = (act_row0 + tl.arange(0, BLOCK_M)).to(tl.int64)
+    a_ptrs = act_ptr + act_rows[:, None] * n_inter + offs_k[None, :]
+    b_ptrs = base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
+    if TAIL:
+        t_rows = (act_row0 + BLOCK_M + tl.arange(0, BLOCK_M // 2)).to(tl.int64)
+        t_ptrs = act_ptr + t_rows[:, None] * n_inter + offs_k[None, :]
+        acc_t = tl.zeros((BLOCK_M // 2, BLOCK_N), dtype=tl.float32)
+    if TMA:  # rows of the [experts * hidden, moe_inter] view, and of `act`
+        row_w = e * n_hidden + n0
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, n_inter, BLOCK_K):
+        if TMA:
+            a = act_desc.load([act_row0, k])
+            b = tl.trans(w_desc.load([row_w, k]))
+            if TAIL:
+                a_t = t_desc.load([act_row0 + BLOCK_M, k])
+        else:
+            k_ok = offs_k + k < n_inter
+            a_mask, b_mask = k_masks(row_ok, n_ok, k_ok, EVEN_K)
+            a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+            b = tl.load(b_ptrs, mask=b_mask, other=0.0)
+            if TAIL:
+                t_mask, _ = k_masks(t_ok, n_ok, k_ok, EVEN_K)
+                a_t = tl.load(t_ptrs, mask=t_mask, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        if TAIL:
+            acc_t = tl.dot(a_t, b, acc_t, input_precision=PRECISION)
+            t_ptrs += BLOCK_K
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    if TAIL:
+        return acc, acc_t
+    else:
+        return acc
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _store_pairs(out_ptr, y, pair, row_ok, offs_n, n_ok, n_hidden):
+    """Each row of y to its pair's row of `out`."""
+    out_ptrs = out_ptr + pair.to(tl.int64)[:, None] * n_hidden + offs_n[None, :]
+    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _down_rows(
+    act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr, act_row0, e, pair,
+    row_ok, pid_n, n_hidden, n_inter, n_routed, topk, stride_we, stride_wn, stride_se,
+    stride_sn,
+    PAIRS_PER_TOKEN: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+    t_desc=None, t_pair=None, t_ok=None, TAIL: tl.constexpr = False,
+):
+    """`_down_tile` of BM rows (TAIL: and BM // 2 more), stored to each pair's row of `out`."""
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < n_hidden
+    dtype = act_ptr.dtype.element_ty
+    if TAIL:  # the tail's rows first: one accumulator's epilogue at a time (registers)
+        acc, acc_t = _down_tile(
+            act_ptr, w_ptr, ws_ptr, act_desc, w_desc, act_row0, e, row_ok, pid_n * BLOCK_N,
+            n_ok, n_hidden, n_inter, n_routed, stride_we, stride_wn, stride_se, stride_sn,
+            BM, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, TMA, t_desc, t_ok, True)
+        _store_pairs(out_ptr, _weighted(acc_t, t_pair, t_ok, weights_ptr, topk, dtype,
+                                        PAIRS_PER_TOKEN), t_pair, t_ok, offs_n, n_ok, n_hidden)
+    else:
+        acc = _down_tile(act_ptr, w_ptr, ws_ptr, act_desc, w_desc, act_row0, e, row_ok,
+                         pid_n * BLOCK_N, n_ok, n_hidden, n_inter, n_routed, stride_we,
+                         stride_wn, stride_se, stride_sn, BM, BLOCK_N, BLOCK_K, EVEN_K,
+                         PRECISION, TMA)
+    y = _weighted(acc, pair, row_ok, weights_ptr, topk, dtype, PAIRS_PER_TOKEN)
+    _store_pairs(out_ptr, y, pair, row_ok, offs_n, n_ok, n_hidden)
+
+
+@triton.jit(do_not_specialize=["n_tokens", "n_blocks"])
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def down_kernel(
+    act_ptr, w_ptr, ws_ptr, act_desc, act_tail_desc, w_desc, out_ptr, weights_ptr, ids_ptr,
+    sorted_ptr, block_expert_ptr, block_rows_ptr, n_tokens, n_blocks, topk, n_hidden, n_inter,
+    n_routed, stride_we, stride_wn, stride_se, stride_sn,
+    PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
+    sum_ptr=None, extra_ptr=None, res_ptr=None, y_ptr=None, nw_ptr=None, counter_ptr=None,
+    eps=0.0, LAST_SUM: tl.constexpr = False, HAS_EXTRA: tl.constexpr = False,
+    ADD_NORM: tl.constexpr = False, SUM_BLOCK: tl.constexpr = 1, TRIGGER: tl.constexpr = False,
+    NORM: tl.constexpr = True, MERGE_TAIL: tl.constexpr = False,
+):
+    """Each pair's weighted expert output to its own row of `out` ([pairs, hidden]); with
+    MERGE_TAIL, M-tiles as in `gate_up_kernel` (`act_tail_desc`: TMA blocks of the tails'
+    half tiles).
+    LAST_SUM (direct layout): then `moe_sum.last_sum` into `sum_ptr` (+ extra, + the residual
+    with ADD_NORM, and the norm into y unless NORM is off). TRIGGER (sm90): let the launch
+    after start at once (PDL; it waits for this one's end before it reads)."""
+    if TRIGGER:
+        tl.extra.cuda.gdc_launch_dependents()
+    if DIRECT:
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+    else:  # N-tiles fastest: an M-tile's `act` rows are read from L2 by all its N-tiles
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+    if MERGE_TAIL:
+        e, pair, row_ok, merge, t_pair, t_ok = tail_tile(pid_m, sorted_ptr, block_expert_ptr,
+                                                         block_rows_ptr, n_blocks, BLOCK_M)
+        if e < 0:
+            return
+        if merge:
+            _down_rows(
+                act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr,
+                pid_m * BLOCK_M, e, pair, row_ok, pid_n, n_hidden, n_inter, n_routed, topk,
+                stride_we, stride_wn, stride_se, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N,
+                BLOCK_K, EVEN_K, PRECISION, TMA, act_tail_desc, t_pair, t_ok, True)
+        else:
+            _down_rows(
+                act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr,
+                pid_m * BLOCK_M, e, pair, row_ok, pid_n, n_hidden, n_inter, n_routed, topk,
+                stride_we, stride_wn, stride_se, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N,
+                BLOCK_K, EVEN_K, PRECISION, TMA)
+    else:
+        e, pair, row_ok = tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
+                                n_tokens, topk, n_routed, PAIRS_PER_TOKEN, BLOCK_M, DIRECT)
+        if e >= 0:
+            _down_rows(
+                act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr,
+                pid_m * BLOCK_M, e, pair, row_ok, pid_n, n_hidden, n_inter, n_routed, topk,
+                stride_we, stride_wn, stride_se, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N,
+                BLOCK_K, EVEN_K, PRECISION, TMA)
+        if LAST_SUM:  # every M-tile's program arrives, the last of an N-tile sums it
+            last_sum(out_ptr, extra_ptr, sum_ptr, res_ptr, y_ptr, nw_ptr, counter_ptr, pid_n,
+                     tl.num_programs(0), tl.num_programs(1), n_tokens, n_hidden, eps,
+                     PAIRS_PER_TOKEN, HAS_EXTRA, ADD_NORM, BLOCK_N, SUM_BLOCK, NORM)
+
+
+@triton.jit(do_not_specialize=["n_tokens", "n_tiles"])
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def down_sum_kernel(
+    act_ptr, w_ptr, ws_ptr, out_ptr, extra_ptr, weights_ptr, ids_ptr,
+    n_tokens, topk, n_tiles, n_hidden, n_inter, n_routed,
+    stride_we, stride_wn, stride_se, stride_sn,
+    PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_EXTRA: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Direct layout only: one program per N-tile runs every M-tile in order and sums the
+    tokens' rows (row r is token r in every tile; other rows add exact zeros), in the order
+    and the rounding of `sum_kernel`: same result, no [pairs, hidden] buffer, one launch."""
+    n0 = tl.program_id(0) * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < n_hidden
+    rows = tl.arange(0, BLOCK_M)
+    out_offs = rows.to(tl.int64)[:, None] * n_hidden + offs_n[None, :]
+    out_ok = (rows < n_tokens)[:, None] & n_ok[None, :]
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if HAS_EXTRA:  # the shared experts' output, when computed apart
+        total += tl.load(extra_ptr + out_offs, mask=out_ok, other=0.0).to(tl.float32)
+    for q in range(0, n_tiles):
+        e, pair, row_ok = direct_tile(q, ids_ptr, n_tokens, topk, n_routed, PAIRS_PER_TOKEN,
+                                      BLOCK_M)
+        acc = _down_tile(act_ptr, w_ptr, ws_ptr, None, None, q * BLOCK_M, e, row_ok, n0, n_ok,
+                         n_hidden, n_inter, n_routed, stride_we, stride_wn, stride_se,
+                         stride_sn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, False)
+        y = _weighted(acc, pair, row_ok, weights_ptr, topk, act_ptr.dtype.element_ty,
+                      PAIRS_PER_TOKEN)
+        total += y.to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=out_ok)

@@ -1,0 +1,162 @@
+"""The fused MoE's first grouped GEMM: act = silu(x W_gate^T) * (x W_up^T) of each M-tile of an
+expert's rows (token rows gathered from their pairs) and N-tile of `moe_inter` (SiLU·up fused in
+the epilogue), stored to `act` in the M-tile's rows for the down GEMM (`moe_down.py`). Operands
+and layouts: `moe_gemm.py`; the tiles and the launch: `fused_moe.fused_experts`.
+"""
+
+from typing import no_type_check
+
+import triton
+import triton.language as tl
+
+from mla_func.kernels.moe_gemm import expert_base, k_masks
+from mla_func.kernels.moe_inline_align import inline_tile
+from mla_func.kernels.moe_tile import is_shared_tile, tail_tile, tile
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _act_store(act_ptr, act, act_row0, offs_n, row_ok, n_ok, n_inter, BM: tl.constexpr):
+    """BM rows of silu(gate) * up, stored to `act` rows act_row0.."""
+    act_rows = (act_row0 + tl.arange(0, BM)).to(tl.int64)
+    act_ptrs = act_ptr + act_rows[:, None] * n_inter + offs_n[None, :]
+    tl.store(act_ptrs, act.to(act_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _gate_up_rows(
+    x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e, pair, row_ok, act_row0, pid_n,
+    n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn, stride_se,
+    stride_sg, stride_sn,
+    PAIRS_PER_TOKEN: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+    TMA: tl.constexpr, t_pair=None, t_ok=None, TAIL: tl.constexpr = False,
+):
+    """silu(x W_gate^T) * (x W_up^T) of BM rows of expert e (token rows gathered from `pair`)
+    and N-tile pid_n, stored to `act` rows act_row0... TAIL (`MoEConfig.merge_tail`): also
+    BM // 2 more rows of expert e (`t_pair`, `t_ok`; `act` rows act_row0 + BM..), a second
+    product on the same weight tiles of every K step."""
+    shared = e >= n_routed
+    base = expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
+    stride_g = tl.where(shared, stride_sg, stride_wg)
+    stride_n = tl.where(shared, stride_sn, stride_wn)
+    tok = (pair // PAIRS_PER_TOKEN).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < n_inter
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + tok[:, None] * stride_x + offs_k[None, :]
+    g_ptrs = base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
+    u_ptrs = g_ptrs + stride_g
+    if TAIL:
+        t_ptrs = x_ptr + (t_pair // PAIRS_PER_TOKEN).to(tl.int64)[:, None] * stride_x \
+            + offs_k[None, :]
+    if TMA:  # one [BM, 2 * BLOCK_N] product: gate's columns, then up's (one wgmma of
+        acc = tl.zeros((BM, 2 * BLOCK_N), dtype=tl.float32)  # twice the width)
+        if TAIL:
+            acc_t = tl.zeros((BM // 2, 2 * BLOCK_N), dtype=tl.float32)
+    else:
+        acc_g = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
+        if TAIL:
+            acc_tg = tl.zeros((BM // 2, BLOCK_N), dtype=tl.float32)
+            acc_tu = tl.zeros((BM // 2, BLOCK_N), dtype=tl.float32)
+    for k in range(0, n_hidden, BLOCK_K):
+        k_ok = offs_k + k < n_hidden
+        a_mask, b_mask = k_masks(row_ok, n_ok, k_ok, EVEN_K)
+        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+        if TAIL:
+            t_mask, _ = k_masks(t_ok, n_ok, k_ok, EVEN_K)
+            a_t = tl.load(t_ptrs, mask=t_mask, other=0.0)
+            t_ptrs += BLOCK_K
+        if TMA:  # the [1, 2, BLOCK_N, BLOCK_K] block of gate and up rows, one load
+            b = w_desc.load([e, 0, pid_n * BLOCK_N, k]).reshape(2 * BLOCK_N, BLOCK_K)
+            acc = tl.dot(a, tl.trans(b), acc, input_precision=PRECISION)
+            if TAIL:
+                acc_t = tl.dot(a_t, tl.trans(b), acc_t, input_precision=PRECISION)
+        else:
+            g = tl.load(g_ptrs, mask=b_mask, other=0.0)
+            u = tl.load(u_ptrs, mask=b_mask, other=0.0)
+            acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
+            acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
+            if TAIL:
+                acc_tg = tl.dot(a_t, g, acc_tg, input_precision=PRECISION)
+                acc_tu = tl.dot(a_t, u, acc_tu, input_precision=PRECISION)
+        a_ptrs += BLOCK_K
+        g_ptrs += BLOCK_K
+        u_ptrs += BLOCK_K
+    if TMA:
+        acc_g, acc_u = tl.split(tl.permute(acc.reshape(BM, 2, BLOCK_N), (0, 2, 1)))
+        if TAIL:
+            acc_tg, acc_tu = tl.split(tl.permute(acc_t.reshape(BM // 2, 2, BLOCK_N),
+                                                 (0, 2, 1)))
+    act = acc_g * tl.sigmoid(acc_g) * acc_u
+    if TAIL:
+        act_t = acc_tg * tl.sigmoid(acc_tg) * acc_tu
+    if PDL:  # shared tiles too: `act` may reuse memory the router still uses (its partials)
+        tl.extra.cuda.gdc_wait()
+    _act_store(act_ptr, act, act_row0, offs_n, row_ok, n_ok, n_inter, BM)
+    if TAIL:
+        _act_store(act_ptr, act_t, act_row0 + BM, offs_n, t_ok, n_ok, n_inter, BM // 2)
+
+
+# The token count only sizes the direct layout, the tile count only the last tile's tail: not
+# specialised, one compile serves every bucket.
+@triton.jit(do_not_specialize=["n_tokens", "n_blocks"])
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def gate_up_kernel(
+    x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
+    block_rows_ptr, n_tokens, n_blocks, topk, n_inter, n_hidden, n_routed, stride_x,
+    stride_we, stride_wg, stride_wn, stride_se, stride_sg, stride_sn,
+    PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr, TMA: tl.constexpr, INLINE: tl.constexpr = False,
+    E_P2: tl.constexpr = 2, P_BLOCK: tl.constexpr = 1, MERGE_TAIL: tl.constexpr = False,
+):
+    """INLINE (aligned layout, whole tiles): the routed tiles find themselves from `ids`
+    (`moe_inline_align`) and the first N-tile's programs write the tile table. MERGE_TAIL
+    (aligned layout, whole tiles, no shared experts): a program also takes its expert's tail
+    (`moe_tile.tail_tile`)."""
+    if DIRECT:
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+    else:  # N-tiles fastest: the shared experts' M-tiles, the first, launch first
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+    if PDL:  # launched while the router (and alignment) run: routed tiles need their output
+        if not is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN, BLOCK_M, DIRECT):
+            tl.extra.cuda.gdc_wait()
+    if MERGE_TAIL:
+        e, pair, row_ok, merge, t_pair, t_ok = tail_tile(pid_m, sorted_ptr, block_expert_ptr,
+                                                         block_rows_ptr, n_blocks, BLOCK_M)
+        if e < 0:
+            return
+        if merge:
+            _gate_up_rows(
+                x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e, pair, row_ok, pid_m * BLOCK_M,
+                pid_n, n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn,
+                stride_se, stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K,
+                EVEN_K, PRECISION, PDL, TMA, t_pair, t_ok, True)
+        else:
+            _gate_up_rows(
+                x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e, pair, row_ok, pid_m * BLOCK_M,
+                pid_n, n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn,
+                stride_se, stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K,
+                EVEN_K, PRECISION, PDL, TMA)
+    else:
+        if INLINE:
+            e, pair, row_ok = inline_tile(pid_m, pid_n, ids_ptr, sorted_ptr, block_expert_ptr,
+                                          block_rows_ptr, n_tokens, topk, n_routed,
+                                          PAIRS_PER_TOKEN, BLOCK_M, E_P2, P_BLOCK)
+        else:
+            e, pair, row_ok = tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr,
+                                   block_rows_ptr, n_tokens, topk, n_routed, PAIRS_PER_TOKEN,
+                                   BLOCK_M, DIRECT)
+        if e < 0:
+            return
+        _gate_up_rows(
+            x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e, pair, row_ok, pid_m * BLOCK_M, pid_n,
+            n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn, stride_se,
+            stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+            PRECISION, PDL, TMA)
+
