@@ -10,8 +10,9 @@ from mla_func.model import forward
 from mla_func.params import Params, init_params
 from mla_func.state import CacheFullError, KVState, PageAllocator, init_state
 
-_ENGINE_NAMES = ("generate", "GenerateOutput", "Engine", "RequestError", "TokenIdError",
-                 "EmptyPromptError", "PromptTooLongError")
+_ENGINE_NAMES = ("Engine", "RequestError", "TokenIdError", "EmptyPromptError",
+                 "PromptTooLongError")
+_GENERATION_NAMES = ("generate", "GenerateOutput")
 
 
 def __getattr__(name: str):
@@ -24,6 +25,10 @@ def __getattr__(name: str):
         from mla_func import engine
 
         return getattr(engine, name)
+    if name in _GENERATION_NAMES:
+        from mla_func import generation
+
+        return getattr(generation, name)
     raise AttributeError(f"module 'mla_func' has no attribute {name!r}")
 
 

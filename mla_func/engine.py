@@ -1,9 +1,10 @@
-"""Greedy generation with continuous batching over the step function.
+"""Greedy generation with continuous batching over the step function: the `Engine`.
 
 Iteration-level batching as in Orca (Yu et al., OSDI 2022) over a paged cache (vLLM, Kwon et al.,
 SOSP 2023), prefill chunks mixed into decode steps (Sarathi-Serve, Agrawal et al., OSDI 2024);
 nano-vllm's scheduler is the model for its size. This module owns the request lifecycle and the
-step loop. The step is `model.forward` (mode "eager") or what `compile_step` returns.
+step loop. The step is `model.forward` (mode "eager") or what `compile_step` returns. The
+one-call front end, `generate()` and its `GenerateOutput`, lives in `mla_func.generation`.
 
 Policy, once per step:
 1. Admit waiting requests in arrival order while fewer than `max_seqs` run and the allocator can
@@ -28,11 +29,8 @@ reuses them runs after it, in stream order. On CUDA the step's inputs reach the 
 pinned buffers the engine keeps (`staging.HostStaging`), not a buffer pinned per step.
 
 Errors, all found on the host before any state changes:
-- `generate()` validates the whole call first and raises, so nothing runs: a `RequestError`
-  (ValueError) for a bad prompt (`TokenIdError`, `EmptyPromptError`, `PromptTooLongError`: the
-  cache or the positions can never hold it), a ValueError for a bad argument (max_new_tokens < 1,
-  unknown mode, ...). `on_error="record"` records bad prompts instead (status "error" and
-  `errors[i]`) and serves the others.
+- `generate()` validates the whole call first and raises, so nothing runs (see
+  `mla_func.generation`).
 - `Engine.submit()` raises the same errors for that request only and leaves the engine as it
   was: a long-lived engine keeps serving the others.
 - A full cache is not an error: a request that fits an empty cache waits for pages.
@@ -45,15 +43,11 @@ the public names are re-exported here.
 """
 
 import dataclasses
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from jaxtyping import Float
-from torch import Tensor
 
 from mla_func import model
 from mla_func.attention import get_backend
@@ -68,7 +62,6 @@ from mla_func.state import KVState, init_state
 from mla_func.validation import (
     MODES,
     EmptyPromptError,
-    IntArray,
     Prompt,
     PromptTooLongError,
     RequestError,
@@ -87,32 +80,9 @@ from mla_func.validation import (
 MAX_BATCH_TOKENS = 8192
 
 __all__ = [
-    "AUTO_PROGRESS_DELAY_S", "MODES", "EmptyPromptError", "Engine", "GenerateOutput", "Prompt",
-    "PromptTooLongError", "Request", "RequestError", "TokenIdError", "check_mode", "check_prompt",
-    "generate", "seq_limit",
+    "AUTO_PROGRESS_DELAY_S", "MODES", "EmptyPromptError", "Engine", "Prompt", "PromptTooLongError",
+    "Request", "RequestError", "TokenIdError", "check_mode", "check_prompt", "seq_limit",
 ]
-
-
-@dataclass(frozen=True)
-class GenerateOutput:
-    """Per prompt, in the order given: greedy tokens, the float32 logits [new_tokens, vocab]
-    that produced them (CPU; `return_logits=True` only), status ("eos", "length" or "error")
-    and the error of a request that did not run; plus run statistics."""
-
-    tokens: list[list[int]]
-    logits: list[Float[Tensor, "_ vocab"]] | None
-    status: list[str]
-    errors: list[RequestError | None]
-    steps: int
-    wall_time_s: float  # the step loop; setup (cache, graph capture) is setup_time_s
-    setup_time_s: float
-    prompt_tokens: int
-    output_tokens: int
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Output tokens per second of wall time."""
-        return self.output_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
 
 
 def _step_function(params: Params, state: KVState, mode: str, backend: str, max_tokens: int,
@@ -313,63 +283,3 @@ class Engine:
 
     def result(self, rid: int) -> Request:
         return self._requests[rid]
-
-
-def generate(
-    cfg: MLAConfig, params: Params, prompts: Sequence[Prompt] | Tensor | IntArray,
-    max_new_tokens: int = 8, mode: str = "eager", attention_backend: str = "torch",
-    return_logits: bool = False, *,
-    page_size: int = 16, num_pages: int | None = None,
-    max_batch_tokens: int = MAX_BATCH_TOKENS,
-    max_seqs: int = 64, eos_token_id: int | Sequence[int] | Literal["config"] | None = "config",
-    progress: bool | None = None, on_error: str = "raise",
-    max_graph_tokens: int = TOKENS_MAX_CAPTURED,
-) -> GenerateOutput:
-    """Greedy generation for every prompt with continuous batching (see the module docstring).
-
-    `num_pages=None` sizes the cache so that `max_seqs` requests can run at once; eos_token_id
-    "config" means cfg.eos_token_ids (every id a config.json list gives), None disables it, an
-    id or a sequence of ids replaces them; progress None shows a bar only on runs
-    longer than a couple of seconds; graph modes capture steps of up to `max_graph_tokens`
-    tokens (and `max_batch_tokens`), larger ones run eagerly."""
-    check_mode(mode, params)
-    positive_int("max_new_tokens", max_new_tokens)
-    positive_int("page_size", page_size)
-    if on_error not in ("raise", "record"):
-        raise ValueError(f"on_error must be 'raise' or 'record', got {on_error!r}")
-    max_len, limit = seq_limit(cfg, num_pages, page_size)
-    checked: list[list[int] | RequestError] = []
-    for i, prompt in enumerate(prompts):
-        try:
-            checked.append(check_prompt(prompt, max_new_tokens, cfg.vocab_size, max_len, limit))
-        except RequestError as err:
-            if on_error == "raise":
-                raise type(err)(f"prompt {i}: {err}") from None
-            checked.append(type(err)(f"prompt {i}: {err}"))
-    valid = [p for p in checked if isinstance(p, list)]
-    pages = [-(-(len(p) + max_new_tokens - 1) // page_size) for p in valid]
-    if num_pages is None:
-        num_pages = 1 + sum(sorted(pages, reverse=True)[:max_seqs]) if pages else 2
-    longest = max((len(p) + max_new_tokens - 1 for p in valid), default=1)
-    setup = time.perf_counter()
-    engine = Engine(
-        cfg, params, num_pages=num_pages, mode=mode, attention_backend=attention_backend,
-        page_size=page_size, max_batch_tokens=max_batch_tokens, max_seqs=max_seqs,
-        max_seq_len=longest, eos_token_id=eos_token_id, return_logits=return_logits,
-        progress=progress, max_graph_tokens=max_graph_tokens)
-    rids = [engine.submit(p, max_new_tokens) if isinstance(p, list) else None for p in checked]
-    start = time.perf_counter()
-    setup = start - setup
-    engine.run(progress)
-    wall = time.perf_counter() - start
-    reqs = [engine.result(r) if r is not None else None for r in rids]
-    empty = torch.empty(0, cfg.vocab_size)
-    return GenerateOutput(
-        tokens=[r.tokens if r else [] for r in reqs],
-        logits=[torch.stack(r.logits) if r and r.logits else empty for r in reqs]
-        if return_logits else None,
-        status=[r.status if r else "error" for r in reqs],
-        errors=[None if r else err for r, err in zip(reqs, checked, strict=True)],
-        steps=engine.steps, wall_time_s=wall, setup_time_s=setup,
-        prompt_tokens=sum(len(p) for p in valid),
-        output_tokens=sum(len(r.tokens) for r in reqs if r))

@@ -16,6 +16,8 @@ version ran the same launch shape (`legacy_plan`).
 
 The sweep tunes one plan field at a time (`sweep_case`), then prints per case the default,
 legacy and best plans: what to make `plan_decode`'s default.
+
+The inputs, the timing, the ceilings and the floor are `bench_kernels_timing.py`'s.
 """
 
 import argparse
@@ -33,7 +35,6 @@ from mla_func.kernels.mla_decode import (
     DecodeWorkspace,
     effective_plan,
     legacy_plan,
-    mla_decode,
     plan_decode,
 )
 from mla_func.kernels.mla_decode_ws import device_ok as ws_device
@@ -41,12 +42,36 @@ from mla_func.kernels.mla_prefill import mha_prefill, prefill_flops
 from mla_func.ops import attention as ref
 
 try:  # `python -m scripts.bench kernels` / `python -m scripts.bench_kernels`
-    from scripts.bench_common import measure_ceilings, print_table
+    from scripts.bench_common import print_table
+    from scripts.bench_kernels_timing import (
+        KV_LORA,
+        LATENT,
+        NOPE,
+        ROPE,
+        V_HEAD,
+        bench_us,
+        ceilings,
+        decode_inputs,
+        floors,
+        plan_label,
+        time_plan,
+    )
 except ImportError:  # `python scripts/bench_kernels.py`
-    from bench_common import measure_ceilings, print_table
+    from bench_common import print_table
+    from bench_kernels_timing import (
+        KV_LORA,
+        LATENT,
+        NOPE,
+        ROPE,
+        V_HEAD,
+        bench_us,
+        ceilings,
+        decode_inputs,
+        floors,
+        plan_label,
+        time_plan,
+    )
 
-NOPE, ROPE, V_HEAD, KV_LORA = 128, 64, 128, 512
-LATENT = KV_LORA + ROPE
 REF_MAX_KEYS = 128 * 1024  # B * ctx above this: no torch reference (fp32 gather too big)
 
 
@@ -70,101 +95,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-ref", action="store_true", help="skip the torch reference")
 
 
-def bench_us(fn) -> float:
-    """Median µs of `fn` replayed from a CUDA graph (launch overhead excluded; do_bench
-    flushes L2 before each replay). Falls back to eager timing if `fn` cannot be captured."""
-    import triton.testing
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # compile, allocate
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    try:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-    except RuntimeError as err:
-        print(f"  (not capturable, timed eagerly: {str(err)[:60]})")
-        return triton.testing.do_bench(fn, return_mode="median") * 1e3
-    return triton.testing.do_bench(graph.replay, return_mode="median") * 1e3
-
-
-def ceilings() -> dict:
-    """Copy bandwidth (bytes read + written) and bf16 matmul rate, measured now."""
-    found = measure_ceilings()
-    return {"copy_GBps": found["copy_gbs"], "matmul_TFLOPs": found["matmul_tflops"]}
-
-
-def decode_inputs(heads: int, batch: int, ctx: int, page: int, seed: int = 0) -> dict:
-    """bf16 V2/V3-shaped decode inputs: every sequence at `ctx` keys, pages shuffled."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    per_seq = -(-ctx // page)
-    pages = batch * per_seq + 1
-    cache = torch.randn(pages, page, LATENT, device="cuda", dtype=torch.bfloat16, generator=g)
-    order = torch.randperm(pages - 1, device="cuda", generator=g).to(torch.int32) + 1
-    table = order.view(batch, per_seq)
-
-    def rnd(*shape, s=1.0):
-        return torch.randn(*shape, device="cuda", generator=g).mul_(s).to(torch.bfloat16)
-
-    return {
-        "q_nope": rnd(batch, heads, NOPE), "q_pe": rnd(batch, heads, ROPE), "cache": cache,
-        "w_uk": rnd(heads, NOPE, KV_LORA, s=NOPE**-0.5),
-        "w_uv": rnd(heads, V_HEAD, KV_LORA, s=KV_LORA**-0.5),
-        "token_seq": torch.arange(batch, device="cuda", dtype=torch.int32),
-        "positions": torch.full((batch,), ctx - 1, device="cuda", dtype=torch.int32),
-        "page_table": table, "scale": (NOPE + ROPE) ** -0.5,
-    }
-
 
 def _args(p: dict) -> tuple:
     return (p["q_nope"], p["q_pe"], p["cache"], p["w_uk"], p["w_uv"], p["token_seq"],
             p["positions"], p["page_table"], p["scale"])
 
-
-def plan_label(plan: DecodePlan) -> str:
-    """Short name of a plan: tiling, addressing (pt: page tiles, g: gather; +pf: prefetch),
-    merge (tile heads x columns per program, serial, fused; +pdl: dependent launch); ws: the
-    warp-specialised kernel."""
-    cols = plan.merge_cols or "auto"
-    merge = plan.merge if plan.merge != "tile" else f"tile{plan.merge_heads}x{cols}"
-    return (f"h{plan.block_h}n{plan.block_n}w{plan.num_warps}s{plan.num_stages}"
-            f"{'pt' if plan.page_tiles else 'g'}{'+pf' if plan.prefetch else ''} {merge}"
-            f"{'+pdl' if plan.pdl else ''}{' shared-p' if plan.shared_p else ''}"
-            f"{' ws' if plan.ws else ''}")
-
-
-def time_plan(p: dict, plan: DecodePlan, strict: bool = False) -> float:
-    """Median µs of the latent kernel (split + merge) under `plan` on inputs `p`; strict: inf
-    if the plan ran out of resources and shrank (`effective_plan`)."""
-    batch, heads = p["q_nope"].shape[:2]
-    ws = DecodeWorkspace()
-    q_lat, o_lat, part_o, part_lse = ws.get(torch.device("cuda"), torch.bfloat16, batch, heads,
-                                            KV_LORA, plan.num_splits)
-    counters = ws.counters(torch.device("cuda"), batch * heads)  # enough for any head block
-    scratch = None
-    if plan.shared_p:
-        scratch = ws.shared_p(torch.device("cuda"), torch.bfloat16, batch, heads, plan)
-    q_lat.copy_(torch.einsum("thn,hnc->htc", p["q_nope"], p["w_uk"]))
-
-    def kernel():
-        mla_decode(q_lat, p["q_pe"], p["cache"], p["page_table"], p["token_seq"],
-                   p["positions"], p["scale"], plan, o_lat, part_o, part_lse, counters,
-                   scratch)
-
-    us = bench_us(kernel)
-    return us if effective_plan(plan) == plan or not strict else math.inf
-
-
-def floors(heads: int, batch: int, ctx: int, ceil: dict) -> tuple[int, float]:
-    """(bytes moved, floor µs) of one decode case."""
-    kv_bytes = batch * ctx * LATENT * 2
-    io_bytes = batch * heads * (2 * KV_LORA + ROPE) * 2
-    flops = 2 * batch * heads * ctx * (LATENT + KV_LORA)
-    return kv_bytes + io_bytes, max((kv_bytes + io_bytes) / ceil["copy_GBps"] / 1e3,
-                                    flops / ceil["matmul_TFLOPs"] / 1e6)
 
 
 def decode_row(heads, batch, ctx, page, ceil, no_ref) -> dict:

@@ -9,6 +9,7 @@ import torch
 
 import mla_func as mf
 from mla_func import engine as eng
+from mla_func import generation as gen
 from mla_func.dims import TOKENS_MAX_CAPTURED
 
 NEW = 5
@@ -267,6 +268,7 @@ def test_graph_mode_step_emulated_on_cpu(model, reference, monkeypatch):
 
     monkeypatch.setattr(cs, "compile_step", functools.partial(cs.compile_step, emulate=True))
     monkeypatch.setattr(eng, "check_mode", lambda mode, params: None)
+    monkeypatch.setattr(gen, "check_mode", lambda mode, params: None)
     cfg, params = model
     out = mf.generate(cfg, params, PROMPTS[:3], 4, mode="full_and_piecewise",
                       return_logits=True, page_size=4, max_batch_tokens=16, max_seqs=4,

@@ -17,6 +17,7 @@ from sm90_ptxas import run_compile_script
 
 from mla_func.config import MLAConfig
 from mla_func.kernels import router as fused
+from mla_func.kernels import router_plan as plan
 from mla_func.kernels.router import route_fused
 from mla_func.ops.moe import route
 
@@ -151,7 +152,7 @@ CASES = [  # method, experts, n_group, topk_group, top_k, norm, scale, tokens, h
 
 
 def _config(c):
-    return fused.launch_config(c[7], c[1], c[8], c[2] if c[0] != "greedy" else 1)
+    return plan.launch_config(c[7], c[1], c[8], c[2] if c[0] != "greedy" else 1)
 
 
 @pytest.mark.parametrize("method, experts, n_group, topk_group, k, norm, scale, tokens, hidden",
@@ -200,7 +201,7 @@ def test_forced_configs_match_route(monkeypatch, experts, n_group, tokens, hidde
     method = "noaux_tc" if n_group > 1 else "greedy"
     cfg = _cfg(method, experts, 8 if experts > 64 else 6, n_group, 4 if n_group > 1 else 1,
                norm=True, scale=2.5)
-    forced = fused.LaunchConfig(**fields)
+    forced = plan.LaunchConfig(**fields)
     monkeypatch.setattr(fused, "launch_config", lambda *args: forced)
     x, router, bias = _inputs(cfg, tokens, hidden, dtype, router_dtype=router_dtype)
     bias = bias if method == "noaux_tc" else None
@@ -211,14 +212,14 @@ def test_forced_configs_match_route(monkeypatch, experts, n_group, tokens, hidde
 @pytest.mark.parametrize("experts, hidden, n_group", [(64, 2048, 1), (256, 7168, 8),
                                                       (160, 5120, 8), (8, 32, 1)])
 def test_launch_config_is_consistent(experts, hidden, n_group):
-    decode = fused.launch_config(1, experts, hidden, n_group)
+    decode = plan.launch_config(1, experts, hidden, n_group)
     assert hidden <= 32 or decode.n_split > 1  # decode spreads the router read
     for tokens in [*range(1, 70), 100, 128, 300, 512, 1000, 4096, 8192, 65536]:
-        c = fused.launch_config(tokens, experts, hidden, n_group)
+        c = plan.launch_config(tokens, experts, hidden, n_group)
         assert c.blocks == -(-tokens // c.block_t) and c.chunk % c.block_h == 0
         assert (c.n_split - 1) * c.chunk < hidden <= c.n_split * c.chunk
-        assert c.block_t % c.sel_t == 0 and c.block_t * c.block_e <= fused._ACC_TILE
-        assert c.n_split == 1 or c.blocks <= fused._COUNTER_SLOTS
+        assert c.block_t % c.sel_t == 0 and c.block_t * c.block_e <= plan._ACC_TILE
+        assert c.n_split == 1 or c.blocks <= plan.COUNTER_SLOTS
 
 
 def test_half_router_is_read_as_it_is():
@@ -229,7 +230,7 @@ def test_half_router_is_read_as_it_is():
     assert not any(fused.router_is_half(x, r) for x, r in
                    [(bf16, fp32), (fp32, fp32), (fp32, bf16), (bf16, fp16), (fp16, bf16)])
     cfg = _cfg("greedy", 16, 4)
-    c = fused.launch_config(40, 16, 64, 1, True)
+    c = plan.launch_config(40, 16, 64, 1, True)
     const = fused.kernel_constants(c, bf16, 16, 4, 1, 1, "greedy", False, False, half=True)
     assert const["W_HALF"] and not fused.kernel_constants(
         c, bf16, 16, 4, 1, 1, "greedy", False, False)["W_HALF"]
@@ -242,8 +243,8 @@ def test_launch_config_counts_whole_waves():
     """A partial wave costs a whole one (H100, docs/perf/2026-11-23-h100-run13/14): at 4096
     V2-Lite tokens the pick is 4 splits of 32 blocks (one wave, 26.7 us), not 5 (160 programs,
     38.9 us), which a per-SM share in fractions of a wave chose."""
-    c = fused.launch_config(4096, 64, 2048, 1)
-    assert (c.block_t, c.n_split) == (128, 4) and c.blocks * c.n_split <= fused._SMS
+    c = plan.launch_config(4096, 64, 2048, 1)
+    assert (c.block_t, c.n_split) == (128, 4) and c.blocks * c.n_split <= plan._SMS
 
 
 @pytest.mark.parametrize("model_type, method", [("deepseek_v2", "greedy"),
@@ -259,7 +260,7 @@ def test_normalises_exactly_when_route_does(model_type, method):
 def test_repeat_calls_reset_the_counters_and_agree():
     cfg = _cfg("noaux_tc", 64, 6, 8, 4, True, 2.5)
     x, router, bias = _inputs(cfg, 9, 512)
-    assert fused.launch_config(9, 64, 512, 8).n_split > 1  # the split + last-arriver path
+    assert plan.launch_config(9, 64, 512, 8).n_split > 1  # the split + last-arriver path
     first = route_fused(x, router, bias, cfg)
     second = route_fused(x, router, bias, cfg)
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
@@ -283,7 +284,8 @@ _AOT = """
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from sm90_ptxas import ptxas_usage
-from mla_func.kernels.router import _router_kernel, kernel_constants, launch_config
+from mla_func.kernels.router import _router_kernel, kernel_constants
+from mla_func.kernels.router_plan import launch_config
 bf16, fp32 = torch.bfloat16, torch.float32
 # x dtype, router dtype: a bf16 router with a bf16 x is the one-product (W_HALF) form.
 for tokens, e, h, k, method, g, tg, xdt, rdt, pdl in [

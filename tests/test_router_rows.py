@@ -84,7 +84,8 @@ import torch, triton
 from triton.backends.compiler import GPUTarget
 from sm90_ptxas import ptxas_usage
 from mla_func.kernels import router_rows
-from mla_func.kernels.router import kernel_constants, launch_config
+from mla_func.kernels.router import kernel_constants
+from mla_func.kernels.router_plan import launch_config
 for tokens, e, h, k, method, g, tg, rdt in [(1, 64, 2048, 6, "greedy", 1, 1, "fp32"),
                                              (4, 64, 2048, 6, "greedy", 1, 1, "fp32"),
                                              (4, 256, 7168, 8, "noaux_tc", 8, 4, "fp32"),

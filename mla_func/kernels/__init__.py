@@ -12,8 +12,9 @@
   the GEMM programs find their tiles themselves), the tile table, the grouped GEMMs' shared
   operands, the gate_up and down GEMM kernels, the pair sum, and the fused MoE that lays out
   and launches them.
-- router, router_select, router_rows: the fused MoE router (logits, then scoring, group mask,
-  top-k) in one launch; at 1-4 rows one program an expert (router_rows).
+- router, router_plan, router_select, router_rows: the fused MoE router (logits, then scoring,
+  group mask, top-k) in one launch, its launch plan (token block and hidden split, by a cost
+  model); at 1-4 rows one program an expert (router_rows).
 - swiglu: the shared experts' SwiGLU apart (large steps): cuBLAS GEMMs, one fused silu * up.
 - pdl: where programmatic dependent launch (sm90+) is available, and its rules.
 - l2_prefetch: bulk L2 prefetches the decode's early-launched split and merge issue before they
