@@ -31,6 +31,10 @@ ptrs = dict(weights_ptr="*fp32", ids_ptr="*i64", sorted_ptr="*i32", block_expert
             block_rows_ptr="*i32", counter_ptr="*i32", eps="fp32")
 no_tma = dict(TMA=False, w_desc=None)
 no_act = dict(act_desc=None, act_tail_desc=None)
+# Triton before 3.9 (the GPU machines' 3.6) spills the merged-tail down kernel's epilogue, after
+# its K loop: 88 bytes a thread at 254 registers (3.9: none). Kept: it was measured faster with
+# the spill, docs/perf/2026-11-25-h100-run1. Any other spill, or a larger one, still fails.
+old_triton = tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9)
 for fn, (bm, bn, bk, warps, stages), const in [
         (gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=False, PDL=True, **no_tma)),
         (gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=True, PDL=True, **no_tma)),
@@ -72,7 +76,8 @@ for fn, (bm, bn, bk, warps, stages), const in [
         triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
         target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
     _, spills, report = ptxas_usage(kernel)
-    assert spills == 0, report
+    merged_down = fn is down_kernel and const["MERGE_TAIL"]
+    assert spills <= (88 if merged_down and old_triton else 0), report
 from mla_func.kernels.moe_sum import sum_kernel
 for add_norm, block in ((False, 1024), (True, 2048)):  # as fused_experts launches it
     const = dict(PAIRS_PER_TOKEN=8, HAS_EXTRA=True, ADD_NORM=add_norm, BLOCK=block)
