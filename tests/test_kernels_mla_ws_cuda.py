@@ -94,6 +94,10 @@ def test_ws_not_supported_off_sm90_or_wrong_shapes():
         gpu = cache.cuda()
         assert ws.supported(gpu, 128, 32) and ws.supported(gpu, 128, 64)
         assert not ws.supported(gpu, 16, 32)  # 16 heads: the Triton kernel's tiles
-        assert ws.supported(gpu[:, :48], 128, 32)  # pages under a tile: gathered
+        small = torch.zeros(3, 48, 576, dtype=torch.bfloat16, device="cuda")
+        assert ws.supported(small, 128, 64)  # pages not a whole number of tiles: gathered
+        # A view of part of each page is no paged cache: its rows are not [pages * page_size,
+        # latent] (the TMA descriptor's view; flattening it would copy).
+        assert not ws.supported(gpu[:, :48], 128, 32)
         assert not ws.supported(gpu, 128, 16)  # tiles of 32 or 64 keys only
         assert not ws.supported(gpu.float(), 128, 32)

@@ -64,12 +64,19 @@ class MoEConfig:
 # that picks it, so past a few tokens the aligned layout wins. `pdl` is on in every row: the layer
 # took 3-13 us less with it from 1 to 512 tokens on an H100 (docs/perf/2026-11-22-h100-run11,
 # `fused_no_pdl`), 1 us less at 1024 (run 14); at 4096 19 us less in run 14 and 8 us more in run
-# 22: no difference beyond run-to-run noise there. `shared_stream` from 513 to 2048 tokens
-# (the shared experts run apart from 513): H100, 2026-11-23, the layer alone (run 2,
+# 22: no difference beyond run-to-run noise there. `shared_stream` from 513 tokens (the shared
+# experts run apart from 513): H100, 2026-11-23, the layer alone (run 2,
 # `exp_shared_stream.py`, medians of 3 alternating rounds): 517 against 532 us at 1024 tokens,
-# 691 against 722 at 2048, 1205 against 1226 at 4096. Past 2048 it stays off: in the piecewise
-# prefill step at 4096 tokens it was slower (runs 5-6: 52.2-53.2 against 50.2-51.1 ms), at
-# 2048 faster (27.9-28.1 against 28.3-28.5 ms). `merge_tail` from 1025 tokens: H100,
+# 691 against 722 at 2048, 1205 against 1226 at 4096. Past 2048 it was off until 2026-11-25:
+# in the piecewise prefill step at 4096 tokens it had been slower (2026-11-23 runs 5-6:
+# 52.2-53.2 against 50.2-51.1 ms; graphs covered 4096 tokens then). Re-measured on the
+# merge_tail kernels (H100, 2026-11-25, docs/perf/2026-11-25-h100-run6, run7,
+# docs/perf/2026-11-25-run6/exp_mid.py and exp_stream.py, medians of 6 alternating rounds, on
+# against off): the layer alone 733.1 against 774.1 us at 2560 tokens, 854.1 against 906.4 at
+# 3072, 1109.3 against 1141.2 at 4096 (rounds overlapping), 2193.3 against 2196.1 at 8192; the
+# eager prefill step (the path past 2560 tokens in every mode) 47.85 against 48.24 ms at 4096
+# and 101.44 against 102.14 at 8192 (rounds overlapping). So the last row has it too.
+# `merge_tail` from 1025 tokens: H100,
 # 2026-11-25 (docs/perf/2026-11-25-h100-run1, `exp_tail.py`, the layer alone, medians of 6
 # alternating rounds, on against the table before it): 632.0 against 664.4 us at 2048 tokens
 # (whole tiles before), 1156.5 against 1183.7 at 4096 and 2124.6 against 2202.1 at 8192 (half
@@ -123,7 +130,7 @@ CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (2048, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True,
                      shared_stream=True, merge_tail=True)),
     (1 << 62, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True,
-                        merge_tail=True)),
+                        shared_stream=True, merge_tail=True)),
 )
 
 DIRECT_MAX_TOKENS = max(bound for bound, cfg in CONFIGS if cfg.direct)
