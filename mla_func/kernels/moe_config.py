@@ -64,18 +64,21 @@ class MoEConfig:
 # that picks it, so past a few tokens the aligned layout wins. `pdl` is on in every row: the layer
 # took 3-13 us less with it from 1 to 512 tokens on an H100 (docs/perf/2026-11-22-h100-run11,
 # `fused_no_pdl`), 1 us less at 1024 (run 14); at 4096 19 us less in run 14 and 8 us more in run
-# 22: no difference beyond run-to-run noise there. `shared_stream` from 513 tokens (the shared
-# experts run apart from 513): H100, 2026-11-23, the layer alone (run 2,
+# 22: no difference beyond run-to-run noise there. `shared_stream` from 513 to 2560 tokens (the
+# shared experts run apart from 513): H100, 2026-11-23, the layer alone (run 2,
 # `exp_shared_stream.py`, medians of 3 alternating rounds): 517 against 532 us at 1024 tokens,
-# 691 against 722 at 2048, 1205 against 1226 at 4096. Past 2048 it was off until 2026-11-25:
-# in the piecewise prefill step at 4096 tokens it had been slower (2026-11-23 runs 5-6:
-# 52.2-53.2 against 50.2-51.1 ms; graphs covered 4096 tokens then). Re-measured on the
-# merge_tail kernels (H100, 2026-11-25, docs/perf/2026-11-25-h100-run6, run7,
-# docs/perf/2026-11-25-run6/exp_mid.py and exp_stream.py, medians of 6 alternating rounds, on
-# against off): the layer alone 733.1 against 774.1 us at 2560 tokens, 854.1 against 906.4 at
-# 3072, 1109.3 against 1141.2 at 4096 (rounds overlapping), 2193.3 against 2196.1 at 8192; the
-# eager prefill step (the path past 2560 tokens in every mode) 47.85 against 48.24 ms at 4096
-# and 101.44 against 102.14 at 8192 (rounds overlapping). So the last row has it too.
+# 691 against 722 at 2048, 1205 against 1226 at 4096. Past 2048 it had stayed off: in the
+# piecewise prefill step at 4096 tokens it was slower (runs 5-6: 52.2-53.2 against 50.2-51.1
+# ms; graphs covered 4096 tokens then). Re-measured on the merge_tail kernels (H100,
+# 2026-11-25, docs/perf/2026-11-25-h100-run6..8, docs/perf/2026-11-25-run6/exp_mid.py and
+# exp_stream.py, medians of 6-10 alternating rounds, on against off): the layer alone in CUDA
+# graphs 733.1 against 774.1 us at 2560 tokens, 854.1 against 906.4 at 3072, 1109.3 against
+# 1141.2 at 4096 (rounds overlapping), 2193.3 against 2196.1 at 8192. But steps past 2560
+# tokens run eagerly in every mode (the compiler's largest bucket), and there the eager prefill
+# step did not gain: 3072 tokens 57.4 / 43.0 against 49.6 / 37.8 ms (runs 8 / 7, host-bound
+# and noisy: 36-94 ms rounds), 47.85 against 48.24 at 4096, 101.44 against 102.14 at 8192
+# (rounds overlapping). So the row up to 2560 tokens (the 2048 row before) has it, the last
+# row does not.
 # `merge_tail` from 1025 tokens: H100,
 # 2026-11-25 (docs/perf/2026-11-25-h100-run1, `exp_tail.py`, the layer alone, medians of 6
 # alternating rounds, on against the table before it): 632.0 against 664.4 us at 2048 tokens
@@ -85,34 +88,33 @@ class MoEConfig:
 # expert of random routing had a tail and it was slower, 529.3 against 516.9: there the down
 # GEMM's 128-column tiles leave room for two programs a SM, and the second accumulator's
 # registers and shared memory leave one (ptxas, sm90: 146 against 106 registers, 123 against
-# 98 KB); so that row keeps whole tiles. Between 1025 and 2047, and 2049 and 4095 tokens, it
-# is not measured. `inline_align` from 5 to 128 tokens (the aligned
-# rows of decode sizes): H100, 2026-11-24 (docs/perf/2026-11-24-h100-run59, `exp_inline.py`,
-# medians of 4 alternating rounds, on against off): the layer alone 315.1 / 366.5 / 397.5 /
-# 405.3 against 319.8 / 371.9 / 400.3 / 410.2 us at 16 / 32 / 64 / 128 tokens; V2-Lite
-# whole-step graphs, ctx 1024, ms synced / back to back: B=32 11.390 / 11.367 against 11.499 /
-# 11.470, B=64 12.573 / 12.316 against 12.607 / 12.351, B=128 13.497 / 13.335 against 13.594 /
-# 13.435. Its per-program work grows with the pairs (a [block_m, pairs] selection), so larger
-# steps keep the alignment launch (a first form that went over the pairs in 128-pair steps
-# was 2% slower at 128 tokens, run 58). `last_sum` at 1 token: H100, 2026-11-24
+# 98 KB); so that row keeps whole tiles. Between the measured sizes it was then timed at 1536,
+# 2560 and 3072 tokens (2026-11-25, docs/perf/2026-11-25-h100-run6, run7, exp_mid.py, on
+# against off): 570.3 against 599.2 us, 774.1 against 802.8, 906.4 against 963.5.
+# `inline_align` from 5 to 128 tokens (the aligned rows of decode sizes): H100, 2026-11-24
+# (docs/perf/2026-11-24-h100-run59, `exp_inline.py`, medians of 4 alternating rounds, on against
+# off): the layer alone 315.1 / 366.5 / 397.5 / 405.3 against 319.8 / 371.9 / 400.3 / 410.2 us at 16
+# / 32 / 64 / 128 tokens; V2-Lite whole-step graphs, ctx 1024, ms synced / back to back: B=32 11.390
+# / 11.367 against 11.499 / 11.470, B=64 12.573 / 12.316 against 12.607 / 12.351, B=128 13.497 /
+# 13.335 against 13.594 / 13.435. Its per-program work grows with the pairs (a [block_m, pairs]
+# selection), so larger steps keep the alignment launch (a first form that went over the pairs in
+# 128-pair steps was 2% slower at 128 tokens, run 58). `last_sum` at 1 token: H100, 2026-11-24
 # (docs/perf/2026-11-24-h100-run75, run76, exp_last.py, on against off): the layer alone 57.1
-# against 58.5 us (6 alternating rounds: 57.0-57.2 against 57.3-58.7); V2-Lite whole-step
-# graphs at B=1, ms synced / back to back, 8 rounds: 2.409 / 2.395 against 2.420 / 2.406 at
-# ctx 1024, 2.486 / 2.471 against 2.492 / 2.478 at 4096 (6 rounds in run 75: 2.420 / 2.397
-# against 2.428 / 2.409). Its last programs go over the tokens one at a time: the step at
-# B=2 / 4 was slower with it (3.522 / 3.494 against 3.502 / 3.483, 5.199 / 5.166 against
-# 5.113 / 5.076, run 75), though the layer alone at 2 tokens was faster (94.4 against 95.0).
-# The 1-8-token rows' tiles were then re-measured in V2-Lite whole-step graphs on an H100,
-# 2026-11-24 (docs/perf/2026-11-24-h100-run149, run150, run151; docs/perf/2026-11-24-run148/
-# exp_tiles.py; one process, alternating rounds, ms back to back against the H200 sweep's
-# tiles, the same logits): B=1 gate_up at 2 warps and 3 stages, down 32 columns at 3 stages:
-# 2.336 against 2.357 at ctx 1024 (run 150); B=2 down 128 x 128 at 3 stages: 3.285 against
-# 3.310; B=4 gate_up at 2 warps, down 128 x 128: 4.937 against 5.000; B=8 (a row of its own
-# now) gate_up at 2 warps: 6.927 against 6.982. Run 151 repeats them at ctx 512 and 4096
-# (docs/PERF.md). Run 154 (ctx 1024): B=3 was slower on the new 4-token tiles (4.228 against
-# 4.187), so 3 tokens keep the old ones in a row of their own; B=6 took the 8-token row's
-# (6.238 against 6.245); at B=16 the 2-warp gate_up was slower (9.456 against 9.400), so
-# 9-16 tokens keep theirs.
+# against 58.5 us (6 alternating rounds: 57.0-57.2 against 57.3-58.7); V2-Lite whole-step graphs at
+# B=1, ms synced / back to back, 8 rounds: 2.409 / 2.395 against 2.420 / 2.406 at ctx 1024, 2.486 /
+# 2.471 against 2.492 / 2.478 at 4096 (6 rounds in run 75: 2.420 / 2.397 against 2.428 / 2.409). Its
+# last programs go over the tokens one at a time: the step at B=2 / 4 was slower with it (3.522 /
+# 3.494 against 3.502 / 3.483, 5.199 / 5.166 against 5.113 / 5.076, run 75), though the layer alone
+# at 2 tokens was faster (94.4 against 95.0). The 1-8-token rows' tiles were then re-measured in
+# V2-Lite whole-step graphs on an H100, 2026-11-24 (docs/perf/2026-11-24-h100-run149, run150,
+# run151; docs/perf/2026-11-24-run148/exp_tiles.py; one process, alternating rounds, ms back to
+# back against the H200 sweep's tiles, the same logits): B=1 gate_up at 2 warps and 3 stages, down
+# 32 columns at 3 stages: 2.336 against 2.357 at ctx 1024 (run 150); B=2 down 128 x 128 at 3 stages:
+# 3.285 against 3.310; B=4 gate_up at 2 warps, down 128 x 128: 4.937 against 5.000; B=8 (a row of
+# its own now) gate_up at 2 warps: 6.927 against 6.982. Run 151 repeats them at ctx 512 and 4096
+# (docs/PERF.md). Run 154 (ctx 1024): B=3 was slower on the new 4-token tiles (4.228 against 4.187),
+# so 3 tokens keep the old ones in a row of their own; B=6 took the 8-token row's (6.238 against
+# 6.245); at B=16 the 2-warp gate_up was slower (9.456 against 9.400), so 9-16 tokens keep theirs.
 CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(16, (32, 128, 2, 3), (32, 128, 4, 3), direct=True, pdl=True,
                   last_sum=True)),
@@ -127,10 +129,10 @@ CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (512, MoEConfig(64, (64, 64, 4, 4), (128, 64, 8, 4), pdl=True)),
     (1024, MoEConfig(128, (128, 64, 8, 3), (128, 64, 8, 3), pdl=True, tma=True,
                      shared_stream=True)),
-    (2048, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True,
+    (2560, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True,
                      shared_stream=True, merge_tail=True)),
     (1 << 62, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True,
-                        shared_stream=True, merge_tail=True)),
+                        merge_tail=True)),
 )
 
 DIRECT_MAX_TOKENS = max(bound for bound, cfg in CONFIGS if cfg.direct)
