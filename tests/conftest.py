@@ -1,5 +1,9 @@
 """Test setup: jaxtyping+beartype checks are on for the whole package (pyproject addopts);
-without a GPU, Triton kernels run in the interpreter and tests marked `cuda` are skipped."""
+without a GPU, Triton kernels run in the interpreter and tests marked `cuda` are skipped. With
+one, tests marked `interpret` are skipped: they launch Triton kernels on CPU tensors (small
+shapes the interpreter allows), which only the interpreter can run, and the interpreter is
+chosen once per process, before any kernel is defined. CI runs them; on a GPU machine,
+`CUDA_VISIBLE_DEVICES= python3 -m pytest -q -m "not cuda"` does."""
 
 import os
 
@@ -13,10 +17,15 @@ if not torch.cuda.is_available():
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return
+        marker, reason = "interpret", ("runs Triton on CPU tensors in the interpreter: run it "
+                                       "with no GPU visible (CUDA_VISIBLE_DEVICES=)")
+    else:
+        marker, reason = "cuda", "needs a CUDA GPU"
+    skip = pytest.mark.skip(reason=reason)
     for item in items:
-        if "cuda" in item.keywords:
+        if marker in item.keywords:
             item.add_marker(skip)
 
 

@@ -87,6 +87,7 @@ def test_dispatch_modes_fake_and_meta_tensors_go_through_the_op(monkeypatch):
         scale_add(x, y, 1.0)
 
 
+@pytest.mark.interpret
 def test_the_model_gives_the_same_bits_through_the_dispatcher_or_not(monkeypatch):
     """The fused path's ops (norms, small projections, attention, logits) run on CPU through
     the Triton interpreter: direct calls give the dispatcher's logits to the bit."""

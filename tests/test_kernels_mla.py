@@ -194,6 +194,7 @@ def test_merge_in_split_chunks_matches_reference(merge, monkeypatch):
 
 
 @pytest.mark.parametrize("merge", ["tile", "serial"])
+@pytest.mark.interpret
 def test_merge_reads_only_the_splits_a_row_reaches(merge):
     """Rows of 1, 15, 17 and 100 keys reach 1, 2, 3 and 7 of 9 splits (chunks of 8 keys, 16
     for the longest row); from ACTIVE_MIN_SPLITS splits the merges must not read the others:

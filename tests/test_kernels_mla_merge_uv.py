@@ -73,6 +73,7 @@ def _solve(case: str, uv: bool):
 
 @pytest.mark.parametrize("cols", [8, 16, 64])  # 4, 2 and 1 column blocks at 32 columns
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.interpret
 def test_merge_uv_matches_reference_and_the_unfused_path(case, cols, monkeypatch):
     monkeypatch.setattr(mla_merge_uv, "COLS", cols)
     if case == "2rows-40splits":  # 16 splits a load: the merge loops 3 times
@@ -87,6 +88,7 @@ def test_merge_uv_matches_reference_and_the_unfused_path(case, cols, monkeypatch
     assert rel_err(got, unfused) < 1e-5  # fp32 here: only the summation order differs
 
 
+@pytest.mark.interpret
 def test_merge_uv_reads_only_the_splits_a_row_reaches():
     """Rows of 1, 15, 17 and 100 keys reach 1, 2, 3 and 7 of 9 splits (as in
     test_kernels_mla's tile-merge test); the others' lse and partials are NaN here, so a merge

@@ -54,6 +54,7 @@ def test_matches_the_reference(rows, n_in, n_out, block_k, dtype, nan_empty, mon
     assert int(proj_norm._counter(h.device)[0]) == 0  # left zero for the next launch
 
 
+@pytest.mark.interpret
 def test_strided_rows_and_repeated_calls(nan_empty):
     """o as a column slice of a wider buffer; back-to-back calls reuse the counter."""
     o, w, h, weight = _inputs(3, 48, 40, torch.float32, seed=7, o_stride=16)

@@ -104,6 +104,7 @@ def _decode_after(cfg, params, prompt):
     return mf.forward(params, state, batch)[0]
 
 
+@pytest.mark.interpret
 def test_fused_kernels_match_the_reference_path(tiny, monkeypatch):
     """The fused Triton norm/prologue kernels (interpreted on CPU) give the reference logits."""
     from mla_func import model
@@ -117,6 +118,7 @@ def test_fused_kernels_match_the_reference_path(tiny, monkeypatch):
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.interpret
 def test_one_row_leaves_the_moe_norm_to_the_next_projection(tiny, monkeypatch):
     """The fused path with the Triton MoE (interpreted on CPU): at one decode row every MoE
     layer but the last is told to leave its norm out (`defer_norm`), and the next layer's

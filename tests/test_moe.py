@@ -35,6 +35,7 @@ from mla_func.ops.norm import rmsnorm as rmsnorm_ref
     (17, 8, 256, 1, 16, False), (9, 2, 8, 0, 1, False), (40, 6, 64, 2, 16, True),
     (300, 6, 64, 2, 16, False)])  # 2400 pairs: 19 (or 150) sliced programs
 @pytest.mark.parametrize("sliced", [0, 128, 16])
+@pytest.mark.interpret
 def test_align_kernel_matches_torch(tokens, topk, n_exp, shared, block_m, skew, sliced,
                                     monkeypatch):
     # 0: one program at every size; else the two sliced launches, with 16-pair slices too
@@ -73,6 +74,7 @@ def test_align_kernel_matches_torch(tokens, topk, n_exp, shared, block_m, skew, 
     (70, 2, 8, 32, 16, 1, False, False),  # shared MLP apart: added in the final sum
     (70, 2, 8, 32, 16, 1, False, True),   # shared experts folded over several M-tiles
 ])
+@pytest.mark.interpret
 def test_fused_matches_reference(tokens, topk, n_exp, hidden, inter, shared, skew, fold,
                                  nan_empty):
     x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, hidden, inter, shared, skew=skew)
@@ -91,6 +93,7 @@ def test_fused_matches_reference(tokens, topk, n_exp, hidden, inter, shared, ske
 ])
 # The NaN padding rows of `act` meet the interpreter's numpy multiply (and are masked off).
 @pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
+@pytest.mark.interpret
 def test_tma_matches_reference_and_pointer_loads(tokens, topk, n_exp, hidden, inter, shared,
                                                 nan_empty):
     x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, hidden, inter, shared, seed=tokens)
@@ -119,6 +122,7 @@ def test_tma_matches_reference_and_pointer_loads(tokens, topk, n_exp, hidden, in
 ])
 @pytest.mark.parametrize("tma", [False, True])
 @pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
+@pytest.mark.interpret
 def test_merge_tail_matches_whole_tiles_and_reference(tokens, topk, n_exp, skew, tma,
                                                       nan_empty):
     """`MoEConfig.merge_tail`: a tail's rows computed by the program of the tile before it;
@@ -147,6 +151,7 @@ def test_merge_tail_matches_whole_tiles_and_reference(tokens, topk, n_exp, skew,
     (2, 8, 256, 1, False, None),  # V3's expert count: most tiles of the table unused
     (70, 2, 8, 1, False, False),  # shared MLP apart
 ])
+@pytest.mark.interpret
 def test_inline_align_matches_aligned_and_reference(tokens, topk, n_exp, shared, skew, fold,
                                                     nan_empty):
     """`MoEConfig.inline_align`: the gate_up programs find their tiles and write the table
@@ -174,6 +179,7 @@ def test_inline_align_matches_aligned_and_reference(tokens, topk, n_exp, shared,
     (4, 6, 8, 48, 24, 2, None),    # experts repeated across tokens; K, N not tile multiples
     (4, 2, 8, 64, 32, 1, False),   # shared MLP apart: added in the (fused) sum
 ])
+@pytest.mark.interpret
 def test_direct_matches_reference_and_aligned(tokens, topk, n_exp, hidden, inter, shared,
                                               fuse_shared, nan_empty):
     x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, hidden, inter, shared, seed=tokens)
@@ -201,6 +207,7 @@ def test_direct_matches_reference_and_aligned(tokens, topk, n_exp, hidden, inter
     (DIRECT_LAST, 1, False, False),  # ... with the shared MLP's output added in the sum
     (DIRECT_LAST, 2, None, True),   # ... only sum: the add and the norm run after it
 ])
+@pytest.mark.interpret
 def test_add_norm_equals_experts_then_add_rmsnorm(cfg, shared, fuse_shared, wide,
                                                   monkeypatch, nan_empty):
     """`add_norm` gives the bits of `norm.add_rmsnorm(residual, experts)` (the rounding of
@@ -229,6 +236,7 @@ def test_add_norm_equals_experts_then_add_rmsnorm(cfg, shared, fuse_shared, wide
 
 
 @pytest.mark.parametrize("tokens", [1, 2])
+@pytest.mark.interpret
 def test_defer_norm_leaves_the_norm_out_at_one_row(tokens, nan_empty):
     """`defer_norm` on the last_sum path: at one row (`norm_linear.normalises`) the tail adds
     the residual and stops, h has the same bits and the norm stays unwritten (NaN-poisoned);
@@ -247,6 +255,7 @@ def test_defer_norm_leaves_the_norm_out_at_one_row(tokens, nan_empty):
         assert torch.equal(y, want_y)
 
 
+@pytest.mark.interpret
 def test_add_norm_wider_than_one_program(nan_empty):
     """Rows wider than ADD_NORM_MAX_WIDTH (V3's 7168 on a GPU; here 2112 columns, so the last
     of the sum's column blocks is partial) on a decode step's table row: the sum, then
@@ -266,6 +275,7 @@ def test_add_norm_wider_than_one_program(nan_empty):
 @pytest.mark.parametrize("bound", [128, 256, 512, 1024, 4096])
 @pytest.mark.parametrize("triton_align", [False, True])
 @pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
+@pytest.mark.interpret
 def test_table_rows_match_reference(bound, triton_align, nan_empty, monkeypatch):
     """The aligned rows of the config table as they are (block_m, tiles, TMA; hidden 256 and
     moe_inter 128 leave every tile unshrunk, with K a multiple of BLOCK_K as at real sizes) on
@@ -291,6 +301,7 @@ def test_table_rows_match_reference(bound, triton_align, nan_empty, monkeypatch)
 
 
 @pytest.mark.parametrize("bound", [1, 2, 3, 4, 8])
+@pytest.mark.interpret
 def test_decode_rows_match_reference(bound, nan_empty):
     """The 1-8-token rows of the config table as they are (hidden 256 and moe_inter 128 leave
     every tile unshrunk) at their own token counts, shared experts folded in."""
@@ -315,6 +326,7 @@ def test_direct_config_checks():
 
 
 @pytest.mark.parametrize("cfg", [SMALL, DIRECT, DIRECT_SUM])
+@pytest.mark.interpret
 def test_shared_stream_off_cuda_runs_in_order(cfg):
     """Without CUDA streams `shared_stream` runs the shared experts in order: the same bits.
     With the shared experts folded in there is nothing to run beside: an error."""
@@ -345,6 +357,7 @@ def test_shared_stream_only_where_shared_experts_run_apart():
 
 
 @pytest.mark.parametrize("method", ["greedy", "group_limited_greedy", "noaux_tc"])
+@pytest.mark.interpret
 def test_routing_methods(method):
     cfg = dataclasses.replace(
         MLAConfig.preset("tiny"), n_routed_experts=64, num_experts_per_tok=6, n_group=8,
@@ -360,6 +373,7 @@ def test_routing_methods(method):
 
 
 @pytest.mark.parametrize("impl", ["sorted_torch", "triton"])
+@pytest.mark.interpret
 def test_padded_rows_do_not_change_real_rows(impl, nan_empty):
     x, w, ids, gu, dn, mlp = make(12, 2, 8, 64, 32, 1, seed=2)
     real = experts(x[:5], w[:5], ids[:5], gu, dn, mlp, impl=impl)
@@ -373,6 +387,7 @@ def test_unknown_impl():
         experts(x, w, ids, gu, dn, impl="nope")
 
 
+@pytest.mark.interpret
 def test_traces_with_symbolic_tokens():
     """The sorted path and the Triton op both export with a dynamic token count."""
     x, w, ids, gu, dn, mlp = make(9, 2, 8, 32, 16, 1)
