@@ -42,35 +42,16 @@ from mla_func.kernels.mla_prefill import mha_prefill, prefill_flops
 from mla_func.ops import attention as ref
 
 try:  # `python -m scripts.bench kernels` / `python -m scripts.bench_kernels`
+    from scripts import bench_kernels_timing as timing
     from scripts.bench_common import print_table
-    from scripts.bench_kernels_timing import (
-        KV_LORA,
-        LATENT,
-        NOPE,
-        ROPE,
-        V_HEAD,
-        bench_us,
-        ceilings,
-        decode_inputs,
-        floors,
-        plan_label,
-        time_plan,
-    )
 except ImportError:  # `python scripts/bench_kernels.py`
+    import bench_kernels_timing as timing
     from bench_common import print_table
-    from bench_kernels_timing import (
-        KV_LORA,
-        LATENT,
-        NOPE,
-        ROPE,
-        V_HEAD,
-        bench_us,
-        ceilings,
-        decode_inputs,
-        floors,
-        plan_label,
-        time_plan,
-    )
+
+KV_LORA, LATENT, NOPE, ROPE, V_HEAD = (timing.KV_LORA, timing.LATENT, timing.NOPE, timing.ROPE,
+                                       timing.V_HEAD)
+bench_us, ceilings, decode_inputs = timing.bench_us, timing.ceilings, timing.decode_inputs
+floors, plan_label, time_plan = timing.floors, timing.plan_label, timing.time_plan
 
 REF_MAX_KEYS = 128 * 1024  # B * ctx above this: no torch reference (fp32 gather too big)
 
