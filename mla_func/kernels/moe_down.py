@@ -1,4 +1,5 @@
-"""The fused MoE's second grouped GEMM: (act W_down^T) times each pair's routing weight, written
+"""The fused MoE's second grouped GEMM (DeepSeekMoE's expert output, arXiv:2401.06066, grouped as
+in vLLM's `fused_moe` Triton kernel): (act W_down^T) times each pair's routing weight, written
 to the pair's own row of a [pairs, hidden] buffer (no atomic reduction: deterministic, replayed
 bit-identically), which the pair sum (`moe_sum.py`) adds up per token; at a few tokens with that
 sum as its programs' tail (`moe_sum.last_sum`), and the direct layout's form that also sums each
