@@ -81,7 +81,6 @@ PRELOAD = True
 FEW_ROWS = True
 
 
-
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _router_rows(r_ptr, hidden, h, h_hi, e, E: tl.constexpr):
