@@ -99,7 +99,7 @@ ADD_NORM_MAX_WIDTH = 2048
 # allocated once per device at this size (`counters.device_counters`).
 LAST_SUM_SLOTS = 1024
 # ... and whether its programs let the launch after them (the next layer's first projection,
-# `small_linear`, PDL) start at once, so that it loads its weights while they run.
+# `norm_linear` at one row, PDL) start at once, so that it loads its weights while they run.
 LAST_SUM_TRIGGER = True
 
 

@@ -75,8 +75,8 @@ class MoEConfig:
 # graphs 733.1 against 774.1 us at 2560 tokens, 854.1 against 906.4 at 3072, 1109.3 against
 # 1141.2 at 4096 (rounds overlapping), 2193.3 against 2196.1 at 8192. But steps past 2560
 # tokens run eagerly in every mode (the compiler's largest bucket), and there the eager prefill
-# step did not gain: 3072 tokens 57.4 / 43.0 against 49.6 / 37.8 ms (runs 8 / 7, host-bound
-# and noisy: 36-94 ms rounds), 47.85 against 48.24 at 4096, 101.44 against 102.14 at 8192
+# step did not gain: 3072 tokens 57.4 / 43.0 against 49.6 / 37.8 ms (runs 8 / 7, noisy: rounds
+# of 36-94 ms), 47.85 against 48.24 at 4096, 101.44 against 102.14 at 8192
 # (rounds overlapping). So the row up to 2560 tokens (the 2048 row before) has it, the last
 # row does not.
 # `merge_tail` from 1025 tokens: H100,

@@ -68,8 +68,8 @@ def sum_kernel(buf_ptr, extra_ptr, out_ptr, res_ptr, y_ptr, w_ptr, n_hidden, eps
     columns a program. ADD_NORM (one program a row, BLOCK >= n_hidden: the row stays in
     registers): out[t] = res[t] + that sum and y[t] = rmsnorm(out[t]) * w, with
     `norm.add_rmsnorm`'s rounding (the sum, then the residual add, in out's dtype). PDL
-    (sm90): let the launch after (the next layer's first projection, `small_linear`) start
-    now and load its weights."""
+    (sm90): let the launch after (the next layer's first projection, where it is a PDL
+    kernel: `norm_linear`, `small_linear`) start now and load its weights."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
