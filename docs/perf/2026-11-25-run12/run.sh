@@ -1,0 +1,18 @@
+#!/bin/bash
+# The twenty-ninth session's GPU driver: bash docs/perf/2026-11-25-run12/run.sh <parts>, logs
+# under $OUT:  units: exp_units.py (what bounds the routed GEMMs at 4096 tokens);  otherwise
+#   the earlier sessions' parts (docs/perf/2026-11-25-run6/run.sh: mid, stream, aot, tail,
+#   tests, bmoe, step512, step, ...).
+set -o pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
+export PYTHONPATH=.:/tmp/site
+D=docs/perf/2026-11-25-run12
+for part in "$@"; do
+  echo "=== $part $(date -u +%H:%M:%S)"
+  case $part in
+    units) timeout 500 python3 $D/exp_units.py 2>&1 | grep -v -i warn | tee "$OUT/units.log" ;;
+    *) OUT=$OUT bash docs/perf/2026-11-25-run6/run.sh $part ;;
+  esac
+done
