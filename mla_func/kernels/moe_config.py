@@ -45,6 +45,7 @@ class MoEConfig:
     inline_align: bool = False
     last_sum: bool = False
     merge_tail: bool = False
+    shared_late: bool = False
 
 
 # (max tokens, config): the first row whose bound is >= the step's static token count.

@@ -1,6 +1,7 @@
 #!/bin/bash
 # The twenty-ninth session's GPU driver: bash docs/perf/2026-11-25-run12/run.sh <parts>, logs
-# under $OUT:  units: exp_units.py (what bounds the routed GEMMs at 4096 tokens);  otherwise
+# under $OUT:  units: exp_units.py (what bounds the routed GEMMs at 4096 tokens);
+#   fork: exp_fork.py (where the shared experts' side stream forks, [FK_ARGS]);  otherwise
 #   the earlier sessions' parts (docs/perf/2026-11-25-run6/run.sh: mid, stream, aot, tail,
 #   tests, bmoe, step512, step, ...).
 set -o pipefail
@@ -13,6 +14,8 @@ for part in "$@"; do
   echo "=== $part $(date -u +%H:%M:%S)"
   case $part in
     units) timeout 500 python3 $D/exp_units.py 2>&1 | grep -v -i warn | tee "$OUT/units.log" ;;
+    fork) timeout 550 python3 $D/exp_fork.py ${FK_ARGS} 2>&1 | grep -v -i warn \
+            | tee "$OUT/fork.log" ;;
     *) OUT=$OUT bash docs/perf/2026-11-25-run6/run.sh $part ;;
   esac
 done
