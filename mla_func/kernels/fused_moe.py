@@ -226,21 +226,14 @@ def fused_experts(
     # Every check is above: from the fork on, the join below must run (the finally), or the
     # side stream could still write `extra` once its block is freed and handed out again.
     extra = side = None
-    main = torch.cuda.current_stream(x.device) if x.is_cuda else None
-
-    def shared_experts() -> None:  # forked off the queue so far with `shared_stream`
-        nonlocal side
-        if cfg.shared_stream and x.is_cuda:
-            side = side_stream(x.device)
-            side.wait_stream(main)
-        with nullcontext() if side is None else torch.cuda.stream(side):
-            swiglu(x, *shared, out=extra)
-
     try:
         if shared is not None:
             extra = torch.empty(tokens, n_hidden, dtype=x.dtype, device=x.device)
-            if not cfg.shared_late:
-                shared_experts()
+            if cfg.shared_stream and x.is_cuda:
+                main, side = torch.cuda.current_stream(x.device), side_stream(x.device)
+                side.wait_stream(main)
+            with nullcontext() if side is None else torch.cuda.stream(side):
+                swiglu(x, *shared, out=extra)
         if cfg.direct:
             bm, n_tiles = DIRECT_BLOCK_M, tokens * topk + n_shared
             layout = (ids, ids, ids)  # no alignment: the kernels read the tiles off `ids`
@@ -270,8 +263,6 @@ def fused_experts(
             num_warps=warps, num_stages=stages,
             **({"launch_pdl": True} if pdl else {}))
 
-        if shared is not None and cfg.shared_late:
-            shared_experts()
         out = torch.empty_like(x)
         bn, bk, warps, stages = _fit(cfg.down, n_hidden, n_inter)
         strides = (down.stride(0), down.stride(1), s_down.stride(0), s_down.stride(1))

@@ -45,7 +45,6 @@ class MoEConfig:
     inline_align: bool = False
     last_sum: bool = False
     merge_tail: bool = False
-    shared_late: bool = False
 
 
 # (max tokens, config): the first row whose bound is >= the step's static token count.
@@ -133,7 +132,7 @@ CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (2560, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True,
                      shared_stream=True, merge_tail=True)),
     (1 << 62, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True,
-                        merge_tail=True)),
+                        shared_stream=True, merge_tail=True)),
 )
 
 DIRECT_MAX_TOKENS = max(bound for bound, cfg in CONFIGS if cfg.direct)

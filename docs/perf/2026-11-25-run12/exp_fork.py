@@ -11,6 +11,9 @@ shared experts, V2-Lite, bf16, 4 weight sets, random routing of random x), alter
 rounds, µs a layer, in CUDA graphs and eagerly (the 4 layers back to back, no sync between
 calls: steps past 2560 tokens run eagerly in every mode); each output against the table's.
 
+`shared_late` was an experimental `MoEConfig` field of a1f538d, the commit this ran on (run
+13); it lost everywhere in graphs and was removed after it.
+
     PYTHONPATH=. python3 exp_fork.py [--tokens 1024 2048 2560 3072 4096 8192] [--rounds 6]
 """
 
