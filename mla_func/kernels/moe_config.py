@@ -64,21 +64,25 @@ class MoEConfig:
 # that picks it, so past a few tokens the aligned layout wins. `pdl` is on in every row: the layer
 # took 3-13 us less with it from 1 to 512 tokens on an H100 (docs/perf/2026-11-22-h100-run11,
 # `fused_no_pdl`), 1 us less at 1024 (run 14); at 4096 19 us less in run 14 and 8 us more in run
-# 22: no difference beyond run-to-run noise there. `shared_stream` from 513 to 2560 tokens (the
-# shared experts run apart from 513): H100, 2026-11-23, the layer alone (run 2,
+# 22: no difference beyond run-to-run noise there. `shared_stream` from 513 to 2560 tokens and
+# from 3585 (the shared experts run apart from 513): H100, 2026-11-23, the layer alone (run 2,
 # `exp_shared_stream.py`, medians of 3 alternating rounds): 517 against 532 us at 1024 tokens,
 # 691 against 722 at 2048, 1205 against 1226 at 4096. Past 2048 it had stayed off: in the
 # piecewise prefill step at 4096 tokens it was slower (runs 5-6: 52.2-53.2 against 50.2-51.1
 # ms; graphs covered 4096 tokens then). Re-measured on the merge_tail kernels (H100,
-# 2026-11-25, docs/perf/2026-11-25-h100-run6..8, docs/perf/2026-11-25-run6/exp_mid.py and
-# exp_stream.py, medians of 6-10 alternating rounds, on against off): the layer alone in CUDA
-# graphs 733.1 against 774.1 us at 2560 tokens, 854.1 against 906.4 at 3072, 1109.3 against
-# 1141.2 at 4096 (rounds overlapping), 2193.3 against 2196.1 at 8192. But steps past 2560
-# tokens run eagerly in every mode (the compiler's largest bucket), and there the eager prefill
-# step did not gain: 3072 tokens 57.4 / 43.0 against 49.6 / 37.8 ms (runs 8 / 7, noisy: rounds
-# of 36-94 ms), 47.85 against 48.24 at 4096, 101.44 against 102.14 at 8192
-# (rounds overlapping). So the row up to 2560 tokens (the 2048 row before) has it, the last
-# row does not.
+# 2026-11-25, docs/perf/2026-11-25-h100-run6, run7, run13, docs/perf/2026-11-25-run6/exp_mid.py,
+# docs/perf/2026-11-25-run12/exp_fork.py, medians of 6 alternating rounds, on against off): the
+# layer alone in CUDA graphs 733.1 against 774.1 us at 2560 tokens, 854.1 / 873.4 against
+# 906.4 / 885.4 at 3072 (runs 6 / 13), 1109.3 / 1118.3 against 1141.2 / 1142.6 at 4096, 2193.3 /
+# 2141.2 against 2196.1 / 2168.5 at 8192. Steps past 2560 tokens run eagerly in every mode (the
+# compiler's largest bucket), where the stream's fork and join add host work, and up to ~3.5k
+# tokens the eager step is bound by the host: the whole eager prefill step, one prompt
+# (docs/perf/2026-11-25-h100-run14, docs/perf/2026-11-25-run12/exp_eager.py, medians of 8
+# alternating rounds, ms synced, on against off): 67.43 against 63.19 at 3072 tokens, 68.09
+# against 63.98 at 3584 (the host took 58-66 ms to queue a step there), 49.11 against 49.85 at
+# 4096, 72.49 against 73.25 at 6144, 100.78 against 101.60 at 8192 (the host: 36-54 ms). So the
+# rows up to 2560 tokens and past 3584 have it, the row between does not (3585-4095 tokens not
+# measured).
 # `merge_tail` from 1025 tokens: H100,
 # 2026-11-25 (docs/perf/2026-11-25-h100-run1, `exp_tail.py`, the layer alone, medians of 6
 # alternating rounds, on against the table before it): 632.0 against 664.4 us at 2048 tokens
@@ -131,6 +135,8 @@ CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
                      shared_stream=True)),
     (2560, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True,
                      shared_stream=True, merge_tail=True)),
+    (3584, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True,
+                     merge_tail=True)),
     (1 << 62, MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), pdl=True, tma=True,
                         shared_stream=True, merge_tail=True)),
 )

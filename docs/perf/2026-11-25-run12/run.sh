@@ -2,7 +2,8 @@
 # The twenty-ninth session's GPU driver: bash docs/perf/2026-11-25-run12/run.sh <parts>, logs
 # under $OUT:  units: exp_units.py (what bounds the routed GEMMs at 4096 tokens);
 #   fork: exp_fork.py (where the shared experts' side stream forks, [FK_ARGS]);
-#   eager: exp_eager.py (the side stream in the eager prefill step past 2560 tokens, [EA_ARGS]);  otherwise
+#   eager: exp_eager.py (the side stream in the eager prefill step past 2560 tokens, [EA_ARGS]);
+#   host: exp_host.py (cProfile of eager prefill steps, [HO_ARGS]);  otherwise
 #   the earlier sessions' parts (docs/perf/2026-11-25-run6/run.sh: mid, stream, aot, tail,
 #   tests, bmoe, step512, step, ...).
 set -o pipefail
@@ -17,6 +18,8 @@ for part in "$@"; do
     units) timeout 500 python3 $D/exp_units.py 2>&1 | grep -v -i warn | tee "$OUT/units.log" ;;
     eager) timeout 550 python3 $D/exp_eager.py ${EA_ARGS} 2>&1 | grep -v -i warn \
              | tee "$OUT/eager.log" ;;
+    host) timeout 300 python3 $D/exp_host.py ${HO_ARGS} 2>&1 | grep -v -i warn \
+            | tee "$OUT/host.log" ;;
     fork) timeout 550 python3 $D/exp_fork.py ${FK_ARGS} 2>&1 | grep -v -i warn \
             | tee "$OUT/fork.log" ;;
     *) OUT=$OUT bash docs/perf/2026-11-25-run6/run.sh $part ;;
