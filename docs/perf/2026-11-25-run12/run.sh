@@ -3,7 +3,8 @@
 # under $OUT:  units: exp_units.py (what bounds the routed GEMMs at 4096 tokens);
 #   fork: exp_fork.py (where the shared experts' side stream forks, [FK_ARGS]);
 #   eager: exp_eager.py (the side stream in the eager prefill step past 2560 tokens, [EA_ARGS]);
-#   host: exp_host.py (cProfile of eager prefill steps, [HO_ARGS]);  otherwise
+#   host: exp_host.py (cProfile of eager prefill steps, [HO_ARGS]);
+#   final: bench step, decode (ctx 512), prefill and generate;  otherwise
 #   the earlier sessions' parts (docs/perf/2026-11-25-run6/run.sh: mid, stream, aot, tail,
 #   tests, bmoe, step512, step, ...).
 set -o pipefail
@@ -20,6 +21,9 @@ for part in "$@"; do
              | tee "$OUT/eager.log" ;;
     host) timeout 300 python3 $D/exp_host.py ${HO_ARGS} 2>&1 | grep -v -i warn \
             | tee "$OUT/host.log" ;;
+    final) timeout 590 python3 -m scripts.bench step --parts decode prefill generate \
+             --contexts 512 --out "$OUT/step" > "$OUT/step.log" 2>&1
+           grep -v -i warn "$OUT/step.log" | grep -v "^{" | tail -45 ;;
     fork) timeout 550 python3 $D/exp_fork.py ${FK_ARGS} 2>&1 | grep -v -i warn \
             | tee "$OUT/fork.log" ;;
     *) OUT=$OUT bash docs/perf/2026-11-25-run6/run.sh $part ;;
