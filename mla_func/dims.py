@@ -45,11 +45,12 @@ STATIC_BINDINGS: dict[str, Callable[[MLAConfig], int]] = {
 }
 
 # Piecewise graphs stop at TOKENS_MAX_CAPTURED tokens; a larger step runs eagerly (the same
-# results). Past it the eager V2-Lite step is bound by the GPU, so a graph saves it nothing, while
-# padding to the next bucket (up to 12.5%) costs it: on an H100 (docs/perf/2026-11-23-h100-run58,
-# -run59), piecewise against eager was 41.1 / 38.4 ms at 3073 tokens (bucket 3328) and 79.9 /
-# 75.9 at 6145 (bucket 6656); at 2049-2560 tokens every eager round (34.4-60.6 ms, bound by
-# the host) was slower than every replay (29.3-32.7 ms).
+# results). Past it a graph saved the eager V2-Lite step nothing, while padding to the next
+# bucket (up to 12.5%) costs it: on an H100 (docs/perf/2026-11-23-h100-run58, -run59),
+# piecewise against eager was 41.1 / 38.4 ms at 3073 tokens (bucket 3328) and 79.9 / 75.9 at
+# 6145 (bucket 6656); at 2049-2560 tokens every eager round (34.4-60.6 ms, bound by the host)
+# was slower than every replay (29.3-32.7 ms). (On another H100, 2026-11-25 run 14, the host
+# bounded the eager step up to 3584 tokens too: 63-64 ms at 3072-3584, 50 at 4096.)
 TOKENS_MAX_CAPTURED = 2560
 
 VOCABULARY: dict[str, DimSpec] = {

@@ -4,7 +4,8 @@
 #   fork: exp_fork.py (where the shared experts' side stream forks, [FK_ARGS]);
 #   eager: exp_eager.py (the side stream in the eager prefill step past 2560 tokens, [EA_ARGS]);
 #   host: exp_host.py (cProfile of eager prefill steps, [HO_ARGS]);
-#   final: bench step, decode (ctx 512), prefill and generate;  otherwise
+#   final: bench step, decode (ctx 512), prefill and generate;  cap: prefill with graphs up to
+#   CAP_MAX tokens (default 4096) against eager;  otherwise
 #   the earlier sessions' parts (docs/perf/2026-11-25-run6/run.sh: mid, stream, aot, tail,
 #   tests, bmoe, step512, step, ...).
 set -o pipefail
@@ -24,6 +25,10 @@ for part in "$@"; do
     final) timeout 590 python3 -m scripts.bench step --parts decode prefill generate \
              --contexts 512 --out "$OUT/step" > "$OUT/step.log" 2>&1
            grep -v -i warn "$OUT/step.log" | grep -v "^{" | tail -45 ;;
+    cap) timeout 590 python3 -m scripts.bench step --parts prefill --prefill-tokens \
+           ${CAP_TOKENS:-2304 2560 2816 3072 3328 3584 4096} --max-tokens ${CAP_MAX:-4096} \
+           --prefill-rounds 6 --out "$OUT/cap" > "$OUT/cap.log" 2>&1
+         grep -v -i warn "$OUT/cap.log" | grep -v "^{" | grep -v "capturing" | tail -20 ;;
     fork) timeout 550 python3 $D/exp_fork.py ${FK_ARGS} 2>&1 | grep -v -i warn \
             | tee "$OUT/fork.log" ;;
     *) OUT=$OUT bash docs/perf/2026-11-25-run6/run.sh $part ;;
