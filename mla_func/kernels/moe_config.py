@@ -75,14 +75,15 @@ class MoEConfig:
 # layer alone in CUDA graphs 733.1 against 774.1 us at 2560 tokens, 854.1 / 873.4 against
 # 906.4 / 885.4 at 3072 (runs 6 / 13), 1109.3 / 1118.3 against 1141.2 / 1142.6 at 4096, 2193.3 /
 # 2141.2 against 2196.1 / 2168.5 at 8192. Steps past 2560 tokens run eagerly in every mode (the
-# compiler's largest bucket), where the stream's fork and join add host work, and up to ~3.5k
-# tokens the eager step is bound by the host: the whole eager prefill step, one prompt
-# (docs/perf/2026-11-25-h100-run14, docs/perf/2026-11-25-run12/exp_eager.py, medians of 8
-# alternating rounds, ms synced, on against off): 67.43 against 63.19 at 3072 tokens, 68.09
-# against 63.98 at 3584 (the host took 58-66 ms to queue a step there), 49.11 against 49.85 at
-# 4096, 72.49 against 73.25 at 6144, 100.78 against 101.60 at 8192 (the host: 36-54 ms). So the
-# rows up to 2560 tokens and past 3584 have it, the row between does not (3585-4095 tokens not
-# measured).
+# compiler's largest bucket), where the stream's fork and join add host work. The whole eager
+# prefill step, one prompt (docs/perf/2026-11-25-h100-run14, docs/perf/2026-11-25-run12/
+# exp_eager.py, medians of 8 alternating rounds, ms synced, on against off): 67.43 against
+# 63.19 at 3072 tokens, 68.09 against 63.98 at 3584 (where the host took about as long to queue
+# a step, 58-66 ms, as the step took), 49.11 against 49.85 at 4096, 72.49 against 73.25 at 6144,
+# 100.78 against 101.60 at 8192. So the rows up to 2560 tokens and past 3584 have it, the row
+# between does not (3585-4095 tokens not measured). Called eagerly (no graphs), steps of 513-2560
+# tokens pay the host work too: the layers queued eagerly were 7-10% slower with the stream at
+# 2048 and 2560 tokens (run 13); the table favours the graphs there.
 # `merge_tail` from 1025 tokens: H100,
 # 2026-11-25 (docs/perf/2026-11-25-h100-run1, `exp_tail.py`, the layer alone, medians of 6
 # alternating rounds, on against the table before it): 632.0 against 664.4 us at 2048 tokens
