@@ -80,8 +80,10 @@ class MoEConfig:
 # exp_eager.py, medians of 8 alternating rounds, ms synced, on against off): 67.43 against
 # 63.19 at 3072 tokens, 68.09 against 63.98 at 3584 (where the host took about as long to queue
 # a step, 58-66 ms, as the step took), 49.11 against 49.85 at 4096, 72.49 against 73.25 at 6144,
-# 100.78 against 101.60 at 8192. So the rows up to 2560 tokens and past 3584 have it, the row
-# between does not (3585-4095 tokens not measured). Called eagerly (no graphs), steps of 513-2560
+# 100.78 against 101.60 at 8192; run 19 (another machine): 44.67 against 45.36 at 3840, and at
+# 4096 57.98 against 48.93, where the host slowed the first five rounds of both (56-64 and
+# 48-57 ms) and the last three were even (48.2-49.8 against 48.7-49.0). So the rows up to 2560
+# tokens and past 3584 have it, the row between does not. Called eagerly (no graphs), steps of 513-2560
 # tokens pay the host work too: the layers queued eagerly were 7-10% slower with the stream at
 # 2048 and 2560 tokens (run 13); the table favours the graphs there.
 # `merge_tail` from 1025 tokens: H100,
