@@ -83,9 +83,9 @@ class MoEConfig:
 # 100.78 against 101.60 at 8192; run 19 (another machine): 44.67 against 45.36 at 3840, and at
 # 4096 57.98 against 48.93, where the host slowed the first five rounds of both (56-64 and
 # 48-57 ms) and the last three were even (48.2-49.8 against 48.7-49.0). So the rows up to 2560
-# tokens and past 3584 have it, the row between does not. Called eagerly (no graphs), steps of 513-2560
-# tokens pay the host work too: the layers queued eagerly were 7-10% slower with the stream at
-# 2048 and 2560 tokens (run 13); the table favours the graphs there.
+# tokens and past 3584 have it, the row between does not. Called eagerly (no graphs), steps of
+# 513-2560 tokens pay the host work too: the layers queued eagerly were 7-10% slower with the
+# stream at 2048 and 2560 tokens (run 13); the table favours the graphs there.
 # `merge_tail` from 1025 tokens: H100,
 # 2026-11-25 (docs/perf/2026-11-25-h100-run1, `exp_tail.py`, the layer alone, medians of 6
 # alternating rounds, on against the table before it): 632.0 against 664.4 us at 2048 tokens
