@@ -88,7 +88,8 @@ def main() -> None:
         except Exception as err:  # noqa: BLE001
             print(f"{name}: {type(err).__name__}: {str(err)[:200]}")
             continue
-        diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(got, want))
+        diff = max((a.float() - b.float()).abs().max().item()
+                   for a, b in zip(got, want, strict=True))
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
