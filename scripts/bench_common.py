@@ -36,8 +36,8 @@ def pipelined_ms(fn: Callable[[], object], calls: int = 20, reps: int = 5,
     return statistics.median(times)
 
 
-def graph_time_ms(fn: Callable[[], object], reps: int = 50) -> float:
-    """Median milliseconds of one replay of `fn` captured in a CUDA graph."""
+def capture_graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """`fn` warmed up on a side stream, then captured in a CUDA graph."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -47,7 +47,19 @@ def graph_time_ms(fn: Callable[[], object], reps: int = 50) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return cuda_time_ms(graph.replay, warmup=3, reps=reps)
+    return graph
+
+
+def graph_time_ms(fn: Callable[[], object], reps: int = 50) -> float:
+    """Median milliseconds of one replay of `fn` captured in a CUDA graph."""
+    return cuda_time_ms(capture_graph(fn).replay, warmup=3, reps=reps)
+
+
+def alternating(names: list[str], rounds: int) -> list[list[str]]:
+    """The order of the cases in each timing round: as given, then reversed, and so on, so that
+    a drift of the clocks over the run does not fall on one case (METHOD: time each version
+    more than once; a difference smaller than one version's spread is noise)."""
+    return [list(names) if r % 2 == 0 else list(names)[::-1] for r in range(rounds)]
 
 
 def measure_ceilings(device: str = "cuda") -> dict[str, float]:

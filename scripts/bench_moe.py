@@ -5,6 +5,8 @@ Floor = max(bytes / copy bandwidth, FLOPs / bf16 matmul rate) (DESIGN.md, "Perfo
 both ceilings measured in this run; bytes = the distinct experts this step's routing touches +
 the shared experts + the router + activations. Each graph runs `--layers` distinct layers'
 weights back to back (together far beyond L2, as in a real step) and times are per layer.
+Each form is captured once and timed in `--rounds` rounds (default 5), the forms in alternating
+order; the table gives each form's median and the rounds' range (`spread`).
 
 Rows per token count: `fused` (route + mla_func.moe.experts: Triton, shared experts folded
 in), `fused_sep` (Triton routed experts, shared experts by swiglu), `grouped_mm` (the baseline
@@ -30,6 +32,7 @@ variant side by side.
 """
 
 import argparse
+import statistics
 import time
 from dataclasses import dataclass, fields, replace
 
@@ -47,9 +50,23 @@ from mla_func.ops.moe import route
 from mla_func.params import DenseMLP
 
 try:  # `python -m scripts.bench moe` / `python -m scripts.bench_moe`
-    from scripts.bench_common import graph_time_ms, measure_ceilings, print_table
+    from scripts.bench_common import (
+        alternating,
+        capture_graph,
+        cuda_time_ms,
+        graph_time_ms,
+        measure_ceilings,
+        print_table,
+    )
 except ImportError:  # `python scripts/bench_moe.py`
-    from bench_common import graph_time_ms, measure_ceilings, print_table
+    from bench_common import (
+        alternating,
+        capture_graph,
+        cuda_time_ms,
+        graph_time_ms,
+        measure_ceilings,
+        print_table,
+    )
 
 TARGETS = {1: 1.3, 8: 1.3, 32: 1.1, 128: 1.1, 4096: 1.5}
 # Sweep candidates, bounded so that `--sweep` over 9 token counts takes ~3-4 min on an H200
@@ -79,6 +96,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, default=4, help="distinct weight sets per graph")
     p.add_argument("--preset", default="v2-lite")
     p.add_argument("--sweep", action="store_true", help="try tile configs per token count")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="timing rounds of the layer's forms, in alternating order (the median "
+                        "and the rounds' spread are reported)")
 
 
 def make_layers(cfg: MLAConfig, n: int) -> list[Layer]:
@@ -153,6 +173,24 @@ def floor_us(x, layers, cfg, ceil) -> tuple[float, float]:
         total += max(nbytes / (ceil["copy_gbs"] * 1e9), flops / (ceil["matmul_tflops"] * 1e12))
         distinct += n
     return total / len(layers) * 1e6, distinct / len(layers)
+
+
+def time_rounds_us(fns: dict, x, layers, cfg, rounds: int) -> dict[str, list[float]]:
+    """µs a layer of each form in `rounds` rounds, the forms alternating (`alternating`), each
+    captured once in a CUDA graph of every layer; a form that cannot run here is reported and
+    left out."""
+    graphs = {}
+    for name, fn in fns.items():
+        try:
+            graphs[name] = capture_graph(lambda fn=fn: [fn(x, layer, cfg) for layer in layers])
+        except Exception as err:  # noqa: BLE001  (a baseline that cannot run here is reported)
+            print(f"  {name}: {type(err).__name__}: {err}"[:300])
+    times: dict[str, list[float]] = {name: [] for name in graphs}
+    for order in alternating(list(graphs), rounds):
+        for name in order:
+            ms = cuda_time_ms(graphs[name].replay, warmup=3, reps=50)
+            times[name].append(ms * 1e3 / len(layers))
+    return times
 
 
 def time_layer_us(fn, x, layers, cfg) -> float | None:
@@ -280,7 +318,6 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
             err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
         except Exception:  # noqa: BLE001  (no grouped_mm here: no baseline)
             err = None
-        base_us = time_layer_us(grouped_mm_layer, x, layers, cfg)
         variants = [("fused", fused_layer), ("fused_sep", fused_sep_layer),
                     ("grouped_mm", grouped_mm_layer), ("route_only", route_only),
                     ("experts_only", make_experts_only(x, layers, cfg))]
@@ -288,11 +325,16 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
             no_pdl = replace(pick_config(t), pdl=False)
             variants.insert(1, ("fused_no_pdl",
                                 lambda x, layer, cfg, c=no_pdl: fused_layer(x, layer, cfg, c)))
-        for name, fn in variants:
-            us = base_us if name == "grouped_mm" else time_layer_us(fn, x, layers, cfg)
+        times = time_rounds_us(dict(variants), x, layers, cfg, args.rounds)
+        base = times.get("grouped_mm")
+        base_us = statistics.median(base) if base else None
+        for name, _ in variants:
+            ts = times.get(name)
+            us = statistics.median(ts) if ts else None
             fl = None if name == "route_only" else floor
             rows.append({
                 "tokens": t, "impl": name, "us": us, "floor_us": fl,
+                "spread": f"{min(ts):.4g}-{max(ts):.4g}" if ts else None, "us_rounds": ts,
                 "x_floor": None if us is None or fl is None else us / fl,
                 "target": TARGETS.get(t) if name == "fused" else None,
                 "vs_baseline": None if us is None or base_us is None else us / base_us,
@@ -301,8 +343,10 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
         aligns += align_rows(t, cfg)
         if args.sweep:
             sweeps += sweep(x, layers, cfg, got if ref is None else ref, floor)
-    print_table(rows, ["tokens", "impl", "us", "floor_us", "x_floor", "target", "vs_baseline",
-                       "experts_hit", "err", "config"], f"MoE layer ({args.preset}, bf16)")
+    print_table(rows, ["tokens", "impl", "us", "spread", "floor_us", "x_floor", "target",
+                       "vs_baseline", "experts_hit", "err", "config"],
+                f"MoE layer ({args.preset}, bf16; us: median of {args.rounds} alternating "
+                f"rounds, spread: their range)")
     print_table(aligns, ["tokens", "impl", "us"], "expert alignment alone")
     if sweeps:
         print_sweep(sweeps, args.tokens)

@@ -14,6 +14,18 @@ def test_kernel_and_moe_options_reach_their_benchmark():
     assert args.batches == [1, 8] and args.page_size == 16 and rest == []
 
 
+def test_timing_rounds_alternate_the_cases():
+    """`bench moe --rounds`: every case once a round, the order reversed every other round."""
+    from scripts.bench_common import alternating
+
+    names = ["fused", "grouped_mm", "route_only"]
+    got = alternating(names, 3)
+    assert got == [names, names[::-1], names]
+    assert alternating(names, 0) == [] and names == ["fused", "grouped_mm", "route_only"]
+    args, rest = parse(["moe", "--tokens", "4096", "--rounds", "7"])
+    assert rest == ["--tokens", "4096", "--rounds", "7"]  # handed on to bench_moe
+
+
 def test_distinct_experts_counts_every_moe_layer():
     """The step floor's expert count: one entry per MoE layer of an eager step (CPU, tiny)."""
     import mla_func as mf
