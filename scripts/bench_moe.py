@@ -302,6 +302,8 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
         p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
         add_args(p)
         args = p.parse_known_args(argv)[0]
+    if args.rounds < 1:
+        raise SystemExit(f"bench moe: --rounds must be at least 1; got {args.rounds}")
     torch.manual_seed(0)
     cfg = MLAConfig.preset(args.preset)
     ceil = measure_ceilings()

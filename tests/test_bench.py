@@ -24,6 +24,10 @@ def test_timing_rounds_alternate_the_cases():
     assert alternating(names, 0) == [] and names == ["fused", "grouped_mm", "route_only"]
     args, rest = parse(["moe", "--tokens", "4096", "--rounds", "7"])
     assert rest == ["--tokens", "4096", "--rounds", "7"]  # handed on to bench_moe
+    from scripts.bench_moe import run
+
+    with pytest.raises(SystemExit, match="--rounds must be at least 1"):
+        run(["--rounds", "0"])  # before any GPU work
 
 
 def test_distinct_experts_counts_every_moe_layer():
