@@ -50,23 +50,9 @@ from mla_func.ops.moe import route
 from mla_func.params import DenseMLP
 
 try:  # `python -m scripts.bench moe` / `python -m scripts.bench_moe`
-    from scripts.bench_common import (
-        alternating,
-        capture_graph,
-        cuda_time_ms,
-        graph_time_ms,
-        measure_ceilings,
-        print_table,
-    )
+    from scripts import bench_common as common
 except ImportError:  # `python scripts/bench_moe.py`
-    from bench_common import (
-        alternating,
-        capture_graph,
-        cuda_time_ms,
-        graph_time_ms,
-        measure_ceilings,
-        print_table,
-    )
+    import bench_common as common
 
 TARGETS = {1: 1.3, 8: 1.3, 32: 1.1, 128: 1.1, 4096: 1.5}
 # Sweep candidates, bounded so that `--sweep` over 9 token counts takes ~3-4 min on an H200
@@ -182,20 +168,21 @@ def time_rounds_us(fns: dict, x, layers, cfg, rounds: int) -> dict[str, list[flo
     graphs = {}
     for name, fn in fns.items():
         try:
-            graphs[name] = capture_graph(lambda fn=fn: [fn(x, layer, cfg) for layer in layers])
+            graphs[name] = common.capture_graph(
+                lambda fn=fn: [fn(x, layer, cfg) for layer in layers])
         except Exception as err:  # noqa: BLE001  (a baseline that cannot run here is reported)
             print(f"  {name}: {type(err).__name__}: {err}"[:300])
     times: dict[str, list[float]] = {name: [] for name in graphs}
-    for order in alternating(list(graphs), rounds):
+    for order in common.alternating(list(graphs), rounds):
         for name in order:
-            ms = cuda_time_ms(graphs[name].replay, warmup=3, reps=50)
+            ms = common.cuda_time_ms(graphs[name].replay, warmup=3, reps=50)
             times[name].append(ms * 1e3 / len(layers))
     return times
 
 
 def time_layer_us(fn, x, layers, cfg) -> float | None:
     try:
-        ms = graph_time_ms(lambda: [fn(x, layer, cfg) for layer in layers])
+        ms = common.graph_time_ms(lambda: [fn(x, layer, cfg) for layer in layers])
     except Exception as err:  # noqa: BLE001  (a baseline that cannot run here is reported)
         print(f"  {getattr(fn, '__name__', fn)}: {type(err).__name__}: {err}"[:300])
         return None
@@ -280,10 +267,10 @@ def print_sweep(sweeps: list[dict], tokens: list[int]) -> None:
         for v in dict.fromkeys(r["variant"] for r in ok):
             r = min((r for r in ok if r["variant"] == v), key=lambda r: r["us"])
             per_variant.append({**r, "config": _short(r["config"])})
-    print_table(per_variant, ["tokens", "variant", "us", "x_floor", "err", "config"],
-                "best swept config of each variant")
-    print_table(best, ["tokens", "default_us", "best_us", "gain", "x_floor", "default", "best"],
-                "best swept config vs the default (moe_config.pick_config)")
+    common.print_table(per_variant, ["tokens", "variant", "us", "x_floor", "err", "config"],
+                       "best swept config of each variant")
+    common.print_table(best, ["tokens", "default_us", "best_us", "gain", "x_floor", "default",
+                              "best"], "best swept config vs the default (moe_config.pick_config)")
 
 
 def align_rows(t: int, cfg: MLAConfig) -> list[dict]:
@@ -291,7 +278,7 @@ def align_rows(t: int, cfg: MLAConfig) -> list[dict]:
     ids = torch.stack([torch.randperm(e, device="cuda")[:k] for _ in range(t)])
     bm = pick_config(t).block_m
     return [{"tokens": t, "impl": f"align_{name}",
-             "us": graph_time_ms(lambda f=f: f(ids, e, s, bm)) * 1e3}
+             "us": common.graph_time_ms(lambda f=f: f(ids, e, s, bm)) * 1e3}
             for name, f in (("triton", align_triton), ("torch", align_torch))]
 
 
@@ -306,7 +293,7 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
         raise SystemExit(f"bench moe: --rounds must be at least 1; got {args.rounds}")
     torch.manual_seed(0)
     cfg = MLAConfig.preset(args.preset)
-    ceil = measure_ceilings()
+    ceil = common.measure_ceilings()
     print(f"# {torch.cuda.get_device_name()}: copy {ceil['copy_gbs']:.0f} GB/s, "
           f"bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s")
     layers = make_layers(cfg, args.layers)
@@ -345,11 +332,11 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
         aligns += align_rows(t, cfg)
         if args.sweep:
             sweeps += sweep(x, layers, cfg, got if ref is None else ref, floor)
-    print_table(rows, ["tokens", "impl", "us", "spread", "floor_us", "x_floor", "target",
-                       "vs_baseline", "experts_hit", "err", "config"],
-                f"MoE layer ({args.preset}, bf16; us: median of {args.rounds} alternating "
-                f"rounds, spread: their range)")
-    print_table(aligns, ["tokens", "impl", "us"], "expert alignment alone")
+    common.print_table(rows, ["tokens", "impl", "us", "spread", "floor_us", "x_floor", "target",
+                              "vs_baseline", "experts_hit", "err", "config"],
+                       f"MoE layer ({args.preset}, bf16; us: median of {args.rounds} alternating "
+                       f"rounds, spread: their range)")
+    common.print_table(aligns, ["tokens", "impl", "us"], "expert alignment alone")
     if sweeps:
         print_sweep(sweeps, args.tokens)
     for r in sweeps:
