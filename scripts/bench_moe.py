@@ -180,15 +180,6 @@ def time_rounds_us(fns: dict, x, layers, cfg, rounds: int) -> dict[str, list[flo
     return times
 
 
-def time_layer_us(fn, x, layers, cfg) -> float | None:
-    try:
-        ms = common.graph_time_ms(lambda: [fn(x, layer, cfg) for layer in layers])
-    except Exception as err:  # noqa: BLE001  (a baseline that cannot run here is reported)
-        print(f"  {getattr(fn, '__name__', fn)}: {type(err).__name__}: {err}"[:300])
-        return None
-    return ms * 1e3 / len(layers)
-
-
 def sweep(x, layers, cfg, ref, floor) -> list[dict]:
     """Time configs at this token count; every case is checked against `ref`."""
     t, rows, seen = x.shape[0], [], {}
@@ -197,8 +188,8 @@ def sweep(x, layers, cfg, ref, floor) -> list[dict]:
     def timed(c: MoEConfig) -> float | None:
         if c not in seen:
             fn = lambda x, lay, cf, c=c: fused_layer(x, lay, cf, c)  # noqa: E731
-            fn.__name__ = _short(c)  # names the case in time_layer_us's error line
-            us = time_layer_us(fn, x, layers, cfg)
+            one = time_rounds_us({_short(c): fn}, x, layers, cfg, 1).get(_short(c))
+            us = one[0] if one else None
             err = None
             if us is not None:
                 got = fn(x, layers[0], cfg).float()
