@@ -56,15 +56,33 @@ def decode_batch(size: int, max_pages: int, page_size: int, device: "str | torch
         page_size=page_size, backend=backend)
 
 
+def seqs_within_tokens(max_tokens: int | None, max_seqs: int | None) -> int | None:
+    """`max_seqs` checked against `max_tokens` (each None: the vocabulary's default). Every
+    sequence of a step has a token, so a full decode graph of `seqs` sequences holds as many
+    tokens, and its buffers are those of the piecewise graphs (sized at `max_tokens`): more
+    sequences than tokens is refused, and a default `max_seqs` is lowered to `max_tokens`."""
+    for name, v in (("max_tokens", max_tokens), ("max_seqs", max_seqs)):
+        if v is not None:
+            positive_int(name, v)
+    tokens = max_tokens if max_tokens is not None else VOCABULARY["tokens"].max_size
+    if max_seqs is None:
+        default = VOCABULARY["seqs"].max_size
+        return tokens if default is not None and tokens is not None and tokens < default else None
+    if tokens is not None and max_seqs > tokens:
+        raise ValueError(f"max_seqs={max_seqs} is more than max_tokens={tokens}: a step of "
+                         f"{max_seqs} sequences has at least {max_seqs} tokens; pass "
+                         f"max_seqs <= max_tokens")
+    return max_seqs
+
+
 def plan_step(params: Params, state: KVState, *, max_tokens: int | None = None,
               max_seqs: int | None = None, max_pages: int | None = None,
               backend: str = "torch") -> CapturePlan:
     """The capture plan of `forward` (works on the meta device: no memory, no GPU)."""
     max_pages = max_pages or state.num_pages - 1
     example = decode_batch(2, max_pages, state.page_size, params.device, backend)
+    max_seqs = seqs_within_tokens(max_tokens, max_seqs)
     sizes = {k: v for k, v in (("tokens", max_tokens), ("seqs", max_seqs)) if v is not None}
-    for name, v in sizes.items():
-        positive_int(f"max_{name}", v)
     cfg = params.cfg
     return plan_capture(
         forward, params, state, example, dims=VOCABULARY, max_sizes=sizes,

@@ -14,7 +14,7 @@ Policy, once per step:
 2. Decodes first (one token each, as `make_batch` requires), then prefill chunks in arrival
    order, up to `max_batch_tokens` tokens and `max_seqs` sequences. In graph modes a step of
    more than `max_graph_tokens` tokens (default `dims.TOKENS_MAX_CAPTURED`, where graphs stop
-   paying: see dims.py) runs eagerly.
+   paying: see dims.py) runs eagerly, and so does a decode step of more sequences than that.
 3. Greedy argmax of the float32 logits, on the device. A request ends at eos (kept in its
    tokens) or after max_new_tokens, and frees its pages then.
 A row's math depends only on its own sequence, so batch composition never changes the tokens.
@@ -150,9 +150,11 @@ class Engine:
         self.return_logits = return_logits
         self.state: KVState = init_state(cfg, num_pages, page_size, params.device, params.dtype)
         # The scheduling budget may exceed the graphs' range: larger steps run eagerly, where a
-        # graph would only add padding (dims.TOKENS_MAX_CAPTURED).
+        # graph would only add padding (dims.TOKENS_MAX_CAPTURED). A decode step holds a token
+        # a sequence, so full graphs go up to that many sequences too.
+        graph_tokens = min(max_batch_tokens, max_graph_tokens)
         self._step_fn = _step_function(params, self.state, mode, attention_backend,
-                                       min(max_batch_tokens, max_graph_tokens), max_seqs,
+                                       graph_tokens, min(max_seqs, graph_tokens),
                                        self.max_pages, progress)
         self._requests: dict[int, Request] = {}
         self._waiting: deque[Request] = deque()

@@ -519,3 +519,53 @@ def test_returned_op_buffer_is_not_reused():
     y = torch.randn(7, 8)
     for got, want in zip(step(y), returns_an_op_result_read_on(y), strict=True):
         torch.testing.assert_close(got, want)
+
+
+def test_full_example_larger_than_its_buffers_is_refused():
+    """A full example whose leaf outgrows its static buffer (here twice the bucket's rows, past
+    `tokens`' maximum) is refused by name before anything is copied or captured."""
+    from mla_func.capture.compile import compile_plan
+
+    example = WithHost(_vec(6), torch.tensor([6, 3]))
+    plan = plan_capture(f_out, example, dims=VOCAB, full_dim="tokens",
+                        splitting_ops={"capture_test::mix_rows": lambda args: 3})
+
+    def full_example(size: int) -> tuple:
+        return (WithHost(torch.randn(2 * size, 8), torch.tensor([2 * size, 3])),)
+
+    with pytest.raises(ValueError, match=r"`.*x` is \(128, 8\), larger than its buffer \(64, 8\)"):
+        compile_plan(plan, f_out, [example], mode="full", bound=(), emulate=True,
+                     full_when=lambda b: True, full_example=full_example, progress=False)
+
+
+def test_full_graphs_stay_within_max_tokens():
+    """A decode step holds a token a sequence: `max_seqs` above `max_tokens` is refused by
+    name, and by default the full graphs stop at `max_tokens` sequences (they had crashed
+    in `narrow` at the default 512), replaying a pure decode of that many rows as eager does."""
+    from mla_func.compile_step import compile_step, seqs_within_tokens
+
+    assert seqs_within_tokens(None, None) is None
+    assert seqs_within_tokens(8, None) == 8 and seqs_within_tokens(8, 4) == 4
+    assert seqs_within_tokens(4096, None) is None  # the vocabulary's 512 stays
+    cfg = mf.MLAConfig.preset("tiny")
+    params = mf.init_params(cfg, seed=2)
+    state = mf.init_state(cfg, num_pages=32, page_size=4)
+    with pytest.raises(ValueError, match="max_seqs=8 is more than max_tokens=4"):
+        compile_step(params, state, mode="full", max_tokens=4, max_seqs=8, max_pages=4,
+                     emulate=True, progress=False)
+    step = compile_step(params, state, mode="full_and_piecewise", max_tokens=4, max_pages=4,
+                        emulate=True, progress=False)
+    assert step.plan.buckets["full"][-1] == 4 and sorted(step.full)[-1] == 4
+    ref = mf.init_state(cfg, num_pages=32, page_size=4)
+    g = torch.Generator().manual_seed(5)
+    pages = [state.allocator.reserve(i, 3) for i in range(4)]
+    for s in (state, ref):  # the same prompts in both caches, eagerly
+        prompt = [mf.SeqWork(torch.randint(0, cfg.vocab_size, (2,), generator=g).tolist(), 0,
+                             p) for p in pages]
+        g = torch.Generator().manual_seed(5)
+        mf.forward(params, s, mf.make_batch(prompt, 4, 4))
+    batch = mf.make_batch([mf.SeqWork([7 + i], 2, p) for i, p in enumerate(pages)], 4, 4)
+    assert step.choose(step._merge((state, batch))) == ("full", 4)
+    logits, _ = step(state, batch)
+    want, _ = mf.forward(params, ref, batch)
+    torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)

@@ -299,10 +299,12 @@ def capture_full(plan: CapturePlan, fn: Callable[..., Any], bound: dict[int, Any
         host: dict[int, torch.Tensor] = {}
         for spec, t in zip(sig.leaves, ex_leaves, strict=True):
             if spec.index in buf.leaves:
-                view = narrow_to(buf.leaves[spec.index], t.shape)
-                if list(view.shape) != list(t.shape):
+                room = tuple(buf.leaves[spec.index].shape)
+                if len(room) != t.dim() or any(n > m for n, m in zip(t.shape, room)):
                     raise ValueError(f"full example for size {size}: `{spec.path}` is "
-                                     f"{tuple(t.shape)}, larger than the buffers")
+                                     f"{tuple(t.shape)}, larger than its buffer {room} (the "
+                                     f"largest bucket, each dim capped at its own maximum)")
+                view = narrow_to(buf.leaves[spec.index], t.shape)
                 view.copy_(t)
                 static.append(view)
             elif spec.host:
