@@ -124,6 +124,10 @@ def make_batch(
             raise BatchError(f"sequence {i} has {len(w.pages)} pages; max_pages is {max_pages}")
         if SCRATCH_PAGE in w.pages:
             raise BatchError(f"sequence {i} uses the scratch page {SCRATCH_PAGE}")
+        if any(int(pg) < SCRATCH_PAGE for pg in w.pages):
+            raise BatchError(f"sequence {i} has negative page id(s) "
+                             f"{[int(pg) for pg in w.pages if int(pg) < 0][:5]}: pages come "
+                             "from the state's allocator")
         starts.append(len(tokens))
         for j, tok in enumerate(w.token_ids):
             pos = w.start + j

@@ -116,9 +116,10 @@ def yarn_inv_freq(cfg: MLAConfig) -> Float[Tensor, " qk_rope"]:
     rs = cfg.rope_scaling or {}
     if rs.get("type", rs.get("rope_type", "default")) == "yarn":
         factor = float(rs["factor"])
-        original = rs.get("original_max_position_embeddings", cfg.max_position_embeddings)
-        beta_fast = rs.get("beta_fast") or 32
-        beta_slow = rs.get("beta_slow") or 1
+        # Absent or null: HF's default, the model's own context length.
+        original = rs.get("original_max_position_embeddings") or cfg.max_position_embeddings
+        beta_fast = float(rs.get("beta_fast") or 32)  # config.json has ints (32, 1)
+        beta_slow = float(rs.get("beta_slow") or 1)
 
         def correction_dim(rotations: float) -> float:
             return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))

@@ -69,8 +69,24 @@ class PageAllocator:
 
 @dataclass(frozen=True)
 class KVState:
+    """The cache must be one dense [layers, pages, page_size, latent] tensor: the kernels
+    address a page by its index times a page's size, and the allocator's geometry must be
+    the cache's. A state built otherwise is refused here (ValueError), not read wrongly."""
+
     cache: LatentCache
     allocator: PageAllocator = field(compare=False)
+
+    def __post_init__(self) -> None:
+        c, alloc = self.cache, self.allocator
+        if c.dim() != 4:
+            raise ValueError(f"KVState.cache must be [layers, pages, page_size, latent]; got "
+                             f"shape {tuple(c.shape)}")
+        if not c.is_contiguous():
+            raise ValueError(f"KVState.cache must be contiguous (the kernels index pages by "
+                             f"offset); got strides {c.stride()} for shape {tuple(c.shape)}")
+        if (alloc.num_pages, alloc.page_size) != (c.shape[1], c.shape[2]):
+            raise ValueError(f"the allocator's {alloc.num_pages} pages of {alloc.page_size} "
+                             f"tokens do not match the cache's {c.shape[1]} of {c.shape[2]}")
 
     @property
     def page_size(self) -> int:

@@ -1,5 +1,6 @@
 """mla_func.state (PageAllocator, init_state) and mla_func.batch (make_batch layout and errors)."""
 
+import jaxtyping
 import pytest
 import torch
 
@@ -103,6 +104,7 @@ def test_one_token_prompt_is_a_prefill():
     ([mf.SeqWork([1] * 5, 0, [1])], {}, "5 tokens need more than 1 pages"),
     ([mf.SeqWork([1], 0, [1, 2, 3, 4])], {}, "max_pages is 3"),
     ([mf.SeqWork([1], 0, [0])], {}, "scratch page"),
+    ([mf.SeqWork([1], 0, [-3])], {}, r"negative page id\(s\) \[-3\]"),
     ([mf.SeqWork([1], -2, [1])], {}, "starts at -2"),
 ])
 def test_make_batch_errors(work, kw, words):
@@ -121,3 +123,20 @@ def test_init_state_past_free_gpu_memory():
     with pytest.raises(ValueError, match=r"GiB are free on cuda"):
         mf.init_state(cfg, num_pages=pages, page_size=64, device="cuda", dtype=torch.bfloat16)
     assert torch.cuda.memory_allocated() == before
+
+
+def test_kv_state_refuses_a_cache_the_kernels_would_misread():
+    """A permuted (non-contiguous) cache, a cache of another rank, or an allocator of another
+    geometry is refused by name when the state is built."""
+    from mla_func.state import KVState, PageAllocator
+
+    cache = torch.zeros(2, 8, 4, 6)
+    KVState(cache, PageAllocator(8, 4))  # the layout init_state makes
+    with pytest.raises(ValueError, match="must be contiguous"):
+        KVState(cache.transpose(1, 2), PageAllocator(4, 8))
+    # jaxtyping's check (on in the tests) refuses the rank first; without it, __post_init__.
+    with pytest.raises((ValueError, jaxtyping.TypeCheckError),
+                       match=r"layers pages page_size latent|\[layers, pages, page_size"):
+        KVState(cache[0], PageAllocator(8, 4))
+    with pytest.raises(ValueError, match="allocator's 9 pages of 4 tokens"):
+        KVState(cache, PageAllocator(9, 4))

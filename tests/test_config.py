@@ -2,6 +2,7 @@ import json
 
 import jaxtyping
 import pytest
+import torch
 
 import mla_func as mf
 from mla_func.config import ConfigError
@@ -173,3 +174,26 @@ def test_bad_config_json_names_the_path(tmp_path):
         mf.MLAConfig.from_hf(path)
     with pytest.raises(ConfigError, match="rope_parameters must be a mapping"):
         mf.MLAConfig.from_hf({**V2_LITE_JSON, "rope_parameters": 5})
+
+
+def test_yarn_without_original_context_uses_the_model_context():
+    """`original_max_position_embeddings` absent or null in a yarn rope_scaling (HF takes
+    max_position_embeddings then): the frequencies are the same either way, and differ from
+    those of a shorter original context (so the field is read at all)."""
+    from dataclasses import replace
+
+    from mla_func.params import yarn_inv_freq
+
+    base = mf.MLAConfig.preset("tiny")
+    rs = {"type": "yarn", "factor": 4, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+          "mscale_all_dim": 1.0}
+    explicit = replace(base, rope_scaling={**rs, "original_max_position_embeddings":
+                                           base.max_position_embeddings})
+    got = [yarn_inv_freq(replace(base, rope_scaling=r)) for r in
+           ({**rs, "original_max_position_embeddings": None}, rs)]
+    want = yarn_inv_freq(explicit)
+    for g in got:
+        torch.testing.assert_close(g, want, rtol=0, atol=0)
+    shorter = replace(base, rope_scaling={**rs, "original_max_position_embeddings":
+                                          base.max_position_embeddings // 4})
+    assert not torch.equal(yarn_inv_freq(shorter), want)
