@@ -25,6 +25,7 @@ from torch import Tensor
 
 from mla_func.custom_op import custom_op
 from mla_func.ops import attention as ref
+from mla_func.state import LatentCache
 
 
 class GraphSupport(IntEnum):
@@ -102,7 +103,7 @@ def torch_attention(
     q_nope: Float[Tensor, "tokens heads qk_nope"],
     q_pe: Float[Tensor, "tokens heads qk_rope"],
     kv: Float[Tensor, "tokens latent"],
-    cache: Float[Tensor, "layers pages page_size latent"],
+    cache: LatentCache,
     layer: int,
     kv_norm: Float[Tensor, " kv_lora"],
     inv_freq: Float[Tensor, " qk_rope"],
@@ -171,7 +172,7 @@ def attend(
     q_nope: Float[Tensor, "tokens heads qk_nope"],
     q_pe: Float[Tensor, "tokens heads qk_rope"],
     kv: Float[Tensor, "tokens latent"],
-    cache: Float[Tensor, "layers pages page_size latent"],
+    cache: LatentCache,
     layer: int,
     kv_norm: Float[Tensor, " kv_lora"],
     inv_freq: Float[Tensor, " qk_rope"],

@@ -338,7 +338,6 @@ def _from_hf_dict(raw: dict[str, Any]) -> MLAConfig:
         kwargs["rope_scaling"] = None
     if model_type == "deepseek_v3":
         kwargs["topk_method"] = "noaux_tc"
-        kwargs.setdefault("norm_topk_prob", True)
     # JSON writes 10000.0 as 10000: float fields take ints as floats (other values are left
     # for validate to name).
     for f in fields(MLAConfig):

@@ -32,7 +32,7 @@ from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import route
 from mla_func.ops.norm import rmsnorm
 from mla_func.params import Attention, DenseMLP, MoE, Params, rope_attention_factor
-from mla_func.state import KVState
+from mla_func.state import KVState, LatentCache
 
 # Tests set this to run the fused Triton kernels on the CPU (TRITON_INTERPRET=1).
 FORCE_FUSED = False
@@ -103,7 +103,7 @@ def attention_block(
     x: Float[Tensor, "tokens hidden"],
     h: Float[Tensor, "tokens hidden"],
     input_norm: Float[Tensor, " hidden"],
-    cache: Float[Tensor, "layers pages page_size latent"],
+    cache: LatentCache,
     layer: int,
     batch: Batch,
     inv_freq: Float[Tensor, " qk_rope"],

@@ -59,6 +59,41 @@ def test_mha_prefill_matches_reference(case):
     assert rel_err(got, ref.attend_mha(*ref_args(p))) < TOL
 
 
+def test_prefill_out_of_resources_halves_the_tile_and_says_so(monkeypatch):
+    """A launch that runs out of shared memory is retried at half the query rows a program,
+    with a RuntimeWarning naming both sizes (once per size), and still matches."""
+    import warnings
+
+    from triton.runtime.errors import OutOfResources
+
+    from mla_func.kernels import mla_prefill as mp
+
+    real, seen = mp._mha_kernel, []
+
+    class Tight:  # the real kernel, but 32 rows a program do not fit
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs["BLOCK_M"])
+                if kwargs["BLOCK_M"] >= 32:
+                    raise OutOfResources(300000, 232448, "shared memory")
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(mp, "_mha_kernel", Tight())
+    monkeypatch.setattr(mp, "_SHRUNK", set())
+    p = make_problem([0, 5, 17], [20, 3, 33], 16, dict(SMALL, heads=4), seed=3)
+    args = (*ref_args(p), 50, 33)
+    with pytest.warns(RuntimeWarning, match="ran out of GPU resources at 32 query rows a "
+                                            "program; it runs 16"):
+        got = mha_prefill(*args, block_m=32, block_n=16)
+    assert seen == [32, 16]
+    assert rel_err(got, ref.attend_mha(*ref_args(p))) < TOL
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once per size
+        mha_prefill(*args, block_m=32, block_n=16)
+    assert seen == [32, 16, 32, 16]
+
+
 def test_absorbed_extend_matches_reference():
     p = make_problem([0, 9, 30], [5, 1, 4], 4, SMALL, seed=11)
     got = attend_absorbed(*ref_args(p), poisoned_workspace(p, 2),

@@ -4,7 +4,7 @@ the splitting ops -> buckets -> piecewise and full CUDA graphs -> per-step dispa
 
 Generic: it knows dim names and op names only through its arguments.
 
-    plan = plan_capture(fn, *example_args)     # no GPU; raises CaptureError for unsafe code
+    plan = plan_capture(fn, *example_args, dims=vocabulary)  # no GPU; CaptureError if unsafe
     plan.save("graphs/NAME")                   # plan.json + segment_NN.py
     step = compile_plan(plan, fn, args, bound=(0,), mode="piecewise")   # CUDA
     out = step(*args[1:])                      # FULL / PIECEWISE / eager, per call

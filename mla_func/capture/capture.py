@@ -300,7 +300,7 @@ def capture_full(plan: CapturePlan, fn: Callable[..., Any], bound: dict[int, Any
         for spec, t in zip(sig.leaves, ex_leaves, strict=True):
             if spec.index in buf.leaves:
                 room = tuple(buf.leaves[spec.index].shape)
-                if len(room) != t.dim() or any(n > m for n, m in zip(t.shape, room)):
+                if len(room) != t.dim() or any(n > m for n, m in zip(t.shape, room, strict=True)):
                     raise ValueError(f"full example for size {size}: `{spec.path}` is "
                                      f"{tuple(t.shape)}, larger than its buffer {room} (the "
                                      f"largest bucket, each dim capped at its own maximum)")

@@ -48,9 +48,6 @@ class LeafSpec:
     pad: Any  # field metadata "pad": the value of padded rows
     host: bool  # field metadata "host": never padded, always passed live
 
-    def describe(self) -> str:
-        return " ".join(self.dims)
-
 
 @dataclass(frozen=True)
 class Signature:

@@ -24,23 +24,6 @@ class TreeDef:
     obj: Any = None
     children: tuple[tuple[str, "TreeDef"], ...] = ()
 
-    def static_key(self) -> tuple:
-        """Everything but the leaves: equal keys mean the same call signature."""
-        if self.kind == "leaf":
-            return ("leaf",)
-        if self.kind == "const":
-            return ("const", _const_key(self.obj))
-        head = type(self.obj) if self.kind == "dataclass" else self.kind
-        return (head,) + tuple((name, c.static_key()) for name, c in self.children)
-
-
-def _const_key(obj: Any) -> Any:
-    try:
-        hash(obj)
-        return obj
-    except TypeError:
-        return id(obj)
-
 
 def array_annotation(ann: Any) -> Any:
     """The jaxtyping array type inside `ann` (unwrapping `X | None`), or None."""

@@ -91,8 +91,12 @@ def _absorb_prologue_kernel(
                      BLOCK_L)
 
 
-def absorb_launch(q_nope, w_uk, q_lat, cache, new: NewRows, q_pe,
-                  block_c=BLOCK_C) -> tuple[tuple, tuple, dict]:
+def absorb_launch(q_nope: Float[Tensor, "tokens heads qk_nope"],
+                  w_uk: Float[Tensor, "heads qk_nope kv_lora"],
+                  q_lat: Float[Tensor, "heads tokens kv_lora"],
+                  cache: Float[Tensor, "pages page_size latent"],
+                  new: NewRows, q_pe: Float[Tensor, "tokens heads qk_rope"],
+                  block_c: int = BLOCK_C) -> tuple[tuple, tuple, dict]:
     """(grid, arguments, keyword arguments) of the fused kernel (the sm90 compile test reads
     the same)."""
     tokens, heads, qk_nope = q_nope.shape

@@ -28,6 +28,7 @@ from mla_func.kernels.mla_absorbed import attend_absorbed
 from mla_func.kernels.mla_decode import DecodeWorkspace
 from mla_func.kernels.mla_prefill import mha_prefill
 from mla_func.kernels.rope import mla_prologue
+from mla_func.state import LatentCache
 
 
 class TritonMLA:
@@ -41,7 +42,7 @@ class TritonMLA:
         q_nope: Float[Tensor, "tokens heads qk_nope"],
         q_pe: Float[Tensor, "tokens heads qk_rope"],
         kv: Float[Tensor, "tokens latent"],
-        cache: Float[Tensor, "layers pages page_size latent"],
+        cache: LatentCache,
         layer: int,
         kv_norm: Float[Tensor, " kv_lora"],
         inv_freq: Float[Tensor, " qk_rope"],

@@ -8,6 +8,7 @@ grown, so captured graphs keep valid addresses (DESIGN.md, "capture").
 """
 
 import math
+import warnings
 from dataclasses import dataclass, replace
 
 import torch
@@ -236,7 +237,10 @@ def smaller_plan(plan: DecodePlan) -> DecodePlan | None:
 
 
 def shrink(plan: DecodePlan, smaller: DecodePlan) -> DecodePlan:
-    """Record that launches of `plan` run `smaller` (it ran out of resources); `smaller`."""
+    """Record that launches of `plan` run `smaller` (it ran out of resources); `smaller`.
+    Said once per plan (a RuntimeWarning): the tiles that run are not the ones planned."""
+    warnings.warn(f"the MLA decode split kernel ran out of GPU resources with {plan}; its "
+                  f"launches use {smaller} instead", RuntimeWarning, stacklevel=3)
     _SHRUNK[plan] = smaller
     return smaller
 

@@ -278,8 +278,11 @@ def _launch_split(q_lat, q_pe, cache, page_table, token_seq, positions, scale, p
             plan = shrink(plan, smaller)
 
 
-def split_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, out,
-                 part_o, part_lse, counters, scratch=None) -> tuple[tuple, tuple, dict]:
+def split_launch(q_lat: LatentRows, q_pe: RopeRows, cache: CacheLayer, page_table: PageTable,
+                 token_seq: RowIndex, positions: RowIndex, scale: float, plan: DecodePlan,
+                 out: LatentRows, part_o: PartialO, part_lse: PartialLse,
+                 counters: Int[Tensor, " _"] | None,
+                 scratch: tuple[Tensor, Tensor] | None = None) -> tuple[tuple, tuple, dict]:
     """(grid, arguments, keyword arguments) of the split kernel for `plan` (the sm90 compile
     test reads the same)."""
     heads, tokens, kv_lora = q_lat.shape

@@ -194,9 +194,10 @@ def decode_ws(
     _decode_ws_kernel[grid](*args, **kwargs)
 
 
-def ws_launch(q_lat, q_pe, cache, page_table, token_seq, positions, scale, num_splits, block_n,
-              stages, out, part_o, part_lse, early: bool = False
-              ) -> tuple[tuple, tuple, dict]:
+def ws_launch(q_lat: LatentRows, q_pe: RopeRows, cache: CacheLayer, page_table: PageTable,
+              token_seq: RowIndex, positions: RowIndex, scale: float, num_splits: int,
+              block_n: int, stages: int, out: LatentRows, part_o: PartialO,
+              part_lse: PartialLse, early: bool = False) -> tuple[tuple, tuple, dict]:
     """(grid, arguments, keyword arguments) of `decode_ws`'s launch (the sm90 compile test
     reads the same)."""
     heads, tokens, kv_lora = q_lat.shape

@@ -12,6 +12,7 @@ The form and the grid come from host metadata (max_seq_len, max_query_len), so t
 eager-only: it is not part of a captured decode graph.
 """
 
+import warnings
 from typing import no_type_check
 
 import torch
@@ -20,6 +21,8 @@ import triton.language as tl
 from jaxtyping import Float, Int
 from torch import Tensor
 from triton.runtime.errors import OutOfResources
+
+_SHRUNK: set[int] = set()  # query-row tiles that ran out of resources (warned once each)
 
 
 @triton.jit
@@ -164,6 +167,11 @@ def mha_prefill(
         except OutOfResources:
             if block_m <= 16:
                 raise
+            if block_m not in _SHRUNK:  # said once per tile size
+                _SHRUNK.add(block_m)
+                warnings.warn(f"the MLA prefill kernel ran out of GPU resources at {block_m} "
+                              f"query rows a program; it runs {block_m // 2}", RuntimeWarning,
+                              stacklevel=2)
             block_m //= 2
 
 
