@@ -17,10 +17,7 @@ import mla_func as mf
 from scripts.bench_common import cuda_time_ms, print_table
 
 
-def _parse(args) -> argparse.Namespace:
-    if isinstance(args, argparse.Namespace):
-        return args
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="v2-lite")
     p.add_argument("--backend", default="triton")
     p.add_argument("--batches", default="1,8,32,128")
@@ -30,8 +27,14 @@ def _parse(args) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--max-seqs", type=int, default=None)
     p.add_argument("--reps", type=int, default=20)
-    known, _ = p.parse_known_args(args or [])
-    return known
+
+
+def _parse(args) -> argparse.Namespace:
+    if isinstance(args, argparse.Namespace):
+        return args
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    add_args(p)
+    return p.parse_args(args or [])
 
 
 def _batch(state: mf.KVState, lengths: list[tuple[int, int]], max_pages: int, backend: str,

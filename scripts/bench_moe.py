@@ -277,9 +277,9 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
     if isinstance(argv, argparse.Namespace):
         args = argv
     else:
-        p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+        p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
         add_args(p)
-        args = p.parse_known_args(argv)[0]
+        args = p.parse_args(argv)
     if args.rounds < 1:
         raise SystemExit(f"bench moe: --rounds must be at least 1; got {args.rounds}")
     torch.manual_seed(0)

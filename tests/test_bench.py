@@ -1,4 +1,8 @@
-"""scripts/bench.py's command line (the benchmarks themselves need a GPU)."""
+"""scripts/bench.py's command line and the benchmarks' CPU-side output (the benchmarks
+themselves need a GPU)."""
+
+import argparse
+import json
 
 import pytest
 import torch
@@ -6,12 +10,102 @@ import torch
 from scripts.bench import parse
 
 
-def test_kernel_and_moe_options_reach_their_benchmark():
-    args, rest = parse(["kernels", "--batch", "128", "--page", "1", "64", "--ctx", "4096"])
-    assert rest == ["--batch", "128", "--page", "1", "64", "--ctx", "4096"]
-    assert args.batches == [1, 8, 32, 128] and args.page_size == 64  # the step's, untouched
-    args, rest = parse(["step", "--batches", "1", "8", "--page-size", "16", "--out", "/tmp/b"])
-    assert args.batches == [1, 8] and args.page_size == 16 and rest == []
+def own_parse(name: str, argv: list[str]) -> argparse.Namespace:
+    """`argv` read by benchmark `name`'s own parser, as its `run` reads it."""
+    if name == "capture":
+        from scripts.bench_capture import _parse
+
+        return _parse(argv)
+    if name == "kernels":
+        from scripts.bench_kernels import parse_args
+
+        return parse_args(argv)
+    p = argparse.ArgumentParser()
+    if name == "moe":
+        from scripts.bench_moe import add_args
+
+        add_args(p)
+    else:
+        from scripts.bench_step import add_arguments
+
+        add_arguments(p)
+    return p.parse_args(argv)
+
+
+@pytest.mark.parametrize("argv, want", [
+    (["capture", "--backend", "torch", "--page-size", "64", "--max-tokens", "128",
+      "--batches", "1,8"],
+     {"capture": {"backend": "torch", "page_size": 64, "max_tokens": 128, "batches": "1,8"}}),
+    (["kernels", "--batch", "128", "--page", "1", "64", "--ctx", "4096"],
+     {"kernels": {"batch": [128], "page": [1, 64], "ctx": [4096]}}),
+    (["moe", "--tokens", "4096", "--rounds", "7"], {"moe": {"tokens": [4096], "rounds": 7}}),
+    (["step", "--batches", "1", "8", "--page-size", "16", "--backend", "torch"],
+     {"step": {"batches": [1, 8], "page_size": 16, "backend": "torch"}}),
+    (["all", "--tokens", "4096", "--batch", "8", "--backend", "torch", "--page-size=32",
+      "--max-tokens", "256"],
+     {"kernels": {"batch": [8], "page": [1, 64]}, "moe": {"tokens": [4096], "rounds": 5},
+      "capture": {"backend": "torch", "page_size": 32, "max_tokens": 256},
+      "step": {"backend": "torch", "page_size": 32, "max_tokens": 256,
+               "batches": [1, 8, 32, 128]}}),
+])
+def test_each_option_reaches_its_own_benchmarks_parser(argv, want, tmp_path):
+    """What `parse` hands each benchmark, read by that benchmark's own parser, carries the
+    values asked for (and the defaults elsewhere); `--out` stays bench.py's."""
+    args, routed = parse([*argv[:1], "--out", str(tmp_path), *argv[1:]])
+    assert args.what == argv[0] and args.out == str(tmp_path)
+    assert list(routed) == list(want)  # `all`: kernels, moe, capture, step
+    for name, values in want.items():
+        got = vars(own_parse(name, routed[name]))
+        assert {k: got[k] for k in values} == values, name
+
+
+@pytest.mark.parametrize("argv, name", [
+    (["step", "--batchez", "3"], "--batchez"),
+    (["step", "--batch", "3"], "--batch"),  # kernels' option, never an abbreviation
+    (["kernels", "--batches", "3"], "--batches"),  # the step's option, not kernels'
+    (["capture", "--tokens", "8"], "--tokens"),
+    (["moe", "--page-size=16"], "--page-size"),
+    (["all", "--tokens", "8", "--nope", "1"], "--nope"),
+    (["step", "5"], "5"),
+])
+def test_an_option_no_benchmark_takes_is_refused_by_name(argv, name, tmp_path, monkeypatch):
+    """Refused by `main` before the CUDA check (a GPU pretended here) and before --out."""
+    from scripts.bench import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match=f"^bench {argv[0]}: unknown .*{name} "):
+        main([*argv, "--out", str(out)])
+    assert not out.exists()
+
+
+def test_all_refuses_a_value_one_of_its_benchmarks_refuses(capsys):
+    """`all --batches 1 8`: the step takes it, bench_capture (`--batches 1,8`) does not."""
+    with pytest.raises(SystemExit):
+        parse(["all", "--batches", "1", "8"])
+    err = capsys.readouterr().err
+    assert "bench capture" in err and "unrecognized arguments: 8" in err
+
+
+def test_help_lists_the_subcommands_benchmarks_options(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse(["capture", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--out" in out and "--max-seqs" in out and "--gen-requests" not in out
+
+
+def test_benchmarks_refuse_unknown_options_when_run_alone():
+    """bench_moe and bench_capture called on their own (not through bench.py) refuse a
+    mistyped option instead of ignoring it."""
+    from scripts.bench_capture import _parse
+    from scripts.bench_moe import run
+
+    with pytest.raises(SystemExit):
+        run(["--tokenz", "8"])
+    with pytest.raises(SystemExit):
+        _parse(["--page-sise", "8"])
+    assert _parse(["--page-size", "8"]).page_size == 8
 
 
 def test_timing_rounds_alternate_the_cases():
@@ -22,8 +116,6 @@ def test_timing_rounds_alternate_the_cases():
     got = alternating(names, 3)
     assert got == [names, names[::-1], names]
     assert alternating(names, 0) == [] and names == ["fused", "grouped_mm", "route_only"]
-    args, rest = parse(["moe", "--tokens", "4096", "--rounds", "7"])
-    assert rest == ["--tokens", "4096", "--rounds", "7"]  # handed on to bench_moe
     from scripts.bench_moe import run
 
     with pytest.raises(SystemExit, match="--rounds must be at least 1"):
@@ -66,22 +158,88 @@ def test_generate_floor_is_one_step_of_every_request_at_the_mean_context():
     assert got["floor_ms"] >= got["bytes_gb"] * 1e3  # its bytes over 1 GB/s, in ms
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
+
 @pytest.mark.parametrize("what", ["step", "kernels", "moe", "capture", "all"])
-def test_bench_without_cuda_fails_clearly_and_writes_nothing(what, tmp_path):
+def test_bench_without_cuda_fails_clearly_and_writes_nothing(what, tmp_path, monkeypatch):
     from scripts.bench import main
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out = tmp_path / "out"
-    with pytest.raises(SystemExit, match=f"bench {what} needs a CUDA GPU"):
+    with pytest.raises(SystemExit, match=f"bench {what} needs a CUDA GPU; none is available"):
         main([what, "--out", str(out)])
     assert not out.exists()
 
 
-def test_bench_step_rejects_unknown_arguments(tmp_path):
+def test_main_writes_each_benchmarks_json(tmp_path, monkeypatch):
+    """`bench all` runs kernels, moe, capture, step, each on its own options, and writes
+    bench_<name>.json of what each returned (the runs faked: no GPU here)."""
+    from scripts import bench_capture, bench_kernels, bench_moe, bench_step
     from scripts.bench import main
 
-    with pytest.raises(SystemExit, match="unknown arguments --batchez 3"):
-        main(["step", "--batchez", "3", "--out", str(tmp_path / "out")])
+    calls = []
+
+    def fake(name):
+        def run(args):
+            calls.append((name, args))
+            return [{"bench": name, "us": 1.5}]
+        return run
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for module in (bench_kernels, bench_moe, bench_capture, bench_step):
+        monkeypatch.setattr(module, "run", fake(module.__name__.split("_")[-1]))
+    out = tmp_path / "out"
+    assert main(["all", "--out", str(out), "--tokens", "4096", "--backend", "torch",
+                 "--no-ref"]) == 0
+    assert [name for name, _ in calls] == ["kernels", "moe", "capture", "step"]
+    argvs = dict(calls)
+    assert argvs["kernels"] == ["--no-ref"] and argvs["moe"] == ["--tokens", "4096"]
+    assert argvs["capture"] == ["--backend", "torch"]
+    step = argvs["step"]
+    assert step.out == str(out) and step.backend == "torch" and step.batches == [1, 8, 32, 128]
+    for name in argvs:
+        got = json.loads((out / f"bench_{name}.json").read_text())
+        assert got == [{"bench": name, "us": 1.5}]
+
+
+def test_print_table_formats_and_says_when_empty(capsys):
+    from scripts.bench_common import print_table
+
+    rows = [{"batch": 1, "ms": 0.012345, "big": 12345.6, "note": None},
+            {"batch": 128, "ms": 2.0, "big": 250.25}]
+    print_table(rows, ["batch", "ms", "big", "note"], "decode")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:3] == ["", "## decode", "batch | ms     | big   | note"]
+    assert lines[3] == "------|--------|-------|-----"
+    assert lines[4:] == ["1     | 0.0123 | 12346 |     ", "128   | 2      | 250   |     "]
+    print_table([], ["batch"], "prefill")
+    assert capsys.readouterr().out == "\n## prefill\n(no rows)\n"
+
+
+def test_step_summary_prints_every_table(capsys):
+    from scripts.bench_step import summarize
+
+    head = {"gpu": "H200", "torch": "2.x", "ceilings": {"copy_gbs": 4000.0}}
+    summarize({**head, "decode": [{"ctx": 1024, "batch": 8, "floor_ms": 0.5, "full_ms": 0.75}],
+               "prefill": [{"tokens": 512, "eager_ms": 3.0, "piecewise_path": "piecewise"}],
+               "generate": {"requests": 128, "out_tok_s": 9000.0}})
+    out = capsys.readouterr().out
+    assert "GPU H200, torch 2.x" in out and "## decode step (ms)" in out
+    assert "1024 | 8     | 0.5" in out and "0.75" in out and "piecewise" in out
+    assert "## generate" in out and "requests | out_tok_s" in out and "9000" in out
+    summarize(head)  # nothing measured: each table says so, and no generate table
+    out = capsys.readouterr().out
+    assert out.count("(no rows)") == 3 and "## generate" not in out
+
+
+def test_step_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from scripts.bench_step import plot
+
+    rows = [{"ctx": ctx, "batch": b, "eager_ms": 1.0 + b, "full_ms": 0.5 + b,
+             "floor_ms": 0.1 * b} for ctx in (1024, 4096) for b in (1, 8, 32)]
+    path = tmp_path / "decode_step.png"
+    plot(rows, path, "CPU")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_profile_generate_timeline_accounts_for_every_step(capsys):
