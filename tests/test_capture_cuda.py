@@ -123,6 +123,68 @@ def test_capture_report_and_bound_state(setup):
         step(other, batch)
 
 
+# Each mode alone, and the triton backend, over smaller ranges (the fixture above is the torch
+# backend's full_and_piecewise). Triton's float32 products run in tf32, and a full graph's
+# decode plan (from the worst-case metadata it froze) may split the keys differently from an
+# eager call's: a looser tolerance there.
+MODE_CASES = [("piecewise", "torch"), ("full", "torch"), ("piecewise", "triton"),
+              ("full", "triton"), ("full_and_piecewise", "triton")]
+TRITON_TOL = {"rtol": 2e-3, "atol": 2e-3}
+
+
+@pytest.fixture(scope="module", params=MODE_CASES, ids=["-".join(c) for c in MODE_CASES])
+def mode_setup(request):
+    from mla_func.compile_step import compile_step
+
+    mode, backend = request.param
+    cfg = mf.MLAConfig.preset("tiny")
+    params = mf.init_params(cfg, seed=4, device="cuda")
+    state = mf.init_state(cfg, NUM_PAGES, PAGE, device="cuda")
+    state.cache.normal_()
+    step = compile_step(params, state, mode=mode, max_tokens=16, max_seqs=8,
+                        max_pages=MAX_PAGES, backend=backend, progress=False)
+    return cfg, params, state, step, mode, backend
+
+
+def _check_mode(params, state, step, backend, work, kind):
+    batch = mf.make_batch(work, PAGE, MAX_PAGES, device="cuda", backend=backend)
+    assert step.choose(step._merge((state, batch)))[0] == kind
+    twin = dataclasses.replace(state, cache=state.cache.clone())
+    want, _ = mf.forward(params, twin, batch)
+    got, _ = step(state, batch)
+    if kind == "eager":
+        assert torch.equal(got, want) and torch.equal(state.cache[:, 1:], twin.cache[:, 1:])
+        return
+    tol = TRITON_TOL if backend == "triton" else TOL
+    torch.testing.assert_close(got, want, **tol)
+    torch.testing.assert_close(state.cache[:, 1:], twin.cache[:, 1:], **tol)
+
+
+def test_every_bucket_of_each_mode_and_backend(mode_setup):
+    """Every bucket of the mode's graphs against eager; what the mode leaves out runs eagerly
+    (a prefill in `full`, a decode past the full range), bitwise equal."""
+    cfg, params, state, step, mode, backend = mode_setup
+    g = torch.Generator().manual_seed(7)
+    has_piecewise, has_full = mode != "full", mode != "piecewise"
+    assert bool(step.piecewise) == has_piecewise and bool(step.full) == has_full
+    for size in step.plan.buckets["piecewise"] if has_piecewise else ():
+        for tokens in sorted({size, max(1, size - 1)}):
+            ids = torch.randint(cfg.vocab_size, (tokens,), generator=g).tolist()
+            _check_mode(params, state, step, backend, [mf.SeqWork(ids, 0, _pages(1, tokens)[0])],
+                        "piecewise")
+    for size in step.plan.buckets["full"] if has_full else ():
+        for seqs in sorted({size, max(1, size - 1)}):
+            work = [mf.SeqWork([int(torch.randint(cfg.vocab_size, (), generator=g))], 8, p)
+                    for p in _pages(seqs, 9)]
+            _check_mode(params, state, step, backend, work, "full")
+    decode = [mf.SeqWork([5], 8, p) for p in _pages(4, 9)]
+    _check_mode(params, state, step, backend, decode, "full" if has_full else "piecewise")
+    prompt = [mf.SeqWork(list(range(6)), 0, _pages(1, 6, first=150)[0])]
+    _check_mode(params, state, step, backend, prompt, "piecewise" if has_piecewise else "eager")
+    big = [mf.SeqWork(list(range(20)), 0, _pages(1, 20, first=160)[0])]
+    _check_mode(params, state, step, backend, big, "eager")  # 20 tokens > 16
+
+
 def test_non_leading_dynamic_axis_graph():
     from test_capture_plan import VOCAB, Inner, Outer, toy
 
