@@ -1,9 +1,14 @@
-"""Capture artifacts: `python scripts/capture.py --preset tiny|v2-lite|v3 [--out graphs/NAME]`.
+"""Capture artifacts: `python scripts/capture.py --preset tiny|v2-lite|v3 [--out DIR]`.
 
-Always writes the plan (no GPU, parameters on the meta device): plan.json + segment_NN.py.
-On a CUDA machine (unless --plan-only) it also captures every bucket of `--mode` with random
-weights and writes capture_report.json (capture seconds, graph-pool bytes, per-bucket replay vs
-eager time and max difference) and graph.dot, the CUDA-graph dump of one piecewise bucket.
+Always writes the plan (no GPU, parameters on the meta device): plan.json + segment_NN.py, under
+--out (default out/PRESET, git-ignored). On a CUDA machine (unless --plan-only) it also captures
+every bucket of `--mode` with random weights and writes capture_report.json (capture seconds,
+graph-pool bytes, per-bucket replay vs eager time and max difference) and graph.dot, the
+CUDA-graph dump of one piecewise bucket. A report and dump that an earlier run left in --out are
+moved aside (capture_report.prev.json, graph.prev.dot) once the new plan is saved.
+
+The golden plan of tests/test_capture_golden.py is regenerated with
+`python scripts/capture.py --preset tiny --plan-only --out graphs/tiny`.
 """
 
 import argparse
@@ -15,10 +20,16 @@ import time
 import torch
 
 import mla_func as mf
-from mla_func.compile_step import plan_step
+from mla_func.compile_step import plan_step, seqs_within_tokens
 
 # Cache geometry of the plans in graphs/ (capacity dims are part of a plan).
 GEOMETRY = {"tiny": (64, 4, 8), "v2-lite": (4096, 16, 256), "v3": (4096, 16, 256)}
+# The tracer gives each dynamic dim its own prime example size no larger than the dim's maximum
+# (mla_func/capture/trace.py, choose_hints; the smallest primes are 2 and 3): `seqs` needs 2,
+# and `tokens`, never below `seqs`, needs 3 so that the two sizes differ.
+MIN_TOKENS, MIN_SEQS = 3, 2
+# What a GPU run leaves in --out: not this plan's once a new plan is saved there.
+GPU_ARTIFACTS = {"capture_report.json": "capture_report.prev.json", "graph.dot": "graph.prev.dot"}
 
 
 def build_plan(preset: str, backend: str = "torch", max_tokens: int | None = None,
@@ -79,11 +90,18 @@ def gpu_report(args, out: str) -> dict:
     return report
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _at_least(least: int, why: str = ""):
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}{why}, got {value}")
+        return value
+    parse.__name__ = f"integer >= {least}"  # how argparse names the type in its errors
+    return parse
+
+
+_positive = _at_least(1)
+_UNTRACEABLE = " (a smaller maximum cannot be traced symbolically)"
 
 
 def _sizes(text: str) -> list[int]:
@@ -93,37 +111,74 @@ def _sizes(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"a comma-separated list of sizes: {err}") from err
 
 
+def out_problem(out: str) -> str | None:
+    """Why `out` cannot become the output directory (None if it can), checked before the plan
+    is built: an existing file, or a nearest existing ancestor that is a file or not writable."""
+    if os.path.exists(out):
+        if not os.path.isdir(out):
+            return f"{out} exists and is not a directory"
+        return None if os.access(out, os.W_OK) else f"{out} is not writable"
+    parent = os.path.dirname(os.path.abspath(out))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"cannot create {out}: {parent} is a file"
+    return None if os.access(parent, os.W_OK) else f"cannot create {out}: {parent} is not writable"
+
+
+def move_aside(out: str) -> list[str]:
+    """Moves a report and dump an earlier GPU run left in `out` to their .prev names (never
+    deleted: a GPU report is expensive); returns the names moved."""
+    moved = []
+    for name, prev in GPU_ARTIFACTS.items():
+        if os.path.exists(os.path.join(out, name)):
+            os.replace(os.path.join(out, name), os.path.join(out, prev))
+            moved.append(name)
+    return moved
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="tiny", choices=sorted(GEOMETRY))
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="default: out/PRESET")
     p.add_argument("--backend", default="torch", choices=("torch", "triton"))
     p.add_argument("--mode", default="full_and_piecewise",
                    choices=("piecewise", "full", "full_and_piecewise"))
-    p.add_argument("--max-tokens", type=_positive, default=None,
+    p.add_argument("--max-tokens", type=_at_least(MIN_TOKENS, _UNTRACEABLE), default=None,
                    help="largest piecewise bucket (default: dims.TOKENS_MAX_CAPTURED, 2560)")
-    p.add_argument("--max-seqs", type=_positive, default=None)
+    p.add_argument("--max-seqs", type=_at_least(MIN_SEQS, _UNTRACEABLE), default=None,
+                   help="largest full bucket, at most --max-tokens (default: 512 or less)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
     p.add_argument("--check", default=[1, 8, 32, 128, 512], type=_sizes,
                    help="buckets to compare with eager (comma-separated)")
     p.add_argument("--plan-only", action="store_true")
     args = p.parse_args(argv)
-    out = args.out or os.path.join("graphs", args.preset)
-    for stale in ("capture_report.json", "graph.dot"):  # a GPU run's, not this plan's
-        if os.path.exists(os.path.join(out, stale)):
-            os.remove(os.path.join(out, stale))
-    start = time.perf_counter()
-    plan = build_plan(args.preset, args.backend, args.max_tokens, args.max_seqs)
-    paths = plan.save(out)
-    print(f"plan: {len(plan.segments)} segments ({plan.num_distinct} distinct), "
-          f"{len(plan.ops)} splitting ops, {time.perf_counter() - start:.1f} s -> {paths[0]}")
-    if args.plan_only or not torch.cuda.is_available():
-        if not args.plan_only:
-            print("no CUDA device: plan only", file=sys.stderr)
-        return 0
-    report = gpu_report(args, out)
-    with open(os.path.join(out, "capture_report.json"), "w") as f:
-        json.dump(report, f, indent=1)
+    # Not graphs/PRESET: that is the golden plan, which trying flags must not rewrite.
+    out = args.out or os.path.join("out", args.preset)
+    problem = out_problem(out)
+    if problem:  # before the plan is built (seconds to a minute)
+        p.error(f"argument --out: {problem}")
+    try:  # the package's input errors (CaptureError, ConfigError) are ValueError subclasses
+        seqs_within_tokens(args.max_tokens, args.max_seqs)
+        start = time.perf_counter()
+        plan = build_plan(args.preset, args.backend, args.max_tokens, args.max_seqs)
+        paths = plan.save(out)
+        print(f"plan: {len(plan.segments)} segments ({plan.num_distinct} distinct), "
+              f"{len(plan.ops)} splitting ops, {time.perf_counter() - start:.1f} s -> {paths[0]}")
+        moved = move_aside(out)
+        if moved:
+            print(f"moved the previous run's {', '.join(moved)} aside to "
+                  f"{', '.join(GPU_ARTIFACTS[m] for m in moved)} in {out}")
+        if args.plan_only or not torch.cuda.is_available():
+            if not args.plan_only:
+                print("no CUDA device: plan only", file=sys.stderr)
+            return 0
+        report = gpu_report(args, out)
+        with open(os.path.join(out, "capture_report.json"), "w") as f:
+            json.dump(report, f, indent=1)
+    except (ValueError, OSError, torch.OutOfMemoryError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(json.dumps({k: report[k] for k in ("capture_seconds", "graph_pool_bytes", "graphs")}))
     return 0
 

@@ -1,7 +1,8 @@
 """Greedy generation with continuous batching on random weights or a checkpoint; prints throughput.
 
 Random prompts of `--prompt-len` tokens (seeded) go through `mla_func.generate`; the script prints
-output tokens/s, steps and wall time, and the first generated tokens of a few prompts.
+output tokens/s, steps and wall time, and the first generated tokens of a few prompts. Weights
+that would not fit in the device's available memory are refused before any is allocated.
 
 Usage:
   python scripts/generate.py --preset tiny                       # CPU, seconds
@@ -10,6 +11,7 @@ Usage:
 """
 
 import argparse
+import os
 import sys
 import time
 
@@ -37,6 +39,64 @@ def _device(text: str) -> str:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise argparse.ArgumentTypeError("no CUDA device is available (use --device cpu)")
     return text
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def param_bytes(cfg, dtype: torch.dtype) -> int:
+    """Bytes of `cfg`'s parameters in `dtype`, counted on the meta device (nothing allocated)."""
+    import mla_func as mf
+    from mla_func.params import tensor_leaves
+
+    params = mf.init_params(cfg, device="meta", dtype=dtype)
+    return sum(t.numel() * t.element_size() for _, t in tensor_leaves(params))
+
+
+def available_bytes(device: str) -> int | None:
+    """Memory that new tensors on `device` can take: the CUDA driver's free memory, or on a CPU
+    MemAvailable (free pages where /proc/meminfo is absent); None where unknown."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.mem_get_info(dev)[0]
+    if dev.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(cfg, dtype: torch.dtype, device: str) -> None:
+    """ValueError if `cfg`'s weights in `dtype` need more than `device` has available: on a
+    CPU, V2-Lite's float32 random weights are 58 GiB and V3's 2.5 TiB, and the allocator (or
+    the OOM killer) would fail only after minutes of filling memory."""
+    need, free = param_bytes(cfg, dtype), available_bytes(device)
+    if free is not None and need > free:
+        raise ValueError(f"the weights need {_human(need)} ({str(dtype)[6:]}) but {device} has "
+                         f"{_human(free)} available; use a smaller preset, another device or "
+                         "a narrower dtype")
+
+
+def _out_of_memory(err: RuntimeError) -> bool:
+    """Whether `err` is an allocation failure (CUDA's OutOfMemoryError, or the CPU allocator's
+    RuntimeError), which the user fixes with smaller sizes, not a bug to show a traceback of."""
+    text = str(err)
+    return isinstance(err, torch.OutOfMemoryError) or any(
+        words in text for words in ("not enough memory", "can't allocate memory",
+                                    "you tried to allocate"))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -76,12 +136,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def load(args: argparse.Namespace):
+    """(config, parameters) of the checkpoint or preset, refused (ValueError) before anything
+    is allocated if the weights would not fit in the device's available memory."""
     import mla_func as mf
 
     dtype = DTYPES[args.dtype]
     if args.checkpoint:
+        check_memory(mf.MLAConfig.from_hf(args.checkpoint), dtype, args.device)
         return mf.load_hf(args.checkpoint, device=args.device, dtype=dtype)
     cfg = mf.MLAConfig.preset(args.preset)
+    check_memory(cfg, dtype, args.device)
     return cfg, mf.init_params(cfg, seed=args.seed, device=args.device, dtype=dtype)
 
 
@@ -106,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
             **({"max_graph_tokens": args.max_graph_tokens} if args.max_graph_tokens else {}))
     except ValueError as err:  # the package's input errors are ValueError subclasses
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:
+        if not _out_of_memory(err):
+            raise
+        print(f"error: out of memory: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 2
     source = args.checkpoint or f"preset {args.preset} (random weights)"
     print(f"{source}: {args.prompts} prompts x {args.prompt_len} tokens, max_new_tokens "

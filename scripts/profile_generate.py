@@ -2,21 +2,23 @@
 
     python -m scripts.profile_generate [--requests 128] [--prompt 512] [--new 256] [--timeline]
 
-Builds the engine (cache, graph capture) and runs the workload once with 2 new tokens (first
-compiles) outside the measurement. `--timeline` (the method of docs/perf/2026-11-24-h100-run110)
-wraps the engine's step function: per step its token, sequence and decode counts, the path the
-compiled step takes (full, piecewise, eager), the host time of the call and CUDA events around it
-(no sync), then prints, per kind of step (decode / prefill / mixed, by path), the steps, tokens,
-host ms and GPU ms, and the GPU's idle time before them. Without it, cProfile over
-`Engine.run`: the functions with the most own time (a CUDA sync inside a function, such as the
-argmax's `.tolist()`, shows up as that function's time). `--preset tiny --device cpu --mode
-eager` runs on a CPU (host times only).
+Builds the engine (cache, graph capture) and runs the workload once with 2 new tokens (1 with
+`--new 1`; first compiles) outside the measurement. `--timeline` (the method of
+docs/perf/2026-11-24-h100-run110) wraps the engine's step function: per step its token, sequence
+and decode counts, the path the compiled step takes (full, piecewise, eager), the host time of
+the call and CUDA events around it (no sync), then prints, per kind of step (decode / prefill /
+mixed, by path), the steps, tokens, host ms and GPU ms, and the GPU's idle time before them.
+Without it, cProfile over `Engine.run`: the functions with the most own time (a CUDA sync inside
+a function, such as the argmax's `.tolist()`, shows up as that function's time). `--preset tiny
+--device cpu --mode eager` runs on a CPU (host times only); the graph modes and `--device cuda`
+need a CUDA GPU.
 """
 
 import argparse
 import cProfile
 import pstats
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -78,37 +80,88 @@ def summary(log: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+_positive.__name__ = "integer >= 1"  # how argparse names the type in its errors
+
+
+def _device(text: str) -> str:
+    try:
+        torch.device(text)
+    except RuntimeError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+    return text
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from mla_func.engine import MAX_BATCH_TOKENS
-    from scripts.bench_common import print_table
+    from mla_func.presets import PRESETS
+    from mla_func.validation import MODES
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="v2-lite")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--mode", default="full_and_piecewise")
-    p.add_argument("--backend", default=None, help="default: triton on CUDA, else torch")
-    p.add_argument("--requests", type=int, default=128)
-    p.add_argument("--prompt", type=int, default=512)
-    p.add_argument("--new", type=int, default=256)
-    p.add_argument("--page-size", type=int, default=64)
-    p.add_argument("--max-batch-tokens", type=int, default=MAX_BATCH_TOKENS,
+    p.add_argument("--preset", default="v2-lite", choices=sorted(PRESETS))
+    p.add_argument("--device", default="cuda", type=_device)
+    p.add_argument("--mode", default="full_and_piecewise", choices=MODES)
+    p.add_argument("--backend", default=None, choices=("torch", "triton"),
+                   help="default: triton on CUDA, else torch")
+    p.add_argument("--requests", type=_positive, default=128)
+    p.add_argument("--prompt", type=_positive, default=512)
+    p.add_argument("--new", type=_positive, default=256)
+    p.add_argument("--page-size", type=_positive, default=64)
+    p.add_argument("--max-batch-tokens", type=_positive, default=MAX_BATCH_TOKENS,
                    help="tokens per step (default: the engine's, %(default)s)")
-    p.add_argument("--max-seq-len", type=int, default=None,
+    p.add_argument("--max-seq-len", type=_positive, default=None,
                    help="the engine's (page-table width); default prompt + new - 1, as "
                         "generate() sizes it")
     p.add_argument("--timeline", action="store_true", help="each step's GPU time by kind")
-    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--top", type=_positive, default=25)
     args = p.parse_args(argv)
+    need = args.prompt + args.new - 1  # the last new token is never written to the cache
+    if args.max_seq_len is not None and args.max_seq_len < need:
+        p.error(f"argument --max-seq-len: {args.max_seq_len} is less than --prompt + --new - 1 "
+                f"= {need}, the cache positions of each request")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    from scripts.generate import check_memory
+
+    args = parse_args(argv)
     cuda = torch.device(args.device).type == "cuda"
-    cfg = mf.MLAConfig.preset(args.preset)
-    params = mf.init_params(cfg, seed=0, device=args.device,
-                            dtype=torch.bfloat16 if cuda else torch.float32)
-    need = -(-(args.prompt + args.new) // args.page_size)
-    engine = mf.Engine(cfg, params, num_pages=args.requests * need + 2, mode=args.mode,
-                       attention_backend=args.backend or ("triton" if cuda else "torch"),
-                       page_size=args.page_size, max_batch_tokens=args.max_batch_tokens,
-                       max_seqs=args.requests, eos_token_id=None, progress=False,
-                       max_seq_len=args.max_seq_len or args.prompt + args.new - 1)
+    needs = [f"--{k} {v}" for k, v, yes in (("device", args.device, cuda),
+                                            ("mode", args.mode, args.mode != "eager")) if yes]
+    if needs and not torch.cuda.is_available():  # before any work
+        raise SystemExit(f"profile_generate: {' and '.join(needs)} need{'s' * (len(needs) == 1)} "
+                         "a CUDA GPU; none is available (on a CPU: --preset tiny --device cpu "
+                         "--mode eager)")
+    try:  # the package's input errors (sizes, backend, prompt too long) are ValueErrors
+        cfg = mf.MLAConfig.preset(args.preset)
+        dtype = torch.bfloat16 if cuda else torch.float32
+        check_memory(cfg, dtype, args.device)
+        params = mf.init_params(cfg, seed=0, device=args.device, dtype=dtype)
+        need = -(-(args.prompt + args.new) // args.page_size)
+        engine = mf.Engine(cfg, params, num_pages=args.requests * need + 2, mode=args.mode,
+                           attention_backend=args.backend or ("triton" if cuda else "torch"),
+                           page_size=args.page_size, max_batch_tokens=args.max_batch_tokens,
+                           max_seqs=args.requests, eos_token_id=None, progress=False,
+                           max_seq_len=args.max_seq_len or args.prompt + args.new - 1)
+        measure(engine, cfg, args, cuda)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def measure(engine: mf.Engine, cfg: mf.MLAConfig, args: argparse.Namespace,
+            cuda: bool) -> None:
+    """A warm-up run of the workload, then the measured one; prints what it found."""
+    from scripts.bench_common import print_table
+
     prompts = torch.randint(2, cfg.vocab_size, (args.requests, args.prompt)).tolist()
 
     def sync() -> None:
@@ -128,7 +181,10 @@ def main(argv: list[str] | None = None) -> None:
         sync()
         return time.perf_counter() - start
 
-    run(2)  # first compiles (seconds with an empty kernel cache) stay out of the measurement
+    # First compiles (seconds with an empty kernel cache) stay out of the measurement: 2 new
+    # tokens compile the prefill and the decode step; with --new 1 the engine holds no decode
+    # position (it is sized for prompt + new - 1) and the measured run has no decode either.
+    run(min(2, args.new))
     steps_before = engine.steps
     log: list[dict[str, Any]] = []
     prof = None if args.timeline else cProfile.Profile()
@@ -146,4 +202,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

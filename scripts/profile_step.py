@@ -3,11 +3,13 @@
     python -m scripts.profile_step [--batch 1 128] [--ctx 1024] [--graph]
 
 The whole-step graph here is a plain `torch.cuda.graph` around `forward` (no compiler): a
-check of what FULL mode should reach, and of where the time goes inside it.
+check of what FULL mode should reach, and of where the time goes inside it. Without a CUDA GPU
+it says so and exits (status 1) before any work.
 """
 
 import argparse
 import math
+import sys
 
 import torch
 
@@ -42,14 +44,26 @@ def profile(step, top: int = 25) -> list[dict]:
     return out[:top]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 128])
-    p.add_argument("--ctx", type=int, default=1024)
-    p.add_argument("--page-size", type=int, default=64)
-    p.add_argument("--backend", default="triton")
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+_positive.__name__ = "integer >= 1"  # how argparse names the type in its errors
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=_positive, nargs="+", default=[1, 128])
+    p.add_argument("--ctx", type=_positive, default=1024)
+    p.add_argument("--page-size", type=_positive, default=64)
+    p.add_argument("--backend", default="triton", choices=("torch", "triton"))
     p.add_argument("--graph", action="store_true", help="also list the kernels of a replay")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():  # before any work (ceilings, 30 GB of weights)
+        raise SystemExit("profile_step needs a CUDA GPU; none is available")
     from scripts.bench_common import measure_ceilings
 
     ceil = measure_ceilings()
@@ -77,7 +91,8 @@ def main() -> None:
             print_table(profile(graph.replay), ["kernel", "count", "us"],
                         f"B={bsz} ctx={args.ctx} kernels (one whole-step graph replay)")
     print_table(summary, list(summary[0]), f"decode step, {torch.cuda.get_device_name()}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

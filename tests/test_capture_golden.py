@@ -1,7 +1,8 @@
 """The tiny preset's plan is kept in graphs/tiny/ as a golden file: regenerate and compare.
 
 If this fails after an intended change (model, tracer, compiler), regenerate with
-`python scripts/capture.py --preset tiny --plan-only` and review the diff in git. The
+`python scripts/capture.py --preset tiny --plan-only --out graphs/tiny` and review the diff in
+git (without --out the script writes out/tiny, not the golden). The
 "environment" field (versions) is never compared, nor source line numbers (the model files
 change under it); with another torch minor version than the golden's, only the
 version-independent part is (op-level code may differ between versions).
@@ -62,9 +63,11 @@ def test_capture_script_rejects_bad_arguments_and_clears_stale_artifacts(tmp_pat
         assert info.value.code == 2, bad
         assert f"argument {bad[0]}:" in capsys.readouterr().err  # names the flag
     assert not os.listdir(tmp_path)  # nothing written on a bad command line
-    # A reused --out: an earlier plan's extra segment and a GPU run's report do not survive.
+    # A reused --out: an earlier plan's extra segment does not survive; a GPU run's report and
+    # dump are not this plan's, so they are moved aside, never deleted.
     for stale in ("segment_09.py", "graph.dot", "capture_report.json"):
         (tmp_path / stale).write_text("old")
     assert main(["--plan-only", "--out", str(tmp_path)]) == 0
     assert sorted(os.listdir(tmp_path)) == [
-        "plan.json", "segment_00.py", "segment_01.py", "segment_02.py", "segment_03.py"]
+        "capture_report.prev.json", "graph.prev.dot", "plan.json", "segment_00.py",
+        "segment_01.py", "segment_02.py", "segment_03.py"]
