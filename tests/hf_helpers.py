@@ -95,12 +95,14 @@ def hf_last_logits(model: torch.nn.Module, tokens: Sequence[int]) -> Tensor:
 
 @dataclass
 class Runner:
-    """Our model over a paged cache; sequences grow step by step."""
+    """Our model over a paged cache; sequences grow step by step. `backend`: the attention
+    backend the batches name."""
 
     params: mf.Params
     page_size: int = 4
     num_pages: int = 64
     max_pages: int = 32
+    backend: str = "torch"
     tokens: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -114,7 +116,7 @@ class Runner:
             pages = self.state.allocator.reserve(seq, len(have) + len(new))
             seqs.append(mf.SeqWork(list(new), len(have), list(pages)))
             have.extend(new)
-        batch = mf.make_batch(seqs, self.page_size, self.max_pages,
+        batch = mf.make_batch(seqs, self.page_size, self.max_pages, backend=self.backend,
                               vocab_size=self.params.cfg.vocab_size)
         logits, self.state = mf.forward(self.params, self.state, batch)
         return {seq: logits[i] for i, (seq, _) in enumerate(work)}

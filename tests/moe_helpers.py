@@ -1,16 +1,19 @@
 """Shared inputs of the MoE tests (test_moe.py on CPU, test_moe_cuda.py on a GPU): random
-experts and routing, the reference, a tolerance check (the NaN-poisoning fixture
-`nan_empty` is in conftest.py)."""
+experts and routing, a random MoE layer as the model holds it, the references, a tolerance
+check (the NaN-poisoning fixture `nan_empty` is in conftest.py)."""
 
 import dataclasses
 
 import torch
+from test_router import TIE, _boundary_margin
 
 from mla_func.kernels.moe_align import align_torch
 from mla_func.kernels.moe_config import MoEConfig
+from mla_func.kernels.router import route_fused
 from mla_func.ops.mlp import swiglu
-from mla_func.ops.moe import experts_reference
-from mla_func.params import DenseMLP
+from mla_func.ops.moe import experts_reference, route
+from mla_func.ops.norm import rmsnorm
+from mla_func.params import DenseMLP, MoE
 
 # Tiles for the interpreter: one N-tile per GEMM at these sizes keeps the program count low.
 SMALL = MoEConfig(16, (32, 64, 4, 1), (64, 32, 4, 1))
@@ -61,3 +64,41 @@ def tails(ids, n_exp, block_m):
     short = (rows[1:] <= block_m // 2) & (rows[1:] > 0)
     return int((same & short).sum()), int((same & (rows[1:] > block_m // 2)
                                                & (rows[1:] < block_m)).sum())
+
+
+def moe_layer(cfg, tokens, hidden, inter, dtype=torch.float32, device="cpu", seed=0):
+    """(an MoE of `cfg`'s routing, its input x, the residual stream h, the next norm's weight):
+    all random. The router's logits have std ~2 (decisive scores); the bias (noaux_tc's
+    e_score_correction_bias) is float32, as loaded; h is small beside the MoE's output, so
+    that a wrong expert shows in h too."""
+    n_exp = cfg.n_routed_experts
+    x, _, _, gate_up, down, shared = make(tokens, cfg.num_experts_per_tok, n_exp, hidden, inter,
+                                          cfg.n_shared_experts, dtype, device, seed=seed)
+    g = torch.Generator(device=device).manual_seed(seed + 1)
+
+    def r(*shape, scale=1.0):
+        return torch.randn(*shape, generator=g, device=device) * scale
+
+    router = r(n_exp, hidden, scale=2 * hidden**-0.5).to(dtype)
+    bias = r(n_exp, scale=0.3) if cfg.topk_method == "noaux_tc" else None
+    h = r(tokens, hidden, scale=0.25).to(dtype)
+    return MoE(router, bias, gate_up, down, shared), x, h, (1 + r(hidden, scale=0.1)).to(dtype)
+
+
+def reference_layer(moe, x, h, weight, cfg):
+    """(h + moe(x), rmsnorm of it): `route`, every expert over every token, the shared MLP."""
+    w, ids = route(x, moe.router, moe.score_bias, cfg)
+    h = h + reference(x, w, ids, moe.gate_up, moe.down, moe.shared)
+    return h, rmsnorm(h, weight, cfg.rms_norm_eps)
+
+
+def same_routing(x, moe, cfg):
+    """Per token, whether `route_fused` chose `route`'s experts. A token may choose otherwise
+    only at a tie (its float64 selection margin under test_router's TIE): the two sum the
+    logits in other orders."""
+    ids = route_fused(x, moe.router, moe.score_bias, cfg)[1].sort(dim=1).values
+    rids = route(x, moe.router, moe.score_bias, cfg)[1].sort(dim=1).values
+    same = (ids == rids).all(dim=1)
+    margin = _boundary_margin(x, moe.router, moe.score_bias, cfg)
+    assert bool((same | (margin < TIE)).all()), f"margins {margin[~same].tolist()}"
+    return same

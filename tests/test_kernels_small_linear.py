@@ -14,7 +14,7 @@ import torch
 if not torch.cuda.is_available():  # before any @triton.jit kernel is defined (CPU only)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from linear_helpers import projection_inputs, replay_matches_eager  # noqa: E402
+from linear_helpers import DEV, projection_inputs, replay_matches_eager  # noqa: E402
 
 from mla_func.kernels import small_linear as sl  # noqa: E402
 from mla_func.kernels.small_linear import fits, small_linear  # noqa: E402
@@ -47,10 +47,24 @@ def test_matches_the_reference(rows, n_in, n_out, block_k, dtype, nan_empty, mon
                                atol=tol)
 
 
-def test_strided_rows_and_more_rows_run_a_gemm():
-    x, w = _inputs(1, 48, 20, torch.float32, seed=5, x_pad=16)
-    assert x.stride(0) == 64 and fits(x, w) and sl.MAX_ROWS == 1
+@pytest.mark.parametrize("block_k", [None, 16])
+def test_strided_rows(block_k, nan_empty, monkeypatch):
+    """Rows further apart than they are wide (a column slice of a wider buffer, as the fused
+    q + kv_a output's slices are): every row m > 0 is read at m * stride, not m * n_in; with
+    16-wide K blocks, in the K loop too."""
+    monkeypatch.setattr(sl, "MAX_ROWS", 4)
+    if block_k is not None:
+        monkeypatch.setattr(sl, "BLOCK_K", block_k)
+    g = torch.Generator().manual_seed(5)
+    # Sliced where it lives: `.to()` of a non-dense slice may come back contiguous.
+    wide = torch.randn(3, 64, generator=g).to(DEV, torch.float32)
+    x = wide[:, :48]
+    w = (torch.randn(20, 48, generator=g) * 48**-0.5).to(DEV, torch.float32)
+    assert x.stride() == (64, 1) and not x.is_contiguous() and fits(x, w)
     torch.testing.assert_close(small_linear(x, w), _reference(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_more_rows_run_a_gemm():
     x, w = _inputs(sl.MAX_ROWS + 1, 48, 20, torch.float32, seed=6)
     assert not fits(x, w)
     torch.testing.assert_close(small_linear(x, w), x @ w.T)

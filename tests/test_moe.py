@@ -1,5 +1,7 @@
 """mla_func.moe and kernels/moe_align.py, moe_inline_align.py, moe_config.py, moe_gemm.py,
-moe_gate_up.py, moe_down.py, moe_sum.py, fused_moe.py against ops.moe.experts_reference.
+moe_gate_up.py, moe_down.py, moe_sum.py, fused_moe.py against ops.moe.experts_reference; the
+MoE sub-layer of the fused path (`model.ffn_add_norm`: kernels/router.py feeding the experts)
+against the reference routing, experts, add and norm.
 
 CPU: Triton under TRITON_INTERPRET=1 (conftest sets it without a GPU) at small sizes, float32
 (the 3.9 interpreter's bf16 tl.dot is wrong, so bf16 runs under `-m cuda` only). The GPU tests
@@ -8,11 +10,25 @@ test_moe_cuda.py; shared inputs in moe_helpers.py.
 """
 
 import dataclasses
+import functools
 
 import pytest
 import torch
-from moe_helpers import DIRECT, DIRECT_LAST, DIRECT_SUM, SMALL, close, make, reference, tails
+from moe_helpers import (
+    DIRECT,
+    DIRECT_LAST,
+    DIRECT_SUM,
+    SMALL,
+    close,
+    make,
+    moe_layer,
+    reference,
+    reference_layer,
+    same_routing,
+    tails,
+)
 
+from mla_func import model, moe
 from mla_func.config import MLAConfig
 from mla_func.kernels import fused_moe, moe_align
 from mla_func.kernels.fused_moe import ADD_NORM_MAX_WIDTH, fused_experts
@@ -370,6 +386,47 @@ def test_routing_methods(method):
     want = reference(x, w, ids, gu, dn, mlp)
     close(experts(x, w, ids, gu, dn, mlp, impl="triton"), want, 1e-5)
     close(experts(x, w, ids, gu, dn, mlp), want, 1e-5)  # CPU default: sorted_torch
+
+
+# Per method and expert count: (model_type, n_group, topk_group, top_k, norm_topk_prob, scale).
+# `route` normalises under norm_topk_prob for noaux_tc or a deepseek_v3 model (greedy at 256
+# experts: normalised softmax weights); V2's greedy and group-limited ignore it (set anyway).
+ROUTINGS = {
+    ("greedy", 8): ("deepseek_v2", 1, 1, 2, False, 1.0),
+    ("greedy", 64): ("deepseek_v2", 1, 1, 6, False, 1.0),
+    ("greedy", 256): ("deepseek_v3", 1, 1, 8, True, 2.5),
+    ("group_limited_greedy", 8): ("deepseek_v2", 4, 2, 2, True, 1.5),
+    ("group_limited_greedy", 64): ("deepseek_v2", 8, 3, 6, True, 1.5),
+    ("group_limited_greedy", 256): ("deepseek_v2", 8, 4, 8, False, 16.0),
+    ("noaux_tc", 8): ("deepseek_v3", 4, 2, 2, True, 2.5),
+    ("noaux_tc", 64): ("deepseek_v3", 8, 4, 6, True, 2.5),
+    ("noaux_tc", 256): ("deepseek_v3", 8, 4, 8, True, 2.5),
+}
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 33])
+@pytest.mark.parametrize("method,n_exp", list(ROUTINGS))
+@pytest.mark.interpret
+def test_fused_moe_layer_matches_reference(method, n_exp, tokens, monkeypatch):
+    """The MoE sub-layer as the fused path runs it (`model.ffn_add_norm`: the Triton router
+    feeding the Triton experts, with the shared experts, the residual add and the next norm in
+    their final reduction) against `route` + every expert + the shared MLP + add + rmsnorm.
+    1, 7 and 33 tokens take the router's one-program-an-expert and split kernels, and the
+    experts' direct and aligned layouts."""
+    model_type, n_group, topk_group, k, norm, scale = ROUTINGS[method, n_exp]
+    cfg = MLAConfig.preset("tiny").with_(
+        model_type=model_type, n_routed_experts=n_exp, num_experts_per_tok=k,
+        n_shared_experts=2 if n_exp == 64 else 1, topk_method=method, n_group=n_group,
+        topk_group=topk_group, norm_topk_prob=norm, routed_scaling_factor=scale)
+    layer, x, h, weight = moe_layer(cfg, tokens, 64, 32, seed=tokens + n_exp)
+    monkeypatch.setattr(model, "FORCE_FUSED", True)
+    monkeypatch.setattr(moe, "experts_add_norm",
+                        functools.partial(moe.experts_add_norm, impl="triton"))
+    got_h, got_y = model.ffn_add_norm(layer, x, h, weight, cfg)
+    want_h, want_y = reference_layer(layer, x, h, weight, cfg)
+    same = same_routing(x, layer, cfg)  # other experts only at a float64 tie
+    close(got_h[same], want_h[same], 1e-5)
+    close(got_y[same], want_y[same], 1e-5)
 
 
 @pytest.mark.parametrize("impl", ["sorted_torch", "triton"])

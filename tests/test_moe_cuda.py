@@ -6,9 +6,10 @@ import dataclasses
 
 import pytest
 import torch
-from moe_helpers import close, make, reference, tails
+from moe_helpers import close, make, moe_layer, reference, reference_layer, same_routing, tails
 from sm90_ptxas import run_compile_script
 
+from mla_func import model
 from mla_func.config import MLAConfig
 from mla_func.kernels.fused_moe import fused_experts, side_stream
 from mla_func.kernels.moe_align import align_torch, align_triton
@@ -148,6 +149,27 @@ def test_cuda_add_norm_equals_experts_then_add_rmsnorm(tokens, shape):
         err = (got.float() - want.float()).norm() / want.float().norm()
         assert err < 2e-2, err
         close(got, want, 0.05)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("preset", ["v2-lite", "v3"])  # greedy; noaux_tc over 256 experts
+@pytest.mark.parametrize("tokens", [1, 8, 128, 512, 4096])
+def test_cuda_moe_layer_matches_reference(preset, tokens):
+    """The MoE sub-layer as the model runs it on a GPU (`model.ffn_add_norm`: the fused router
+    feeding the Triton experts, shared experts, add and norm in their final reduction) at real
+    sizes in bf16, against `route` + every expert + the shared MLP + add + rmsnorm."""
+    torch.cuda.empty_cache()
+    cfg = MLAConfig.preset(preset)
+    layer, x, h, weight = moe_layer(cfg, tokens, cfg.hidden_size, cfg.moe_intermediate_size,
+                                    torch.bfloat16, "cuda", seed=tokens)
+    got = model.ffn_add_norm(layer, x, h, weight, cfg)
+    want = reference_layer(layer, x, h, weight, cfg)
+    same = same_routing(x, layer, cfg)  # other experts only at a float64 tie
+    for g, w in zip(got, want, strict=True):
+        g, w = g[same].float(), w[same].float()
+        # bf16, as in test_cuda_real_sizes: the two round gate/up/act at different points.
+        assert ((g - w).norm() / w.norm()) < 2e-2
+        close(g, w, 0.05)
 
 
 @pytest.mark.cuda
