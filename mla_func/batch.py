@@ -124,10 +124,6 @@ def make_batch(
             raise BatchError(f"sequence {i} has {len(w.pages)} pages; max_pages is {max_pages}")
         if SCRATCH_PAGE in w.pages:
             raise BatchError(f"sequence {i} uses the scratch page {SCRATCH_PAGE}")
-        if any(int(pg) < SCRATCH_PAGE for pg in w.pages):
-            raise BatchError(f"sequence {i} has negative page id(s) "
-                             f"{[int(pg) for pg in w.pages if int(pg) < 0][:5]}: pages come "
-                             "from the state's allocator")
         starts.append(len(tokens))
         for j, tok in enumerate(w.token_ids):
             pos = w.start + j
@@ -159,6 +155,11 @@ def make_batch(
         buf.extend(w.pages)
         buf.extend(scratch[: max_pages - len(w.pages)])
     flat = torch.frombuffer(buf, dtype=torch.int32)
+    if len(buf) > table_at and int(flat[table_at:].min()) < SCRATCH_PAGE:  # one op, not a loop
+        i, bad = next((i, [p for p in w.pages if p < 0]) for i, w in enumerate(work)
+                      if any(p < 0 for p in w.pages))
+        raise BatchError(f"sequence {i} has negative page id(s) {bad[:5]}: pages come from "
+                         "the state's allocator")
     device = torch.device(device)
     if staging is not None:
         flat = staging.to_device(flat)
