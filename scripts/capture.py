@@ -21,6 +21,7 @@ import torch
 
 import mla_func as mf
 from mla_func.compile_step import plan_step, seqs_within_tokens
+from mla_func.validation import int_at_least
 
 # Cache geometry of the plans in graphs/ (capacity dims are part of a plan).
 GEOMETRY = {"tiny": (64, 4, 8), "v2-lite": (4096, 16, 256), "v3": (4096, 16, 256)}
@@ -90,17 +91,7 @@ def gpu_report(args, out: str) -> dict:
     return report
 
 
-def _at_least(least: int, why: str = ""):
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be at least {least}{why}, got {value}")
-        return value
-    parse.__name__ = f"integer >= {least}"  # how argparse names the type in its errors
-    return parse
-
-
-_positive = _at_least(1)
+_positive = int_at_least(1)
 _UNTRACEABLE = " (a smaller maximum cannot be traced symbolically)"
 
 
@@ -144,9 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default="torch", choices=("torch", "triton"))
     p.add_argument("--mode", default="full_and_piecewise",
                    choices=("piecewise", "full", "full_and_piecewise"))
-    p.add_argument("--max-tokens", type=_at_least(MIN_TOKENS, _UNTRACEABLE), default=None,
+    p.add_argument("--max-tokens", type=int_at_least(MIN_TOKENS, _UNTRACEABLE), default=None,
                    help="largest piecewise bucket (default: dims.TOKENS_MAX_CAPTURED, 2560)")
-    p.add_argument("--max-seqs", type=_at_least(MIN_SEQS, _UNTRACEABLE), default=None,
+    p.add_argument("--max-seqs", type=int_at_least(MIN_SEQS, _UNTRACEABLE), default=None,
                    help="largest full bucket, at most --max-tokens (default: 512 or less)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
     p.add_argument("--check", default=[1, 8, 32, 128, 512], type=_sizes,

@@ -17,18 +17,10 @@ import time
 
 import torch
 
+from mla_func.validation import int_at_least
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MODES = ("eager", "piecewise", "full", "full_and_piecewise")
-
-
-def _count(least: int):
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
-        return value
-    parse.__name__ = f"integer >= {least}"  # how argparse names the type in its errors
-    return parse
 
 
 def _device(text: str) -> str:
@@ -107,9 +99,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     src.add_argument("--preset", default=None, choices=("tiny", "v2-lite", "v3"),
                      help="random weights (default: tiny)")
     src.add_argument("--checkpoint", default=None, help="HF checkpoint directory (load_hf)")
-    ap.add_argument("--prompts", type=_count(1), default=4, help="number of prompts")
-    ap.add_argument("--prompt-len", type=_count(1), default=16)
-    ap.add_argument("--max-new-tokens", type=_count(1), default=8)
+    ap.add_argument("--prompts", type=int_at_least(1), default=4, help="number of prompts")
+    ap.add_argument("--prompt-len", type=int_at_least(1), default=16)
+    ap.add_argument("--max-new-tokens", type=int_at_least(1), default=8)
     ap.add_argument("--mode", default="eager", choices=MODES)
     ap.add_argument("--backend", default="torch", choices=("torch", "triton"),
                     help="attention backend")
@@ -118,15 +110,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default=None, choices=sorted(DTYPES),
                     help="default: bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--page-size", type=_count(1), default=16)
-    ap.add_argument("--max-batch-tokens", type=_count(1), default=MAX_BATCH_TOKENS,
+    ap.add_argument("--page-size", type=int_at_least(1), default=16)
+    ap.add_argument("--max-batch-tokens", type=int_at_least(1), default=MAX_BATCH_TOKENS,
                     help="tokens per step (default: %(default)s)")
-    ap.add_argument("--max-seqs", type=_count(1), default=64)
-    ap.add_argument("--max-graph-tokens", type=_count(1), default=None,
+    ap.add_argument("--max-seqs", type=int_at_least(1), default=64)
+    ap.add_argument("--max-graph-tokens", type=int_at_least(1), default=None,
                     help="graph modes: steps of more tokens run eagerly (default: the "
                          "package's, dims.TOKENS_MAX_CAPTURED)")
     ap.add_argument("--no-eos", action="store_true", help="ignore eos: always generate M tokens")
-    ap.add_argument("--show", type=_count(0), default=3, help="prompts whose tokens are printed")
+    ap.add_argument("--show", type=int_at_least(0), default=3,
+                    help="prompts whose tokens are printed")
     args = ap.parse_args(argv)
     if args.preset is None and args.checkpoint is None:
         args.preset = "tiny"

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 import mla_func as mf
+from mla_func.validation import int_at_least
 
 
 def kind_of(row: dict[str, Any]) -> str:
@@ -80,14 +81,7 @@ def summary(log: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-_positive.__name__ = "integer >= 1"  # how argparse names the type in its errors
+_positive = int_at_least(1)
 
 
 def _device(text: str) -> str:

@@ -14,6 +14,7 @@ import sys
 import torch
 
 import mla_func as mf
+from mla_func.validation import int_at_least
 from scripts.bench_common import cuda_time_ms, graph_time_ms, print_table
 from scripts.bench_step import count_distinct_experts, decode_batch, step_floor
 
@@ -44,14 +45,7 @@ def profile(step, top: int = 25) -> list[dict]:
     return out[:top]
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-_positive.__name__ = "integer >= 1"  # how argparse names the type in its errors
+_positive = int_at_least(1)
 
 
 def main(argv: list[str] | None = None) -> int:
