@@ -39,8 +39,8 @@ FORCE_FUSED = False
 
 
 def _fused(x: Tensor) -> bool:
-    """CUDA runs the fused kernels; so does `meta`, so that plans made there show the ops a
-    GPU captures (the custom ops' fake implementations run on meta)."""
+    """CUDA runs the fused kernels; so does `meta`, so that shape-only runs there (planning,
+    shape checks) see the ops a GPU runs (the custom ops' fake implementations run on meta)."""
     return x.device.type in ("cuda", "meta") or FORCE_FUSED
 
 

@@ -1,8 +1,8 @@
 """The routed (and optionally shared) experts the model calls: `experts(...)`.
 
-Implementations, all static-shape and free of host syncs (they can live in a CUDA graph):
+Implementations, all static-shape and free of host syncs (nothing waits on the device's values):
 - `"triton"` (default on CUDA): the fused grouped GEMM of `mla_func.kernels.fused_moe`, behind
-  the custom op `mla_func::moe_experts` so that tracing (the capture compiler) sees one node.
+  the custom op `mla_func::moe_experts` so that a trace of the model sees one node.
 - `"sorted_torch"` (default elsewhere): the same algorithm in plain torch: pairs sorted by expert
   (`moe_align.align_torch`), one bmm per GEMM over M-tiles with each tile's expert weights
   gathered. Its tile is sized so that tiles ~ 2 x experts: cheap for the tiny preset on CPU.
