@@ -173,6 +173,34 @@ def test_cuda_moe_layer_matches_reference(preset, tokens):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("bucket", [8, 128, 512, 4096])
+def test_cuda_bucket_padding_leaves_real_rows(bucket):
+    """3 real rows padded to a bucket as captured steps pad them: copies of one row (every
+    padded token is the same token, so all pick the same experts: skewed routing), at the
+    bucket's own tiles. The real rows' results match the unpadded layer's and the
+    reference's; what the padded rows hold is never read."""
+    cfg = MLAConfig.preset("v2-lite")
+    layer, x, h, weight = moe_layer(cfg, 3, cfg.hidden_size, cfg.moe_intermediate_size,
+                                    torch.bfloat16, "cuda", seed=bucket)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    pad_x = torch.randn(1, cfg.hidden_size, generator=g, device="cuda").to(x.dtype)
+    pad_h = torch.randn(1, cfg.hidden_size, generator=g, device="cuda").to(h.dtype)
+    xp = torch.cat([x, pad_x.expand(bucket - 3, -1)])
+    hp = torch.cat([h, pad_h.expand(bucket - 3, -1)])
+    alone = model.ffn_add_norm(layer, x, h, weight, cfg)
+    padded = model.ffn_add_norm(layer, xp, hp, weight, cfg)
+    want = reference_layer(layer, x, h, weight, cfg)
+    same = same_routing(x, layer, cfg)
+    for a, p, w in zip(alone, padded, want, strict=True):
+        p = p[:3]
+        # Other tiles at the bucket's size: other summation orders, within bf16's rounding.
+        assert ((p.float() - a.float()).norm() / a.float().norm()) < 1e-2
+        p, w = p[same].float(), w[same].float()
+        assert ((p - w).norm() / w.norm()) < 2e-2
+        close(p, w, 0.05)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("tokens", [300, 4096])
 def test_cuda_tma_matches_pointer_loads(tokens):
     """The large-token tiles with TMA loads: the reference's result, and the pointer-load
