@@ -25,10 +25,6 @@ from mla_func.validation import int_at_least
 
 # Cache geometry of the plans in graphs/ (capacity dims are part of a plan).
 GEOMETRY = {"tiny": (64, 4, 8), "v2-lite": (4096, 16, 256), "v3": (4096, 16, 256)}
-# The tracer gives each dynamic dim its own prime example size no larger than the dim's maximum
-# (mla_func/capture/trace.py, choose_hints; the smallest primes are 2 and 3): `seqs` needs 2,
-# and `tokens`, never below `seqs`, needs 3 so that the two sizes differ.
-MIN_TOKENS, MIN_SEQS = 3, 2
 # What a GPU run leaves in --out: not this plan's once a new plan is saved there.
 GPU_ARTIFACTS = {"capture_report.json": "capture_report.prev.json", "graph.dot": "graph.prev.dot"}
 
@@ -92,7 +88,6 @@ def gpu_report(args, out: str) -> dict:
 
 
 _positive = int_at_least(1)
-_UNTRACEABLE = " (a smaller maximum cannot be traced symbolically)"
 
 
 def _sizes(text: str) -> list[int]:
@@ -135,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default="torch", choices=("torch", "triton"))
     p.add_argument("--mode", default="full_and_piecewise",
                    choices=("piecewise", "full", "full_and_piecewise"))
-    p.add_argument("--max-tokens", type=int_at_least(MIN_TOKENS, _UNTRACEABLE), default=None,
+    p.add_argument("--max-tokens", type=_positive, default=None,
                    help="largest piecewise bucket (default: dims.TOKENS_MAX_CAPTURED, 2560)")
-    p.add_argument("--max-seqs", type=int_at_least(MIN_SEQS, _UNTRACEABLE), default=None,
+    p.add_argument("--max-seqs", type=_positive, default=None,
                    help="largest full bucket, at most --max-tokens (default: 512 or less)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
     p.add_argument("--check", default=[1, 8, 32, 128, 512], type=_sizes,

@@ -569,3 +569,35 @@ def test_full_graphs_stay_within_max_tokens():
     logits, _ = step(state, batch)
     want, _ = mf.forward(params, ref, batch)
     torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("max_tokens, max_seqs", [(16, 1), (2, None), (2, 2), (1, None)])
+def test_smallest_ranges_compile_and_match_eager(max_tokens, max_seqs):
+    """A batch-1 server (`max_seqs=1`) or a token range of 1–2 has no prime example size of
+    its own for the tracer: it traces at a larger one, and the graphs (emulated) match eager
+    at every size they cover; larger steps run eagerly."""
+    from mla_func.compile_step import compile_step
+
+    cfg = mf.MLAConfig.preset("tiny")
+    params = mf.init_params(cfg, seed=6)
+    state = mf.init_state(cfg, num_pages=32, page_size=4)
+    ref = mf.init_state(cfg, num_pages=32, page_size=4)
+    step = compile_step(params, state, mode="full_and_piecewise", max_tokens=max_tokens,
+                        max_seqs=max_seqs, max_pages=4, emulate=True, progress=False)
+    assert step.plan.buckets["piecewise"][-1] == max_tokens
+    assert step.plan.buckets["full"][-1] == (max_seqs or max_tokens)
+    alloc = state.allocator
+    pages = [alloc.reserve(i, 8) for i in range(2)]
+    steps = [([mf.SeqWork([5], 0, pages[0])], "piecewise"),  # one-token prompt
+             ([mf.SeqWork([6], 1, pages[0])], "full"),
+             ([mf.SeqWork([7, 8, 9], 0, pages[1])], "eager" if max_tokens < 3 else "piecewise"),
+             ([mf.SeqWork([1], 2, pages[0]), mf.SeqWork([2], 3, pages[1])],
+              # two sequences: past a 1-sequence range every graph is too small
+              "full" if (max_seqs or max_tokens) >= 2 else "eager")]
+    for work, kind in steps:
+        batch = mf.make_batch(work, 4, 4)
+        assert step.choose(step._merge((state, batch)))[0] == kind, work
+        logits, _ = step(state, batch)
+        want, _ = mf.forward(params, ref, batch)
+        torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(state.cache[:, 1:], ref.cache[:, 1:], rtol=1e-5, atol=1e-5)

@@ -276,6 +276,24 @@ def test_graph_mode_step_emulated_on_cpu(model, reference, monkeypatch):
     check_same(out, [0, 1, 2], reference, n=4)
 
 
+@pytest.mark.parametrize("kw", [dict(max_seqs=1), dict(max_batch_tokens=2),
+                                dict(max_graph_tokens=1)])
+def test_graph_modes_with_the_smallest_ranges(model, reference, monkeypatch, kw):
+    """A batch-1 engine, or graphs of 1–2 tokens, in a graph mode (emulated): it builds (the
+    tracer had refused ranges this small) and gives the reference's tokens."""
+    import functools
+
+    import mla_func.compile_step as cs
+
+    monkeypatch.setattr(cs, "compile_step", functools.partial(cs.compile_step, emulate=True))
+    monkeypatch.setattr(eng, "check_mode", lambda mode, params: None)
+    monkeypatch.setattr(gen, "check_mode", lambda mode, params: None)
+    cfg, params = model
+    out = mf.generate(cfg, params, PROMPTS[:2], 4, mode="full_and_piecewise", page_size=4,
+                      eos_token_id=None, progress=False, return_logits=True, **kw)
+    check_same(out, [0, 1], reference, n=4)
+
+
 def test_graph_range_stops_at_max_graph_tokens(model, reference, monkeypatch):
     """A scheduling budget above the graphs' range (dims.TOKENS_MAX_CAPTURED by default,
     `max_graph_tokens` when given): the graphs stop there, a larger step runs eagerly, and the

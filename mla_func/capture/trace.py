@@ -75,7 +75,10 @@ class Traced:
 
 
 def choose_hints(sig: Signature) -> dict[str, int]:
-    """Distinct, non-trivial example sizes per dynamic dim (larger ranges get larger hints)."""
+    """Distinct, non-trivial example sizes per dynamic dim (larger ranges get larger hints).
+    A range with no free prime of its own (max 1, or two dims of max 2) is traced at the
+    smallest free prime above it: the trace is symbolic either way, and every shape
+    assumption it makes is checked at every bucket before anything is captured."""
     hints: dict[str, int] = {}
     order = sorted(sig.dynamic, key=lambda n: (-sig.dims[n].max_size, n))
     used: set[int] = set()
@@ -83,8 +86,7 @@ def choose_hints(sig: Signature) -> dict[str, int]:
         top = sig.dims[name].max_size
         hint = next((p for p in _PRIMES if p <= top and p not in used), None)
         if hint is None:
-            raise CaptureError(f"dynamic dim {name!r} (max {top}) is too small to trace "
-                               "symbolically; declare it static")
+            hint = next(p for p in reversed(_PRIMES) if p not in used)
         hints[name] = hint
         used.add(hint)
     return hints
