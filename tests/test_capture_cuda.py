@@ -185,6 +185,27 @@ def test_every_bucket_of_each_mode_and_backend(mode_setup):
     _check_mode(params, state, step, backend, big, "eager")  # 20 tokens > 16
 
 
+@pytest.mark.parametrize("max_tokens, max_seqs", [(16, 1), (2, 2)])
+def test_smallest_ranges_capture(max_tokens, max_seqs):
+    """Ranges with no prime example size of their own (traced at a larger one): real graphs
+    at every bucket against eager."""
+    from mla_func.compile_step import compile_step
+
+    cfg = mf.MLAConfig.preset("tiny")
+    params = mf.init_params(cfg, seed=5, device="cuda")
+    state = mf.init_state(cfg, NUM_PAGES, PAGE, device="cuda")
+    state.cache.normal_()
+    step = compile_step(params, state, mode="full_and_piecewise", max_tokens=max_tokens,
+                        max_seqs=max_seqs, max_pages=MAX_PAGES, progress=False)
+    for size in step.plan.buckets["piecewise"]:
+        _check_mode(params, state, step, "torch",
+                    [mf.SeqWork(list(range(3, 3 + size)), 0, _pages(1, size, first=180)[0])],
+                    "piecewise")
+    for size in step.plan.buckets["full"]:
+        work = [mf.SeqWork([4], 8, p) for p in _pages(size, 9, first=190)]
+        _check_mode(params, state, step, "torch", work, "full")
+
+
 def test_non_leading_dynamic_axis_graph():
     from test_capture_plan import VOCAB, Inner, Outer, toy
 
