@@ -20,7 +20,7 @@ import time
 import torch
 
 import mla_func as mf
-from mla_func.compile_step import plan_step, seqs_within_tokens
+from mla_func.compile_step import plan_step
 from mla_func.validation import int_at_least
 
 # Cache geometry of the plans in graphs/ (capacity dims are part of a plan).
@@ -145,7 +145,6 @@ def main(argv: list[str] | None = None) -> int:
     if problem:  # before the plan is built (seconds to a minute)
         p.error(f"argument --out: {problem}")
     try:  # the package's input errors (CaptureError, ConfigError) are ValueError subclasses
-        seqs_within_tokens(args.max_tokens, args.max_seqs)
         start = time.perf_counter()
         plan = build_plan(args.preset, args.backend, args.max_tokens, args.max_seqs)
         paths = plan.save(out)

@@ -69,3 +69,22 @@ def poisoned_workspace(p, splits, plan=None):
 def rel_err(got, want):
     assert torch.isfinite(got).all()
     return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+
+
+class TightKernel:
+    """A Triton kernel stand-in for out-of-resources paths: launches whose `key` keyword is at
+    least `limit` raise OutOfResources (as a shared-memory overflow would); the others run
+    the real kernel. `seen` records every launch's `key`."""
+
+    def __init__(self, real, key: str, limit: int) -> None:
+        self.real, self.key, self.limit, self.seen = real, key, limit, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            from triton.runtime.errors import OutOfResources
+
+            self.seen.append(kwargs[self.key])
+            if kwargs[self.key] >= self.limit:
+                raise OutOfResources(300000, 232448, "shared memory")
+            return self.real[grid](*args, **kwargs)
+        return launch

@@ -336,23 +336,13 @@ def test_plan_that_runs_out_of_resources_shrinks_and_still_matches(monkeypatch):
     """A split launch that runs out of shared memory is retried with fewer stages (then
     smaller tiles), the same splits; later launches of that plan start from the smaller one
     (`effective_plan`), and the result still matches the reference."""
-    from triton.runtime.errors import OutOfResources
+    from mla_helpers import TightKernel
 
     from mla_func.kernels import mla_decode as md
 
-    real = md._split_kernel
-    stages_seen = []
-
-    class Tight:  # the real kernel, but 3 stages do not fit
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                stages_seen.append(kwargs["num_stages"])
-                if kwargs["num_stages"] >= 3:
-                    raise OutOfResources(300000, 232448, "shared memory")
-                return real[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(md, "_split_kernel", Tight())
+    tight = TightKernel(md._split_kernel, "num_stages", 3)  # 3 stages do not fit
+    stages_seen = tight.seen
+    monkeypatch.setattr(md, "_split_kernel", tight)
     p = make_problem([0, 40, 99], [1] * 3, 16, SMALL, seed=11)
     plan = replace(plan_decode(3, 128, 4, 4), num_splits=3, block_n=16, num_stages=3,
                    page_tiles=True, prefetch=True)

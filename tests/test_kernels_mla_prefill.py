@@ -64,22 +64,13 @@ def test_prefill_out_of_resources_halves_the_tile_and_says_so(monkeypatch):
     with a RuntimeWarning naming both sizes (once per size), and still matches."""
     import warnings
 
-    from triton.runtime.errors import OutOfResources
+    from mla_helpers import TightKernel
 
     from mla_func.kernels import mla_prefill as mp
 
-    real, seen = mp._mha_kernel, []
-
-    class Tight:  # the real kernel, but 32 rows a program do not fit
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.append(kwargs["BLOCK_M"])
-                if kwargs["BLOCK_M"] >= 32:
-                    raise OutOfResources(300000, 232448, "shared memory")
-                return real[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(mp, "_mha_kernel", Tight())
+    tight = TightKernel(mp._mha_kernel, "BLOCK_M", 32)  # 32 rows a program do not fit
+    seen = tight.seen
+    monkeypatch.setattr(mp, "_mha_kernel", tight)
     monkeypatch.setattr(mp, "_SHRUNK", set())
     p = make_problem([0, 5, 17], [20, 3, 33], 16, dict(SMALL, heads=4), seed=3)
     args = (*ref_args(p), 50, 33)
