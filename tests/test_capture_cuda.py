@@ -34,8 +34,8 @@ def setup():
     return cfg, params, state, step
 
 
-def _check(params, state, step, work, kind):
-    batch = mf.make_batch(work, PAGE, MAX_PAGES, device="cuda")
+def _check(params, state, step, work, kind, backend="torch"):
+    batch = mf.make_batch(work, PAGE, MAX_PAGES, device="cuda", backend=backend)
     assert step.choose(step._merge((state, batch)))[0] == kind
     twin = dataclasses.replace(state, cache=state.cache.clone())
     want, _ = mf.forward(params, twin, batch)
@@ -45,8 +45,9 @@ def _check(params, state, step, work, kind):
         # The same function on the same batch: bitwise.
         assert torch.equal(got, want) and torch.equal(state.cache[:, 1:], twin.cache[:, 1:])
     else:
-        torch.testing.assert_close(got, want, **TOL)
-        torch.testing.assert_close(state.cache[:, 1:], twin.cache[:, 1:], **TOL)
+        tol = TRITON_TOL if backend == "triton" else TOL
+        torch.testing.assert_close(got, want, **tol)
+        torch.testing.assert_close(state.cache[:, 1:], twin.cache[:, 1:], **tol)
     return batch
 
 
@@ -146,20 +147,6 @@ def mode_setup(request):
     return cfg, params, state, step, mode, backend
 
 
-def _check_mode(params, state, step, backend, work, kind):
-    batch = mf.make_batch(work, PAGE, MAX_PAGES, device="cuda", backend=backend)
-    assert step.choose(step._merge((state, batch)))[0] == kind
-    twin = dataclasses.replace(state, cache=state.cache.clone())
-    want, _ = mf.forward(params, twin, batch)
-    got, _ = step(state, batch)
-    if kind == "eager":
-        assert torch.equal(got, want) and torch.equal(state.cache[:, 1:], twin.cache[:, 1:])
-        return
-    tol = TRITON_TOL if backend == "triton" else TOL
-    torch.testing.assert_close(got, want, **tol)
-    torch.testing.assert_close(state.cache[:, 1:], twin.cache[:, 1:], **tol)
-
-
 def test_every_bucket_of_each_mode_and_backend(mode_setup):
     """Every bucket of the mode's graphs against eager; what the mode leaves out runs eagerly
     (a prefill in `full`, a decode past the full range), bitwise equal."""
@@ -170,19 +157,19 @@ def test_every_bucket_of_each_mode_and_backend(mode_setup):
     for size in step.plan.buckets["piecewise"] if has_piecewise else ():
         for tokens in sorted({size, max(1, size - 1)}):
             ids = torch.randint(cfg.vocab_size, (tokens,), generator=g).tolist()
-            _check_mode(params, state, step, backend, [mf.SeqWork(ids, 0, _pages(1, tokens)[0])],
-                        "piecewise")
+            _check(params, state, step, [mf.SeqWork(ids, 0, _pages(1, tokens)[0])],
+                   "piecewise", backend)
     for size in step.plan.buckets["full"] if has_full else ():
         for seqs in sorted({size, max(1, size - 1)}):
             work = [mf.SeqWork([int(torch.randint(cfg.vocab_size, (), generator=g))], 8, p)
                     for p in _pages(seqs, 9)]
-            _check_mode(params, state, step, backend, work, "full")
+            _check(params, state, step, work, "full", backend)
     decode = [mf.SeqWork([5], 8, p) for p in _pages(4, 9)]
-    _check_mode(params, state, step, backend, decode, "full" if has_full else "piecewise")
+    _check(params, state, step, decode, "full" if has_full else "piecewise", backend)
     prompt = [mf.SeqWork(list(range(6)), 0, _pages(1, 6, first=150)[0])]
-    _check_mode(params, state, step, backend, prompt, "piecewise" if has_piecewise else "eager")
+    _check(params, state, step, prompt, "piecewise" if has_piecewise else "eager", backend)
     big = [mf.SeqWork(list(range(20)), 0, _pages(1, 20, first=160)[0])]
-    _check_mode(params, state, step, backend, big, "eager")  # 20 tokens > 16
+    _check(params, state, step, big, "eager", backend)  # 20 tokens > 16
 
 
 @pytest.mark.parametrize("max_tokens, max_seqs", [(16, 1), (2, 2)])
@@ -198,12 +185,12 @@ def test_smallest_ranges_capture(max_tokens, max_seqs):
     step = compile_step(params, state, mode="full_and_piecewise", max_tokens=max_tokens,
                         max_seqs=max_seqs, max_pages=MAX_PAGES, progress=False)
     for size in step.plan.buckets["piecewise"]:
-        _check_mode(params, state, step, "torch",
-                    [mf.SeqWork(list(range(3, 3 + size)), 0, _pages(1, size, first=180)[0])],
-                    "piecewise")
+        _check(params, state, step,
+               [mf.SeqWork(list(range(3, 3 + size)), 0, _pages(1, size, first=180)[0])],
+               "piecewise")
     for size in step.plan.buckets["full"]:
         work = [mf.SeqWork([4], 8, p) for p in _pages(size, 9, first=190)]
-        _check_mode(params, state, step, "torch", work, "full")
+        _check(params, state, step, work, "full")
 
 
 def test_non_leading_dynamic_axis_graph():
