@@ -4,8 +4,8 @@ A step mixes decodes (one new token each) and prefills or prefill chunks (severa
 after a cached prefix); decode sequences come first. Tensors live on the model's device; the
 `host` tensor lives on the CPU and carries the counts that kernels size their grids from, so that
 no step ever reads device memory on the host. Each field's `pad` metadata is the value a padded
-row gets when a capture bucket is larger than the batch: padded rows write no cache slot (-1),
-read only the scratch page, and have length 1 (never a zero-length dummy sequence).
+row gets when a batch is padded to a fixed size larger than it: padded rows write no cache slot
+(-1), read only the scratch page, and have length 1 (never a zero-length dummy sequence).
 """
 
 import array

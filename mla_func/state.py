@@ -2,15 +2,14 @@
 
 The cache stores only [c_kv, k_pe] per token per layer (DeepSeek-V2, arXiv:2405.04434, 2.1.3:
 576 values in V2/V3), in pages of `page_size` tokens. Page 0 is reserved as a scratch page that
-no sequence owns: padded rows of captured batches point their page tables at it, so they never
-read or write a live page. The host-side `PageAllocator` hands out the other pages.
+no sequence owns: rows added to pad a batch to a fixed size point their page tables at it, so
+they never read or write a live page. The host-side `PageAllocator` hands out the other pages.
 
 `forward` consumes the state (like JAX buffer donation): the cache is written in place so that
-its address stays fixed for CUDA graphs, and the returned state holds the same buffer.
+its address stays fixed from step to step, and the returned state holds the same buffer.
 """
 
 import math
-import os
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +17,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mla_func.config import MLAConfig
+from mla_func.memory import available_bytes, human
 from mla_func.validation import positive_int
 
 LatentCache = Float[Tensor, "layers pages page_size latent"]
@@ -113,26 +113,13 @@ def init_state(
     return KVState(cache=cache, allocator=PageAllocator(num_pages, page_size))
 
 
-def _device_bytes(device: torch.device) -> tuple[int, str] | None:
-    """(bytes a new cache may take, a phrase saying so) on `device`, where that is known."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return free, f"{free / 2**30:.3g} GiB are free on {device}"
-    if device.type == "cpu" and hasattr(os, "sysconf"):
-        try:
-            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError):  # names this platform does not define
-            return None
-        return total, f"the host has {total / 2**30:.3g} GiB"
-    return None  # meta (planning) and other devices: nothing to check
-
-
 def _check_fits(nbytes: int, device: torch.device, shape: tuple[int, ...],
                 dtype: torch.dtype) -> None:
     """A ValueError naming the sizes when the cache cannot fit, instead of the allocator's
     raw error (or, on the host, the machine swapping)."""
-    room = _device_bytes(device)
-    if room is not None and nbytes > room[0]:
+    room = available_bytes(device)
+    if room is not None and nbytes > room:
         raise ValueError(
             f"a cache of {shape[1]} pages x {shape[2]} tokens x {shape[3]} values x {shape[0]} "
-            f"layers in {dtype} needs {nbytes / 2**30:.3g} GiB; {room[1]}: lower num_pages")
+            f"layers in {dtype} needs {human(nbytes)} but {device} has {human(room)} "
+            "available: lower num_pages")

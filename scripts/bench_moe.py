@@ -48,6 +48,7 @@ from mla_func.moe import experts
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import route
 from mla_func.params import DenseMLP
+from mla_func.validation import int_at_least
 
 try:  # `python -m scripts.bench moe` / `python -m scripts.bench_moe`
     from scripts import bench_common as common
@@ -78,11 +79,13 @@ class Layer:
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32, 128, 512, 4096])
-    p.add_argument("--layers", type=int, default=4, help="distinct weight sets per graph")
+    p.add_argument("--tokens", type=int_at_least(1), nargs="+",
+                   default=[1, 8, 32, 128, 512, 4096])
+    p.add_argument("--layers", type=int_at_least(1), default=4,
+                   help="distinct weight sets per graph")
     p.add_argument("--preset", default="v2-lite")
     p.add_argument("--sweep", action="store_true", help="try tile configs per token count")
-    p.add_argument("--rounds", type=int, default=5,
+    p.add_argument("--rounds", type=int_at_least(1), default=5,
                    help="timing rounds of the layer's forms, in alternating order (the median "
                         "and the rounds' spread are reported)")
 
@@ -280,8 +283,6 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
         p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
         add_args(p)
         args = p.parse_args(argv)
-    if args.rounds < 1:
-        raise SystemExit(f"bench moe: --rounds must be at least 1; got {args.rounds}")
     torch.manual_seed(0)
     cfg = MLAConfig.preset(args.preset)
     ceil = common.measure_ceilings()

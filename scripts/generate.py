@@ -11,12 +11,12 @@ Usage:
 """
 
 import argparse
-import os
 import sys
 import time
 
 import torch
 
+from mla_func.memory import available_bytes, human
 from mla_func.validation import int_at_least
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -33,14 +33,6 @@ def _device(text: str) -> str:
     return text
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def param_bytes(cfg, dtype: torch.dtype) -> int:
     """Bytes of `cfg`'s parameters in `dtype`, counted on the meta device (nothing allocated)."""
     import mla_func as mf
@@ -50,35 +42,14 @@ def param_bytes(cfg, dtype: torch.dtype) -> int:
     return sum(t.numel() * t.element_size() for _, t in tensor_leaves(params))
 
 
-def available_bytes(device: str) -> int | None:
-    """Memory that new tensors on `device` can take: the CUDA driver's free memory, or on a CPU
-    MemAvailable (free pages where /proc/meminfo is absent); None where unknown."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return torch.cuda.mem_get_info(dev)[0]
-    if dev.type != "cpu":
-        return None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def check_memory(cfg, dtype: torch.dtype, device: str) -> None:
     """ValueError if `cfg`'s weights in `dtype` need more than `device` has available: on a
     CPU, V2-Lite's float32 random weights are 58 GiB and V3's 2.5 TiB, and the allocator (or
     the OOM killer) would fail only after minutes of filling memory."""
     need, free = param_bytes(cfg, dtype), available_bytes(device)
     if free is not None and need > free:
-        raise ValueError(f"the weights need {_human(need)} ({str(dtype)[6:]}) but {device} has "
-                         f"{_human(free)} available; use a smaller preset, another device or "
+        raise ValueError(f"the weights need {human(need)} ({str(dtype)[6:]}) but {device} has "
+                         f"{human(free)} available; use a smaller preset, another device or "
                          "a narrower dtype")
 
 

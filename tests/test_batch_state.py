@@ -46,7 +46,7 @@ def test_allocator_needs_two_pages():
     (dict(num_pages=8, page_size=0), "page_size must be an int >= 1, got 0"),
     # Past the host's memory: the sizes named, not the allocator's raw error.
     (dict(num_pages=10**12), r"a cache of 1000000000000 pages x 16 tokens x 40 values x 3 "
-                             r"layers in torch.float32 needs .* GiB; the host has"),
+                             r"layers in torch.float32 needs .* TiB but cpu has .* available"),
 ])
 def test_init_state_checks_its_sizes(kw, words):
     with pytest.raises(ValueError, match=words):

@@ -249,15 +249,16 @@ def test_generate_refuses_weights_larger_than_memory(preset, dtype, free, monkey
     """Refused before anything is allocated (the guard makes a real allocation fail the test
     instead of filling this machine's memory), naming both sizes."""
     import scripts.generate
-    from scripts.generate import DTYPES, _human, main, param_bytes
+    from mla_func.memory import human
+    from scripts.generate import DTYPES, main, param_bytes
 
-    need = _human(param_bytes(mf.MLAConfig.preset(preset), DTYPES[dtype]))
+    need = human(param_bytes(mf.MLAConfig.preset(preset), DTYPES[dtype]))
     monkeypatch.setattr(scripts.generate, "available_bytes", lambda device: free)
     monkeypatch.setattr(mf, "init_params", guard_meta(mf.init_params))
     assert main(["--preset", preset, "--device", "cpu", "--dtype", dtype]) == 2
     err = capsys.readouterr().err
     assert one_line_error(err)
-    assert f"the weights need {need} ({dtype}) but cpu has {_human(free)} available" in err
+    assert f"the weights need {need} ({dtype}) but cpu has {human(free)} available" in err
 
 
 @pytest.mark.parametrize("error", [

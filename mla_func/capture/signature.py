@@ -30,7 +30,7 @@ class DimEntry:
     policy: str | None  # dynamic: the bucket policy's name
     bound_at: str  # first leaf axis that names it: "path[axis]"
     # Static names bind per dataclass instance (jaxtyping's rule): other sizes seen elsewhere,
-    # e.g. a shared-experts MLP whose `inter` differs from the dense layers'.
+    # e.g. two instances of one dataclass that bind the same name to different sizes.
     other_sizes: tuple[int, ...] = ()
 
 
