@@ -34,12 +34,16 @@ def available_bytes(device: torch.device | str) -> int | None:
 
 
 def human(n: int) -> str:
-    """n bytes in the largest binary unit that keeps the number at least 1 (`1.5 GiB`)."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
+    """n bytes in the largest binary unit that keeps the number at least 1, two decimals
+    (`1.50 GiB`), so that a request just past the room does not read as equal to it."""
+    if n < 1024:
+        return f"{n} B"
+    x = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        x /= 1024
+        if x < 1024 or unit == "TiB":
+            break
+    return f"{x:.2f} {unit}"
 
 
 __all__ = ["available_bytes", "human"]

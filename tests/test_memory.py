@@ -36,8 +36,9 @@ def test_unknown_devices_have_no_bound():
     assert available_bytes("meta") is None
 
 
-@pytest.mark.parametrize("n, text", [(0, "0.0 B"), (1023, "1023.0 B"), (1024, "1.0 KiB"),
-                                     (3 * 2**29, "1.5 GiB"), (5 * 2**40, "5.0 TiB")])
+@pytest.mark.parametrize("n, text", [(0, "0 B"), (1023, "1023 B"), (1024, "1.00 KiB"),
+                                     (3 * 2**29, "1.50 GiB"), (2**30 - 2**20, "1023.00 MiB"),
+                                     (5 * 2**40, "5.00 TiB"), (2**52, "4096.00 TiB")])
 def test_human_sizes(n, text):
     assert human(n) == text
 
@@ -48,5 +49,5 @@ def test_init_state_refuses_a_cache_past_the_room(monkeypatch):
     import mla_func.state
 
     monkeypatch.setattr(mla_func.state, "available_bytes", lambda device: 1024)
-    with pytest.raises(ValueError, match=r"needs 7\.5 KiB but cpu has 1\.0 KiB available"):
+    with pytest.raises(ValueError, match=r"needs 7\.50 KiB but cpu has 1\.00 KiB available"):
         mf.init_state(mf.MLAConfig.preset("tiny"), num_pages=4, page_size=4)

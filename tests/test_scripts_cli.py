@@ -190,7 +190,7 @@ def test_profile_generate_input_errors_are_one_line(monkeypatch, capsys):
     monkeypatch.setattr(mf, "init_params", guard_meta(mf.init_params))
     assert main(CPU_PROFILE) == 2
     err = capsys.readouterr().err
-    assert one_line_error(err) and "1.0 KiB available" in err
+    assert one_line_error(err) and "1.00 KiB available" in err
 
 
 # scripts/profile_step.py
