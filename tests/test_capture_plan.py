@@ -40,6 +40,26 @@ def _toy_args(tokens: int = 5, seqs: int = 3) -> tuple:
     return o, torch.randn(seqs, 8)
 
 
+def test_public_call_takes_the_package_vocabulary():
+    """DESIGN.md's public call, `plan_capture(fn, *example_args)`: no `dims` means the
+    package's table (`mla_func.dims.VOCABULARY`), with its ranges, not the test's."""
+    from mla_func.dims import VOCABULARY
+
+    plan = plan_capture(toy, *_toy_args())
+    assert plan.signature.dims["tokens"].max_size == VOCABULARY["tokens"].max_size != 64
+    assert plan.signature.dims["seqs"].max_size == VOCABULARY["seqs"].max_size != 16
+    assert plan.signature.dims["hidden"].size == 8
+
+
+def _host_read(x: Float[Tensor, "tokens hidden"]) -> Float[Tensor, "tokens hidden"]:
+    return x * x.sum().item()
+
+
+def test_public_call_refuses_unsafe_code():
+    with pytest.raises(CaptureError, match=r"test_capture_plan\.py:\d+"):  # the user's line
+        plan_capture(_host_read, torch.randn(4, 8))
+
+
 def test_dim_table_nested_dataclasses_and_non_leading_axis():
     plan = plan_capture(toy, *_toy_args(), dims=VOCAB)
     sig = plan.signature

@@ -32,7 +32,7 @@ def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in
     proj_add_rmsnorm_default = torch.ops.mla_func.proj_add_rmsnorm.default(view_default, view_default_1, in_3, in_4, 1e-06)
     getitem = proj_add_rmsnorm_default[0]
     getitem_1 = proj_add_rmsnorm_default[1]
-    # mla_func/kernels/router.py:363 in route_fused: return moe_route(
+    # mla_func/kernels/router.py:259 in route_fused: return moe_route(
     moe_route_default = torch.ops.mla_func.moe_route.default(getitem_1, in_5, None, 2, 1, 1, 'greedy', False, 1.0)
     getitem_2 = moe_route_default[0]
     getitem_3 = moe_route_default[1]

@@ -2,9 +2,10 @@
 arguments are jaxtyping-annotated -> dim table -> symbolic FX trace -> static segments split at
 the splitting ops -> buckets -> piecewise and full CUDA graphs -> per-step dispatch.
 
-Generic: it knows dim names and op names only through its arguments.
+Generic: it knows op names only through its arguments, and dim names through its `dims`
+argument or, without one, the package's table (`mla_func.dims.VOCABULARY`).
 
-    plan = plan_capture(fn, *example_args, dims=vocabulary)  # no GPU; CaptureError if unsafe
+    plan = plan_capture(fn, *example_args)     # no GPU; CaptureError if unsafe (dims=...)
     plan.save("graphs/NAME")                   # plan.json + segment_NN.py
     step = compile_plan(plan, fn, args, bound=(0,), mode="piecewise")   # CUDA
     out = step(*args[1:])                      # FULL / PIECEWISE / eager, per call

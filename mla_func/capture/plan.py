@@ -98,7 +98,7 @@ def _value(node_or_value: Any) -> Any:
 def plan_capture(
     fn: Callable[..., Any],
     *example_args: Any,
-    dims: Mapping[str, Any],
+    dims: Mapping[str, Any] | None = None,
     max_sizes: Mapping[str, int] | None = None,
     policies: Mapping[str, "BucketPolicy | str"] | None = None,
     splitting_ops: "Mapping[str, SupportFn | None] | list[str] | None" = None,
@@ -109,8 +109,10 @@ def plan_capture(
 ) -> CapturePlan:
     """Plan the capture of `fn(*example_args)` (no GPU needed; raises `CaptureError`).
 
-    dims: the dim vocabulary (name -> object with kind, max_size, policy), required: the
-      compiler has none of its own. max_sizes / policies override the dynamic dims' entries.
+    dims: the dim vocabulary (name -> object with kind, max_size, policy); default: the
+      package's table, `mla_func.dims.VOCABULARY` (DESIGN.md's public call passes none). The
+      compiler holds no names of its own. max_sizes / policies override the dynamic dims'
+      entries.
     splitting_ops: op names ("ns::name") -> a function from the op's call arguments to its
       graph-support level (0 never .. 3 always), or None; default: every custom op that mutates
       an argument, support unknown (never).
@@ -120,6 +122,8 @@ def plan_capture(
       piecewise replay the op then writes straight into the next segment's static input, where
       its result would otherwise be copied. Only for ops with one tensor output.
     """
+    if dims is None:
+        from mla_func.dims import VOCABULARY as dims
     sig = analyze(fn, example_args, dims, max_sizes)
     if not sig.dynamic:
         raise CaptureError("no dynamic dims in the signature: nothing to bucket")
