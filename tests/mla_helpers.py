@@ -88,3 +88,25 @@ class TightKernel:
                 raise OutOfResources(300000, 232448, "shared memory")
             return self.real[grid](*args, **kwargs)
         return launch
+
+
+def count_calls(monkeypatch, owner, name: str) -> list:
+    """Wrap `owner.name` (looked up at call time by its callers) so that each call appends to
+    the returned list; the original still runs."""
+    real, calls = getattr(owner, name), []
+
+    def spy(*args, **kwargs):
+        calls.append(name)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(owner, name, spy)
+    return calls
+
+
+def mha_calls(monkeypatch) -> dict[str, list]:
+    """Per attention backend, a list that grows each time it runs its MHA (long-prompt) form:
+    the torch backend's `ops.attention.attend_mha`, the triton backend's `mha_prefill`."""
+    from mla_func.kernels import backend
+    from mla_func.ops import attention
+
+    return {"torch": count_calls(monkeypatch, attention, "attend_mha"),
+            "triton": count_calls(monkeypatch, backend, "mha_prefill")}

@@ -117,7 +117,8 @@ def test_errors_and_plans_name_the_callers_line():
     from mla_func.capture.errors import user_frame_of_exception
 
     x = torch.randn(2, 3)
-    with _Seen(), pytest.raises(Exception) as info:  # a mode: the registered op is called
+    # Under a dispatch mode the registered op is called, and checks its arguments.
+    with _Seen(), pytest.raises(RuntimeError, match="Expected a value of type .float.") as info:
         scale_add(x, x, "not a float")
     where = user_frame_of_exception(info.value)
     assert where is not None and "test_custom_op.py" in where and "scale_add(x, x" in where

@@ -259,39 +259,51 @@ def test_graph_mode_without_cuda_raises_clearly(model, count_steps, mode):
     assert count_steps == []
 
 
-def test_graph_mode_step_emulated_on_cpu(model, reference, monkeypatch):
-    """The engine's batches through compile_step's capture/dispatch machinery (no CUDA graphs:
-    `emulate=True`), mixed prefill+decode steps and pure decodes, against the reference."""
-    import functools
-
+def emulated_steps(monkeypatch) -> list:
+    """compile_step with emulated graphs (no CUDA: `emulate=True`) and the graph-mode checks
+    off; the returned list collects each compiled step, whose `counts` say which paths ran."""
     import mla_func.compile_step as cs
 
-    monkeypatch.setattr(cs, "compile_step", functools.partial(cs.compile_step, emulate=True))
+    real, steps = cs.compile_step, []
+
+    def emulated(*args, **kwargs):
+        steps.append(real(*args, emulate=True, **kwargs))
+        return steps[-1]
+    monkeypatch.setattr(cs, "compile_step", emulated)
     monkeypatch.setattr(eng, "check_mode", lambda mode, params: None)
     monkeypatch.setattr(gen, "check_mode", lambda mode, params: None)
+    return steps
+
+
+def test_graph_mode_step_emulated_on_cpu(model, reference, monkeypatch):
+    """The engine's batches through compile_step's capture/dispatch machinery (emulated),
+    mixed prefill+decode steps and pure decodes, against the reference; both graph paths ran
+    and no step fell back to eager."""
+    steps = emulated_steps(monkeypatch)
     cfg, params = model
     out = mf.generate(cfg, params, PROMPTS[:3], 4, mode="full_and_piecewise",
                       return_logits=True, page_size=4, max_batch_tokens=16, max_seqs=4,
                       eos_token_id=None, progress=False)
     check_same(out, [0, 1, 2], reference, n=4)
+    assert [dict(s.counts) for s in steps] == [{"eager": 0, "piecewise": 2, "full": 3}]
 
 
-@pytest.mark.parametrize("kw", [dict(max_seqs=1), dict(max_batch_tokens=2),
-                                dict(max_graph_tokens=1)])
-def test_graph_modes_with_the_smallest_ranges(model, reference, monkeypatch, kw):
+@pytest.mark.parametrize("kw, prompts, counts", [
+    (dict(max_seqs=1), [0, 1], {"eager": 0, "piecewise": 2, "full": 6}),
+    (dict(max_batch_tokens=2), [0, 1], {"eager": 0, "piecewise": 7, "full": 7}),
+    (dict(max_graph_tokens=1), [2], {"eager": 0, "piecewise": 1, "full": 3})])
+def test_graph_modes_with_the_smallest_ranges(model, reference, monkeypatch, kw, prompts,
+                                              counts):
     """A batch-1 engine, or graphs of 1–2 tokens, in a graph mode (emulated): it builds (the
-    tracer had refused ranges this small) and gives the reference's tokens."""
-    import functools
-
-    import mla_func.compile_step as cs
-
-    monkeypatch.setattr(cs, "compile_step", functools.partial(cs.compile_step, emulate=True))
-    monkeypatch.setattr(eng, "check_mode", lambda mode, params: None)
-    monkeypatch.setattr(gen, "check_mode", lambda mode, params: None)
+    tracer had refused ranges this small), its graphs run every step, and it gives the
+    reference's tokens."""
+    steps = emulated_steps(monkeypatch)
     cfg, params = model
-    out = mf.generate(cfg, params, PROMPTS[:2], 4, mode="full_and_piecewise", page_size=4,
-                      eos_token_id=None, progress=False, return_logits=True, **kw)
-    check_same(out, [0, 1], reference, n=4)
+    out = mf.generate(cfg, params, [PROMPTS[i] for i in prompts], 4,
+                      mode="full_and_piecewise", page_size=4, eos_token_id=None,
+                      progress=False, return_logits=True, **kw)
+    check_same(out, prompts, reference, n=4)
+    assert [dict(s.counts) for s in steps] == [counts]
 
 
 def test_graph_range_stops_at_max_graph_tokens(model, reference, monkeypatch):

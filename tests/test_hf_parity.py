@@ -96,9 +96,12 @@ def _mixed_batches(name, model, cfg, runner, rel=1e-4):
     assert len(seqs[2]) == len(prompts[2]) + 3
 
 
-def test_long_prefill_mha_form_beside_decodes(case):
+def test_long_prefill_mha_form_beside_decodes(case, monkeypatch):
     """A prompt long enough for the torch backend's MHA form, in the same step as a decode."""
+    from mla_helpers import mha_calls
+
     name, model, cfg, params = case
+    mha = mha_calls(monkeypatch)["torch"]
     gen = torch.Generator().manual_seed(2)
     short = torch.randint(2, cfg.vocab_size, (6,), generator=gen).tolist()
     long = torch.randint(2, cfg.vocab_size, (MHA_MIN_QUERY + 3,), generator=gen).tolist()
@@ -106,7 +109,9 @@ def test_long_prefill_mha_form_beside_decodes(case):
     first = runner.step([(0, short)])[0]
     assert_logits_close(first, hf_last_logits(model, short), f"{name} short prefill")
     token = int(hf_last_logits(model, short).argmax())
+    assert mha == []  # the short prompt took the absorbed form
     out = runner.step([(0, [token]), (1, long)])
+    assert len(mha) == cfg.num_hidden_layers  # the long one the MHA form, in every layer
     assert_logits_close(out[0], hf_last_logits(model, short + [token]), f"{name} decode")
     assert_logits_close(out[1], hf_last_logits(model, long), f"{name} long prefill")
 

@@ -19,6 +19,7 @@ from mla_helpers import (  # noqa: E402
     SMALL,
     TOL,
     make_problem,
+    mha_calls,
     poisoned_workspace,
     ref_args,
     rel_err,
@@ -173,7 +174,8 @@ def test_backend_pure_decode_with_padded_rows(page_size):
 # interpreter's numpy warns about that product.
 @pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
 @pytest.mark.parametrize("long_prompt", [False, True])
-def test_backend_mixed_decode_and_prefill(long_prompt):
+def test_backend_mixed_decode_and_prefill(long_prompt, monkeypatch):
+    mha = mha_calls(monkeypatch)
     work = [
         SeqWork([1], 9, [1, 2, 3]), SeqWork([2], 3, [4]),   # decodes first
         SeqWork(list(range(70 if long_prompt else 6)), 0, list(range(5, 12))),
@@ -182,16 +184,20 @@ def test_backend_mixed_decode_and_prefill(long_prompt):
     batch, args = backend_case(work, 16 if long_prompt else 4, seed=int(long_prompt))
     got, want, got_cache, want_cache = run_both(args)
     assert batch.num_decodes == 2 and (int(batch.host[4]) >= 64) == long_prompt
+    # Each backend took the MHA form for the long prompt, and only there.
+    assert {b: len(c) for b, c in mha.items()} == {"torch": long_prompt, "triton": long_prompt}
     assert rel_err(got, want) < TOL
     assert_cache_rows(got_cache, want_cache, args[CACHE_ARG], args[9])
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("long_prompt", [None, False, True])  # None: pure decode
-def test_out_variant_writes_the_ops_result_into_out(backend, long_prompt):
+def test_out_variant_writes_the_ops_result_into_out(backend, long_prompt, monkeypatch):
     """`mla_attention_out` (the capture compiler's out variant) writes exactly what the op
     returns into a view of a larger buffer, and nothing past the view's rows."""
     from mla_func.attention import mla_attention_out
+
+    mha = mha_calls(monkeypatch)[backend]
 
     if long_prompt is None:
         work = [SeqWork([5], 6, [3, 4]), SeqWork([6], 2, [5])]
@@ -208,6 +214,7 @@ def test_out_variant_writes_the_ops_result_into_out(backend, long_prompt):
     assert mla_attention_out(*a, backend, out=buf[:t]) is None
     assert torch.equal(buf[:t], want) and buf[t:].isnan().all()
     assert torch.equal(cache, want_cache)  # the same cache writes
+    assert len(mha) == (2 if long_prompt else 0)  # the op and the out variant, MHA form
     with pytest.raises(ValueError, match="attention out"):
         mla_attention_out(*a, backend, out=buf[: t + 1])
 
@@ -218,11 +225,13 @@ def test_backend_declares_single_token_decode_graph_support():
     assert get_backend("triton").graph_support == GraphSupport.UNIFORM_SINGLE_TOKEN_DECODE
 
 
-def test_model_forward_triton_backend_matches_torch():
+def test_model_forward_triton_backend_matches_torch(monkeypatch):
     """The tiny model, a long prompt (MHA form) with a short one, then two mixed decode
     steps: logits with the triton backend equal the torch backend's."""
     import mla_func as mf
     from mla_func.state import init_state
+
+    mha = mha_calls(monkeypatch)
 
     cfg = mf.MLAConfig.preset("tiny")
     params = mf.init_params(cfg, seed=0, device=DEV)
@@ -239,3 +248,5 @@ def test_model_forward_triton_backend_matches_torch():
             batch = make_batch(work, 4, max_pages=20, device=DEV, backend=name)
             logits[name], states[name] = mf.forward(params, state, batch)
         assert rel_err(logits["triton"], logits["torch"]) < max(TOL, 1e-4)
+        # The first step's 70-token prompt takes the MHA form in every layer, later ones not.
+        assert {b: len(c) for b, c in mha.items()} == dict.fromkeys(mha, cfg.num_hidden_layers)

@@ -86,18 +86,18 @@ def test_ws_graph_replay_matches_eager():
         assert rel_err(out, ref.attend_absorbed(*ref_args(p))) < 2e-2
 
 
-def test_ws_not_supported_off_sm90_or_wrong_shapes():
-    """The cases the backend must not send to the kernel (checked without a GPU)."""
-    cache = torch.zeros(3, 64, 576, dtype=torch.bfloat16)
-    assert not ws.supported(cache, 128, 32)  # not on a CUDA device
-    if _hopper():
-        gpu = cache.cuda()
-        assert ws.supported(gpu, 128, 32) and ws.supported(gpu, 128, 64)
-        assert not ws.supported(gpu, 16, 32)  # 16 heads: the Triton kernel's tiles
-        small = torch.zeros(3, 48, 576, dtype=torch.bfloat16, device="cuda")
-        assert ws.supported(small, 128, 64)  # pages not a whole number of tiles: gathered
-        # A view of part of each page is no paged cache: its rows are not [pages * page_size,
-        # latent] (the TMA descriptor's view; flattening it would copy).
-        assert not ws.supported(gpu[:, :48], 128, 32)
-        assert not ws.supported(gpu, 128, 16)  # tiles of 32 or 64 keys only
-        assert not ws.supported(gpu.float(), 128, 32)
+@pytest.mark.cuda
+@needs_sm90
+def test_ws_supported_shapes_on_sm90():
+    """The shapes the backend may and may not send to the kernel on an sm90 GPU (off sm90 and
+    on a CPU tensor: test_kernels_mla_ws.py's test_ws_refuses_off_sm90)."""
+    gpu = torch.zeros(3, 64, 576, dtype=torch.bfloat16, device="cuda")
+    assert ws.supported(gpu, 128, 32) and ws.supported(gpu, 128, 64)
+    assert not ws.supported(gpu, 16, 32)  # 16 heads: the Triton kernel's tiles
+    small = torch.zeros(3, 48, 576, dtype=torch.bfloat16, device="cuda")
+    assert ws.supported(small, 128, 64)  # pages not a whole number of tiles: gathered
+    # A view of part of each page is no paged cache: its rows are not [pages * page_size,
+    # latent] (the TMA descriptor's view; flattening it would copy).
+    assert not ws.supported(gpu[:, :48], 128, 32)
+    assert not ws.supported(gpu, 128, 16)  # tiles of 32 or 64 keys only
+    assert not ws.supported(gpu.float(), 128, 32)

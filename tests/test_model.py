@@ -53,16 +53,22 @@ def test_mixed_batch_rows_equal_separate_runs(tiny):
 
 
 def test_long_prompt_uses_mha_form_and_agrees_with_absorbed(tiny, monkeypatch):
+    from mla_helpers import mha_calls
+
     cfg, params = tiny
     tokens = _prompt(attention.MHA_MIN_QUERY + 3, 3)
     outs = []
-    for threshold in (attention.MHA_MIN_QUERY, 10**9):  # MHA form, then absorbed form
+    mha = mha_calls(monkeypatch)["torch"]
+    # The MHA form in every layer, then (threshold out of reach) in none.
+    for threshold, calls in ((attention.MHA_MIN_QUERY, cfg.num_hidden_layers), (10**9, 0)):
+        mha.clear()
         monkeypatch.setattr(attention, "MHA_MIN_QUERY", threshold)
         state = mf.init_state(cfg, num_pages=64, page_size=4)
         pages = state.allocator.reserve(0, len(tokens))
         logits, _ = mf.forward(params, state, mf.make_batch(
             [mf.SeqWork(tokens, 0, pages)], 4, 32))
         outs.append(logits)
+        assert len(mha) == calls
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
 
 

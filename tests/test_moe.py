@@ -11,6 +11,7 @@ test_moe_cuda.py; shared inputs in moe_helpers.py.
 
 import dataclasses
 import functools
+import math
 
 import pytest
 import torch
@@ -372,9 +373,65 @@ def test_shared_stream_only_where_shared_experts_run_apart():
         low = bound
 
 
+def _route_by_hand(logits: list[float], method: str, bias: list[float], n_group: int,
+                   topk_group: int, k: int, normalize: bool, scale: float
+                   ) -> dict[int, float]:
+    """One token's routing as DeepSeek-V2 (2.1.2, 2.2.1) and V3 (2.1.2) describe it, in plain
+    Python: {expert: weight}."""
+    n = len(logits)
+    size = n // n_group
+    if method == "noaux_tc":
+        scores = [1 / (1 + math.exp(-v)) for v in logits]
+        choice = [sc + b for sc, b in zip(scores, bias, strict=True)]
+        group = [sum(sorted(choice[g * size:(g + 1) * size])[-2:]) for g in range(n_group)]
+    else:
+        top = max(logits)
+        ex = [math.exp(v - top) for v in logits]
+        scores = [v / sum(ex) for v in ex]
+        choice = list(scores)
+        group = [max(scores[g * size:(g + 1) * size]) for g in range(n_group)]
+    if method != "greedy":  # only the experts of the topk_group best groups compete
+        kept = sorted(range(n_group), key=lambda g: group[g])[-topk_group:]
+        choice = [c if e // size in kept else float("-inf") for e, c in enumerate(choice)]
+    ids = sorted(range(n), key=lambda e: choice[e])[-k:]
+    weights = {e: scores[e] for e in ids}
+    if normalize:
+        total = sum(weights.values())
+        weights = {e: w / total for e, w in weights.items()}
+    return {e: w * scale for e, w in weights.items()}
+
+
+@pytest.mark.parametrize("method, model_type, normalize, scale", [
+    ("greedy", "deepseek_v2", False, 1.0), ("greedy", "deepseek_v3", True, 2.5),
+    ("group_limited_greedy", "deepseek_v2", False, 16.0),
+    ("noaux_tc", "deepseek_v3", True, 2.5), ("noaux_tc", "deepseek_v3", False, 1.0)])
+def test_route_matches_the_papers_per_token(method, model_type, normalize, scale):
+    """`ops.moe.route` (the reference every router kernel is tested against) against a
+    plain-Python reading of each method, token by token: the same experts, the same weights."""
+    cfg = dataclasses.replace(
+        MLAConfig.preset("tiny"), model_type=model_type, n_routed_experts=32,
+        num_experts_per_tok=4, n_group=8, topk_group=3, topk_method=method,
+        norm_topk_prob=normalize, routed_scaling_factor=scale)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(9, 16, generator=g)
+    router = torch.randn(32, 16, generator=g)
+    bias = torch.randn(32, generator=g) * 0.5 if method == "noaux_tc" else None
+    w, ids = route(x, router, bias, cfg)
+    logits = (x.double() @ router.double().T).tolist()
+    for t in range(x.shape[0]):
+        want = _route_by_hand(logits[t], method, bias.tolist() if bias is not None else [],
+                              8, 3, 4, normalize, scale)
+        got = dict(zip(ids[t].tolist(), w[t].tolist(), strict=True))
+        assert sorted(got) == sorted(want), f"token {t}"
+        for e in want:
+            assert got[e] == pytest.approx(want[e], rel=1e-5), f"token {t} expert {e}"
+
+
 @pytest.mark.parametrize("method", ["greedy", "group_limited_greedy", "noaux_tc"])
 @pytest.mark.interpret
-def test_routing_methods(method):
+def test_experts_under_each_routing_method(method):
+    """The experts (Triton and the CPU default) against the dense reference under each
+    method's weights and ids (`route` itself: test_route_matches_the_papers_per_token)."""
     cfg = dataclasses.replace(
         MLAConfig.preset("tiny"), n_routed_experts=64, num_experts_per_tok=6, n_group=8,
         topk_group=3, topk_method=method, norm_topk_prob=method == "noaux_tc",
