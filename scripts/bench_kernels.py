@@ -1,5 +1,7 @@
-"""Benchmark the MLA kernels (Triton; Gluon's warp-specialised decode at 64 heads a program
-on sm90, where `plan_decode` picks it) against their floor and the torch reference (GPU only).
+"""Benchmark the MLA attention kernels against their floor and the torch reference (GPU only).
+
+The kernels are Triton's, and Gluon's warp-specialised decode at 64 heads a program on sm90,
+where `plan_decode` picks it.
 
 Floor = max(bytes / copy bandwidth, FLOPs / bf16 matmul rate) (DESIGN.md, "Performance
 model"), both ceilings measured in this run. Times are medians of `triton.testing.do_bench`
@@ -225,7 +227,7 @@ def run(args: "argparse.Namespace | list[str] | None" = None) -> list[dict]:
     if not isinstance(args, argparse.Namespace):
         args = parse_args(list(args or []))
     if not torch.cuda.is_available():
-        raise RuntimeError("bench_kernels needs a CUDA GPU")
+        raise SystemExit("bench_kernels needs a CUDA GPU; none is available")
     quick = getattr(args, "quick", False)
     heads_list = getattr(args, "heads", [16, 128])
     batches = [1, 128] if quick else getattr(args, "batch", [1, 8, 32, 128])

@@ -283,6 +283,8 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
         p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
         add_args(p)
         args = p.parse_args(argv)
+    if not torch.cuda.is_available():  # after the options: --help and their errors work anywhere
+        raise SystemExit("bench_moe needs a CUDA GPU; none is available")
     torch.manual_seed(0)
     cfg = MLAConfig.preset(args.preset)
     ceil = common.measure_ceilings()
@@ -344,8 +346,6 @@ def _short(c: MoEConfig) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_moe needs a CUDA GPU")
     run(argv)
 
 

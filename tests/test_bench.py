@@ -95,17 +95,35 @@ def test_help_lists_the_subcommands_benchmarks_options(capsys):
     assert "--out" in out and "--max-seqs" in out and "--gen-requests" not in out
 
 
-def test_benchmarks_refuse_unknown_options_when_run_alone():
+def test_benchmarks_refuse_unknown_options_when_run_alone(monkeypatch, capsys):
     """bench_moe and bench_capture called on their own (not through bench.py) refuse a
-    mistyped option instead of ignoring it."""
+    mistyped option instead of ignoring it (argparse's usage error, before any GPU work:
+    CUDA is faked present, so a bench that ignored the option would go on past it)."""
     from scripts.bench_capture import _parse
     from scripts.bench_moe import run
 
-    with pytest.raises(SystemExit):
-        run(["--tokenz", "8"])
-    with pytest.raises(SystemExit):
-        _parse(["--page-sise", "8"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for call, bad in ((run, "--tokenz"), (_parse, "--page-sise")):
+        with pytest.raises(SystemExit) as info:
+            call([bad, "8"])
+        assert info.value.code == 2
+        assert f"unrecognized arguments: {bad} 8" in capsys.readouterr().err
     assert _parse(["--page-size", "8"]).page_size == 8
+
+
+@pytest.mark.parametrize("module", ["bench_kernels", "bench_moe"])
+def test_standalone_benchmarks_help_and_cpu_errors(module, monkeypatch, capsys):
+    """`python -m scripts.bench_kernels|bench_moe`: --help works without a GPU, and a run
+    without one ends in one line, not a traceback."""
+    import importlib
+
+    main = importlib.import_module(f"scripts.{module}").main
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0 and "usage:" in capsys.readouterr().out
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match=f"^{module} needs a CUDA GPU; none is available$"):
+        main([])
 
 
 def test_timing_rounds_alternate_the_cases(capsys):
@@ -233,7 +251,7 @@ def test_step_summary_prints_every_table(capsys):
 
 
 def test_step_plot_writes_a_png(tmp_path):
-    pytest.importorskip("matplotlib")
+    """The plot the README shows (matplotlib is a dev dependency: this runs in CI)."""
     from scripts.bench_step import plot
 
     rows = [{"ctx": ctx, "batch": b, "eager_ms": 1.0 + b, "full_ms": 0.5 + b,
