@@ -77,6 +77,30 @@ def measure_ceilings(device: str = "cuda") -> dict[str, float]:
     return {"copy_gbs": copy_gbs, "matmul_tflops": tflops}
 
 
+def matmul_probe(size: int = 8192, reps: int = 5) -> Callable[[], float]:
+    """The bf16 matmul ceiling, measured again at each call: a `size`³ product captured once in
+    a CUDA graph; a call returns TFLOP/s, the median of `reps` replays. Sustained tensor-core
+    load can lower the clocks (the power limit), so a rate read once at the start of a run may
+    not hold for a layer timed a minute later; a probe around each timing gives the rate of the
+    same moment (`measure_ceilings` keeps the run's one reading)."""
+    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    graph = capture_graph(lambda: a @ b)
+
+    def probe() -> float:
+        return 2 * size**3 / (cuda_time_ms(graph.replay, warmup=1, reps=reps) * 1e-3) / 1e12
+    return probe
+
+
+def sm_clock_mhz() -> int | None:
+    """The SM clock (MHz) NVML reports for the current GPU's last sample period; None where
+    it cannot tell (no NVML binding, no GPU)."""
+    try:
+        return int(torch.cuda.clock_rate())
+    except Exception:  # noqa: BLE001  (pynvml missing or NVML unavailable: no reading)
+        return None
+
+
 def print_table(rows: list[dict], columns: list[str], title: str = "") -> None:
     if title:
         print(f"\n## {title}")

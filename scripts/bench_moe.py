@@ -34,6 +34,7 @@ variant side by side.
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -149,25 +150,45 @@ def grouped_mm_layer(x, layer, cfg):
     return out + swiglu(x, layer.shared_gate_up, layer.shared_down)
 
 
-def floor_us(x, layers, cfg, ceil) -> tuple[float, float]:
-    """Per-layer floor (µs) and distinct routed experts, averaged over the layers."""
+def layer_costs(x, layers, cfg) -> tuple[list[tuple[int, int]], float]:
+    """(bytes, FLOPs) each layer must move and compute at this step, and the mean number of
+    distinct routed experts its routing touches."""
     t, h = x.shape
     i, s = cfg.moe_intermediate_size, cfg.n_shared_experts * cfg.moe_intermediate_size
     e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
-    total, distinct = 0.0, 0.0
+    costs, distinct = [], 0
     for layer in layers:
         n = route(x, layer.router, None, cfg)[1].unique().numel()
-        nbytes = 2 * (n * 3 * i * h + 3 * s * h + e * h + 2 * t * h)
-        flops = 2 * t * h * (k * 3 * i + 3 * s + e)
-        total += max(nbytes / (ceil["copy_gbs"] * 1e9), flops / (ceil["matmul_tflops"] * 1e12))
+        costs.append((2 * (n * 3 * i * h + 3 * s * h + e * h + 2 * t * h),
+                      2 * t * h * (k * 3 * i + 3 * s + e)))
         distinct += n
-    return total / len(layers) * 1e6, distinct / len(layers)
+    return costs, distinct / len(layers)
 
 
-def time_rounds_us(fns: dict, x, layers, cfg, rounds: int) -> dict[str, list[float]]:
-    """µs a layer of each form in `rounds` rounds, the forms alternating (`alternating`), each
+def floor_of(costs: list[tuple[int, int]], copy_gbs: float, matmul_tflops: float) -> float:
+    """Per-layer floor (µs), averaged over the layers: max(bytes / copy bandwidth, FLOPs /
+    matmul rate)."""
+    return sum(max(b / (copy_gbs * 1e9), f / (matmul_tflops * 1e12))
+               for b, f in costs) / len(costs) * 1e6
+
+
+@dataclass(frozen=True)
+class Round:
+    """One timing of a form: µs a layer; with a probe, the matmul rate around it (TFLOP/s,
+    the mean of a probe just before and one just after) and the SM clock NVML reported right
+    after it (MHz, None where NVML cannot tell)."""
+
+    us: float
+    tflops: float | None = None
+    mhz: int | None = None
+
+
+def time_rounds_us(fns: dict, x, layers, cfg, rounds: int,
+                   probe: Callable[[], float] | None = None) -> dict[str, list[Round]]:
+    """Each form's `Round`s: `rounds` timings, the forms alternating (`alternating`), each
     captured once in a CUDA graph of every layer; a form that cannot run here is reported and
-    left out."""
+    left out. `probe` (`common.matmul_probe`) re-measures the matmul ceiling around each
+    timing, so that a layer is compared with the rate of its own moment."""
     graphs = {}
     for name, fn in fns.items():
         try:
@@ -175,12 +196,22 @@ def time_rounds_us(fns: dict, x, layers, cfg, rounds: int) -> dict[str, list[flo
                 lambda fn=fn: [fn(x, layer, cfg) for layer in layers])
         except Exception as err:  # noqa: BLE001  (a baseline that cannot run here is reported)
             print(f"  {name}: {type(err).__name__}: {err}"[:300])
-    times: dict[str, list[float]] = {name: [] for name in graphs}
+    times: dict[str, list[Round]] = {name: [] for name in graphs}
     for order in common.alternating(list(graphs), rounds):
         for name in order:
+            before = probe() if probe else None
             ms = common.cuda_time_ms(graphs[name].replay, warmup=3, reps=50)
-            times[name].append(ms * 1e3 / len(layers))
+            mhz = common.sm_clock_mhz() if probe else None
+            rate = (before + probe()) / 2 if probe else None
+            times[name].append(Round(ms * 1e3 / len(layers), rate, mhz))
     return times
+
+
+def paired_ratios(rounds: list[Round], costs: list[tuple[int, int]], copy_gbs: float
+                  ) -> list[float]:
+    """Each round's time over the floor at the matmul rate probed around that round (the copy
+    bandwidth is the run's); rounds without a probe are left out."""
+    return [r.us / floor_of(costs, copy_gbs, r.tflops) for r in rounds if r.tflops]
 
 
 def sweep(x, layers, cfg, ref, floor) -> list[dict]:
@@ -192,7 +223,7 @@ def sweep(x, layers, cfg, ref, floor) -> list[dict]:
         if c not in seen:
             fn = lambda x, lay, cf, c=c: fused_layer(x, lay, cf, c)  # noqa: E731
             one = time_rounds_us({_short(c): fn}, x, layers, cfg, 1).get(_short(c))
-            us = one[0] if one else None
+            us = one[0].us if one else None
             err = None
             if us is not None:
                 got = fn(x, layers[0], cfg).float()
@@ -291,10 +322,12 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
     print(f"# {torch.cuda.get_device_name()}: copy {ceil['copy_gbs']:.0f} GB/s, "
           f"bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s")
     layers = make_layers(cfg, args.layers)
+    probe = common.matmul_probe()
     rows, sweeps, aligns = [], [], []
     for t in args.tokens:
         x = torch.randn(t, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
-        floor, distinct = floor_us(x, layers, cfg, ceil)
+        costs, distinct = layer_costs(x, layers, cfg)
+        floor = floor_of(costs, ceil["copy_gbs"], ceil["matmul_tflops"])
         got, ref = fused_layer(x, layers[0], cfg), None
         try:
             ref = grouped_mm_layer(x, layers[0], cfg)
@@ -308,17 +341,26 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
             no_pdl = replace(pick_config(t), pdl=False)
             variants.insert(1, ("fused_no_pdl",
                                 lambda x, layer, cfg, c=no_pdl: fused_layer(x, layer, cfg, c)))
-        times = time_rounds_us(dict(variants), x, layers, cfg, args.rounds)
+        times = time_rounds_us(dict(variants), x, layers, cfg, args.rounds, probe)
         base = times.get("grouped_mm")
-        base_us = statistics.median(base) if base else None
+        base_us = statistics.median(r.us for r in base) if base else None
         for name, _ in variants:
-            ts = times.get(name)
+            got_rounds = times.get(name)
+            ts = [r.us for r in got_rounds] if got_rounds else None
             us = statistics.median(ts) if ts else None
             fl = None if name == "route_only" else floor
+            paired = paired_ratios(got_rounds, costs, ceil["copy_gbs"]) if got_rounds and fl \
+                else []
             rows.append({
                 "tokens": t, "impl": name, "us": us, "floor_us": fl,
                 "spread": f"{min(ts):.4g}-{max(ts):.4g}" if ts else None, "us_rounds": ts,
                 "x_floor": None if us is None or fl is None else us / fl,
+                "x_floor_paired": statistics.median(paired) if paired else None,
+                "paired_spread": f"{min(paired):.3f}-{max(paired):.3f}" if paired else None,
+                "x_floor_rounds": paired,
+                "tflops_rounds": [r.tflops for r in got_rounds or []],
+                "mhz_rounds": [r.mhz for r in got_rounds or []],
+                "mhz": _median_or_none([r.mhz for r in got_rounds or []]),
                 "target": TARGETS.get(t) if name == "fused" else None,
                 "vs_baseline": None if us is None or base_us is None else us / base_us,
                 "experts_hit": distinct, "config": _short(pick_config(t)) if name == "fused"
@@ -326,16 +368,28 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
         aligns += align_rows(t, cfg)
         if args.sweep:
             sweeps += sweep(x, layers, cfg, got if ref is None else ref, floor)
-    common.print_table(rows, ["tokens", "impl", "us", "spread", "floor_us", "x_floor", "target",
-                              "vs_baseline", "experts_hit", "err", "config"],
+    common.print_table(rows, ["tokens", "impl", "us", "spread", "floor_us", "x_floor",
+                              "x_floor_paired", "paired_spread", "mhz", "target", "vs_baseline",
+                              "experts_hit", "err", "config"],
                        f"MoE layer ({args.preset}, bf16; us: median of {args.rounds} alternating "
-                       f"rounds, spread: their range)")
+                       f"rounds, spread: their range; x_floor at the run's ceilings, "
+                       f"x_floor_paired: each round over the floor at the matmul rate probed "
+                       f"around it, median and range; mhz: median SM clock after the rounds)")
+    rates = [r for row in rows for r in row["tflops_rounds"] if r]
+    if rates:
+        print(f"matmul rate probed around the rounds: {min(rates):.0f}-{max(rates):.0f} TFLOP/s "
+              f"(start of run: {ceil['matmul_tflops']:.0f})")
     common.print_table(aligns, ["tokens", "impl", "us"], "expert alignment alone")
     if sweeps:
         print_sweep(sweeps, args.tokens)
     for r in sweeps:
         r["config"] = _short(r["config"])
     return rows + aligns + [{"sweep": True, **r} for r in sweeps]
+
+
+def _median_or_none(values: list) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def _short(c: MoEConfig) -> str:

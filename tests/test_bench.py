@@ -141,6 +141,49 @@ def test_timing_rounds_alternate_the_cases(capsys):
     assert "--rounds: must be at least 1" in capsys.readouterr().err
 
 
+def test_moe_rounds_carry_the_matmul_rate_probed_around_each_timing(monkeypatch):
+    """`bench moe`: with a probe, each timing carries the mean of the matmul rates probed just
+    before and just after it and the SM clock read after it, and its paired ratio is taken
+    against the floor at that rate. Scripted as a GPU whose clocks drop under load: the later
+    timings are slower, and so are the rates around them (graphs and timers faked)."""
+    from scripts import bench_common, bench_moe
+
+    ms = iter([4.0, 8.0, 8.8, 4.4])  # a, b in round 0; b, a in round 1
+    rates = iter([100.0, 90.0, 90.0, 80.0, 80.0, 70.0, 70.0, 60.0])
+    clocks = iter([1980, 1900, 1800, 1700])
+    monkeypatch.setattr(bench_common, "capture_graph", lambda fn: argparse.Namespace(replay=fn))
+    monkeypatch.setattr(bench_common, "cuda_time_ms", lambda fn, warmup, reps: next(ms))
+    monkeypatch.setattr(bench_common, "sm_clock_mhz", lambda: next(clocks))
+    fns = {"a": lambda x, layer, cfg: None, "b": lambda x, layer, cfg: None}
+    got = bench_moe.time_rounds_us(fns, None, [0, 1], None, 2, probe=lambda: next(rates))
+    Round = bench_moe.Round
+    assert got == {"a": [Round(2000.0, 95.0, 1980), Round(2200.0, 65.0, 1700)],
+                   "b": [Round(4000.0, 85.0, 1900), Round(4400.0, 75.0, 1800)]}
+    # FLOP-bound layers (1 TFLOP each): the floor is 1e6 / rate µs, the ratio us * rate / 1e6.
+    costs = [(10**9, 10**12), (2 * 10**9, 10**12)]
+    assert bench_moe.floor_of(costs, 1000.0, 100.0) == pytest.approx(1e4)
+    assert bench_moe.paired_ratios(got["a"], costs, 1000.0) == pytest.approx([0.19, 0.143])
+    # Bytes-bound at a low copy bandwidth: the larger term wins, layer by layer.
+    assert bench_moe.floor_of(costs, 0.1, 100.0) == pytest.approx((1e4 + 2e4) / 2 * 1e3)
+    # Without a probe nothing is probed or read, and no ratio is paired.
+    ms = iter([4.0])
+    plain = bench_moe.time_rounds_us({"a": fns["a"]}, None, [0, 1], None, 1)
+    assert plain == {"a": [Round(2000.0)]}
+    assert bench_moe.paired_ratios(plain["a"], costs, 1000.0) == []
+
+
+@pytest.mark.parametrize("reading, want", [(1755, 1755), (RuntimeError("no NVML"), None)])
+def test_sm_clock_reads_nvml_or_says_it_cannot(reading, want, monkeypatch):
+    from scripts.bench_common import sm_clock_mhz
+
+    def clock_rate():
+        if isinstance(reading, Exception):
+            raise reading
+        return reading
+    monkeypatch.setattr(torch.cuda, "clock_rate", clock_rate)
+    assert sm_clock_mhz() == want
+
+
 def test_distinct_experts_counts_every_moe_layer():
     """The step floor's expert count: one entry per MoE layer of an eager step (CPU, tiny)."""
     import mla_func as mf
