@@ -87,7 +87,9 @@ def matmul_probe(size: int = 8192, reps: int = 5) -> Callable[[], float]:
     b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     graph = capture_graph(lambda: a @ b)
 
-    def probe() -> float:
+    # The graph holds raw addresses of a and b: the probe keeps them alive (freed, the next
+    # capture's empty_cache would unmap them under its replays).
+    def probe(_operands: tuple = (a, b)) -> float:
         return 2 * size**3 / (cuda_time_ms(graph.replay, warmup=1, reps=reps) * 1e-3) / 1e12
     return probe
 
