@@ -5,6 +5,7 @@ of CUDA-event-timed repetitions after warm-up, on random (never zero) data.
 """
 
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -77,21 +78,49 @@ def measure_ceilings(device: str = "cuda") -> dict[str, float]:
     return {"copy_gbs": copy_gbs, "matmul_tflops": tflops}
 
 
-def matmul_probe(size: int = 8192, reps: int = 5) -> Callable[[], float]:
-    """The bf16 matmul ceiling, measured again at each call: a `size`³ product captured once in
-    a CUDA graph; a call returns TFLOP/s, the median of `reps` replays. Sustained tensor-core
-    load can lower the clocks (the power limit), so a rate read once at the start of a run may
-    not hold for a layer timed a minute later; a probe around each timing gives the rate of the
-    same moment (`measure_ceilings` keeps the run's one reading)."""
+def _matmul_graph(size: int) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
+    """A `size`³ bf16 product captured in a CUDA graph, and its operands: the graph holds their
+    raw addresses, so the caller keeps them alive as long as it replays (freed, the next
+    capture's empty_cache would unmap them under the replay)."""
     a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
-    graph = capture_graph(lambda: a @ b)
+    return capture_graph(lambda: a @ b), (a, b)
 
-    # The graph holds raw addresses of a and b: the probe keeps them alive (freed, the next
-    # capture's empty_cache would unmap them under its replays).
-    def probe(_operands: tuple = (a, b)) -> float:
+
+def matmul_probe(size: int = 8192, reps: int = 5) -> Callable[[], float]:
+    """The bf16 matmul ceiling, measured again at each call: a call returns TFLOP/s, the
+    median of `reps` replays of a captured `size`³ product. Sustained tensor-core load can
+    lower the clocks (the power limit), so a rate read once at the start of a run may not hold
+    for a layer timed a minute later; a probe around each timing gives the rate of the same
+    moment (`measure_ceilings` keeps the run's one reading)."""
+    graph, operands = _matmul_graph(size)
+
+    def probe(_operands: tuple = operands) -> float:
         return 2 * size**3 / (cuda_time_ms(graph.replay, warmup=1, reps=reps) * 1e-3) / 1e12
     return probe
+
+
+def sustained_matmul(seconds: float = 2.0, size: int = 8192, block: int = 16
+                     ) -> dict[str, float | None]:
+    """The bf16 matmul rate the GPU holds under sustained load: a captured `size`³ product
+    replayed back to back for `seconds`, timed in blocks of `block` replays; the median block
+    of the second half (once the power limit has settled the clocks), the SM clock read at the
+    end, and the first block's rate (a short burst, as `measure_ceilings` times: the boost
+    clock)."""
+    graph, _operands = _matmul_graph(size)
+    ms: list[float] = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds or len(ms) < 4:
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(block):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        ms.append(begin.elapsed_time(end) / block)
+    tflops = 2 * size**3 / (statistics.median(ms[len(ms) // 2:]) * 1e-3) / 1e12
+    return {"sustained_tflops": tflops, "sustained_mhz": sm_clock_mhz(),
+            "first_block_tflops": 2 * size**3 / (ms[0] * 1e-3) / 1e12}
 
 
 def sm_clock_mhz() -> int | None:

@@ -8,6 +8,13 @@ weights back to back (together far beyond L2, as in a real step) and times are p
 Each form is captured once and timed in `--rounds` rounds (default 5), the forms in alternating
 order; the table gives each form's median and the rounds' range (`spread`).
 
+Three ratios to the floor, which differ only in the matmul rate: `x_floor` at the run's
+start-of-run reading (`measure_ceilings`: a short burst, at the boost clock);
+`x_floor_sustained` at the rate a dense matmul holds under sustained load
+(`common.sustained_matmul`); `x_floor_paired`, each round at the rate probed just before and
+after it (`common.matmul_probe`), with the SM clock NVML read after it (`mhz`). Where the
+layer is FLOP-bound and draws enough power to lower the clocks, the three part.
+
 Rows per token count: `fused` (route + mla_func.moe.experts: Triton, shared experts folded
 in), `fused_sep` (Triton routed experts, shared experts by swiglu), `grouped_mm` (the baseline
 of issue 5: argsort, scatter-add counts, cumsum offsets, gather, two grouped GEMMs, index_add,
@@ -321,6 +328,9 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
     ceil = common.measure_ceilings()
     print(f"# {torch.cuda.get_device_name()}: copy {ceil['copy_gbs']:.0f} GB/s, "
           f"bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s")
+    held = common.sustained_matmul()
+    print(f"# bf16 matmul held under sustained load: {held['sustained_tflops']:.0f} TFLOP/s at "
+          f"{held['sustained_mhz']} MHz (its first {held['first_block_tflops']:.0f})")
     layers = make_layers(cfg, args.layers)
     probe = common.matmul_probe()
     rows, sweeps, aligns = [], [], []
@@ -355,6 +365,8 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
                 "tokens": t, "impl": name, "us": us, "floor_us": fl,
                 "spread": f"{min(ts):.4g}-{max(ts):.4g}" if ts else None, "us_rounds": ts,
                 "x_floor": None if us is None or fl is None else us / fl,
+                "x_floor_sustained": None if us is None or fl is None else us / floor_of(
+                    costs, ceil["copy_gbs"], held["sustained_tflops"]),
                 "x_floor_paired": statistics.median(paired) if paired else None,
                 "paired_spread": f"{min(paired):.3f}-{max(paired):.3f}" if paired else None,
                 "x_floor_rounds": paired,
@@ -364,17 +376,19 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
                 "target": TARGETS.get(t) if name == "fused" else None,
                 "vs_baseline": None if us is None or base_us is None else us / base_us,
                 "experts_hit": distinct, "config": _short(pick_config(t)) if name == "fused"
-                else "", "err": err if name == "fused" else None, **ceil})
+                else "", "err": err if name == "fused" else None, **ceil, **held})
         aligns += align_rows(t, cfg)
         if args.sweep:
             sweeps += sweep(x, layers, cfg, got if ref is None else ref, floor)
     common.print_table(rows, ["tokens", "impl", "us", "spread", "floor_us", "x_floor",
-                              "x_floor_paired", "paired_spread", "mhz", "target", "vs_baseline",
-                              "experts_hit", "err", "config"],
+                              "x_floor_sustained", "x_floor_paired", "paired_spread", "mhz",
+                              "target", "vs_baseline", "experts_hit", "err", "config"],
                        f"MoE layer ({args.preset}, bf16; us: median of {args.rounds} alternating "
-                       f"rounds, spread: their range; x_floor at the run's ceilings, "
-                       f"x_floor_paired: each round over the floor at the matmul rate probed "
-                       f"around it, median and range; mhz: median SM clock after the rounds)")
+                       f"rounds, spread: their range; x_floor at the run's ceilings (a burst "
+                       f"matmul), x_floor_sustained at the matmul rate held under sustained "
+                       f"load, x_floor_paired: each round over the floor at the matmul rate "
+                       f"probed around it, median and range; mhz: median SM clock after the "
+                       f"rounds)")
     rates = [r for row in rows for r in row["tflops_rounds"] if r]
     if rates:
         print(f"matmul rate probed around the rounds: {min(rates):.0f}-{max(rates):.0f} TFLOP/s "

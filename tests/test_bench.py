@@ -172,6 +172,21 @@ def test_moe_rounds_carry_the_matmul_rate_probed_around_each_timing(monkeypatch)
     assert bench_moe.paired_ratios(plain["a"], costs, 1000.0) == []
 
 
+@pytest.mark.cuda
+def test_matmul_rate_probes_run_on_a_gpu():
+    """The probes `bench moe` pairs its timings with return rates (small sizes: no timing is
+    asserted), and a probe still replays after a later capture has emptied the cache."""
+    from scripts.bench_common import capture_graph, matmul_probe, sustained_matmul
+
+    probe = matmul_probe(size=1024, reps=2)
+    held = sustained_matmul(seconds=0.05, size=1024, block=2)
+    x = torch.randn(1024, device="cuda")
+    capture_graph(lambda: x * 2)  # torch.cuda.graph empties the allocator's cache
+    torch.cuda.synchronize()
+    for rate in (probe(), held["sustained_tflops"], held["first_block_tflops"]):
+        assert 0 < rate < float("inf")
+
+
 @pytest.mark.parametrize("reading, want", [(1755, 1755), (RuntimeError("no NVML"), None)])
 def test_sm_clock_reads_nvml_or_says_it_cannot(reading, want, monkeypatch):
     from scripts.bench_common import sm_clock_mhz
