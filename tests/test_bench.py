@@ -172,6 +172,20 @@ def test_moe_rounds_carry_the_matmul_rate_probed_around_each_timing(monkeypatch)
     assert bench_moe.paired_ratios(plain["a"], costs, 1000.0) == []
 
 
+def test_sustained_floor_takes_the_higher_of_the_two_readings():
+    """`bench moe` measures the sustained matmul rate before and after the layers and takes
+    the higher (the lower floor: the conservative ratio), keeping both readings."""
+    from scripts.bench_moe import held_sustained_rate
+
+    start = {"sustained_tflops": 680.0, "sustained_mhz": 1290, "first_block_tflops": 780.0}
+    end = {"sustained_tflops": 700.0, "sustained_mhz": 1350, "first_block_tflops": 760.0}
+    for a, b in ((start, end), (end, start)):
+        got = held_sustained_rate(a, b)
+        assert got["sustained_tflops"] == 700.0 and got["sustained_mhz"] == 1350
+        assert (got["sustained_start_tflops"], got["sustained_end_tflops"]) == (
+            a["sustained_tflops"], b["sustained_tflops"])
+
+
 @pytest.mark.cuda
 def test_matmul_rate_probes_run_on_a_gpu():
     """The probes `bench moe` pairs its timings with return rates (small sizes: no timing is
