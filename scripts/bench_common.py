@@ -7,6 +7,7 @@ of CUDA-event-timed repetitions after warm-up, on random (never zero) data.
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -130,6 +131,46 @@ def sm_clock_mhz() -> int | None:
         return int(torch.cuda.clock_rate())
     except Exception:  # noqa: BLE001  (pynvml missing or NVML unavailable: no reading)
         return None
+
+
+def floor_of(costs: list[tuple[int, int]], copy_gbs: float, matmul_tflops: float) -> float:
+    """The floor (µs) of work given as (bytes, FLOPs) per part, averaged over the parts:
+    max(bytes / copy bandwidth, FLOPs / matmul rate) each (DESIGN.md, "Performance model")."""
+    return sum(max(b / (copy_gbs * 1e9), f / (matmul_tflops * 1e12))
+               for b, f in costs) / len(costs) * 1e6
+
+
+@dataclass(frozen=True)
+class Round:
+    """One timing of a form: µs a part; with a probe, the matmul rate around it (TFLOP/s, the
+    mean of a `matmul_probe` just before and one just after) and the SM clock NVML reported
+    right after it (MHz, None where NVML cannot tell)."""
+
+    us: float
+    tflops: float | None = None
+    mhz: int | None = None
+
+
+def paired_ratios(rounds: list[Round], costs: list[tuple[int, int]], copy_gbs: float
+                  ) -> list[float]:
+    """Each round's time over the floor at the matmul rate probed around that round (the copy
+    bandwidth is the run's); rounds without a probe are left out."""
+    return [r.us / floor_of(costs, copy_gbs, r.tflops) for r in rounds if r.tflops]
+
+
+def held_sustained_rate(start: dict, end: dict) -> dict:
+    """Of two `sustained_matmul` readings (before and after the timings), the higher rate, so
+    that the sustained floor is the lower (the ratio to it the more conservative); both
+    readings kept."""
+    best = max(start, end, key=lambda r: r["sustained_tflops"])
+    return {**best, "sustained_start_tflops": start["sustained_tflops"],
+            "sustained_end_tflops": end["sustained_tflops"]}
+
+
+def median_or_none(values: list) -> float | None:
+    """The median of the values that are not None; None if there are none."""
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def print_table(rows: list[dict], columns: list[str], title: str = "") -> None:

@@ -27,12 +27,8 @@ does on CUDA; the baseline routes with the torch reference.
 `err` is fused vs grouped_mm (max abs / max abs). A table of the alignment alone (Triton
 kernel vs torch ops) follows: it decides `moe_align.TRITON_ALIGN_MAX_PAIRS`.
 
-`--sweep` times configs per token count (`sweep`): tiles per block_m by coordinate descent;
-up to 4 tokens also the direct path, its fused sum and the sum as the down GEMM's tail
-(DIRECT_MAX_TOKENS), from 32 to 512 tokens also the shared experts folded vs apart
-(FUSE_SHARED_MAX_TOKENS). Every case is checked against grouped_mm. It prints the best
-config per token count next to the default (`moe_config.pick_config`) and the best of each
-variant side by side.
+`--sweep` times tile configs per token count (`bench_moe_sweep.py`), every case checked
+against grouped_mm, and prints the best next to the default (`moe_config.pick_config`).
 
     python -m scripts.bench moe [--tokens 1 8 ...] [--layers 4] [--sweep]
     python -m scripts.bench_moe --sweep --tokens 1 2 4 8 32 128 256 512 4096
@@ -40,9 +36,8 @@ variant side by side.
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +45,7 @@ import torch.nn.functional as F
 from mla_func.config import MLAConfig
 from mla_func.kernels.fused_moe import fused_experts
 from mla_func.kernels.moe_align import align_torch, align_triton
-from mla_func.kernels.moe_config import FUSE_SHARED_MAX_TOKENS, MoEConfig, pick_config
+from mla_func.kernels.moe_config import MoEConfig, pick_config
 from mla_func.kernels.router import route_fused
 from mla_func.moe import experts
 from mla_func.ops.mlp import swiglu
@@ -60,22 +55,13 @@ from mla_func.validation import int_at_least
 
 try:  # `python -m scripts.bench moe` / `python -m scripts.bench_moe`
     from scripts import bench_common as common
+    from scripts.bench_moe_sweep import print_sweep, short, sweep
 except ImportError:  # `python scripts/bench_moe.py`
     import bench_common as common
+    from bench_moe_sweep import print_sweep, short, sweep
+
 
 TARGETS = {1: 1.3, 8: 1.3, 32: 1.1, 128: 1.1, 4096: 1.5}
-# Sweep candidates, bounded so that `--sweep` over 9 token counts takes ~3-4 min on an H200
-# (each new constexpr combination compiles in ~1-2 s, a case times in ~0.1-0.4 s).
-# (N, K, warps, stages) for both GEMMs; the default config's own tiles are always tried too.
-TILES = [(64, 64, 4, 4), (128, 64, 4, 4), (64, 128, 4, 3), (32, 128, 4, 4), (128, 128, 8, 3)]
-# The fused-sum down kernel runs one program per N-tile of hidden: narrow N tiles fill the GPU.
-SUM_TILES = [(16, 256, 4, 4), (16, 128, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3)]
-# block_m per (max tokens): V2-Lite gives an expert ~tokens * 6 / 64 rows (shared: tokens rows).
-BLOCK_MS = ((8, (16,)), (64, (16, 32)), (256, (16, 32, 64)), (1024, (32, 64, 128)),
-            (1 << 62, (64, 128)))
-DIRECT_SWEEP_MAX = 4  # tokens up to which the direct path is tried
-SHARED_SWEEP = (32, 512)  # token range in which shared experts folded vs apart are compared
-
 
 @dataclass(frozen=True)
 class Layer:
@@ -172,26 +158,8 @@ def layer_costs(x, layers, cfg) -> tuple[list[tuple[int, int]], float]:
     return costs, distinct / len(layers)
 
 
-def floor_of(costs: list[tuple[int, int]], copy_gbs: float, matmul_tflops: float) -> float:
-    """Per-layer floor (µs), averaged over the layers: max(bytes / copy bandwidth, FLOPs /
-    matmul rate)."""
-    return sum(max(b / (copy_gbs * 1e9), f / (matmul_tflops * 1e12))
-               for b, f in costs) / len(costs) * 1e6
-
-
-@dataclass(frozen=True)
-class Round:
-    """One timing of a form: µs a layer; with a probe, the matmul rate around it (TFLOP/s,
-    the mean of a probe just before and one just after) and the SM clock NVML reported right
-    after it (MHz, None where NVML cannot tell)."""
-
-    us: float
-    tflops: float | None = None
-    mhz: int | None = None
-
-
 def time_rounds_us(fns: dict, x, layers, cfg, rounds: int,
-                   probe: Callable[[], float] | None = None) -> dict[str, list[Round]]:
+                   probe: Callable[[], float] | None = None) -> dict[str, list[common.Round]]:
     """Each form's `Round`s: `rounds` timings, the forms alternating (`alternating`), each
     captured once in a CUDA graph of every layer; a form that cannot run here is reported and
     left out. `probe` (`common.matmul_probe`) re-measures the matmul ceiling around each
@@ -203,115 +171,28 @@ def time_rounds_us(fns: dict, x, layers, cfg, rounds: int,
                 lambda fn=fn: [fn(x, layer, cfg) for layer in layers])
         except Exception as err:  # noqa: BLE001  (a baseline that cannot run here is reported)
             print(f"  {name}: {type(err).__name__}: {err}"[:300])
-    times: dict[str, list[Round]] = {name: [] for name in graphs}
+    times: dict[str, list[common.Round]] = {name: [] for name in graphs}
     for order in common.alternating(list(graphs), rounds):
         for name in order:
             before = probe() if probe else None
             ms = common.cuda_time_ms(graphs[name].replay, warmup=3, reps=50)
             mhz = common.sm_clock_mhz() if probe else None
             rate = (before + probe()) / 2 if probe else None
-            times[name].append(Round(ms * 1e3 / len(layers), rate, mhz))
+            times[name].append(common.Round(ms * 1e3 / len(layers), rate, mhz))
     return times
 
 
-def paired_ratios(rounds: list[Round], costs: list[tuple[int, int]], copy_gbs: float
-                  ) -> list[float]:
-    """Each round's time over the floor at the matmul rate probed around that round (the copy
-    bandwidth is the run's); rounds without a probe are left out."""
-    return [r.us / floor_of(costs, copy_gbs, r.tflops) for r in rounds if r.tflops]
-
-
-def held_sustained_rate(start: dict, end: dict) -> dict:
-    """Of two `common.sustained_matmul` readings (before and after the layers' timings), the
-    higher rate, so that the sustained floor is the lower (the ratio to it the more
-    conservative); both readings kept."""
-    best = max(start, end, key=lambda r: r["sustained_tflops"])
-    return {**best, "sustained_start_tflops": start["sustained_tflops"],
-            "sustained_end_tflops": end["sustained_tflops"]}
-
-
-def sweep(x, layers, cfg, ref, floor) -> list[dict]:
-    """Time configs at this token count; every case is checked against `ref`."""
-    t, rows, seen = x.shape[0], [], {}
-    base = pick_config(t)
-
-    def timed(c: MoEConfig) -> float | None:
-        if c not in seen:
-            fn = lambda x, lay, cf, c=c: fused_layer(x, lay, cf, c)  # noqa: E731
-            one = time_rounds_us({_short(c): fn}, x, layers, cfg, 1).get(_short(c))
-            us = one[0].us if one else None
-            err = None
-            if us is not None:
-                got = fn(x, layers[0], cfg).float()
-                err = ((got - ref.float()).abs().max() / ref.float().abs().max()).item()
-                if not err < 0.05:  # also NaN
-                    print(f"  WRONG (err {err:.3g}): {_short(c)}")
-                    us = None
-            rows.append({"tokens": t, "variant": _variant(c, t), "config": c, "us": us,
-                         "x_floor": None if us is None else us / floor, "err": err})
-            seen[c] = us
-        return seen[c]
-
-    def descend(start: MoEConfig, passes) -> MoEConfig:
-        """Coordinate descent: each pass tries tiles for one GEMM, keeps the fastest."""
-        best = start
-        for field, tiles in passes:
-            tiles = dict.fromkeys([getattr(best, field), *tiles])  # the start's own tile first
-            cands = [replace(best, **{field: tile}) for tile in tiles]
-            ok = {c: us for c in cands if (us := timed(c)) is not None}
-            best = min(ok, key=ok.get) if ok else best
-        return best
-
-    start = time.perf_counter()
-    timed(base)
-    both = (("gate_up", TILES), ("down", TILES))
-    if t <= DIRECT_SWEEP_MAX:  # the same GEMMs either way: tiles found for one serve both
-        timed(replace(base, direct=not base.direct, fused_sum=False, last_sum=False,
-                      pdl=False))
-        best = descend(replace(base, direct=True, fused_sum=False), both)
-        timed(replace(best, last_sum=not best.last_sum))  # the sum launch or the down's tail
-        descend(replace(best, fused_sum=True, last_sum=False, down=SUM_TILES[0]),
-                (("down", SUM_TILES),))
-    else:
-        bms = next(bms for bound, bms in BLOCK_MS if t <= bound)
-        for bm in sorted({*bms, base.block_m}):
-            descend(replace(base, block_m=bm), both)
-    if SHARED_SWEEP[0] <= t <= SHARED_SWEEP[1]:
-        best = min((c for c, us in seen.items() if us is not None), key=seen.get)
-        fold = t > FUSE_SHARED_MAX_TOKENS  # the opposite of the default
-        for bm in dict.fromkeys([best.block_m, min(128, 2 * best.block_m)]):
-            timed(replace(best, block_m=bm, fuse_shared=fold))
-    print(f"  tokens {t}: {len(rows)} cases in {time.perf_counter() - start:.0f} s")
-    return rows
-
-
-def _variant(c: MoEConfig, t: int) -> str:
-    path = ("direct+sum" if c.fused_sum else "direct+last sum" if c.last_sum
-            else "direct" if c.direct else "aligned")
-    fold = t <= FUSE_SHARED_MAX_TOKENS if c.fuse_shared is None else c.fuse_shared
-    return f"{path}, shared {'folded' if fold else 'apart'}"
-
-
-def print_sweep(sweeps: list[dict], tokens: list[int]) -> None:
-    """The best case per token count next to the default, then the best of each variant."""
-    best, per_variant = [], []
-    for t in tokens:
-        ok = [r for r in sweeps if r["tokens"] == t and r["us"] is not None]
-        if not ok:
-            continue
-        default = next((r for r in ok if r["config"] == pick_config(t)), None)
-        win = min(ok, key=lambda r: r["us"])
-        best.append({"tokens": t, "default_us": default and default["us"],
-                     "best_us": win["us"], "x_floor": win["x_floor"],
-                     "gain": default and default["us"] / win["us"],
-                     "default": _short(pick_config(t)), "best": _short(win["config"])})
-        for v in dict.fromkeys(r["variant"] for r in ok):
-            r = min((r for r in ok if r["variant"] == v), key=lambda r: r["us"])
-            per_variant.append({**r, "config": _short(r["config"])})
-    common.print_table(per_variant, ["tokens", "variant", "us", "x_floor", "err", "config"],
-                       "best swept config of each variant")
-    common.print_table(best, ["tokens", "default_us", "best_us", "gain", "x_floor", "default",
-                              "best"], "best swept config vs the default (moe_config.pick_config)")
+def case_timer(x, layers, cfg, ref):
+    """The sweep's `time_case`: a config's fused layer timed in one round (its CUDA graph of
+    every layer) and its relative error against `ref`; (None, None) if it cannot run."""
+    def time_case(c: MoEConfig) -> tuple[float | None, float | None]:
+        fn = lambda x, lay, cf: fused_layer(x, lay, cf, c)  # noqa: E731
+        one = time_rounds_us({short(c): fn}, x, layers, cfg, 1).get(short(c))
+        if not one:
+            return None, None
+        got = fn(x, layers[0], cfg).float()
+        return one[0].us, ((got - ref.float()).abs().max() / ref.float().abs().max()).item()
+    return time_case
 
 
 def align_rows(t: int, cfg: MLAConfig) -> list[dict]:
@@ -344,7 +225,7 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
     for t in args.tokens:
         x = torch.randn(t, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
         costs, distinct = layer_costs(x, layers, cfg)
-        floor = floor_of(costs, ceil["copy_gbs"], ceil["matmul_tflops"])
+        floor = common.floor_of(costs, ceil["copy_gbs"], ceil["matmul_tflops"])
         got, ref = fused_layer(x, layers[0], cfg), None
         try:
             ref = grouped_mm_layer(x, layers[0], cfg)
@@ -366,8 +247,8 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
             ts = [r.us for r in got_rounds] if got_rounds else None
             us = statistics.median(ts) if ts else None
             fl = None if name == "route_only" else floor
-            paired = paired_ratios(got_rounds, costs, ceil["copy_gbs"]) if got_rounds and fl \
-                else []
+            paired = common.paired_ratios(got_rounds, costs, ceil["copy_gbs"]) \
+                if got_rounds and fl else []
             rows.append({
                 "tokens": t, "impl": name, "us": us, "floor_us": fl,
                 "spread": f"{min(ts):.4g}-{max(ts):.4g}" if ts else None, "us_rounds": ts,
@@ -378,19 +259,19 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
                 "x_floor_rounds": paired,
                 "tflops_rounds": [r.tflops for r in got_rounds or []],
                 "mhz_rounds": [r.mhz for r in got_rounds or []],
-                "mhz": _median_or_none([r.mhz for r in got_rounds or []]),
+                "mhz": common.median_or_none([r.mhz for r in got_rounds or []]),
                 "target": TARGETS.get(t) if name == "fused" else None,
                 "vs_baseline": None if us is None or base_us is None else us / base_us,
-                "experts_hit": distinct, "config": _short(pick_config(t)) if name == "fused"
+                "experts_hit": distinct, "config": short(pick_config(t)) if name == "fused"
                 else "", "err": err if name == "fused" else None, **ceil})
         aligns += align_rows(t, cfg)
         if args.sweep:
-            sweeps += sweep(x, layers, cfg, got if ref is None else ref, floor)
-    held = held_sustained_rate(held_start, common.sustained_matmul())
+            sweeps += sweep(t, case_timer(x, layers, cfg, got if ref is None else ref), floor)
+    held = common.held_sustained_rate(held_start, common.sustained_matmul())
     for row in rows:
         costs = row.pop("costs")
         row["x_floor_sustained"] = None if row["us"] is None or row["floor_us"] is None else \
-            row["us"] / floor_of(costs, ceil["copy_gbs"], held["sustained_tflops"])
+            row["us"] / common.floor_of(costs, ceil["copy_gbs"], held["sustained_tflops"])
         row.update(held)
     common.print_table(rows, ["tokens", "impl", "us", "spread", "floor_us", "x_floor",
                               "x_floor_sustained", "x_floor_paired", "paired_spread", "mhz",
@@ -413,20 +294,8 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
     if sweeps:
         print_sweep(sweeps, args.tokens)
     for r in sweeps:
-        r["config"] = _short(r["config"])
+        r["config"] = short(r["config"])
     return rows + aligns + [{"sweep": True, **r} for r in sweeps]
-
-
-def _median_or_none(values: list) -> float | None:
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
-
-
-def _short(c: MoEConfig) -> str:
-    """`MoEConfig(block_m, (n, k, warps, stages), (...), ...)`, pasteable into moe_config."""
-    flags = "".join(f", {f.name}={getattr(c, f.name)}" for f in fields(c)[3:]
-                    if getattr(c, f.name) != f.default)
-    return f"MoEConfig({c.block_m}, {c.gate_up}, {c.down}{flags})"
 
 
 def main(argv: list[str] | None = None) -> None:

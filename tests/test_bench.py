@@ -156,26 +156,57 @@ def test_moe_rounds_carry_the_matmul_rate_probed_around_each_timing(monkeypatch)
     monkeypatch.setattr(bench_common, "sm_clock_mhz", lambda: next(clocks))
     fns = {"a": lambda x, layer, cfg: None, "b": lambda x, layer, cfg: None}
     got = bench_moe.time_rounds_us(fns, None, [0, 1], None, 2, probe=lambda: next(rates))
-    Round = bench_moe.Round
+    Round = bench_common.Round
     assert got == {"a": [Round(2000.0, 95.0, 1980), Round(2200.0, 65.0, 1700)],
                    "b": [Round(4000.0, 85.0, 1900), Round(4400.0, 75.0, 1800)]}
     # FLOP-bound layers (1 TFLOP each): the floor is 1e6 / rate µs, the ratio us * rate / 1e6.
     costs = [(10**9, 10**12), (2 * 10**9, 10**12)]
-    assert bench_moe.floor_of(costs, 1000.0, 100.0) == pytest.approx(1e4)
-    assert bench_moe.paired_ratios(got["a"], costs, 1000.0) == pytest.approx([0.19, 0.143])
+    assert bench_common.floor_of(costs, 1000.0, 100.0) == pytest.approx(1e4)
+    assert bench_common.paired_ratios(got["a"], costs, 1000.0) == pytest.approx([0.19, 0.143])
     # Bytes-bound at a low copy bandwidth: the larger term wins, layer by layer.
-    assert bench_moe.floor_of(costs, 0.1, 100.0) == pytest.approx((1e4 + 2e4) / 2 * 1e3)
+    assert bench_common.floor_of(costs, 0.1, 100.0) == pytest.approx((1e4 + 2e4) / 2 * 1e3)
     # Without a probe nothing is probed or read, and no ratio is paired.
     ms = iter([4.0])
     plain = bench_moe.time_rounds_us({"a": fns["a"]}, None, [0, 1], None, 1)
     assert plain == {"a": [Round(2000.0)]}
-    assert bench_moe.paired_ratios(plain["a"], costs, 1000.0) == []
+    assert bench_common.paired_ratios(plain["a"], costs, 1000.0) == []
+
+
+@pytest.mark.parametrize("tokens", [1, 128])
+def test_moe_sweep_descends_to_the_fastest_right_config(tokens, capsys):
+    """`bench moe --sweep` (timings faked): coordinate descent over both GEMMs' tiles keeps
+    the fastest config; a config whose output is off (error 0.5, or NaN) is reported WRONG
+    and never chosen; the summary names the best next to the default."""
+    import math
+
+    from mla_func.kernels.moe_config import pick_config
+    from scripts.bench_moe_sweep import print_sweep, short, sweep
+
+    def time_case(c):
+        if c.gate_up == (128, 128, 8, 3):  # fastest of all, but wrong
+            return 1.0, 0.5
+        if c.fused_sum:
+            return 2.0, math.nan
+        return 100.0 + c.gate_up[0] + c.down[0] / 10 + c.block_m / 100, 0.001
+
+    rows = sweep(tokens, time_case, floor=50.0)
+    ran = [r for r in rows if r["us"] is not None]
+    best = min(ran, key=lambda r: r["us"])
+    assert best["config"].gate_up[0] == 32 and best["config"].down[0] == 32
+    assert all(r["config"].gate_up != (128, 128, 8, 3) and not r["config"].fused_sum
+               for r in ran)
+    assert any(r["us"] is None for r in rows) and len({r["config"] for r in rows}) == len(rows)
+    assert best["x_floor"] == pytest.approx(best["us"] / 50.0)
+    print_sweep(rows, [tokens])
+    out = capsys.readouterr().out
+    assert "WRONG (err 0.5)" in out and short(best["config"]) in out
+    assert short(pick_config(tokens)) in out
 
 
 def test_sustained_floor_takes_the_higher_of_the_two_readings():
     """`bench moe` measures the sustained matmul rate before and after the layers and takes
     the higher (the lower floor: the conservative ratio), keeping both readings."""
-    from scripts.bench_moe import held_sustained_rate
+    from scripts.bench_common import held_sustained_rate
 
     start = {"sustained_tflops": 680.0, "sustained_mhz": 1290, "first_block_tflops": 780.0}
     end = {"sustained_tflops": 700.0, "sustained_mhz": 1350, "first_block_tflops": 760.0}
