@@ -75,8 +75,12 @@ def measure_ceilings(device: str = "cuda") -> dict[str, float]:
     a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
     b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
     ms = cuda_time_ms(lambda: a @ b, reps=10)
-    tflops = 2 * size**3 / (ms * 1e-3) / 1e12
-    return {"copy_gbs": copy_gbs, "matmul_tflops": tflops}
+    return {"copy_gbs": copy_gbs, "matmul_tflops": _matmul_tflops(size, ms)}
+
+
+def _matmul_tflops(size: int, ms: float) -> float:
+    """TFLOP/s of a `size`³ product that took `ms` milliseconds."""
+    return 2 * size**3 / (ms * 1e-3) / 1e12
 
 
 def _matmul_graph(size: int) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
@@ -97,7 +101,7 @@ def matmul_probe(size: int = 8192, reps: int = 5) -> Callable[[], float]:
     graph, operands = _matmul_graph(size)
 
     def probe(_operands: tuple = operands) -> float:
-        return 2 * size**3 / (cuda_time_ms(graph.replay, warmup=1, reps=reps) * 1e-3) / 1e12
+        return _matmul_tflops(size, cuda_time_ms(graph.replay, warmup=1, reps=reps))
     return probe
 
 
@@ -119,9 +123,8 @@ def sustained_matmul(seconds: float = 2.0, size: int = 8192, block: int = 16
         end.record()
         end.synchronize()
         ms.append(begin.elapsed_time(end) / block)
-    tflops = 2 * size**3 / (statistics.median(ms[len(ms) // 2:]) * 1e-3) / 1e12
-    return {"sustained_tflops": tflops, "sustained_mhz": sm_clock_mhz(),
-            "first_block_tflops": 2 * size**3 / (ms[0] * 1e-3) / 1e12}
+    return {"sustained_tflops": _matmul_tflops(size, statistics.median(ms[len(ms) // 2:])),
+            "sustained_mhz": sm_clock_mhz(), "first_block_tflops": _matmul_tflops(size, ms[0])}
 
 
 def sm_clock_mhz() -> int | None:

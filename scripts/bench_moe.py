@@ -221,10 +221,11 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
     held_start = common.sustained_matmul()
     layers = make_layers(cfg, args.layers)
     probe = common.matmul_probe()
-    rows, sweeps, aligns = [], [], []
+    rows, sweeps, aligns, costs_at = [], [], [], {}
     for t in args.tokens:
         x = torch.randn(t, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
         costs, distinct = layer_costs(x, layers, cfg)
+        costs_at[t] = costs
         floor = common.floor_of(costs, ceil["copy_gbs"], ceil["matmul_tflops"])
         got, ref = fused_layer(x, layers[0], cfg), None
         try:
@@ -253,7 +254,6 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
                 "tokens": t, "impl": name, "us": us, "floor_us": fl,
                 "spread": f"{min(ts):.4g}-{max(ts):.4g}" if ts else None, "us_rounds": ts,
                 "x_floor": None if us is None or fl is None else us / fl,
-                "costs": costs,
                 "x_floor_paired": statistics.median(paired) if paired else None,
                 "paired_spread": f"{min(paired):.3f}-{max(paired):.3f}" if paired else None,
                 "x_floor_rounds": paired,
@@ -269,9 +269,9 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
             sweeps += sweep(t, case_timer(x, layers, cfg, got if ref is None else ref), floor)
     held = common.held_sustained_rate(held_start, common.sustained_matmul())
     for row in rows:
-        costs = row.pop("costs")
         row["x_floor_sustained"] = None if row["us"] is None or row["floor_us"] is None else \
-            row["us"] / common.floor_of(costs, ceil["copy_gbs"], held["sustained_tflops"])
+            row["us"] / common.floor_of(costs_at[row["tokens"]], ceil["copy_gbs"],
+                                        held["sustained_tflops"])
         row.update(held)
     common.print_table(rows, ["tokens", "impl", "us", "spread", "floor_us", "x_floor",
                               "x_floor_sustained", "x_floor_paired", "paired_spread", "mhz",
