@@ -65,17 +65,24 @@ def alternating(names: list[str], rounds: int) -> list[list[str]]:
 
 
 def measure_ceilings(device: str = "cuda") -> dict[str, float]:
-    """Device-to-device copy bandwidth (bytes read + written) and bf16 matmul rate."""
+    """Device-to-device copy bandwidth (bytes read + written), the read-only bandwidth (a sum
+    over the same buffer: bytes read) and the bf16 matmul rate. The floors divide by the copy
+    bandwidth (DESIGN.md); the read rate is reported beside it because the step's big kernels
+    only read, and a read stream runs a little faster than a copy (2026-11-27 run 8, H100:
+    3064 against 2988 GB/s at 2 GiB)."""
     n = 1 << 30  # 2 GiB of bf16 per buffer: far beyond L2
     src = torch.randn(n, device=device, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
+    nbytes = src.numel() * src.element_size()
     ms = cuda_time_ms(lambda: dst.copy_(src), reps=10)
-    copy_gbs = 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
+    copy_gbs = 2 * nbytes / (ms * 1e-3) / 1e9
+    read_gbs = nbytes / (cuda_time_ms(lambda: src.sum(), reps=10) * 1e-3) / 1e9
     size = 8192
     a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
     b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
     ms = cuda_time_ms(lambda: a @ b, reps=10)
-    return {"copy_gbs": copy_gbs, "matmul_tflops": _matmul_tflops(size, ms)}
+    return {"copy_gbs": copy_gbs, "read_gbs": read_gbs,
+            "matmul_tflops": _matmul_tflops(size, ms)}
 
 
 def _matmul_tflops(size: int, ms: float) -> float:

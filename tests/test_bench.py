@@ -232,6 +232,35 @@ def test_matmul_rate_probes_run_on_a_gpu():
         assert 0 < rate < float("inf")
 
 
+@pytest.mark.cuda
+def test_ceilings_include_the_read_rate():
+    """`measure_ceilings` reads the copy, read-only and matmul ceilings; a read stream moves
+    half a copy's bytes, so it is well above half the copy figure (no timing is asserted
+    beyond that order)."""
+    from scripts.bench_common import measure_ceilings
+
+    ceil = measure_ceilings()
+    assert set(ceil) == {"copy_gbs", "read_gbs", "matmul_tflops"}
+    assert ceil["copy_gbs"] / 2 < ceil["read_gbs"] < float("inf")
+
+
+def test_step_floor_at_the_read_rate_scales_the_bytes():
+    """A decode row's second floor: the same bytes over the read-only rate (CPU, tiny); no
+    read rate (an older ceilings dict), no second floor."""
+    import mla_func as mf
+    from scripts.bench_step import step_floor
+
+    cfg = mf.MLAConfig.preset("tiny")
+    params = mf.init_params(cfg, seed=0)
+    moe_layers = sum(isinstance(layer.mlp, mf.params.MoE) for layer in params.layers)
+    distinct = [cfg.num_experts_per_tok] * moe_layers
+    slow = {"copy_gbs": 1.0, "matmul_tflops": 1e3}  # bytes-bound: the matmul rate is huge
+    got = step_floor(params, distinct, batch=2, ctx=8, ceil={**slow, "read_gbs": 1.25})
+    assert got["floor_ms"] == pytest.approx(got["bytes_gb"] * 1e3)
+    assert got["floor_read_ms"] == pytest.approx(got["floor_ms"] / 1.25)
+    assert "floor_read_ms" not in step_floor(params, distinct, batch=2, ctx=8, ceil=slow)
+
+
 @pytest.mark.parametrize("reading, want", [(1755, 1755), (RuntimeError("no NVML"), None)])
 def test_sm_clock_reads_nvml_or_says_it_cannot(reading, want, monkeypatch):
     from scripts.bench_common import sm_clock_mhz

@@ -1,7 +1,11 @@
 #!/bin/bash
 # The thirty-third session's GPU driver: bash docs/perf/2026-11-27-run8/run.sh <parts>, logs
 # under $OUT:
-#   read: exp_read.py, read-only streaming rates against the copy bandwidth.
+#   read: exp_read.py, read-only streaming rates against the copy bandwidth;
+#   latency: exp_latency.py, a dependent load's and a dependent launch's cost;
+#   step: `bench step --parts decode` at contexts [CTX, default 512 1024 4096], with the
+#     read-only floor beside the copy floor;
+#   btests: the CUDA tests of the benchmarks (tests/test_bench.py).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -15,6 +19,14 @@ for part in "$@"; do
   case $part in
     read) timeout 400 python3 $D/exp_read.py > "$OUT/read.log" 2>&1; echo "exp_read rc=$?"
           cat "$OUT/read.log" | cut -c1-120 ;;
+    latency) timeout 300 python3 $D/exp_latency.py > "$OUT/latency.log" 2>&1
+             echo "exp_latency rc=$?"; cut -c1-120 "$OUT/latency.log" ;;
+    step) timeout 590 python3 -m scripts.bench step --parts decode --contexts ${CTX:-512 1024 4096} \
+            --out "$OUT/step" > "$OUT/step.log" 2>&1; echo "bench step rc=$?"
+          grep -v -i warn "$OUT/step.log" | grep -v "^{" | tail -24 | cut -c1-230 ;;
+    btests) timeout 300 python3 -m pytest -q -m cuda -p no:cacheprovider tests/test_bench.py \
+              > "$OUT/bench_tests.log" 2>&1
+            grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/bench_tests.log" | tail -10 ;;
     *) echo "unknown part $part" ;;
   esac
   echo "=== end $part $(date -u +%H:%M:%S)"
