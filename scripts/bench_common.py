@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 
 
 def cuda_time_ms(fn: Callable[[], object], warmup: int = 3, reps: int = 20) -> float:
@@ -64,25 +66,54 @@ def alternating(names: list[str], rounds: int) -> list[list[str]]:
     return [list(names) if r % 2 == 0 else list(names)[::-1] for r in range(rounds)]
 
 
-def measure_ceilings(device: str = "cuda") -> dict[str, float]:
-    """Device-to-device copy bandwidth (bytes read + written), the read-only bandwidth (a sum
-    over the same buffer: bytes read) and the bf16 matmul rate. The floors divide by the copy
-    bandwidth (DESIGN.md); the read rate is reported beside it because the step's big kernels
-    only read, and a read stream runs a little faster than a copy (2026-11-27 run 8, H100:
-    3064 against 2988 GB/s at 2 GiB)."""
+def measure_ceilings(device: str = "cuda") -> dict[str, float | dict[str, float]]:
+    """Device-to-device copy bandwidth (bytes read + written), the read-only bandwidth (the
+    faster of two reads of the same buffer, `read_rates`: bytes read; both kept in
+    `read_probes_gbs`) and the bf16 matmul rate. The floors divide by the copy bandwidth
+    (DESIGN.md); the read rate is reported beside it because the step's big kernels only
+    read, and a read stream runs a little faster than a copy (2026-11-27 run 8, H100: 3064
+    against 2988 GB/s at 2 GiB)."""
     n = 1 << 30  # 2 GiB of bf16 per buffer: far beyond L2
     src = torch.randn(n, device=device, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     nbytes = src.numel() * src.element_size()
     ms = cuda_time_ms(lambda: dst.copy_(src), reps=10)
     copy_gbs = 2 * nbytes / (ms * 1e-3) / 1e9
-    read_gbs = nbytes / (cuda_time_ms(lambda: src.sum(), reps=10) * 1e-3) / 1e9
+    reads = read_rates(src)
     size = 8192
     a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
     b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
     ms = cuda_time_ms(lambda: a @ b, reps=10)
-    return {"copy_gbs": copy_gbs, "read_gbs": read_gbs,
-            "matmul_tflops": _matmul_tflops(size, ms)}
+    return {"copy_gbs": copy_gbs, "read_gbs": max(reads.values()),
+            "matmul_tflops": _matmul_tflops(size, ms), "read_probes_gbs": reads}
+
+
+@triton.jit
+def _read_kernel(x, out, n, BLOCK: tl.constexpr):
+    """Sums `x` (n a multiple of BLOCK) grid-stride, BLOCK elements a load; one sum a lane
+    to `out`, so that the loads are kept."""
+    pid = tl.program_id(0)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(pid * BLOCK, n, tl.num_programs(0) * BLOCK):
+        acc += tl.load(x + start + tl.arange(0, BLOCK)).to(tl.float32)
+    tl.store(out + pid * BLOCK + tl.arange(0, BLOCK), acc)
+
+
+def read_rates(src: torch.Tensor, block: int = 4096, per_sm: int = 4) -> dict[str, float]:
+    """GB/s of reading `src` once (bytes read), by `torch.sum` and by a grid-stride Triton
+    read (`per_sm` programs an SM, 8 warps, `block` elements a load: the fastest of the
+    twelve shapes of 2026-11-27 run 8), each replayed in a CUDA graph. Both: `torch.sum` timed
+    eagerly read 2 GiB at 2454 GB/s (run 9), under the copy rate, where in a graph it read
+    3064 (run 8)."""
+    assert src.numel() % block == 0
+    programs = per_sm * torch.cuda.get_device_properties(src.device).multi_processor_count
+    out = torch.empty(programs * block, dtype=torch.float32, device=src.device)
+    probes = {"sum": lambda: src.sum(),
+              "triton": lambda: _read_kernel[(programs,)](src, out, src.numel(), BLOCK=block,
+                                                          num_warps=8)}
+    nbytes = src.numel() * src.element_size()
+    return {name: nbytes / (graph_time_ms(fn, reps=10) * 1e-3) / 1e9
+            for name, fn in probes.items()}
 
 
 def _matmul_tflops(size: int, ms: float) -> float:

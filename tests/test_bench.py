@@ -240,7 +240,8 @@ def test_ceilings_include_the_read_rate():
     from scripts.bench_common import measure_ceilings
 
     ceil = measure_ceilings()
-    assert set(ceil) == {"copy_gbs", "read_gbs", "matmul_tflops"}
+    assert set(ceil) == {"copy_gbs", "read_gbs", "matmul_tflops", "read_probes_gbs"}
+    assert ceil["read_gbs"] == max(ceil["read_probes_gbs"].values())
     assert ceil["copy_gbs"] / 2 < ceil["read_gbs"] < float("inf")
 
 

@@ -5,7 +5,10 @@
 #   latency: exp_latency.py, a dependent load's and a dependent launch's cost;
 #   step: `bench step --parts decode` at contexts [CTX, default 512 1024 4096], with the
 #     read-only floor beside the copy floor;
-#   btests: the CUDA tests of the benchmarks (tests/test_bench.py).
+#   btests: the CUDA tests of the benchmarks (tests/test_bench.py);
+#   ceil: `measure_ceilings` three times (the read probes' spread);
+#   tl: one middle layer's kernel timeline at B=1 and 128, ctx 512, 9-page table
+#     (docs/perf/2026-11-24-run124/exp_timeline.py).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -27,6 +30,11 @@ for part in "$@"; do
     btests) timeout 300 python3 -m pytest -q -m cuda -p no:cacheprovider tests/test_bench.py \
               > "$OUT/bench_tests.log" 2>&1
             grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/bench_tests.log" | tail -10 ;;
+    ceil) timeout 200 python3 -c "from scripts.bench_common import measure_ceilings as m
+for _ in range(3): print(m())" 2>&1 | tee "$OUT/ceil.log" ;;
+    tl) timeout 300 python3 docs/perf/2026-11-24-run124/exp_timeline.py --batch 1 128 --ctx 512 \
+          --max-pages 9 2>&1 | grep -v -i warn > "$OUT/timeline.log"; echo "timeline rc=$?"
+        cut -c1-100 "$OUT/timeline.log" | head -80 ;;
     *) echo "unknown part $part" ;;
   esac
   echo "=== end $part $(date -u +%H:%M:%S)"
