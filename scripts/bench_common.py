@@ -1,6 +1,7 @@
-"""Shared benchmark helpers: the two ceilings (copy bandwidth, bf16 matmul rate) and timing.
+"""Shared benchmark helpers: the ceilings (copy bandwidth, bf16 matmul rate, and beside them
+the read-only bandwidth) and timing.
 
-METHOD: both ceilings are measured in the same run as the code they bound; times are medians
+METHOD: the ceilings are measured in the same run as the code they bound; times are medians
 of CUDA-event-timed repetitions after warm-up, on random (never zero) data.
 """
 
@@ -103,9 +104,8 @@ def read_rates(src: torch.Tensor, block: int = 4096, per_sm: int = 4) -> dict[st
     """GB/s of reading `src` once (bytes read), by `torch.sum` and by a grid-stride Triton
     read (`per_sm` programs an SM, 8 warps, `block` elements a load: of the twelve shapes of
     2026-11-27 run 8, the fastest at 46-381 MB and within 0.1% of it at 2 GiB), each
-    replayed in a CUDA graph. Both: `torch.sum` timed
-    eagerly read 2 GiB at 2454 GB/s (run 9), under the copy rate, where in a graph it read
-    3064 (run 8)."""
+    replayed in a CUDA graph. Two probes, not one: `torch.sum` timed eagerly read 2 GiB at
+    2454 GB/s (run 9), under the copy rate, where in a graph it read 3064 (run 8)."""
     assert src.numel() % block == 0
     programs = per_sm * torch.cuda.get_device_properties(src.device).multi_processor_count
     out = torch.empty(programs * block, dtype=torch.float32, device=src.device)
