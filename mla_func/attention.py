@@ -86,7 +86,7 @@ def get_backend(name: str, device: torch.device | str | None = None) -> Attentio
     if name not in BACKENDS:
         if name in LAZY_BACKENDS:
             _check(name, LAZY_BACKENDS[name], device)
-            import mla_func.kernels.backend  # noqa: F401  (registers "triton")
+            import mla_func.kernels.attention.backend  # noqa: F401  (registers "triton")
         if name not in BACKENDS:
             known = sorted(set(BACKENDS) | set(LAZY_BACKENDS))
             raise ValueError(f"unknown attention backend {name!r}; known: {known}")

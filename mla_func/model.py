@@ -6,13 +6,13 @@ after. Numerics follow HF transformers' DeepseekV2/V3ForCausalLM. The attention 
 custom op (`mla_func::mla_attention`), which also applies the rope and the latent norm to the
 new rows, and so is the logits projection of each sequence's last row (`mla_func::logits`);
 everything else is static-shape torch. On CUDA the small steps (residual add +
-RMSNorm, the MoE router) run as fused Triton kernels (`kernels/norm.py`, `router.py`) with the
+RMSNorm, the MoE router) run as fused Triton kernels (`kernels/linear/norm.py`, `router.py`) with the
 reference numerics; after an MoE the residual add and the next norm ride in the experts' final
 reduction (`moe.experts_add_norm`), and after the attention in its output projection
-(`project_add_norm`; at a few rows one launch, `kernels/proj_norm.py`). Projections of a few
-rows may run as matrix-vector kernels that load their weights early (`kernels/small_linear.py`):
+(`project_add_norm`; at a few rows one launch, `kernels/linear/proj_norm.py`). Projections of a few
+rows may run as matrix-vector kernels that load their weights early (`kernels/linear/small_linear.py`):
 their rounding of the bf16 product can differ from cuBLAS's. A layer's first projection takes
-the residual stream too (`norm_linear`, `kernels/norm_linear.py`): at one row it normalises h
+the residual stream too (`norm_linear`, `kernels/linear/norm_linear.py`): at one row it normalises h
 itself, and the MoE before it leaves its norm out (`defer_norm`).
 """
 
@@ -24,10 +24,10 @@ from mla_func.attention import attend
 from mla_func.batch import Batch, BatchError
 from mla_func.config import MLAConfig
 from mla_func.custom_op import custom_op
-from mla_func.kernels import norm as fused_norm
-from mla_func.kernels import norm_linear as fused_norm_linear
-from mla_func.kernels import proj_norm
-from mla_func.kernels.router import route_fused
+from mla_func.kernels.linear import norm as fused_norm
+from mla_func.kernels.linear import norm_linear as fused_norm_linear
+from mla_func.kernels.linear import proj_norm
+from mla_func.kernels.router.route import route_fused
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import route
 from mla_func.ops.norm import rmsnorm
@@ -60,7 +60,7 @@ def project_add_norm(
     h: Float[Tensor, "tokens hidden"], weight: Float[Tensor, " hidden"], eps: float,
 ) -> tuple[Float[Tensor, "tokens hidden"], Float[Tensor, "tokens hidden"]]:
     """(h + o w^T, rmsnorm(h + o w^T)): the attention's output projection, the residual add
-    and the FFN's input norm (one launch at a few rows, `kernels/proj_norm.py`)."""
+    and the FFN's input norm (one launch at a few rows, `kernels/linear/proj_norm.py`)."""
     if _fused(h):
         return proj_norm.proj_add_rmsnorm(o, w, h, weight, eps)
     return add_norm(h, o @ w.T, weight, eps)
@@ -78,7 +78,7 @@ def norm_linear(
     weight: Float[Tensor, " width_in"], eps: float, w: Float[Tensor, "width_out width_in"],
 ) -> Float[Tensor, "tokens width_out"]:
     """x w^T, x being rmsnorm(h) * weight. On the fused path at one row the kernel normalises
-    h itself and x is not read (`kernels/norm_linear.py`; the op that made h may leave x
+    h itself and x is not read (`kernels/linear/norm_linear.py`; the op that made h may leave x
     unwritten)."""
     if _fused(x):
         return fused_norm_linear.norm_linear(x, h, weight, eps, w)

@@ -1,7 +1,7 @@
 """The routed (and optionally shared) experts the model calls: `experts(...)`.
 
 Implementations, all static-shape and free of host syncs (nothing waits on the device's values):
-- `"triton"` (default on CUDA): the fused grouped GEMM of `mla_func.kernels.fused_moe`, behind
+- `"triton"` (default on CUDA): the fused grouped GEMM of `mla_func.kernels.moe.fused`, behind
   the custom op `mla_func::moe_experts` so that a trace of the model sees one node.
 - `"sorted_torch"` (default elsewhere): the same algorithm in plain torch: pairs sorted by expert
   (`moe_align.align_torch`), one bmm per GEMM over M-tiles with each tile's expert weights
@@ -11,7 +11,7 @@ Implementations, all static-shape and free of host syncs (nothing waits on the d
 Passing `shared` (the shared-experts MLP) adds it to the result: the Triton op computes it
 inside the same launches at small token counts (as extra experts every token routes to), else
 with `swiglu` whose sum rides in the final reduction; the other paths add `swiglu`.
-Padded tokens only cost work (see `mla_func.kernels.fused_moe`): each token's result depends on
+Padded tokens only cost work (see `mla_func.kernels.moe.fused`): each token's result depends on
 its own row alone.
 
 `experts_add_norm` also adds the result to the residual stream and normalises it for the next
@@ -28,7 +28,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.custom_op import custom_op
-from mla_func.kernels.moe_align import align_torch, max_blocks
+from mla_func.kernels.moe.align import align_torch, max_blocks
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import experts_reference
 from mla_func.ops.norm import rmsnorm
@@ -97,7 +97,7 @@ def _moe_experts_op(
     shared_gate_up: Optional[Tensor], shared_down: Optional[Tensor],  # noqa: UP045
 ) -> Tensor:
     # Imported here: the kernels module reads TRITON_INTERPRET when it is first imported.
-    from mla_func.kernels.fused_moe import fused_experts
+    from mla_func.kernels.moe.fused import fused_experts
 
     return fused_experts(x, weights, ids, gate_up, down, shared_gate_up, shared_down)
 
@@ -113,7 +113,7 @@ def _moe_experts_add_norm_op(
     shared_gate_up: Optional[Tensor], shared_down: Optional[Tensor],  # noqa: UP045
     residual: Tensor, norm_weight: Tensor, eps: float, defer_norm: bool,
 ) -> tuple[Tensor, Tensor]:
-    from mla_func.kernels.fused_moe import fused_experts
+    from mla_func.kernels.moe.fused import fused_experts
 
     return fused_experts(x, weights, ids, gate_up, down, shared_gate_up, shared_down,
                          add_norm=(residual, norm_weight, eps), defer_norm=defer_norm)

@@ -30,8 +30,8 @@ from dataclasses import replace
 
 import torch
 
-from mla_func.kernels.mla_absorbed import attend_absorbed
-from mla_func.kernels.mla_decode import (
+from mla_func.kernels.attention.absorbed import attend_absorbed
+from mla_func.kernels.attention.decode import (
     MAX_SPLITS,
     DecodePlan,
     DecodeWorkspace,
@@ -39,8 +39,8 @@ from mla_func.kernels.mla_decode import (
     legacy_plan,
     plan_decode,
 )
-from mla_func.kernels.mla_decode_ws import device_ok as ws_device
-from mla_func.kernels.mla_prefill import mha_prefill, prefill_flops
+from mla_func.kernels.attention.decode_ws import device_ok as ws_device
+from mla_func.kernels.attention.prefill import mha_prefill, prefill_flops
 from mla_func.ops import attention as ref
 
 try:  # `python -m scripts.bench kernels` / `python -m scripts.bench_kernels`

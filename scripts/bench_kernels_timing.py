@@ -12,7 +12,12 @@ import math
 
 import torch
 
-from mla_func.kernels.mla_decode import DecodePlan, DecodeWorkspace, effective_plan, mla_decode
+from mla_func.kernels.attention.decode import (
+    DecodePlan,
+    DecodeWorkspace,
+    effective_plan,
+    mla_decode,
+)
 
 try:  # `python -m scripts.bench kernels` / `python -m scripts.bench_kernels`
     from scripts.bench_common import measure_ceilings

@@ -22,8 +22,8 @@ shared experts), and the two parts of `fused` alone: `route_only` (the fused rou
 `experts_only` (align + two GEMMs + sum; its floor is the same minus the router's bytes);
 where the default config launches the experts behind the router by PDL (`MoEConfig.pdl`),
 `fused_no_pdl` is the same without it.
-`fused` and `route_only` route with the fused Triton router (`kernels/router.py`), as the model
-does on CUDA; the baseline routes with the torch reference.
+`fused` and `route_only` route with the fused Triton router (`kernels/router/route.py`), as
+the model does on CUDA; the baseline routes with the torch reference.
 `err` is fused vs grouped_mm (max abs / max abs). A table of the alignment alone (Triton
 kernel vs torch ops) follows: it decides `moe_align.TRITON_ALIGN_MAX_PAIRS`.
 
@@ -43,10 +43,10 @@ import torch
 import torch.nn.functional as F
 
 from mla_func.config import MLAConfig
-from mla_func.kernels.fused_moe import fused_experts
-from mla_func.kernels.moe_align import align_torch, align_triton
-from mla_func.kernels.moe_config import MoEConfig, pick_config
-from mla_func.kernels.router import route_fused
+from mla_func.kernels.moe.align import align_torch, align_triton
+from mla_func.kernels.moe.config import MoEConfig, pick_config
+from mla_func.kernels.moe.fused import fused_experts
+from mla_func.kernels.router.route import route_fused
 from mla_func.moe import experts
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import route

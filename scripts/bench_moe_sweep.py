@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import fields, replace
 
-from mla_func.kernels.moe_config import FUSE_SHARED_MAX_TOKENS, MoEConfig, pick_config
+from mla_func.kernels.moe.config import FUSE_SHARED_MAX_TOKENS, MoEConfig, pick_config
 
 try:  # `python -m scripts.bench moe` / `python -m scripts.bench_moe`
     from scripts import bench_common as common

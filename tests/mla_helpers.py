@@ -3,7 +3,7 @@ workspaces and the relative error (tests/test_kernels_mla*.py)."""
 
 import torch
 
-from mla_func.kernels.mla_decode import DecodeWorkspace
+from mla_func.kernels.attention.decode import DecodeWorkspace
 
 SMALL = {"heads": 4, "nope": 16, "rope": 16, "v": 16, "kv_lora": 32}
 NAN = float("nan")
@@ -105,7 +105,7 @@ def count_calls(monkeypatch, owner, name: str) -> list:
 def mha_calls(monkeypatch) -> dict[str, list]:
     """Per attention backend, a list that grows each time it runs its MHA (long-prompt) form:
     the torch backend's `ops.attention.attend_mha`, the triton backend's `mha_prefill`."""
-    from mla_func.kernels import backend
+    from mla_func.kernels.attention import backend
     from mla_func.ops import attention
 
     return {"torch": count_calls(monkeypatch, attention, "attend_mha"),

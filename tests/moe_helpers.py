@@ -7,9 +7,9 @@ import dataclasses
 import torch
 from test_router import TIE, _boundary_margin
 
-from mla_func.kernels.moe_align import align_torch
-from mla_func.kernels.moe_config import MoEConfig
-from mla_func.kernels.router import route_fused
+from mla_func.kernels.moe.align import align_torch
+from mla_func.kernels.moe.config import MoEConfig
+from mla_func.kernels.router.route import route_fused
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import experts_reference, route
 from mla_func.ops.norm import rmsnorm

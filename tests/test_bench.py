@@ -179,7 +179,7 @@ def test_moe_sweep_descends_to_the_fastest_right_config(tokens, capsys):
     and never chosen; the summary names the best next to the default."""
     import math
 
-    from mla_func.kernels.moe_config import pick_config
+    from mla_func.kernels.moe.config import pick_config
     from scripts.bench_moe_sweep import print_sweep, short, sweep
 
     def time_case(c):

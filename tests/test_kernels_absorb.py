@@ -13,8 +13,8 @@ if not torch.cuda.is_available():  # before any @triton.jit kernel is defined (C
 
 from mla_helpers import DEV, NAN, TOL, rel_err  # noqa: E402
 
-from mla_func.kernels.absorb import NewRows, absorb_prologue, reference_absorb  # noqa: E402
-from mla_func.kernels.cache_write import reference_write  # noqa: E402
+from mla_func.kernels.attention.absorb import NewRows, absorb_prologue, reference_absorb  # noqa: E402
+from mla_func.kernels.attention.cache_write import reference_write  # noqa: E402
 from mla_func.ops.attention import prologue  # noqa: E402
 
 ROPE = 16

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import mla_func as mf
-from mla_func.kernels.norm import add_rmsnorm, rmsnorm
-from mla_func.kernels.rope import mla_prologue
-from mla_func.kernels.swiglu import silu_mul, swiglu
+from mla_func.kernels.attention.rope import mla_prologue
+from mla_func.kernels.linear.norm import add_rmsnorm, rmsnorm
+from mla_func.kernels.moe.swiglu import silu_mul, swiglu
 from mla_func.ops.mlp import swiglu as swiglu_ref
 from mla_func.ops.norm import rmsnorm as rmsnorm_ref
 from mla_func.ops.rope import apply_rope, rope_cos_sin

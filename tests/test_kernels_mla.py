@@ -28,18 +28,18 @@ from mla_helpers import (  # noqa: E402
     rel_err,
 )
 
-from mla_func.kernels import mla_merge  # noqa: E402
-from mla_func.kernels.cache_write import reference_write, write_cache  # noqa: E402
-from mla_func.kernels.decode_plan import TWO_WAVE_KEYS, num_sms  # noqa: E402
-from mla_func.kernels.mla_absorbed import attend_absorbed  # noqa: E402
-from mla_func.kernels.mla_decode import (  # noqa: E402
+from mla_func.kernels.attention import merge as mla_merge  # noqa: E402
+from mla_func.kernels.attention.absorbed import attend_absorbed  # noqa: E402
+from mla_func.kernels.attention.cache_write import reference_write, write_cache  # noqa: E402
+from mla_func.kernels.attention.decode import (  # noqa: E402
     MAX_SPLITS,
     DecodeWorkspace,
     legacy_plan,
     mla_decode,
     plan_decode,
 )
-from mla_func.kernels.mla_merge import launch_merge  # noqa: E402
+from mla_func.kernels.attention.decode_plan import TWO_WAVE_KEYS, num_sms  # noqa: E402
+from mla_func.kernels.attention.merge import launch_merge  # noqa: E402
 from mla_func.ops import attention as ref  # noqa: E402
 
 # ---------------------------------------------------------------- cache write
@@ -338,7 +338,7 @@ def test_plan_that_runs_out_of_resources_shrinks_and_still_matches(monkeypatch):
     (`effective_plan`), and the result still matches the reference."""
     from mla_helpers import TightKernel
 
-    from mla_func.kernels import mla_decode as md
+    from mla_func.kernels.attention import decode as md
 
     tight = TightKernel(md._split_kernel, "num_stages", 3)  # 3 stages do not fit
     stages_seen = tight.seen

@@ -9,17 +9,17 @@ import torch
 from mla_helpers import make_problem, poisoned_workspace, ref_args, rel_err
 
 from mla_func.batch import SeqWork, make_batch
-from mla_func.kernels.absorb import NewRows
-from mla_func.kernels.cache_write import reference_write
-from mla_func.kernels.mla_absorbed import attend_absorbed
-from mla_func.kernels.mla_decode import (
+from mla_func.kernels.attention.absorb import NewRows
+from mla_func.kernels.attention.absorbed import attend_absorbed
+from mla_func.kernels.attention.cache_write import reference_write
+from mla_func.kernels.attention.decode import (
     DecodeWorkspace,
     legacy_plan,
     num_sms,
     plan_decode,
 )
-from mla_func.kernels.mla_decode_ws import device_ok as ws_device
-from mla_func.kernels.mla_prefill import mha_prefill
+from mla_func.kernels.attention.decode_ws import device_ok as ws_device
+from mla_func.kernels.attention.prefill import mha_prefill
 from mla_func.ops import attention as ref
 from mla_func.ops.attention import prologue
 

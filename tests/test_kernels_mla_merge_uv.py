@@ -26,10 +26,11 @@ from mla_helpers import (  # noqa: E402
     rel_err,
 )
 
-from mla_func.kernels import mla_merge, mla_merge_uv  # noqa: E402
-from mla_func.kernels.mla_absorbed import attend_absorbed  # noqa: E402
-from mla_func.kernels.mla_decode import mla_decode, plan_decode  # noqa: E402
-from mla_func.kernels.mla_merge_uv import merge_uv  # noqa: E402
+from mla_func.kernels.attention import merge as mla_merge  # noqa: E402
+from mla_func.kernels.attention import merge_uv as mla_merge_uv  # noqa: E402
+from mla_func.kernels.attention.absorbed import attend_absorbed  # noqa: E402
+from mla_func.kernels.attention.decode import mla_decode, plan_decode  # noqa: E402
+from mla_func.kernels.attention.merge_uv import merge_uv  # noqa: E402
 from mla_func.ops import attention as ref  # noqa: E402
 
 # id: (page_size, dims over SMALL, query rows' context lengths, plan fields). 12 splits reach

@@ -27,9 +27,9 @@ from mla_helpers import (  # noqa: E402
 
 from mla_func.attention import get_backend  # noqa: E402
 from mla_func.batch import SeqWork, make_batch  # noqa: E402
-from mla_func.kernels.mla_absorbed import attend_absorbed  # noqa: E402
-from mla_func.kernels.mla_decode import plan_decode  # noqa: E402
-from mla_func.kernels.mla_prefill import mha_prefill  # noqa: E402
+from mla_func.kernels.attention.absorbed import attend_absorbed  # noqa: E402
+from mla_func.kernels.attention.decode import plan_decode  # noqa: E402
+from mla_func.kernels.attention.prefill import mha_prefill  # noqa: E402
 from mla_func.ops import attention as ref  # noqa: E402
 
 # ---------------------------------------------------------------- prefill / extend
@@ -67,7 +67,7 @@ def test_prefill_out_of_resources_halves_the_tile_and_says_so(monkeypatch):
 
     from mla_helpers import TightKernel
 
-    from mla_func.kernels import mla_prefill as mp
+    from mla_func.kernels.attention import prefill as mp
 
     tight = TightKernel(mp._mha_kernel, "BLOCK_M", 32)  # 32 rows a program do not fit
     seen = tight.seen

@@ -11,7 +11,8 @@ from dataclasses import replace
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from sm90_ptxas import ptxas_usage
-from mla_func.kernels import mla_decode as md, mla_merge as mm
+from mla_func.kernels.attention import decode as md
+from mla_func.kernels.attention import merge as mm
 
 TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
 LAST_PTX = [""]
@@ -104,7 +105,7 @@ for mh, mc, pdl, warm in ((1, 0, True, False), (16, 64, False, False), (1, 0, Tr
     print("merge", mh, mc, chunk, warm, "regs", regs, "spills", spills)
     assert spills == 0
     assert ("cp.async.bulk.prefetch.L2.global" in LAST_PTX[0]) == warm
-from mla_func.kernels import absorb as ab
+from mla_func.kernels.attention import absorb as ab
 bf = torch.bfloat16
 for heads, rows in ((16, 1), (128, 300)):  # one token block; several
     q = torch.empty(rows, heads, 192, dtype=bf)  # q_nope, q_pe: slices of q, as the model's
@@ -120,7 +121,7 @@ for heads, rows in ((16, 1), (128, 300)):  # one token block; several
     assert "griddepcontrol.launch_dependents" in LAST_PTX[0]
     print("absorb", heads, rows, "regs", regs, "spills", spills, "smem", smem)
     assert spills == 0
-from mla_func.kernels import mla_merge_uv as uv
+from mla_func.kernels.attention import merge_uv as uv
 for rows, splits, pdl in ((1, 32, True), (8, 29, True), (2, 128, False)):
     po, pl = torch.empty(rows, 16, splits, 512), torch.empty(rows, 16, splits)
     w_uv = torch.empty(16, 128, 512, dtype=torch.bfloat16)
@@ -136,7 +137,7 @@ for rows, splits, pdl in ((1, 32, True), (8, 29, True), (2, 128, False)):
         ptx = LAST_PTX[0]
         assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
     assert ("griddepcontrol.launch_dependents" in LAST_PTX[0]) == pdl
-from mla_func.kernels import proj_norm as pn
+from mla_func.kernels.linear import proj_norm as pn
 for rows in (1, 4):  # the output projection + add + norm after it, V2-Lite sizes
     bf = torch.bfloat16
     o, w = torch.empty(rows, 2048, dtype=bf), torch.empty(2048, 2048, dtype=bf)
@@ -148,7 +149,7 @@ for rows in (1, 4):  # the output projection + add + norm after it, V2-Lite size
     assert spills == 0
     ptx = LAST_PTX[0]  # the weight rows are loaded before the wait
     assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
-from mla_func.kernels import small_linear as sl
+from mla_func.kernels.linear import small_linear as sl
 for rows, n_in in ((1, 2048), (1, 7168)):  # V2-Lite's and V3's fused q + kv_a
     x, w = torch.empty(rows, n_in, dtype=bf), torch.empty(2112, n_in, dtype=bf)
     _, call, kwargs, _ = sl.launch(x, w)
@@ -158,7 +159,7 @@ for rows, n_in in ((1, 2048), (1, 7168)):  # V2-Lite's and V3's fused q + kv_a
     assert spills == 0
     ptx = LAST_PTX[0]
     assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
-from mla_func.kernels import norm_linear as nl
+from mla_func.kernels.linear import norm_linear as nl
 h, nw = torch.empty(1, 2048, dtype=bf), torch.empty(2048, dtype=bf)  # V2-Lite's q + kv_a,
 _, call, kwargs, _ = nl.launch(h, nw, 1e-6, torch.empty(3648, 2048, dtype=bf))  # normalising
 kwargs["PDL"] = True

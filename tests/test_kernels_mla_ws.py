@@ -1,4 +1,4 @@
-"""The warp-specialised 64-head MLA decode (kernels/mla_decode_ws.py) without a GPU: its sm90
+"""The warp-specialised 64-head MLA decode (kernels/attention/decode_ws.py) without a GPU: its sm90
 ahead-of-time compile (Gluon: wgmma, TMA, three partitions), the plans that pick it, and the
 cases it refuses. Its numerics run on an sm90 GPU (test_kernels_mla_ws_cuda.py): Gluon has no
 interpreter."""
@@ -6,8 +6,8 @@ interpreter."""
 import torch
 from sm90_ptxas import run_compile_script
 
-from mla_func.kernels import mla_decode_ws as ws
-from mla_func.kernels.decode_plan import plan_decode
+from mla_func.kernels.attention import decode_ws as ws
+from mla_func.kernels.attention.decode_plan import plan_decode
 
 _SM90 = r"""
 import re, torch, triton
@@ -15,7 +15,7 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import mangle_type
 from sm90_ptxas import ptxas_usage
-from mla_func.kernels import mla_decode_ws as ws
+from mla_func.kernels.attention import decode_ws as ws
 
 bf, i32 = torch.bfloat16, torch.int32
 heads, rows, splits = 128, 32, 4

@@ -1,4 +1,4 @@
-"""The warp-specialised 64-head MLA decode (kernels/mla_decode_ws.py, Gluon, sm90) against the
+"""The warp-specialised 64-head MLA decode (kernels/attention/decode_ws.py, Gluon, sm90) against the
 torch reference on an sm90 GPU: V3's 128 heads and a partial head block (80), one split and
 several, 32- and 64-key tiles, pages of 64 keys (TMA tiles) and of 1 and 16 (gathered), lengths
 that are not multiples of the tile, shuffled pages, NaN in every cache row past a sequence's
@@ -10,9 +10,9 @@ import pytest
 import torch
 from mla_helpers import make_problem, poisoned_workspace, ref_args, rel_err
 
-from mla_func.kernels import mla_decode_ws as ws
-from mla_func.kernels.mla_absorbed import attend_absorbed
-from mla_func.kernels.mla_decode import DecodeWorkspace, num_sms, plan_decode
+from mla_func.kernels.attention import decode_ws as ws
+from mla_func.kernels.attention.absorbed import attend_absorbed
+from mla_func.kernels.attention.decode import DecodeWorkspace, num_sms, plan_decode
 from mla_func.ops import attention as ref
 
 V3 = {"heads": 128, "nope": 128, "rope": 64, "v": 128, "kv_lora": 512}

@@ -17,8 +17,8 @@ if not torch.cuda.is_available():  # before any @triton.jit kernel is defined (C
 
 from linear_helpers import projection_inputs, replay_matches_eager  # noqa: E402
 
-from mla_func.kernels import norm_linear as nl  # noqa: E402
-from mla_func.kernels import small_linear as sl  # noqa: E402
+from mla_func.kernels.linear import norm_linear as nl  # noqa: E402
+from mla_func.kernels.linear import small_linear as sl  # noqa: E402
 from mla_func.ops.norm import rmsnorm  # noqa: E402
 
 # The half-precision case: bf16 on a GPU; fp16 under the CPU interpreter, whose casts from

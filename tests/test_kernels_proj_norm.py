@@ -15,8 +15,8 @@ if not torch.cuda.is_available():  # before any @triton.jit kernel is defined (C
 
 from linear_helpers import projection_inputs, replay_matches_eager  # noqa: E402
 
-from mla_func.kernels import proj_norm  # noqa: E402
-from mla_func.kernels.proj_norm import fits, proj_add_rmsnorm  # noqa: E402
+from mla_func.kernels.linear import proj_norm  # noqa: E402
+from mla_func.kernels.linear.proj_norm import fits, proj_add_rmsnorm  # noqa: E402
 from mla_func.ops.norm import rmsnorm  # noqa: E402
 
 

@@ -16,8 +16,8 @@ if not torch.cuda.is_available():  # before any @triton.jit kernel is defined (C
 
 from linear_helpers import DEV, projection_inputs, replay_matches_eager  # noqa: E402
 
-from mla_func.kernels import small_linear as sl  # noqa: E402
-from mla_func.kernels.small_linear import fits, small_linear  # noqa: E402
+from mla_func.kernels.linear import small_linear as sl  # noqa: E402
+from mla_func.kernels.linear.small_linear import fits, small_linear  # noqa: E402
 
 
 def _inputs(rows: int, n_in: int, n_out: int, dtype: torch.dtype, seed: int, x_pad: int = 0):

@@ -1,6 +1,6 @@
-"""mla_func.moe and kernels/moe_align.py, moe_inline_align.py, moe_config.py, moe_gemm.py,
+"""mla_func.moe and kernels/moe/align.py, moe_inline_align.py, moe_config.py, moe_gemm.py,
 moe_gate_up.py, moe_down.py, moe_sum.py, fused_moe.py against ops.moe.experts_reference; the
-MoE sub-layer of the fused path (`model.ffn_add_norm`: kernels/router.py feeding the experts)
+MoE sub-layer of the fused path (`model.ffn_add_norm`: kernels/router/route.py feeding the experts)
 against the reference routing, experts, add and norm.
 
 CPU: Triton under TRITON_INTERPRET=1 (conftest sets it without a GPU) at small sizes, float32
@@ -31,17 +31,18 @@ from moe_helpers import (
 
 from mla_func import model, moe
 from mla_func.config import MLAConfig
-from mla_func.kernels import fused_moe, moe_align
-from mla_func.kernels.fused_moe import ADD_NORM_MAX_WIDTH, fused_experts
-from mla_func.kernels.moe_align import align_torch, align_triton, pair_experts
-from mla_func.kernels.moe_config import (
+from mla_func.kernels.linear.norm import add_rmsnorm
+from mla_func.kernels.moe import align as moe_align
+from mla_func.kernels.moe import fused as fused_moe
+from mla_func.kernels.moe.align import align_torch, align_triton, pair_experts
+from mla_func.kernels.moe.config import (
     CONFIGS,
     DIRECT_MAX_TOKENS,
     FUSE_SHARED_MAX_TOKENS,
     MoEConfig,
     pick_config,
 )
-from mla_func.kernels.norm import add_rmsnorm
+from mla_func.kernels.moe.fused import ADD_NORM_MAX_WIDTH, fused_experts
 from mla_func.moe import experts, experts_add_norm
 from mla_func.ops.moe import route
 from mla_func.ops.norm import rmsnorm as rmsnorm_ref

@@ -11,14 +11,14 @@ from sm90_ptxas import run_compile_script
 
 from mla_func import model
 from mla_func.config import MLAConfig
-from mla_func.kernels.fused_moe import fused_experts, side_stream
-from mla_func.kernels.moe_align import align_torch, align_triton
-from mla_func.kernels.moe_config import (
+from mla_func.kernels.linear.norm import add_rmsnorm
+from mla_func.kernels.moe.align import align_torch, align_triton
+from mla_func.kernels.moe.config import (
     MoEConfig,
     pick_config,
 )
-from mla_func.kernels.norm import add_rmsnorm
-from mla_func.kernels.router import route_fused
+from mla_func.kernels.moe.fused import fused_experts, side_stream
+from mla_func.kernels.router.route import route_fused
 from mla_func.moe import experts, experts_add_norm
 from mla_func.ops.norm import rmsnorm as rmsnorm_ref
 
@@ -26,8 +26,8 @@ _AOT = """
 import triton
 from triton.backends.compiler import GPUTarget
 from sm90_ptxas import ptxas_usage
-from mla_func.kernels.moe_down import down_kernel, down_sum_kernel
-from mla_func.kernels.moe_gate_up import gate_up_kernel
+from mla_func.kernels.moe.down import down_kernel, down_sum_kernel
+from mla_func.kernels.moe.gate_up import gate_up_kernel
 ptrs = dict(weights_ptr="*fp32", ids_ptr="*i64", sorted_ptr="*i32", block_expert_ptr="*i32",
             block_rows_ptr="*i32", counter_ptr="*i32", eps="fp32")
 no_tma = dict(TMA=False, w_desc=None)
@@ -79,7 +79,7 @@ for fn, (bm, bn, bk, warps, stages), const in [
     _, spills, report = ptxas_usage(kernel)
     merged_down = fn is down_kernel and const["MERGE_TAIL"]
     assert spills <= (88 if merged_down and old_triton else 0), report
-from mla_func.kernels.moe_sum import sum_kernel
+from mla_func.kernels.moe.pair_sum import sum_kernel
 for add_norm, block in ((False, 1024), (True, 2048)):  # as fused_experts launches it
     const = dict(PAIRS_PER_TOKEN=8, HAS_EXTRA=True, ADD_NORM=add_norm, BLOCK=block)
     sig = {n: "constexpr" if n in const else "fp32" if n == "eps"

@@ -1,4 +1,4 @@
-"""The fused router (kernels/router.py) vs `ops.moe.route` on fresh random inputs.
+"""The fused router (kernels/router/route.py) vs `ops.moe.route` on fresh random inputs.
 
 CPU: the kernel runs interpreted (conftest sets TRITON_INTERPRET), mostly with float32 x (the
 interpreter's bfloat16 rounding is unreliable; loading bf16 x is exact, and the forced-config
@@ -16,9 +16,9 @@ import torch
 from sm90_ptxas import run_compile_script
 
 from mla_func.config import MLAConfig
-from mla_func.kernels import router as fused
-from mla_func.kernels import router_plan as plan
-from mla_func.kernels.router import route_fused
+from mla_func.kernels.router import plan
+from mla_func.kernels.router import route as fused
+from mla_func.kernels.router.route import route_fused
 from mla_func.ops.moe import route
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -284,8 +284,8 @@ _AOT = """
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from sm90_ptxas import ptxas_usage
-from mla_func.kernels.router import _router_kernel, kernel_constants
-from mla_func.kernels.router_plan import launch_config
+from mla_func.kernels.router.route import _router_kernel, kernel_constants
+from mla_func.kernels.router.plan import launch_config
 bf16, fp32 = torch.bfloat16, torch.float32
 # x dtype, router dtype: a bf16 router with a bf16 x is the one-product (W_HALF) form.
 for tokens, e, h, k, method, g, tg, xdt, rdt, pdl in [

@@ -1,4 +1,4 @@
-"""The few-row router (kernels/router_rows.py, one program an expert) vs `ops.moe.route` and
+"""The few-row router (kernels/router/rows.py, one program an expert) vs `ops.moe.route` and
 vs the split router on fresh random inputs, at 1 to MAX_ROWS rows.
 
 CPU: interpreted, float32 x and router, and fp16 both (a half-precision model's form; as
@@ -19,9 +19,9 @@ from test_router import (
 )
 
 from mla_func.config import MLAConfig
-from mla_func.kernels import router as fused
-from mla_func.kernels import router_rows
-from mla_func.kernels.router import route_fused
+from mla_func.kernels.router import route as fused
+from mla_func.kernels.router import rows as router_rows
+from mla_func.kernels.router.route import route_fused
 from mla_func.ops.moe import route
 
 CASES = [  # method, experts, n_group, topk_group, top_k, norm, scale, tokens, hidden
@@ -83,9 +83,9 @@ _AOT = """
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from sm90_ptxas import ptxas_usage
-from mla_func.kernels import router_rows
-from mla_func.kernels.router import kernel_constants
-from mla_func.kernels.router_plan import launch_config
+from mla_func.kernels.router import rows as router_rows
+from mla_func.kernels.router.route import kernel_constants
+from mla_func.kernels.router.plan import launch_config
 for tokens, e, h, k, method, g, tg, rdt in [(1, 64, 2048, 6, "greedy", 1, 1, "fp32"),
                                              (4, 64, 2048, 6, "greedy", 1, 1, "fp32"),
                                              (4, 256, 7168, 8, "noaux_tc", 8, 4, "fp32"),

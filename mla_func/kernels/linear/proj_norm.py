@@ -29,10 +29,10 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mla_func.custom_op import custom_op
-from mla_func.kernels.counters import device_counters, last_to_arrive
-from mla_func.kernels.norm import add_rmsnorm, rms_scaled
-from mla_func.kernels.pdl import supported as pdl_supported
-from mla_func.kernels.small_linear import project_rows
+from mla_func.kernels.launch.counters import device_counters, last_to_arrive
+from mla_func.kernels.launch.pdl import supported as pdl_supported
+from mla_func.kernels.linear.norm import add_rmsnorm, rms_scaled
+from mla_func.kernels.linear.small_linear import project_rows
 
 # Rows and columns a program from the V2-Lite decode step on an H100, 2026-11-24, whole-step
 # graphs, ctx 1024, ms synced / back to back against the GEMM + add_rmsnorm

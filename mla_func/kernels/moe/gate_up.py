@@ -10,9 +10,9 @@ from typing import no_type_check
 import triton
 import triton.language as tl
 
-from mla_func.kernels.moe_gemm import expert_base, k_masks
-from mla_func.kernels.moe_inline_align import inline_tile
-from mla_func.kernels.moe_tile import is_shared_tile, tail_tile, tile
+from mla_func.kernels.moe.gemm import expert_base, k_masks
+from mla_func.kernels.moe.inline_align import inline_tile
+from mla_func.kernels.moe.tile import is_shared_tile, tail_tile, tile
 
 
 @triton.jit

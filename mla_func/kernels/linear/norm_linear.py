@@ -28,8 +28,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mla_func.custom_op import custom_op
-from mla_func.kernels import small_linear as sl
-from mla_func.kernels.pdl import supported as pdl_supported
+from mla_func.kernels.launch.pdl import supported as pdl_supported
+from mla_func.kernels.linear import small_linear as sl
 from mla_func.ops.norm import rmsnorm
 
 

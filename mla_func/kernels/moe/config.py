@@ -1,4 +1,4 @@
-"""Tiles and paths of the fused MoE (`mla_func.kernels.fused_moe`) per static token count.
+"""Tiles and paths of the fused MoE (`mla_func.kernels.moe.fused`) per static token count.
 
 Picked per step's static token count, never autotuned at run time (graph capture). The table
 and the thresholds are measured on V2-Lite (64 experts, top-6, 2 shared, hidden 2048,

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from mla_func.kernels.l2_prefetch import prefetch_span
+from mla_func.kernels.launch.l2_prefetch import prefetch_span
 
 # fp32 elements of one [heads, splits, columns] tile a merge program holds (64 per thread at
 # 4 warps): bounds registers whatever the split count.

@@ -67,22 +67,22 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from mla_func.kernels.counters import device_counters
-from mla_func.kernels.moe_align import align, empty_layout
-from mla_func.kernels.moe_config import (
+from mla_func.kernels.launch.counters import device_counters
+from mla_func.kernels.launch.pdl import supported as pdl_supported
+from mla_func.kernels.linear.norm import add_rmsnorm
+from mla_func.kernels.linear.norm_linear import normalises
+from mla_func.kernels.moe.align import align, empty_layout
+from mla_func.kernels.moe.config import (
     DIRECT_BLOCK_M,
     FUSE_SHARED_MAX_TOKENS,
     MoEConfig,
     pick_config,
 )
-from mla_func.kernels.moe_down import down_kernel, down_sum_kernel
-from mla_func.kernels.moe_gate_up import gate_up_kernel
-from mla_func.kernels.moe_inline_align import MAX_PAIRS as INLINE_MAX_PAIRS
-from mla_func.kernels.moe_sum import sum_kernel
-from mla_func.kernels.norm import add_rmsnorm
-from mla_func.kernels.norm_linear import normalises
-from mla_func.kernels.pdl import supported as pdl_supported
-from mla_func.kernels.swiglu import swiglu
+from mla_func.kernels.moe.down import down_kernel, down_sum_kernel
+from mla_func.kernels.moe.gate_up import gate_up_kernel
+from mla_func.kernels.moe.inline_align import MAX_PAIRS as INLINE_MAX_PAIRS
+from mla_func.kernels.moe.pair_sum import sum_kernel
+from mla_func.kernels.moe.swiglu import swiglu
 
 Rows = Float[Tensor, "tokens hidden"]
 

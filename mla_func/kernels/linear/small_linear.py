@@ -3,8 +3,8 @@
 At one to a few decode rows a linear layer is a matrix-vector product that streams its weight
 once, and what costs is the launch and the first bytes: a cuBLAS GEMM starts only once the
 kernel before it has ended. Here each program owns BLOCK_N output columns, and on sm90 the
-launch is a programmatic dependent of the kernel before it (`kernels/pdl.py`): a program loads
-its BLOCK_N x BLOCK_K weight rows into registers while that kernel still runs, then waits,
+launch is a programmatic dependent of the kernel before it (`kernels/launch/pdl.py`): a
+program loads its BLOCK_N x BLOCK_K weight rows into registers while that kernel still runs, then waits,
 reads the rows of x and multiplies on the CUDA cores in fp32, rounding to the model dtype as
 a GEMM's output is. The kernel before gains from triggering its dependants early. Inputs
 wider than BLOCK_K load the rest of the weight after the wait.
@@ -22,7 +22,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mla_func.custom_op import custom_op
-from mla_func.kernels.pdl import supported as pdl_supported
+from mla_func.kernels.launch.pdl import supported as pdl_supported
 
 # One row only: in the V2-Lite decode step on an H100 (2026-11-24, whole-step graphs, ctx
 # 1024, ms synced / back to back, docs/perf/2026-11-24-h100-run5, exp_proj_step.py) the fused

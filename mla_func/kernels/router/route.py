@@ -24,7 +24,7 @@ time. With one split there is no counter: the program reads its own partials bac
 block and the split come from `router_plan.launch_config`, a cost model over the static shapes.
 
 On sm90+ the router is launched as a programmatic dependent of the kernel before it (PDL,
-`kernels/pdl.py`): its programs wait for that kernel's end, then let their own dependants
+`kernels/launch/pdl.py`): its programs wait for that kernel's end, then let their own dependants
 launch: the expert alignment and the experts' gate_up kernel launch while the router runs and
 the shared experts' tiles start (`fused_moe`; they read x, so the router triggers only after
 its wait); a kernel launched without PDL still waits for the router's end.
@@ -47,11 +47,11 @@ from torch import Tensor
 
 from mla_func.config import MLAConfig
 from mla_func.custom_op import custom_op
-from mla_func.kernels import router_rows
-from mla_func.kernels.counters import device_counters, last_to_arrive
-from mla_func.kernels.pdl import supported as pdl_supported
-from mla_func.kernels.router_plan import COUNTER_SLOTS, LaunchConfig, group_block, launch_config
-from mla_func.kernels.router_select import sum_and_select
+from mla_func.kernels.launch.counters import device_counters, last_to_arrive
+from mla_func.kernels.launch.pdl import supported as pdl_supported
+from mla_func.kernels.router import rows as router_rows
+from mla_func.kernels.router.plan import COUNTER_SLOTS, LaunchConfig, group_block, launch_config
+from mla_func.kernels.router.select import sum_and_select
 from mla_func.ops.moe import route
 
 METHODS = {"greedy": 0, "group_limited_greedy": 1, "noaux_tc": 2}

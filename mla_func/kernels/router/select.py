@@ -2,7 +2,7 @@
 
 `ops.moe.route` after the logits (DeepSeek-V2 greedy / group_limited_greedy, DeepSeek-V3
 noaux_tc; arXiv:2405.04434, arXiv:2412.19437), for a tile of tokens at once, inside the
-router kernels (`kernels/router.py`, `kernels/router_rows.py`), which own the logits and the
+router kernels (`kernels/router/route.py`, `kernels/router/rows.py`), which own the logits and the
 launch; `sum_and_select` reads their per-split partial logits, sums them and selects.
 
 Experts are laid out as (group, slot): position p = g * BLOCK_GS + j holds expert

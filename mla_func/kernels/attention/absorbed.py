@@ -15,8 +15,9 @@ import triton
 from jaxtyping import Float
 from torch import Tensor
 
-from mla_func.kernels.absorb import NewRows, absorb_prologue
-from mla_func.kernels.decode_plan import (
+from mla_func.kernels.attention.absorb import NewRows, absorb_prologue
+from mla_func.kernels.attention.decode import mla_decode
+from mla_func.kernels.attention.decode_plan import (
     DecodePlan,
     DecodeWorkspace,
     PageTable,
@@ -27,9 +28,8 @@ from mla_func.kernels.decode_plan import (
     pdl,
     plan_decode,
 )
-from mla_func.kernels.mla_decode import mla_decode
-from mla_func.kernels.mla_decode_ws import device_ok as ws_device
-from mla_func.kernels.mla_merge_uv import merge_uv, shares_numel
+from mla_func.kernels.attention.decode_ws import device_ok as ws_device
+from mla_func.kernels.attention.merge_uv import merge_uv, shares_numel
 from mla_func.ops.attention import CacheLayer
 
 

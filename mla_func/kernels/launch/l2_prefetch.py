@@ -2,7 +2,7 @@
 prefetches, `cp.async.bulk.prefetch.L2.global`, PTX ISA 8.0).
 
 Used by the absorbed MLA decode's kernels while they wait for the launch before them (PDL,
-`kernels/pdl.py`): the split kernel while the absorb + prologue kernel that writes the query
+`kernels/launch/pdl.py`): the split kernel while the absorb + prologue kernel that writes the query
 and the new cache rows leaves the memory system idle for a few microseconds (the rows the
 split reads first are the only thing that does not depend on it: `prefetch_rows`), and the
 merge while the split kernel runs, below copy bandwidth, warming the W_UV weights of the

@@ -49,8 +49,7 @@ from jaxtyping import Int
 from torch import Tensor
 from triton.runtime.errors import OutOfResources
 
-from mla_func.kernels.counters import last_to_arrive
-from mla_func.kernels.decode_plan import (
+from mla_func.kernels.attention.decode_plan import (
     MAX_SPLITS,
     MERGES,
     DecodePlan,
@@ -70,12 +69,13 @@ from mla_func.kernels.decode_plan import (
     shrink,
     smaller_plan,
 )
-from mla_func.kernels.l2_prefetch import prefetch_rows
-from mla_func.kernels.mla_decode_ws import decode_ws
-from mla_func.kernels.mla_decode_ws import supported as ws_supported
-from mla_func.kernels.mla_merge import launch_merge, merge_shape, merge_tile, split_chunk
-from mla_func.kernels.p_scratch import through_memory
-from mla_func.kernels.pdl import supported as pdl_supported
+from mla_func.kernels.attention.decode_ws import decode_ws
+from mla_func.kernels.attention.decode_ws import supported as ws_supported
+from mla_func.kernels.attention.merge import launch_merge, merge_shape, merge_tile, split_chunk
+from mla_func.kernels.attention.p_scratch import through_memory
+from mla_func.kernels.launch.counters import last_to_arrive
+from mla_func.kernels.launch.l2_prefetch import prefetch_rows
+from mla_func.kernels.launch.pdl import supported as pdl_supported
 from mla_func.ops.attention import CacheLayer
 
 __all__ = ["MAX_SPLITS", "MERGES", "DecodePlan", "DecodeWorkspace", "effective_plan",

@@ -24,9 +24,9 @@ import triton.language as tl
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mla_func.kernels.cache_write import write_row_args
-from mla_func.kernels.pdl import supported as pdl_supported
-from mla_func.kernels.rope import prologue_blocks, prologue_row
+from mla_func.kernels.attention.cache_write import write_row_args
+from mla_func.kernels.attention.rope import prologue_blocks, prologue_row
+from mla_func.kernels.launch.pdl import supported as pdl_supported
 
 BLOCK_T = 16  # tl.dot's smallest M
 ROWS = 64  # tokens per absorb program: one W_UK tile load serves up to ROWS / BLOCK_T dots

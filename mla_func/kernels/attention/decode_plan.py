@@ -15,7 +15,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mla_func.kernels.pdl import supported as pdl_supported
+from mla_func.kernels.launch.pdl import supported as pdl_supported
 
 # The decode kernels' operands (`mla_decode`, `mla_decode_ws`), spelled once (the cache's is
 # `ops.attention.CacheLayer`).

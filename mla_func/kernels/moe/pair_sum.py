@@ -17,8 +17,8 @@ from typing import no_type_check
 import triton
 import triton.language as tl
 
-from mla_func.kernels.counters import last_to_arrive
-from mla_func.kernels.norm import rms_scaled
+from mla_func.kernels.launch.counters import last_to_arrive
+from mla_func.kernels.linear.norm import rms_scaled
 
 
 @triton.jit

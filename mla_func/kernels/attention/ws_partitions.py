@@ -50,7 +50,7 @@ O_ROWS = gl.constexpr(gl.SliceLayout(1, O_LAYOUT.value))
 @no_type_check  # keeps the jaxtyping import hook off Gluon kernels
 def gdc_wait():
     """sm90 programmatic dependent launch: wait until the kernel before has ended and its
-    writes are visible (`tl.extra.cuda.gdc_wait`'s instruction; `kernels/pdl.py`)."""
+    writes are visible (`tl.extra.cuda.gdc_wait`'s instruction; `kernels/launch/pdl.py`)."""
     gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32,
                               is_pure=False, pack=1)
 

@@ -22,12 +22,12 @@ from mla_func.attention import (
     register_backend,
     triton_unavailable,
 )
-from mla_func.kernels.absorb import NewRows
-from mla_func.kernels.cache_write import write_cache
-from mla_func.kernels.mla_absorbed import attend_absorbed
-from mla_func.kernels.mla_decode import DecodeWorkspace
-from mla_func.kernels.mla_prefill import mha_prefill
-from mla_func.kernels.rope import mla_prologue
+from mla_func.kernels.attention.absorb import NewRows
+from mla_func.kernels.attention.absorbed import attend_absorbed
+from mla_func.kernels.attention.cache_write import write_cache
+from mla_func.kernels.attention.decode import DecodeWorkspace
+from mla_func.kernels.attention.prefill import mha_prefill
+from mla_func.kernels.attention.rope import mla_prologue
 from mla_func.state import LatentCache
 
 

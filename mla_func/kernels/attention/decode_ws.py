@@ -48,7 +48,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from mla_func.kernels.decode_plan import (
+from mla_func.kernels.attention.decode_plan import (
     LatentRows,
     PageTable,
     PartialLse,
@@ -56,7 +56,7 @@ from mla_func.kernels.decode_plan import (
     RopeRows,
     RowIndex,
 )
-from mla_func.kernels.mla_ws_partitions import (
+from mla_func.kernels.attention.ws_partitions import (
     BLOCK_H,
     CHUNKS,
     COLS,

@@ -20,8 +20,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from mla_func.kernels.counters import last_to_arrive
-from mla_func.kernels.router_select import sum_and_select
+from mla_func.kernels.launch.counters import last_to_arrive
+from mla_func.kernels.router.select import sum_and_select
 
 MAX_ROWS = 4
 BLOCK_HID = 2048  # hidden a step (V2-Lite: all of it, loaded before the wait; V3: 4 steps)

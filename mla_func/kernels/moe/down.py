@@ -13,9 +13,9 @@ from typing import no_type_check
 import triton
 import triton.language as tl
 
-from mla_func.kernels.moe_gemm import expert_base, k_masks
-from mla_func.kernels.moe_sum import last_sum
-from mla_func.kernels.moe_tile import direct_tile, tail_tile, tile
+from mla_func.kernels.moe.gemm import expert_base, k_masks
+from mla_func.kernels.moe.pair_sum import last_sum
+from mla_func.kernels.moe.tile import direct_tile, tail_tile, tile
 
 
 @triton.jit

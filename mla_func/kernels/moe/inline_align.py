@@ -23,7 +23,7 @@ from typing import no_type_check
 import triton
 import triton.language as tl
 
-from mla_func.kernels.moe_tile import shared_tile
+from mla_func.kernels.moe.tile import shared_tile
 
 # Routed pairs (tokens x topk) a program holds at once: past this the selection's registers
 # grow out of reason (the table stops at 128 tokens: 768 pairs at V2-Lite's top-6).

@@ -18,7 +18,7 @@ import triton.language as tl
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mla_func.kernels.norm import rms_scaled
+from mla_func.kernels.linear.norm import rms_scaled
 
 
 @triton.jit

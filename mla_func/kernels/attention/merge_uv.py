@@ -33,9 +33,9 @@ import triton.language as tl
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mla_func.kernels import mla_merge
-from mla_func.kernels.counters import last_to_arrive
-from mla_func.kernels.mla_merge import ACTIVE_MIN_SPLITS, merged, reached_splits
+from mla_func.kernels.attention import merge as mla_merge
+from mla_func.kernels.attention.merge import ACTIVE_MIN_SPLITS, merged, reached_splits
+from mla_func.kernels.launch.counters import last_to_arrive
 
 # kv_lora columns a program merges (8 programs a row and head at V2/V3's 512; W_UV: 128 x 64 in
 # bf16, 16 KiB); it loads `mla_merge.MERGE_TILE` fp32 partials at a time, as the tile merge.
