@@ -5,12 +5,14 @@ it takes q_nope, q_pe and kv as the input projection leaves them, runs their pro
 (`ops.attention.prologue`: rope on q_pe and k_pe, the norm of c_kv), writes the step's new
 [c_kv, k_pe] rows into the cache and returns per-head outputs in the value space. The prologue
 lives inside the op so that a backend can fuse it with its first launch (the Triton decode
-path does). `mla_attention_out` is the same call writing into a given tensor: the capture
-compiler's out variant of the op.
-Which backend runs it, and in which form (absorbed or MHA), is decided inside from host-side
-metadata only (`Batch.host`, a CPU tensor), never from device memory.
+path does). Its operands travel as two pytrees (`ops.attention_args`: the layer's weights, the
+step's metadata), flattened once at the op boundary. `mla_attention_out` is the same call
+writing into a given tensor: the capture compiler's out variant of the op.
+Which backend runs it, and in which form (absorbed or MHA, `kernels.plan.attention_form`), is
+decided inside from host-side metadata only (`Batch.host`, a CPU tensor), never from device
+memory.
 
-Each backend declares how much of it a CUDA graph may hold (DESIGN.md, vLLM's levels):
+Each backend declares how much of it a CUDA graph may hold (vLLM's levels):
 `never` < `uniform_single_token_decode` < `uniform_batch` < `always`.
 """
 
@@ -20,11 +22,13 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
 from mla_func.custom_op import custom_op
+from mla_func.kernels.plan import attention_form
 from mla_func.ops import attention as ref
+from mla_func.ops.attention_args import AttnMeta, AttnWeights, flat, from_flat
 from mla_func.state import LatentCache
 
 
@@ -35,8 +39,8 @@ class GraphSupport(IntEnum):
     ALWAYS = 3
 
 
-# A backend's `run` takes the op's arguments, in order, but the backend name, and an optional
-# `out` tensor to write the result into (returning it).
+# run(q_nope, q_pe, kv, cache, layer, weights, meta, out=None): the op's result, written into
+# `out` when given (and `out` returned).
 AttnFn = Callable[..., Tensor]
 
 
@@ -50,7 +54,30 @@ class AttentionBackend:
     unavailable: Callable[[torch.device], str | None] | None = None
 
 
-BACKENDS: dict[str, AttentionBackend] = {}
+def torch_attention(
+    q_nope: Float[Tensor, "tokens heads qk_nope"],
+    q_pe: Float[Tensor, "tokens heads qk_rope"],
+    kv: Float[Tensor, "tokens latent"],
+    cache: LatentCache,
+    layer: int,
+    w: AttnWeights,
+    m: AttnMeta,
+    out: Float[Tensor, "tokens heads v_head"] | None = None,
+) -> Float[Tensor, "tokens heads v_head"]:
+    """The reference backend: prologue and cache write, then the absorbed form for decodes and
+    short extends, the MHA form when the step holds a long prompt (host metadata decides)."""
+    q_pe, kv_new = ref.prologue(q_pe, kv, w.kv_norm, m.positions, w.inv_freq, w.rope_scale,
+                                w.eps)
+    layer_cache = cache[layer]
+    ref.write_cache(layer_cache, kv_new, m.slot_mapping)
+    # Gather only the page-table columns the longest sequence reaches (host metadata).
+    pages_used = -(-int(m.host[3]) // cache.shape[2])
+    page_table = m.page_table[:, :pages_used]
+    mha = attention_form(int(m.host[4])) == "mha"
+    form = ref.attend_mha if mha else ref.attend_absorbed
+    o = form(q_nope, q_pe, layer_cache, w.w_uk, w.w_uv, m.token_seq, m.positions, page_table,
+             w.scale)
+    return o if out is None else out.copy_(o)
 
 
 def triton_unavailable(device: torch.device) -> str | None:
@@ -63,109 +90,70 @@ def triton_unavailable(device: torch.device) -> str | None:
             "backend on the CPU")
 
 
-# Registered when first asked for (importing them loads Triton), with the check that runs
-# before that import: on a CPU without the interpreter, importing the kernels fails inside
-# Triton (its Gluon module asserts), not with the error that names the fix.
-LAZY_BACKENDS: dict[str, Callable[[torch.device], str | None]] = {"triton": triton_unavailable}
+def triton_attention(q_nope: Tensor, q_pe: Tensor, kv: Tensor, cache: Tensor, layer: int,
+                     w: AttnWeights, m: AttnMeta, out: Tensor | None = None) -> Tensor:
+    """The Triton backend of the state that owns `cache` (its runtime holds the backend's
+    workspace). Imported here, on first use: the kernels import Triton, which on a CPU
+    without the interpreter fails inside Triton, not with `triton_unavailable`'s message."""
+    from mla_func.kernels.attention.backend import TritonMLA
+    from mla_func.kernels.launch.runtime import Runtime
+
+    backend = Runtime.of(cache).resource("attention.triton", TritonMLA)
+    return backend.run(q_nope, q_pe, kv, cache, layer, w, m, out=out)
 
 
-def register_backend(backend: AttentionBackend) -> None:
-    BACKENDS[backend.name] = backend
-
-
-def _check(name: str, unavailable: Callable[[torch.device], str | None] | None,
-           device: torch.device | str | None) -> None:
-    if device is not None and unavailable is not None:
-        why = unavailable(torch.device(device))
-        if why is not None:
-            raise ValueError(f"attention backend {name!r} cannot run on {device}: {why}")
+BACKENDS: dict[str, AttentionBackend] = {
+    "torch": AttentionBackend(
+        "torch", GraphSupport.UNIFORM_SINGLE_TOKEN_DECODE, torch_attention,
+        "pure torch; picks its form from host metadata, so only single-token decode is "
+        "uniform"),
+    "triton": AttentionBackend(
+        "triton", GraphSupport.UNIFORM_SINGLE_TOKEN_DECODE, triton_attention,
+        "Triton split-KV absorbed decode (launch shape from bucket + capacity, a workspace "
+        "owned by the state's runtime); prefill picks absorbed or MHA from host metadata, so "
+        "only single-token decode is uniform", triton_unavailable),
+}
 
 
 def get_backend(name: str, device: torch.device | str | None = None) -> AttentionBackend:
     """The backend called `name`; given `device`, a ValueError if it cannot run there."""
     if name not in BACKENDS:
-        if name in LAZY_BACKENDS:
-            _check(name, LAZY_BACKENDS[name], device)
-            import mla_func.kernels.attention.backend  # noqa: F401  (registers "triton")
-        if name not in BACKENDS:
-            known = sorted(set(BACKENDS) | set(LAZY_BACKENDS))
-            raise ValueError(f"unknown attention backend {name!r}; known: {known}")
+        raise ValueError(f"unknown attention backend {name!r}; known: {sorted(BACKENDS)}")
     backend = BACKENDS[name]
-    _check(name, backend.unavailable, device)
+    if device is not None and backend.unavailable is not None:
+        why = backend.unavailable(torch.device(device))
+        if why is not None:
+            raise ValueError(f"attention backend {name!r} cannot run on {device}: {why}")
     return backend
-
-
-# Prompts at least this long (new tokens of one sequence) use the MHA form in the torch backend.
-MHA_MIN_QUERY = 64
-
-
-def torch_attention(
-    q_nope: Float[Tensor, "tokens heads qk_nope"],
-    q_pe: Float[Tensor, "tokens heads qk_rope"],
-    kv: Float[Tensor, "tokens latent"],
-    cache: LatentCache,
-    layer: int,
-    kv_norm: Float[Tensor, " kv_lora"],
-    inv_freq: Float[Tensor, " qk_rope"],
-    w_uk: Float[Tensor, "heads qk_nope kv_lora"],
-    w_uv: Float[Tensor, "heads v_head kv_lora"],
-    slot_mapping: Int[Tensor, " tokens"],
-    token_seq: Int[Tensor, " tokens"],
-    positions: Int[Tensor, " tokens"],
-    page_table: Int[Tensor, "seqs max_pages"],
-    seq_lens: Int[Tensor, " seqs"],
-    host: Int[Tensor, " 5"],
-    scale: float,
-    rope_scale: float,
-    eps: float,
-    out: Float[Tensor, "tokens heads v_head"] | None = None,
-) -> Float[Tensor, "tokens heads v_head"]:
-    """The reference backend: prologue and cache write, then the absorbed form for decodes and
-    short extends, the MHA form when the step holds a long prompt (host metadata decides).
-    Given `out`, the result is copied into it (and `out` returned)."""
-    q_pe, kv_new = ref.prologue(q_pe, kv, kv_norm, positions, inv_freq, rope_scale, eps)
-    layer_cache = cache[layer]
-    ref.write_cache(layer_cache, kv_new, slot_mapping)
-    # Gather only the page-table columns the longest sequence reaches (host metadata).
-    pages_used = -(-int(host[3]) // cache.shape[2])
-    page_table = page_table[:, :pages_used]
-    max_query_len = int(host[4])
-    form = ref.attend_mha if max_query_len >= MHA_MIN_QUERY else ref.attend_absorbed
-    o = form(q_nope, q_pe, layer_cache, w_uk, w_uv, token_seq, positions, page_table, scale)
-    return o if out is None else out.copy_(o)
-
-
-register_backend(AttentionBackend(
-    "torch", GraphSupport.UNIFORM_SINGLE_TOKEN_DECODE, torch_attention,
-    "pure torch; picks its form from host metadata, so only single-token decode is uniform"))
 
 
 @custom_op("mla_func::mla_attention", mutates_args=("cache",))
 def mla_attention(
     q_nope: Tensor, q_pe: Tensor, kv: Tensor, cache: Tensor, layer: int, kv_norm: Tensor,
-    inv_freq: Tensor, w_uk: Tensor, w_uv: Tensor, slot_mapping: Tensor, token_seq: Tensor,
-    positions: Tensor, page_table: Tensor, seq_lens: Tensor, host: Tensor, scale: float,
-    rope_scale: float, eps: float, backend: str,
+    inv_freq: Tensor, w_uk: Tensor, w_uv: Tensor, scale: float, rope_scale: float, eps: float,
+    slot_mapping: Tensor, token_seq: Tensor, positions: Tensor, page_table: Tensor,
+    seq_lens: Tensor, host: Tensor, backend: str,
 ) -> Tensor:
-    return get_backend(backend).run(
-        q_nope, q_pe, kv, cache, layer, kv_norm, inv_freq, w_uk, w_uv, slot_mapping, token_seq,
-        positions, page_table, seq_lens, host, scale, rope_scale, eps)
+    w, m = from_flat((kv_norm, inv_freq, w_uk, w_uv, scale, rope_scale, eps, slot_mapping,
+                      token_seq, positions, page_table, seq_lens, host))
+    return get_backend(backend).run(q_nope, q_pe, kv, cache, layer, w, m)
 
 
-def mla_attention_out(
-    q_nope: Tensor, q_pe: Tensor, kv: Tensor, cache: Tensor, layer: int, kv_norm: Tensor,
-    inv_freq: Tensor, w_uk: Tensor, w_uv: Tensor, slot_mapping: Tensor, token_seq: Tensor,
-    positions: Tensor, page_table: Tensor, seq_lens: Tensor, host: Tensor, scale: float,
-    rope_scale: float, eps: float, backend: str, *, out: Tensor,
-) -> None:
-    """`mla_attention` writing its result into `out` (the capture compiler's out variant: a
-    piecewise step runs the op straight into the next segment's static input buffer)."""
-    if out.shape != (q_nope.shape[0], q_nope.shape[1], w_uv.shape[1]):
-        raise ValueError(f"attention out is {tuple(out.shape)}; expected "
-                         f"{(q_nope.shape[0], q_nope.shape[1], w_uv.shape[1])}")
-    get_backend(backend).run(
-        q_nope, q_pe, kv, cache, layer, kv_norm, inv_freq, w_uk, w_uv, slot_mapping, token_seq,
-        positions, page_table, seq_lens, host, scale, rope_scale, eps, out=out)
+@mla_attention.register_fake
+def _(q_nope, q_pe, kv, cache, layer, kv_norm, inv_freq, w_uk, w_uv, *rest):
+    return q_nope.new_empty(q_nope.shape[0], q_nope.shape[1], w_uv.shape[1])
+
+
+def mla_attention_out(q_nope: Tensor, q_pe: Tensor, kv: Tensor, cache: Tensor, layer: int,
+                      *args, out: Tensor) -> None:
+    """`mla_attention` (the same flat arguments) writing its result into `out` (the capture
+    compiler's out variant: a piecewise step runs the op straight into the next segment's
+    static input buffer)."""
+    w, m = from_flat(args[:-1])
+    want = (q_nope.shape[0], q_nope.shape[1], w.w_uv.shape[1])
+    if out.shape != want:
+        raise ValueError(f"attention out is {tuple(out.shape)}; expected {want}")
+    get_backend(args[-1]).run(q_nope, q_pe, kv, cache, layer, w, m, out=out)
 
 
 def attend(
@@ -174,31 +162,11 @@ def attend(
     kv: Float[Tensor, "tokens latent"],
     cache: LatentCache,
     layer: int,
-    kv_norm: Float[Tensor, " kv_lora"],
-    inv_freq: Float[Tensor, " qk_rope"],
-    w_uk: Float[Tensor, "heads qk_nope kv_lora"],
-    w_uv: Float[Tensor, "heads v_head kv_lora"],
-    slot_mapping: Int[Tensor, " tokens"],
-    token_seq: Int[Tensor, " tokens"],
-    positions: Int[Tensor, " tokens"],
-    page_table: Int[Tensor, "seqs max_pages"],
-    seq_lens: Int[Tensor, " seqs"],
-    host: Int[Tensor, " 5"],
-    scale: float,
-    rope_scale: float,
-    eps: float,
+    weights: AttnWeights,
+    meta: AttnMeta,
     backend: str,
 ) -> Float[Tensor, "tokens heads v_head"]:
     """The typed entry to the op: shape checks see every argument (the op's fake
     implementation, which `meta` tensors run, checks nothing). q_pe and kv are the input
-    projection's output, before the rope and the norm, which the op applies (`kv_norm`,
-    `inv_freq`, `rope_scale`, `eps`)."""
-    return mla_attention(
-        q_nope, q_pe, kv, cache, layer, kv_norm, inv_freq, w_uk, w_uv, slot_mapping, token_seq,
-        positions, page_table, seq_lens, host, scale, rope_scale, eps, backend)
-
-
-@mla_attention.register_fake
-def _(q_nope, q_pe, kv, cache, layer, kv_norm, inv_freq, w_uk, w_uv, slot_mapping, token_seq,
-      positions, page_table, seq_lens, host, scale, rope_scale, eps, backend):
-    return q_nope.new_empty(q_nope.shape[0], q_nope.shape[1], w_uv.shape[1])
+    projection's output, before the rope and the norm, which the op applies."""
+    return mla_attention(q_nope, q_pe, kv, cache, layer, *flat(weights), *flat(meta), backend)

@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from mla_func.kernels.plan import KernelOptions, default_options
 from mla_func.staging import HostStaging
 from mla_func.state import SCRATCH_PAGE
 
@@ -45,7 +46,18 @@ class Batch:
     host: Int[Tensor, " 5"] = field(metadata={"host": True})
     # The cache page size the slots and page table were laid out for (forward checks it).
     page_size: int
-    backend: str = "torch"
+    # Which implementation runs each op (`kernels.plan`); None: the device's defaults with
+    # the torch attention backend.
+    kernels: KernelOptions | None = None
+
+    def __post_init__(self) -> None:
+        if self.kernels is None:
+            object.__setattr__(self, "kernels", default_options(self.token_ids.device))
+
+    @property
+    def backend(self) -> str:
+        """The attention backend's name."""
+        return self.kernels.attention
 
     def count(self, name: str) -> int:
         # tolist: a fifth of indexing's host time, read on every compiled step's dispatch.
@@ -89,9 +101,17 @@ def make_batch(
     backend: str = "torch",
     vocab_size: int | None = None,
     staging: HostStaging | None = None,
+    kernels: KernelOptions | None = None,
 ) -> Batch:
     """Flatten per-sequence work (decodes first) into a Batch; checks token ids on the host.
-    `staging` (CUDA): the engine's pinned buffers for the copy (else one pinned per call)."""
+    `staging` (CUDA): the engine's pinned buffers for the copy (else one pinned per call).
+    `kernels`: which implementation runs each op (default: the device's, with the attention
+    `backend`)."""
+    if kernels is None:
+        kernels = default_options(device, backend)
+    elif kernels.attention != backend and backend != "torch":
+        raise BatchError(f"backend={backend!r} disagrees with kernels.attention="
+                         f"{kernels.attention!r}: pass one of them")
     if not work:
         raise BatchError("a batch needs at least one sequence")
     tokens: list[int] = []
@@ -173,5 +193,5 @@ def make_batch(
         token_ids=parts[0], positions=parts[1], slot_mapping=parts[2], token_seq=parts[3],
         page_table=table, seq_lens=parts[4],
         query_start=parts[5], query_lens=parts[6], logits_index=parts[7], host=host,
-        page_size=page_size, backend=backend,
+        page_size=page_size, kernels=kernels,
     )

@@ -8,7 +8,9 @@ argument; piecewise replay runs it into the next segment's input through its out
 `always`): piecewise steps pad `seqs` along with `tokens` (up to `max_seqs`), so inside a graph
 the projection would run on up to 512 rows whatever the real sequence count (at V2-Lite's
 102400-word vocabulary, 215 GFLOP at 512 rows); as a splitting op it runs on the real
-sequences, and its result is the step's output, with no static buffer. It also builds the
+sequences, and its result is the step's output, with no static buffer. It records, per
+bucket, the kernels that bucket runs (`kernels.plan.plan_step`) in the plan's metadata
+(`plan.json`'s "kernels"). It also builds the
 capture-time batches of full decode graphs: per `seqs` bucket, one new token per sequence,
 every page-table entry on the scratch page, slot -1 (no cache write), seq_len the worst case
 the page table allows (never zero-length dummies), host metadata with those sizes. The
@@ -24,6 +26,8 @@ from mla_func.capture import ALWAYS, CapturePlan, CudaRequiredError, plan_captur
 from mla_func.capture.compile import compile_plan
 from mla_func.capture.dispatch import MODES, CompiledStep
 from mla_func.dims import VOCABULARY
+from mla_func.kernels.plan import KernelOptions, default_options, device_spec
+from mla_func.kernels.plan import plan_step as plan_kernels
 from mla_func.model import forward
 from mla_func.params import Params
 from mla_func.state import SCRATCH_PAGE, KVState
@@ -39,7 +43,7 @@ def attention_support(args: tuple) -> int:
 
 
 def decode_batch(size: int, max_pages: int, page_size: int, device: "str | torch.device",
-                 backend: str, max_seq_len: int | None = None) -> Batch:
+                 kernels: KernelOptions, max_seq_len: int | None = None) -> Batch:
     """`size` single-token decodes that read and write only the scratch page, at the worst-case
     length (`max_pages * page_size` unless given)."""
     seq_len = max_seq_len or max_pages * page_size
@@ -53,7 +57,7 @@ def decode_batch(size: int, max_pages: int, page_size: int, device: "str | torch
         token_ids=full(0), positions=full(seq_len - 1), slot_mapping=full(-1), token_seq=rows,
         page_table=full(SCRATCH_PAGE, size, max_pages), seq_lens=full(seq_len),
         query_start=rows, query_lens=full(1), logits_index=rows, host=host,
-        page_size=page_size, backend=backend)
+        page_size=page_size, kernels=kernels)
 
 
 def seqs_within_tokens(max_tokens: int | None, max_seqs: int | None) -> int | None:
@@ -75,30 +79,63 @@ def seqs_within_tokens(max_tokens: int | None, max_seqs: int | None) -> int | No
     return max_seqs
 
 
+def options_for(params: Params, kernels: KernelOptions | None, backend: str) -> KernelOptions:
+    """`kernels`, or the device's defaults with the attention `backend`."""
+    if kernels is None:
+        return default_options(params.device, backend)
+    if kernels.attention != backend and backend != "torch":
+        raise ValueError(f"backend={backend!r} disagrees with kernels.attention="
+                         f"{kernels.attention!r}: pass one of them")
+    return kernels
+
+
+def bucket_kernels(plan: CapturePlan, params: Params, kernels: KernelOptions, max_pages: int,
+                   page_size: int) -> dict[str, dict[str, dict]]:
+    """mode -> bucket size -> the kernels that bucket runs (`StepPlan.summary`): a piecewise
+    bucket of `tokens` (its attention chosen per step, between the graphs), a full bucket of
+    `seqs` single-token decodes."""
+    device = device_spec(params.device)
+    seqs_max = plan.buckets.get("full", (1,))[-1] if plan.buckets.get("full") else 1
+    out: dict[str, dict[str, dict]] = {}
+    for mode, sizes in plan.buckets.items():
+        full = mode == "full"
+        out[mode] = {str(n): plan_kernels(
+            params.cfg, device, n, n if full else min(n, seqs_max), options=kernels,
+            max_pages=max_pages, page_size=page_size, dtype=params.dtype,
+            max_query_len=1 if full else None).summary() for n in sizes}
+    return out
+
+
 def plan_step(params: Params, state: KVState, *, max_tokens: int | None = None,
               max_seqs: int | None = None, max_pages: int | None = None,
-              backend: str = "torch") -> CapturePlan:
-    """The capture plan of `forward` (works on the meta device: no memory, no GPU)."""
+              backend: str = "torch", kernels: KernelOptions | None = None) -> CapturePlan:
+    """The capture plan of `forward` (works on the meta device: no memory, no GPU), with the
+    kernels of each bucket in its metadata."""
+    kernels = options_for(params, kernels, backend)
     max_pages = max_pages or state.num_pages - 1
-    example = decode_batch(2, max_pages, state.page_size, params.device, backend)
+    example = decode_batch(2, max_pages, state.page_size, params.device, kernels)
     max_seqs = seqs_within_tokens(max_tokens, max_seqs)
     sizes = {k: v for k, v in (("tokens", max_tokens), ("seqs", max_seqs)) if v is not None}
     cfg = params.cfg
-    return plan_capture(
+    plan = plan_capture(
         forward, params, state, example, dims=VOCABULARY, max_sizes=sizes,
         splitting_ops={ATTENTION_OP: attention_support, LOGITS_OP: lambda args: ALWAYS},
         out_variants={ATTENTION_OP: mla_attention_out}, piecewise_dim="tokens",
         full_dim="seqs", meta={"config_digest": cfg.digest(), "model_type": cfg.model_type,
-                               "layers": cfg.num_hidden_layers, "backend": backend})
+                               "layers": cfg.num_hidden_layers,
+                               "backend": kernels.attention})
+    plan.meta["kernels"] = bucket_kernels(plan, params, kernels, max_pages, state.page_size)
+    return plan
 
 
 def compile_step(params: Params, state: KVState, *, mode: str, max_tokens: int | None = None,
                  max_seqs: int | None = None, max_pages: int | None = None,
                  backend: str = "torch", progress: bool = True, warmups: int = 1,
-                 emulate: bool = False) -> CompiledStep:
+                 emulate: bool = False, kernels: KernelOptions | None = None) -> CompiledStep:
     """A step `(state, batch) -> (logits, state)` running `forward` in `mode` ("eager",
     "piecewise", "full", "full_and_piecewise"). Batches must use `max_pages` columns of page
-    table (default: every page of the cache but the scratch one) and `backend`. Piecewise
+    table (default: every page of the cache but the scratch one) and `kernels` (default: the
+    device's, with the attention `backend`). Piecewise
     graphs cover 1..`max_tokens` tokens (default `dims.TOKENS_MAX_CAPTURED`, 2560: past it a
     graph saves nothing and its padding costs); larger steps run eagerly. `emulate`
     runs the capture/dispatch machinery without CUDA graphs (CPU tests of padding/dispatch)."""
@@ -109,15 +146,16 @@ def compile_step(params: Params, state: KVState, *, mode: str, max_tokens: int |
     if not emulate and not torch.cuda.is_available():
         raise CudaRequiredError(f"mode {mode!r} captures CUDA graphs and needs a CUDA device; "
                                 "none is available (use mode='eager')")
-    get_backend(backend, params.device)  # before planning: a backend that cannot run here
+    kernels = options_for(params, kernels, backend)
+    get_backend(kernels.attention, params.device)  # before planning: one that cannot run here
     max_pages = max_pages or state.num_pages - 1
     plan = plan_step(params, state, max_tokens=max_tokens, max_seqs=max_seqs,
-                     max_pages=max_pages, backend=backend)
-    example = decode_batch(2, max_pages, state.page_size, params.device, backend)
+                     max_pages=max_pages, kernels=kernels)
+    example = decode_batch(2, max_pages, state.page_size, params.device, kernels)
     worst = min(max_pages, state.num_pages - 1) * state.page_size
 
     def full_example(size: int) -> tuple:
-        return state, decode_batch(size, max_pages, state.page_size, params.device, backend,
+        return state, decode_batch(size, max_pages, state.page_size, params.device, kernels,
                                    worst)
 
     def full_when(params: Params, state: KVState, batch: Batch) -> bool:

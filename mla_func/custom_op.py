@@ -3,18 +3,18 @@
 `torch.library.custom_op` keeps a kernel launch one node in a traced graph (the capture
 compiler's `make_fx`, dynamo), with its fake implementation for shapes. An eager call through it
 walks the dispatcher in Python (the autograd key, a redispatch, the aliasing check, dynamo's
-disable wrapper) before the function runs: on the H100 host of
-docs/perf/2026-11-24-h100-run112, 72-93 us a call of one small rmsnorm against 55-58 us for
-its function alone, and an eager V2-Lite step makes ~136 such calls.
+disable wrapper) before the function runs: on an H100 host 72-93 us a call of one small rmsnorm
+against 55-58 us for its function alone, and an eager V2-Lite step makes ~136 such calls
+(docs/DECISIONS.md, `KernelOptions.eager_direct`).
 
-`custom_op` registers the op as torch does and returns an `EagerOp`: called with real tensors
-while nothing traces, it runs the function itself (the same kernels, the same results); while a
-tracer runs (a torch dispatch or function mode is active, dynamo is compiling, or a tensor
-argument is fake or on `meta`) it calls the registered op. The dispatcher's side effects are
-skipped on the direct path: no autograd (these ops have no backward; the model runs without
-gradients) and no version-counter bump of the tensors a mutating op writes. The wrapper's frame
-is marked `__tracebackhide__`, so that plans and capture errors name the line that called the
-op (`capture.errors.is_hidden`).
+`custom_op` registers the op as torch does and returns an `EagerOp`: called with real tensors while
+nothing traces, it runs the function itself (`EagerOp.dispatch` goes through the dispatcher instead:
+`KernelOptions.eager_direct` False) (the same kernels, the same results); while a tracer runs (a
+torch dispatch or function mode is active, dynamo is compiling, or a tensor argument is fake or on
+`meta`) it calls the registered op. The dispatcher's side effects are skipped on the direct path: no
+autograd (these ops have no backward; the model runs without gradients) and no version-counter bump
+of the tensors a mutating op writes. The wrapper's frame is marked `__tracebackhide__`, so that
+plans and capture errors name the line that called the op (`capture.errors.is_hidden`).
 """
 
 from collections.abc import Callable, Iterable
@@ -22,9 +22,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-
-# Set False to send every eager call through the dispatcher (tests and benchmarks compare).
-DIRECT = True
 
 
 def _tracing(args: Iterable[Any]) -> bool:
@@ -54,8 +51,13 @@ class EagerOp:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # noqa: F841  (plans and errors name the caller's line)
-        if DIRECT and not _tracing((*args, *kwargs.values())):
+        if not _tracing((*args, *kwargs.values())):
             return self.fn(*args, **kwargs)
+        return self.op(*args, **kwargs)
+
+    def dispatch(self, *args: Any, **kwargs: Any) -> Any:
+        """The call through torch's dispatcher, traced or not."""
+        __tracebackhide__ = True  # noqa: F841
         return self.op(*args, **kwargs)
 
 

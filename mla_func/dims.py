@@ -60,6 +60,7 @@ VOCABULARY: dict[str, DimSpec] = {
     "pages": DimSpec("pages", "capacity", "cache pages, fixed at allocation"),
     "page_size": DimSpec("page_size", "capacity", "tokens per cache page"),
     "max_pages": DimSpec("max_pages", "capacity", "page-table width per sequence"),
+    "counters": DimSpec("counters", "capacity", "the kernels' arrival-counter slots"),
     "hidden": DimSpec("hidden", "static", "model width (hidden_size)"),
     "heads": DimSpec("heads", "static", "attention heads"),
     "qk_nope": DimSpec("qk_nope", "static", "per-head query/key width without rope"),

@@ -54,6 +54,7 @@ from mla_func.attention import get_backend
 from mla_func.batch import SeqWork, make_batch
 from mla_func.config import MLAConfig
 from mla_func.dims import TOKENS_MAX_CAPTURED
+from mla_func.kernels.plan import KernelOptions, default_options
 from mla_func.params import Params
 from mla_func.progress import AUTO_PROGRESS_DELAY_S, Progress
 from mla_func.request import Launched, Request
@@ -85,8 +86,9 @@ __all__ = [
 ]
 
 
-def _step_function(params: Params, state: KVState, mode: str, backend: str, max_tokens: int,
-                   max_seqs: int, max_pages: int, progress: bool | None) -> Callable:
+def _step_function(params: Params, state: KVState, mode: str, kernels: KernelOptions,
+                   max_tokens: int, max_seqs: int, max_pages: int, progress: bool | None
+                   ) -> Callable:
     """`step(state, batch) -> (logits, state)`: forward itself, or its compiled form."""
     if mode == "eager":
         return lambda state, batch: model.forward(params, state, batch)
@@ -94,7 +96,7 @@ def _step_function(params: Params, state: KVState, mode: str, backend: str, max_
     from mla_func.compile_step import compile_step
 
     return compile_step(params, state, mode=mode, max_tokens=max_tokens, max_seqs=max_seqs,
-                        max_pages=max_pages, backend=backend, progress=progress is not False)
+                        max_pages=max_pages, kernels=kernels, progress=progress is not False)
 
 
 def eos_ids(eos_token_id: "int | Sequence[int] | str | None", cfg: MLAConfig
@@ -126,6 +128,7 @@ class Engine:
         eos_token_id: int | Sequence[int] | Literal["config"] | None = "config",
         return_logits: bool = False, progress: bool | None = None,
         max_graph_tokens: int = TOKENS_MAX_CAPTURED,
+        kernels: KernelOptions | None = None,
     ) -> None:
         check_mode(mode, params)
         if params.cfg != cfg:
@@ -134,7 +137,12 @@ class Engine:
             raise ValueError(f"cfg does not match params.cfg (fields that differ: "
                              f"{', '.join(differ)}): pass the config the params were built or "
                              "loaded with")
-        get_backend(attention_backend, params.device)
+        if kernels is None:
+            kernels = default_options(params.device, attention_backend)
+        elif kernels.attention != attention_backend and attention_backend != "torch":
+            raise ValueError(f"attention_backend={attention_backend!r} disagrees with "
+                             f"kernels.attention={kernels.attention!r}: pass one of them")
+        get_backend(kernels.attention, params.device)
         for name, value in (("page_size", page_size), ("max_batch_tokens", max_batch_tokens),
                             ("max_seqs", max_seqs), ("max_graph_tokens", max_graph_tokens)):
             positive_int(name, value)
@@ -144,7 +152,8 @@ class Engine:
             self.max_seq_len = positive_int("max_seq_len", max_seq_len)
             self.limit = f"this engine's max_seq_len={max_seq_len}"
         self.max_pages = -(-self.max_seq_len // page_size)
-        self.cfg, self.params, self.backend = cfg, params, attention_backend
+        self.cfg, self.params, self.kernels = cfg, params, kernels
+        self.backend = kernels.attention
         self.page_size, self.max_batch_tokens, self.max_seqs = page_size, max_batch_tokens, max_seqs
         self.eos = eos_ids(eos_token_id, cfg)
         self.return_logits = return_logits
@@ -153,7 +162,7 @@ class Engine:
         # graph would only add padding (dims.TOKENS_MAX_CAPTURED). A decode step holds a token
         # a sequence, so full graphs go up to that many sequences too.
         graph_tokens = min(max_batch_tokens, max_graph_tokens)
-        self._step_fn = _step_function(params, self.state, mode, attention_backend,
+        self._step_fn = _step_function(params, self.state, mode, kernels,
                                        graph_tokens, min(max_seqs, graph_tokens),
                                        self.max_pages, progress)
         self._requests: dict[int, Request] = {}
@@ -221,8 +230,8 @@ class Engine:
         alloc = self.state.allocator
         batch = make_batch(
             [SeqWork(chunk, req.cached, alloc.pages[req.rid]) for req, chunk in work],
-            self.page_size, self.max_pages, self.params.device, self.backend,
-            staging=self._staging)
+            self.page_size, self.max_pages, self.params.device, staging=self._staging,
+            kernels=self.kernels)
         waiting_rows = [previous.rows[req.rid] for req, _ in work if req.in_flight]
         if waiting_rows:  # the first rows: their tokens are the previous step's argmax
             src = torch.tensor(waiting_rows)

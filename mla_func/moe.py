@@ -1,10 +1,11 @@
 """The routed (and optionally shared) experts the model calls: `experts(...)`.
 
 Implementations, all static-shape and free of host syncs (nothing waits on the device's values):
-- `"triton"` (default on CUDA): the fused grouped GEMM of `mla_func.kernels.moe.fused`, behind
-  the custom op `mla_func::moe_experts` so that a trace of the model sees one node.
-- `"sorted_torch"` (default elsewhere): the same algorithm in plain torch: pairs sorted by expert
-  (`moe_align.align_torch`), one bmm per GEMM over M-tiles with each tile's expert weights
+- `"triton"` (`KernelOptions.experts`; the default on CUDA): the fused grouped GEMM of
+  `mla_func.kernels.moe.fused`, behind the custom op `mla_func::moe_experts` so that a trace
+  of the model sees one node.
+- `"sorted_torch"` (the default elsewhere): the same algorithm in plain torch: pairs sorted by
+  expert (`moe_align.align_torch`), one bmm per GEMM over M-tiles with each tile's expert weights
   gathered. Its tile is sized so that tiles ~ 2 x experts: cheap for the tiny preset on CPU.
 - `"reference"`: `ops.moe.experts_reference` (every expert over every token, masked).
 
@@ -16,8 +17,10 @@ its own row alone.
 
 `experts_add_norm` also adds the result to the residual stream and normalises it for the next
 layer: on the Triton path inside the experts' final reduction (`mla_func::moe_experts_add_norm`,
-one launch fewer per layer; rows wider than `fused_moe.ADD_NORM_MAX_WIDTH`, V3's, take the
+one launch fewer per layer; rows wider than `fused.ADD_NORM_MAX_WIDTH`, V3's, take the
 `norm.add_rmsnorm` launch after it), elsewhere as `h + out` and `ops.norm.rmsnorm`.
+The Triton ops receive the state's counters (`KVState.counters`; declared mutated): the
+`last_sum` path counts there, and the shared experts' side stream is that runtime's.
 """
 
 from typing import Optional
@@ -28,6 +31,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.custom_op import custom_op
+from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.moe.align import align_torch, max_blocks
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import experts_reference
@@ -44,13 +48,15 @@ def experts(
     gate_up: Float[Tensor, "experts 2 moe_inter hidden"],
     down: Float[Tensor, "experts hidden moe_inter"],
     shared: DenseMLP | None = None,
-    impl: str | None = None,
+    impl: str = "sorted_torch",
+    counters: Int[Tensor, " counters"] | None = None,
 ) -> Float[Tensor, "tokens hidden"]:
-    """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]), plus `shared(x)` when given."""
-    impl = impl or ("triton" if x.device.type in ("cuda", "meta") else "sorted_torch")
+    """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]), plus `shared(x)` when given.
+    `counters`: the state's, for the Triton ops (default: a runtime of the call's own)."""
     if impl == "triton":
         s_gate_up, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
-        return _moe_experts_op(x, weights, ids, gate_up, down, s_gate_up, s_down)
+        return moe_experts_op(x, weights, ids, gate_up, down, s_gate_up, s_down,
+                              _counters(x, counters), True)
     if impl == "sorted_torch":
         out = sorted_torch(x, weights, ids, gate_up, down)
     elif impl == "reference":
@@ -72,56 +78,66 @@ def experts_add_norm(
     residual: Float[Tensor, "tokens hidden"],
     norm_weight: Float[Tensor, " hidden"],
     eps: float,
-    impl: str | None = None,
+    impl: str = "sorted_torch",
     defer_norm: bool = False,
+    counters: Int[Tensor, " counters"] | None = None,
+    trigger: bool = True,
 ) -> tuple[Float[Tensor, "tokens hidden"], Float[Tensor, "tokens hidden"]]:
     """(h, rmsnorm(h)) with h = residual + experts(...): the residual stream after the MoE and
     the next layer's input (`norm.add_rmsnorm`'s rounding: the MoE output, then h, in x's
     dtype). `defer_norm`: the norm's only reader is `kernels.norm_linear.norm_linear`, so the
     Triton path may leave it unwritten where that op normalises h itself
-    (`fused_moe.fused_experts`)."""
-    impl = impl or ("triton" if x.device.type in ("cuda", "meta") else "sorted_torch")
+    (`kernels.moe.fused.fused_experts`; the contract: `mla_func.kernel_ops`). `trigger`:
+    `KernelOptions.moe_trigger`."""
     if impl == "triton":
         s_gate_up, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
-        return _moe_experts_add_norm_op(
+        return moe_experts_add_norm_op(
             x, weights, ids, gate_up, down, s_gate_up, s_down, residual, norm_weight, eps,
-            defer_norm)
+            defer_norm, _counters(x, counters), trigger)
     h = residual + experts(x, weights, ids, gate_up, down, shared, impl)
     return h, rmsnorm(h, norm_weight, eps)
 
 
+def _counters(x: Tensor, counters: Tensor | None) -> Tensor:
+    return Runtime(x.device).counters if counters is None else counters
+
+
 # typing.Optional: the schema inference of older torch looks the annotation up in a table.
-@custom_op("mla_func::moe_experts", mutates_args=())
-def _moe_experts_op(
+@custom_op("mla_func::moe_experts", mutates_args=("counters",))
+def moe_experts_op(
     x: Tensor, weights: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor,
     shared_gate_up: Optional[Tensor], shared_down: Optional[Tensor],  # noqa: UP045
+    counters: Tensor, trigger: bool,
 ) -> Tensor:
     # Imported here: the kernels module reads TRITON_INTERPRET when it is first imported.
     from mla_func.kernels.moe.fused import fused_experts
 
-    return fused_experts(x, weights, ids, gate_up, down, shared_gate_up, shared_down)
+    return fused_experts(x, weights, ids, gate_up, down, shared_gate_up, shared_down,
+                         counters=counters, trigger=trigger)
 
 
-@_moe_experts_op.register_fake
-def _(x, weights, ids, gate_up, down, shared_gate_up, shared_down):
+@moe_experts_op.register_fake
+def _(x, weights, ids, gate_up, down, shared_gate_up, shared_down, counters, trigger):
     return torch.empty_like(x)
 
 
-@custom_op("mla_func::moe_experts_add_norm", mutates_args=())
-def _moe_experts_add_norm_op(
+@custom_op("mla_func::moe_experts_add_norm", mutates_args=("counters",))
+def moe_experts_add_norm_op(
     x: Tensor, weights: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor,
     shared_gate_up: Optional[Tensor], shared_down: Optional[Tensor],  # noqa: UP045
-    residual: Tensor, norm_weight: Tensor, eps: float, defer_norm: bool,
+    residual: Tensor, norm_weight: Tensor, eps: float, defer_norm: bool, counters: Tensor,
+    trigger: bool,
 ) -> tuple[Tensor, Tensor]:
     from mla_func.kernels.moe.fused import fused_experts
 
     return fused_experts(x, weights, ids, gate_up, down, shared_gate_up, shared_down,
-                         add_norm=(residual, norm_weight, eps), defer_norm=defer_norm)
+                         add_norm=(residual, norm_weight, eps), defer_norm=defer_norm,
+                         counters=counters, trigger=trigger)
 
 
-@_moe_experts_add_norm_op.register_fake
+@moe_experts_add_norm_op.register_fake
 def _(x, weights, ids, gate_up, down, shared_gate_up, shared_down, residual, norm_weight, eps,
-      defer_norm):
+      defer_norm, counters, trigger):
     return torch.empty_like(x), torch.empty(
         x.shape, dtype=torch.promote_types(x.dtype, norm_weight.dtype), device=x.device)
 
@@ -157,4 +173,5 @@ def sorted_torch(
     return buf[:pairs].view(tokens, topk, -1).sum(1).to(x.dtype)
 
 
-__all__ = ["IMPLS", "experts", "experts_add_norm", "sorted_torch"]
+__all__ = ["IMPLS", "experts", "experts_add_norm", "moe_experts_add_norm_op", "moe_experts_op",
+           "sorted_torch"]

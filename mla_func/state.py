@@ -7,16 +7,22 @@ they never read or write a live page. The host-side `PageAllocator` hands out th
 
 `forward` consumes the state (like JAX buffer donation): the cache is written in place so that
 its address stays fixed from step to step, and the returned state holds the same buffer.
+
+A state also owns its kernels' runtime (`kernels.launch.runtime.Runtime`): the arrival
+counters (`counters`, a tensor the counting ops receive and declare mutated, zero between
+launches), the decode workspace and the side streams. Two states never share them, so two
+engines in one process never do.
 """
 
 import math
 from dataclasses import dataclass, field
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.config import MLAConfig
+from mla_func.kernels.launch.runtime import Runtime
 from mla_func.memory import available_bytes, human
 from mla_func.validation import positive_int
 
@@ -75,6 +81,9 @@ class KVState:
 
     cache: LatentCache
     allocator: PageAllocator = field(compare=False)
+    # The runtime's arrival counters (made with the runtime when not given).
+    counters: Int[Tensor, " counters"] | None = field(default=None, compare=False)
+    runtime: Runtime | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         c, alloc = self.cache, self.allocator
@@ -87,6 +96,15 @@ class KVState:
         if (alloc.num_pages, alloc.page_size) != (c.shape[1], c.shape[2]):
             raise ValueError(f"the allocator's {alloc.num_pages} pages of {alloc.page_size} "
                              f"tokens do not match the cache's {c.shape[1]} of {c.shape[2]}")
+        runtime = self.runtime
+        if runtime is None:
+            runtime = Runtime(c.device)
+            object.__setattr__(self, "runtime", runtime)
+        if self.counters is None:
+            object.__setattr__(self, "counters", runtime.counters)
+        elif self.counters is not runtime.counters:
+            raise ValueError("KVState.counters must be its runtime's counters")
+        runtime.own(c)
 
     @property
     def page_size(self) -> int:

@@ -23,7 +23,6 @@ from mla_func.kernels.attention.decode_plan import (
     PageTable,
     RopeRows,
     RowIndex,
-    effective_plan,
     num_sms,
     pdl,
     plan_decode,
@@ -77,14 +76,15 @@ def attend_absorbed(
     w_uv = w_uv.to(dtype)
     uv = plan.uv and plan.merge == "tile" and plan.num_splits > 1
     mla_decode(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, o_lat,
-               part_o, part_lse, counters, scratch, warm=w_uv, merge=not uv)
+               part_o, part_lse, counters, scratch, warm=w_uv, merge=not uv,
+               shrunk=workspace.shrunk)
     # Written straight in [tokens, heads, v_head] order (cuBLAS takes the strided output), so
     # o_proj reads it without a transposing copy.
     o = out if out is not None and out.dtype == dtype else torch.empty(
         tokens, heads, w_uv.shape[1], dtype=dtype, device=q_nope.device)
     if uv:  # the merge multiplies by W_UV itself: no o_lat, no bmm launch
         dev, v_head = q_nope.device, w_uv.shape[1]
-        merge_uv(part_o, part_lse, positions, w_uv, o, effective_plan(plan).block_n,
+        merge_uv(part_o, part_lse, positions, w_uv, o, workspace.effective(plan).block_n,
                  pdl(plan, dev), workspace.shares(dev, shares_numel(tokens, heads, kv_lora,
                                                                      v_head)),
                  workspace.counters(dev, tokens * heads))

@@ -235,16 +235,19 @@ def mla_decode(
     scratch: tuple[Tensor, Tensor] | None = None,
     warm: Tensor | None = None,
     merge: bool = True,
+    shrunk: dict[DecodePlan, DecodePlan] | None = None,
 ) -> LatentRows:
     """o_lat[h, t] = softmax over keys 0..positions[t] of sequence token_seq[t]; into `out`.
     `counters` (zeros, at least tokens x head blocks): needed by the fused merge only.
     `scratch` (p in the cache dtype, alpha in fp32; `DecodeWorkspace.shared_p`): needed by
     plan.shared_p only. `warm`: what plan.warm prefetches into L2 (the next product's
     weights). `merge` False: a "tile" merge is left to the caller (`mla_merge_uv`), which
-    reads the partials; `out` is then written only by a single split."""
+    reads the partials; `out` is then written only by a single split. `shrunk`: where plans
+    that ran out of resources are recorded (`DecodeWorkspace.shrunk`; default: nowhere)."""
     assert q_lat.stride(-1) == 1 and q_pe.stride(-1) == 1 and out.stride(-1) == 1
     assert cache.stride(-1) == 1 and cache.stride(0) == cache.shape[1] * cache.stride(1)
-    plan = effective_plan(plan)
+    shrunk = {} if shrunk is None else shrunk
+    plan = effective_plan(plan, shrunk)
     if plan.ws and ws_supported(cache, q_lat.shape[0], plan.block_n):  # mla_decode_ws.py
         assert plan.merge != "fused", "the warp-specialised kernel has no fused merge"
         decode_ws(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan.num_splits,
@@ -252,7 +255,7 @@ def mla_decode(
                   plan.early and pdl_supported(q_lat.device))
     else:
         plan = _launch_split(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan,
-                             out, part_o, part_lse, counters, scratch)
+                             out, part_o, part_lse, counters, scratch, shrunk)
     if plan.num_splits > 1 and plan.merge != "fused" and (merge or plan.merge != "tile"):
         launch_merge(plan.merge, plan.merge_heads, plan.merge_cols, plan.block_n, part_o,
                      part_lse, positions, out, pdl(plan, q_lat.device),
@@ -261,7 +264,7 @@ def mla_decode(
 
 
 def _launch_split(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, out,
-                  part_o, part_lse, counters, scratch) -> DecodePlan:
+                  part_o, part_lse, counters, scratch, shrunk) -> DecodePlan:
     """Launch the Triton split kernel; the plan it ran (smaller tiles where `plan` ran out of
     resources)."""
     while True:
@@ -275,7 +278,7 @@ def _launch_split(q_lat, q_pe, cache, page_table, token_seq, positions, scale, p
             smaller = smaller_plan(plan)
             if smaller is None:
                 raise
-            plan = shrink(plan, smaller)
+            plan = shrink(plan, smaller, shrunk)
 
 
 def split_launch(q_lat: LatentRows, q_pe: RopeRows, cache: CacheLayer, page_table: PageTable,

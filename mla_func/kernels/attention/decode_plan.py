@@ -219,12 +219,12 @@ def _shared_p_pays(splits: int, max_seq_len: int) -> bool:
     return keys >= 256
 
 
-_SHRUNK: dict[DecodePlan, DecodePlan] = {}
+Shrunk = dict[DecodePlan, DecodePlan]  # plans that ran out of resources -> what runs instead
 
 
-def effective_plan(plan: DecodePlan) -> DecodePlan:
-    """The plan launches really use: `plan`, or a smaller tiling if it ran out of resources."""
-    return _SHRUNK.get(plan, plan)
+def effective_plan(plan: DecodePlan, shrunk: Shrunk) -> DecodePlan:
+    """The plan launches really use: `plan`, or the smaller tiling `shrunk` records for it."""
+    return shrunk.get(plan, plan)
 
 
 def smaller_plan(plan: DecodePlan) -> DecodePlan | None:
@@ -236,12 +236,13 @@ def smaller_plan(plan: DecodePlan) -> DecodePlan | None:
     return None
 
 
-def shrink(plan: DecodePlan, smaller: DecodePlan) -> DecodePlan:
-    """Record that launches of `plan` run `smaller` (it ran out of resources); `smaller`.
-    Said once per plan (a RuntimeWarning): the tiles that run are not the ones planned."""
+def shrink(plan: DecodePlan, smaller: DecodePlan, shrunk: Shrunk) -> DecodePlan:
+    """Record in `shrunk` that launches of `plan` run `smaller` (it ran out of resources);
+    `smaller`. Said once per plan and record (a RuntimeWarning): the tiles that run are not
+    the ones planned."""
     warnings.warn(f"the MLA decode split kernel ran out of GPU resources with {plan}; its "
                   f"launches use {smaller} instead", RuntimeWarning, stacklevel=3)
-    _SHRUNK[plan] = smaller
+    shrunk[plan] = smaller
     return smaller
 
 
@@ -261,17 +262,23 @@ def shared_p_numel(plan: DecodePlan, rows: int, heads: int) -> tuple[int, int]:
 class DecodeWorkspace:
     """Buffers for the absorbed query, the latent output and the split partials.
 
-    Owned by a backend object (not per-step data). Every launch shape takes a view at offset 0
-    of one flat buffer per role, so captured buckets share one allocation per role, the size
-    of the largest (capture largest first, as vLLM and nano-vllm do). A buffer is only ever
-    replaced by a larger one and the old one is kept alive, so a graph captured on it stays
-    valid. The first call for a shape is the warm-up before capture. (One buffer per role, not
-    one for all: the Triton interpreter copies each argument's whole storage back.)
+    Owned by the state's runtime, through its attention backend (not per-step data). Every launch
+    shape takes a view at offset 0 of one flat buffer per role, so captured buckets share one
+    allocation per role, the size of the largest (capture largest first, as vLLM and nano-vllm do).
+    A buffer is only ever replaced by a larger one and the old one is kept alive, so a graph
+    captured on it stays valid. The first call for a shape is the warm-up before capture. (One
+    buffer per role, not one for all: the Triton interpreter copies each argument's whole storage
+    back.)
     """
 
     def __init__(self) -> None:
         self._flat: dict[tuple[str, str, torch.dtype], Tensor] = {}
         self._retired: list[Tensor] = []
+        self.shrunk: Shrunk = {}  # plans that ran out of resources on this device
+
+    def effective(self, plan: DecodePlan) -> DecodePlan:
+        """The plan the launches on this workspace run (`effective_plan`)."""
+        return effective_plan(plan, self.shrunk)
 
     def _take(self, role: str, device: torch.device, dtype: torch.dtype, shape: tuple,
               zero: bool = False) -> Tensor:

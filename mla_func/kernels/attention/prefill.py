@@ -22,8 +22,6 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from triton.runtime.errors import OutOfResources
 
-_SHRUNK: set[int] = set()  # query-row tiles that ran out of resources (warned once each)
-
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
@@ -129,8 +127,11 @@ def mha_prefill(
     block_m: int = 128,
     block_n: int = 64,
     out: Float[Tensor, "tokens heads v_head"] | None = None,
+    shrunk: set[int] | None = None,
 ) -> Float[Tensor, "tokens heads v_head"]:
     """Causal attention of each token over keys 0..positions[t] of its sequence, MHA form.
+    `shrunk`: the query-row tiles that ran out of resources, each warned of once (the
+    backend's record; default: a fresh one).
     `page_table` rows are the sequences first_seq.. that `token_seq` names; the two host
     counts size the expansion buffer and the grid. `out`: where the kernel stores the result
     (any strides with a unit last one; returned), else a new tensor."""
@@ -147,6 +148,7 @@ def mha_prefill(
     if tokens == 0:
         return out
     assert q_nope.stride(-1) == 1 and q_pe.stride(-1) == 1
+    shrunk = set() if shrunk is None else shrunk
     while True:
         grid = (triton.cdiv(max_query_len, block_m), heads, num_seqs)
         try:
@@ -167,8 +169,8 @@ def mha_prefill(
         except OutOfResources:
             if block_m <= 16:
                 raise
-            if block_m not in _SHRUNK:  # said once per tile size
-                _SHRUNK.add(block_m)
+            if block_m not in shrunk:  # said once per tile size and record
+                shrunk.add(block_m)
                 warnings.warn(f"the MLA prefill kernel ran out of GPU resources at {block_m} "
                               f"query rows a program; it runs {block_m // 2}", RuntimeWarning,
                               stacklevel=2)

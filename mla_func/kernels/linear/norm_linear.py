@@ -30,13 +30,8 @@ from torch import Tensor
 from mla_func.custom_op import custom_op
 from mla_func.kernels.launch.pdl import supported as pdl_supported
 from mla_func.kernels.linear import small_linear as sl
+from mla_func.kernels.plan import norm_linear_normalises as normalises
 from mla_func.ops.norm import rmsnorm
-
-
-def normalises(rows: int, width: int) -> bool:
-    """Whether `norm_linear` normalises h itself for `rows` rows of `width` (one program holds
-    the row: V2-Lite's 2048, not V3's 7168), never reading x."""
-    return 0 < rows <= sl.MAX_ROWS and width <= sl.BLOCK_K
 
 
 @triton.jit

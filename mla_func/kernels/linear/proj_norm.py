@@ -11,13 +11,12 @@ after it cost two launches, each waiting for the one before. Here the projection
 `small_linear`'s (BLOCK_N output columns a program, its weight rows loaded while the kernel
 before, the attention's last, still runs: sm90 PDL), stored to scratch; the last program to
 arrive (an acq_rel counter it resets to zero) adds the residual and normalises the rows
-whole, all rows at once. Used up to MAX_ROWS rows and rows up to MAX_WIDTH wide (the
-norm's row in one program's registers, as in the MoE sum); beyond, the op runs the GEMM and
-`norm.add_rmsnorm`.
+whole, all rows at once. Used where the plan says (`kernels.plan.proj_norm_rows`: up to
+PROJ_NORM_MAX_ROWS rows up to PROJ_NORM_MAX_WIDTH wide, the norm's row in one program's
+registers, as in the MoE sum); elsewhere the op runs the GEMM and `norm.add_rmsnorm`.
 
-Graph capture: the counter is allocated once per device on the first call (`counters.py`:
-run the op once eagerly before capturing; warm-up does), and two launches must not run at
-once on different streams of one device.
+Graph capture: the counter is the state's (`KVState.counters`, this op's slice, declared
+mutated), at a fixed address; two launches must not run at once on one state's counters.
 """
 
 from typing import no_type_check
@@ -29,10 +28,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mla_func.custom_op import custom_op
-from mla_func.kernels.launch.counters import device_counters, last_to_arrive
+from mla_func.kernels.launch.counters import last_to_arrive
 from mla_func.kernels.launch.pdl import supported as pdl_supported
+from mla_func.kernels.launch.runtime import op_counters
 from mla_func.kernels.linear.norm import add_rmsnorm, rms_scaled
 from mla_func.kernels.linear.small_linear import project_rows
+from mla_func.kernels.plan import PROJ_NORM_MAX_ROWS, proj_norm_rows
 
 # Rows and columns a program from the V2-Lite decode step on an H100, 2026-11-24, whole-step
 # graphs, ctx 1024, ms synced / back to back against the GEMM + add_rmsnorm
@@ -41,8 +42,7 @@ from mla_func.kernels.linear.small_linear import project_rows
 # (run 4; ctx 4096: B=1 2.659 / 2.553 against 2.756 / 2.640). 8 rows lost at B=8 (7.519 /
 # 7.396 against 7.207 / 7.083, run 3); 16 columns a program lost to 8 at every B (4 was even);
 # launched without PDL it gained nothing (B=1 2.587 / 2.573 against 2.585 / 2.572, run 3).
-MAX_ROWS = 4
-MAX_WIDTH = 2048  # output columns (the hidden size) the last program normalises at once
+MAX_ROWS = PROJ_NORM_MAX_ROWS  # rows the kernel holds (the plan's bound)
 BLOCK_N = 8  # output columns a program: 256 programs at V2-Lite's 2048
 BLOCK_K = 2048  # input columns a program holds at once (V2-Lite: all 16 x 128)
 NUM_WARPS = 8
@@ -78,19 +78,17 @@ def _proj_add_norm_kernel(
         tl.store(counter, 0)  # zero again for the next launch (and graph replay)
 
 
-def _counter(device: torch.device) -> Tensor:
-    return device_counters("proj_add_rmsnorm", device, 1)
-
-
 def fits(o: Tensor, w: Tensor, h: Tensor) -> bool:
-    """Whether `proj_add_rmsnorm` runs the one-launch kernel for these shapes."""
-    return (0 < o.shape[0] <= MAX_ROWS and w.shape[0] <= MAX_WIDTH and o.stride(-1) == 1
+    """Whether `proj_add_rmsnorm` runs the one-launch kernel: the plan's rows and width, in
+    the layout and dtypes the kernel takes."""
+    return (proj_norm_rows(o.shape[0], w.shape[0]) and o.stride(-1) == 1
             and w.stride(-1) == 1 and h.is_contiguous() and o.dtype == w.dtype == h.dtype)
 
 
 def launch(
     o: Float[Tensor, "tokens width_in"], w: Float[Tensor, "hidden width_in"],
     h: Float[Tensor, "tokens hidden"], weight: Float[Tensor, " hidden"], eps: float,
+    counters: Tensor,
 ) -> tuple[tuple, tuple, dict, tuple[Tensor, Tensor]]:
     """(grid, arguments, keyword arguments, (h + o w^T, its norm) outputs) of the kernel (the
     sm90 compile test reads the same)."""
@@ -100,8 +98,8 @@ def launch(
     h_out = torch.empty_like(h)
     y = torch.empty(h.shape, dtype=torch.promote_types(h.dtype, weight.dtype), device=h.device)
     pdl = pdl_supported(h.device)
-    args = (o, w, h, weight, a, h_out, y, _counter(h.device), rows, n_in, n_out, o.stride(0),
-            w.stride(0), eps)
+    args = (o, w, h, weight, a, h_out, y, op_counters(counters, "proj_add_rmsnorm"), rows,
+            n_in, n_out, o.stride(0), w.stride(0), eps)
     kwargs = dict(ROWS_P2=triton.next_power_of_2(MAX_ROWS), BLOCK_N=BLOCK_N,
                   BLOCK_K=min(BLOCK_K, triton.next_power_of_2(n_in)),
                   BLOCK_OUT=triton.next_power_of_2(n_out), PDL=pdl, num_warps=NUM_WARPS,
@@ -109,19 +107,19 @@ def launch(
     return (triton.cdiv(n_out, BLOCK_N),), args, kwargs, (h_out, y)
 
 
-@custom_op("mla_func::proj_add_rmsnorm", mutates_args=())
-def proj_add_rmsnorm(o: Tensor, w: Tensor, h: Tensor, weight: Tensor, eps: float
-                     ) -> tuple[Tensor, Tensor]:
-    """(h + o w^T, rmsnorm(h + o w^T) * weight): one launch up to MAX_ROWS rows (`fits`),
-    else the GEMM and `norm.add_rmsnorm`."""
+@custom_op("mla_func::proj_add_rmsnorm", mutates_args=("counters",))
+def proj_add_rmsnorm(o: Tensor, w: Tensor, h: Tensor, weight: Tensor, eps: float,
+                     counters: Tensor) -> tuple[Tensor, Tensor]:
+    """(h + o w^T, rmsnorm(h + o w^T) * weight): one launch where the plan says (`fits`),
+    else the GEMM and `norm.add_rmsnorm`. `counters`: the state's (`KVState.counters`)."""
     if not fits(o, w, h):
         return add_rmsnorm(h, o @ w.T, weight, eps)
-    grid, args, kwargs, outs = launch(o, w, h, weight, eps)
+    grid, args, kwargs, outs = launch(o, w, h, weight, eps, counters)
     _proj_add_norm_kernel[grid](*args, **kwargs)
     return outs
 
 
 @proj_add_rmsnorm.register_fake
-def _(o, w, h, weight, eps):
+def _(o, w, h, weight, eps, counters):
     return torch.empty_like(h), torch.empty(
         h.shape, dtype=torch.promote_types(h.dtype, weight.dtype), device=h.device)

@@ -1,15 +1,16 @@
 """x w^T for a few rows, with the weight loaded before the kernel waits for x (sm90 PDL).
 
-At one to a few decode rows a linear layer is a matrix-vector product that streams its weight
-once, and what costs is the launch and the first bytes: a cuBLAS GEMM starts only once the
-kernel before it has ended. Here each program owns BLOCK_N output columns, and on sm90 the
-launch is a programmatic dependent of the kernel before it (`kernels/launch/pdl.py`): a
-program loads its BLOCK_N x BLOCK_K weight rows into registers while that kernel still runs, then waits,
-reads the rows of x and multiplies on the CUDA cores in fp32, rounding to the model dtype as
-a GEMM's output is. The kernel before gains from triggering its dependants early. Inputs
-wider than BLOCK_K load the rest of the weight after the wait.
+At one to a few decode rows a linear layer is a matrix-vector product that streams its weight once,
+and what costs is the launch and the first bytes: a cuBLAS GEMM starts only once the kernel before
+it has ended. Here each program owns BLOCK_N output columns, and on sm90 the launch is a
+programmatic dependent of the kernel before it (`kernels/launch/pdl.py`): a program loads its
+BLOCK_N x BLOCK_K weight rows into registers while that kernel still runs, then waits, reads the
+rows of x and multiplies on the CUDA cores in fp32, rounding to the model dtype as a GEMM's output
+is. The kernel before gains from triggering its dependants early. Inputs wider than BLOCK_K load the
+rest of the weight after the wait.
 
-`small_linear(x, w)` runs it up to MAX_ROWS rows; beyond, `x @ w.T`. `project_rows` is the
+`small_linear(x, w)` runs it where the plan says (`kernels.plan.small_linear_rows`: one
+row); elsewhere `x @ w.T`. `project_rows` is the
 product itself, also used by `proj_norm.py` (the same, plus the residual add and the norm).
 """
 
@@ -23,6 +24,7 @@ from torch import Tensor
 
 from mla_func.custom_op import custom_op
 from mla_func.kernels.launch.pdl import supported as pdl_supported
+from mla_func.kernels.plan import SMALL_LINEAR_MAX_ROWS, small_linear_rows
 
 # One row only: in the V2-Lite decode step on an H100 (2026-11-24, whole-step graphs, ctx
 # 1024, ms synced / back to back, docs/perf/2026-11-24-h100-run5, exp_proj_step.py) the fused
@@ -30,7 +32,7 @@ from mla_func.kernels.launch.pdl import supported as pdl_supported
 # program; 8: 2.463 / 2.446) against 2.488 / 2.477, but B=2 3.593 / 3.464 against 3.557 /
 # 3.463 and B=4 5.425 / 5.275 against 5.347 / 5.199 (each row is another pass over the
 # registers' weights; the grid does not fit the SMs at once).
-MAX_ROWS = 1
+MAX_ROWS = SMALL_LINEAR_MAX_ROWS  # rows the kernel holds (the plan's bound)
 BLOCK_N = 4  # output columns a program (V2-Lite's fused q + kv_a: 912 programs)
 BLOCK_K = 2048  # input columns a program holds at once (V2-Lite: the whole hidden size)
 # 4 warps, not 8: V2-Lite whole-step graphs at B=1 on an H100, 2026-11-24, ms synced / back to
@@ -95,7 +97,7 @@ def _linear_kernel(x_ptr, w_ptr, y_ptr, n_rows, n_in, n_out, sx, sw,
 
 def fits(x: Tensor, w: Tensor) -> bool:
     """Whether `small_linear` runs the kernel for these operands."""
-    return (0 < x.shape[0] <= MAX_ROWS and x.stride(-1) == 1 and w.stride(-1) == 1
+    return (small_linear_rows(x.shape[0]) and x.stride(-1) == 1 and w.stride(-1) == 1
             and x.dtype == w.dtype)
 
 
@@ -116,7 +118,7 @@ def launch(x: Float[Tensor, "tokens width_in"], w: Float[Tensor, "width_out widt
 
 @custom_op("mla_func::small_linear", mutates_args=())
 def small_linear(x: Tensor, w: Tensor) -> Tensor:
-    """x w^T: the kernel up to MAX_ROWS rows (`fits`), else a GEMM."""
+    """x w^T: the kernel where the plan says (`fits`), else a GEMM."""
     if not fits(x, w):
         return x @ w.T
     grid, args, kwargs, y = launch(x, w)

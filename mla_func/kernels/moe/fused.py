@@ -45,13 +45,13 @@ load and multiply at once and wait for their predecessor's end only to store, th
 wait first. Only the router and the alignment trigger early, and neither writes `x` nor the
 weights those tiles read (the router, itself launched early, triggers once `x`'s writer ended).
 
-With `MoEConfig.shared_stream` the shared experts, when apart, run on a side stream
-(`side_stream`, one per device, made once): it waits for the work queued so far on the current
-stream (the router), runs the shared MLP beside the alignment and the routed GEMMs, and the
-current stream waits for it before the kernel that adds the shared result. Under capture the
-fork and the join become graph edges. Their output is allocated on the current stream before
-the fork, so the caching allocator never hands out a block the side stream still uses: every
-tensor it reads or writes outlives the join (only its own temporaries live on it).
+With `MoEConfig.shared_stream` the shared experts, when apart, run on a side stream (the state's
+runtime's `side_stream`, one per device, made once): it waits for the work queued so far on the
+current stream (the router), runs the shared MLP beside the alignment and the routed GEMMs, and the
+current stream waits for it before the kernel that adds the shared result. Under capture the fork
+and the join become graph edges. Their output is allocated on the current stream before the fork, so
+the caching allocator never hands out a block the side stream still uses: every tensor it reads or
+writes outlives the join (only its own temporaries live on it).
 
 Padding rows (tokens added to reach a capture bucket) are ordinary tokens here: their pairs are
 computed and discarded by the caller, never mixed into real tokens' rows, so they cannot change
@@ -67,10 +67,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from mla_func.kernels.launch.counters import device_counters
 from mla_func.kernels.launch.pdl import supported as pdl_supported
+from mla_func.kernels.launch.runtime import Runtime, op_counters
 from mla_func.kernels.linear.norm import add_rmsnorm
-from mla_func.kernels.linear.norm_linear import normalises
 from mla_func.kernels.moe.align import align, empty_layout
 from mla_func.kernels.moe.config import (
     DIRECT_BLOCK_M,
@@ -83,6 +82,7 @@ from mla_func.kernels.moe.gate_up import gate_up_kernel
 from mla_func.kernels.moe.inline_align import MAX_PAIRS as INLINE_MAX_PAIRS
 from mla_func.kernels.moe.pair_sum import sum_kernel
 from mla_func.kernels.moe.swiglu import swiglu
+from mla_func.kernels.plan import norm_linear_normalises as normalises
 
 Rows = Float[Tensor, "tokens hidden"]
 
@@ -95,19 +95,14 @@ Rows = Float[Tensor, "tokens hidden"]
 ADD_NORM_MAX_WIDTH = 2048
 
 
-# `MoEConfig.last_sum`: the down kernel's arrival counters (one per N-tile, one for the norm),
-# allocated once per device at this size (`counters.device_counters`).
-LAST_SUM_SLOTS = 1024
-# ... and whether its programs let the launch after them (the next layer's first projection,
-# `norm_linear` at one row, PDL) start at once, so that it loads its weights while they run.
-LAST_SUM_TRIGGER = True
-
-
-def _last_sum_counters(device: torch.device, n_tiles: int) -> Tensor:
-    if n_tiles + 1 > LAST_SUM_SLOTS:
+def _last_sum_counters(counters: Tensor, n_tiles: int) -> Tensor:
+    """`MoEConfig.last_sum`'s arrival counters (one an N-tile of the down GEMM, one for the
+    norm): the op's slice of the state's counters."""
+    mine = op_counters(counters, "moe_last_sum")
+    if n_tiles + 1 > mine.numel():
         raise ValueError(f"MoEConfig.last_sum: {n_tiles} N-tiles of the down GEMM; at most "
-                         f"{LAST_SUM_SLOTS - 1}")
-    return device_counters("moe_last_sum", device, LAST_SUM_SLOTS)
+                         f"{mine.numel() - 1}")
+    return mine
 
 
 def _fit(tile: tuple[int, int, int, int], n: int, k: int) -> tuple[int, int, int, int]:
@@ -126,18 +121,10 @@ def _desc(w: Tensor, block: list[int]) -> TensorDescriptor:
                                         block)
 
 
-# The shared experts' stream per device (`MoEConfig.shared_stream`), made on first use and kept:
-# cuBLAS keeps a workspace per stream, and a stream per call would allocate one each time
-# (inside a capture too); a graph itself keeps no reference to the stream it was captured on.
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
-def side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The stream the shared experts run on beside the routed ones: one per device."""
-    index = torch.cuda.current_device() if device.index is None else device.index
-    if index not in _SIDE_STREAMS:
-        _SIDE_STREAMS[index] = torch.cuda.Stream(index)
-    return _SIDE_STREAMS[index]
+def _need(counters: Tensor | None, what: str) -> Tensor:
+    if counters is None:
+        raise ValueError(f"MoEConfig.{what} needs the state's counters (KVState.counters)")
+    return counters
 
 
 def shared_as_experts(
@@ -166,6 +153,8 @@ def fused_experts(
     config: MoEConfig | None = None,
     add_norm: tuple[Rows, Float[Tensor, " hidden"], float] | None = None,
     defer_norm: bool = False,
+    counters: Tensor | None = None,
+    trigger: bool = True,
 ) -> Rows | tuple[Rows, Rows]:
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) (+ the shared MLP when given: folded
     into the launches up to FUSE_SHARED_MAX_TOKENS tokens, else `kernels.swiglu.swiglu`
@@ -174,7 +163,10 @@ def fused_experts(
     (residual, weight, eps): return (residual + that, its RMSNorm) instead, as
     `norm.add_rmsnorm` would from the sum. `defer_norm`: the RMSNorm's only reader is
     `norm_linear`, which normalises the rows itself where `norm_linear.normalises`;
-    there, on the `last_sum` path, the norm is left out and the returned norm is unwritten."""
+    there, on the `last_sum` path, the norm is left out and the returned norm is unwritten.
+    `counters`: the state's (`KVState.counters`; the `last_sum` path counts arrivals there,
+    and `shared_stream` runs on its runtime's side stream). `trigger`: the `last_sum`
+    programs let the launch after them start at once (`KernelOptions.moe_trigger`)."""
     tokens, topk = ids.shape
     n_routed, _, n_inter, n_hidden = gate_up.shape
     cfg = config or pick_config(tokens)
@@ -230,7 +222,8 @@ def fused_experts(
         if shared is not None:
             extra = torch.empty(tokens, n_hidden, dtype=x.dtype, device=x.device)
             if cfg.shared_stream and x.is_cuda:
-                main, side = torch.cuda.current_stream(x.device), side_stream(x.device)
+                main = torch.cuda.current_stream(x.device)
+                side = Runtime.of(_need(counters, "shared_stream")).side_stream(x.device)
                 side.wait_stream(main)
             with nullcontext() if side is None else torch.cuda.stream(side):
                 swiglu(x, *shared, out=extra)
@@ -279,10 +272,11 @@ def fused_experts(
                 norm = dict(res_ptr=residual.contiguous(), y_ptr=y, nw_ptr=weight, eps=eps
                             ) if y is not None else {}
                 tail = dict(
-                    sum_ptr=out, extra_ptr=extra, counter_ptr=_last_sum_counters(x.device, n_n),
+                    sum_ptr=out, extra_ptr=extra,
+                    counter_ptr=_last_sum_counters(_need(counters, "last_sum"), n_n),
                     **norm, LAST_SUM=True, HAS_EXTRA=extra is not None, ADD_NORM=y is not None,
                     SUM_BLOCK=triton.next_power_of_2(n_hidden),
-                    TRIGGER=pdl and LAST_SUM_TRIGGER,
+                    TRIGGER=pdl and trigger,
                     NORM=not (defer_norm and normalises(tokens, n_hidden)))
             down_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
                 act, down, s_down, *descs, buf, weights, *tiles, n_hidden, n_inter, n_routed,

@@ -4,7 +4,8 @@ Implements `ops.moe.route` (DeepSeek-V2 greedy / group_limited_greedy, DeepSeek-
 arXiv:2405.04434, arXiv:2412.19437) for any number of tokens, where the reference's six small
 kernels (fp32 cast, GEMM, softmax, topk, ...) cost far more than their arithmetic. The
 selection lives in `router_select.py`; this module owns the logits and the launch. At one to
-four rows (`FEW_ROWS`) it launches `router_rows.py`'s kernel instead: one program an expert.
+four rows (`KernelOptions.router_few_rows`, `kernels.plan.router_rows`) it launches
+`router/rows.py`'s kernel instead: one program an expert.
 
 Grid (token blocks, hidden splits). Program (b, s) computes the partial logits of the BLOCK_T
 tokens of block b over hidden chunk s with `tl.dot` on [BLOCK_T, BLOCK_H] x [BLOCK_H, BLOCK_E]
@@ -21,7 +22,8 @@ Every program stores its partials; the last program of the block to arrive (an a
 counter, reset by that program so the buffer is zero again for the next launch) sums them in
 split order -- deterministic whatever the arrival order -- and selects, SEL_T tokens at a
 time. With one split there is no counter: the program reads its own partials back. The
-block and the split come from `router_plan.launch_config`, a cost model over the static shapes.
+block and the split come from `router/plan.py`'s `launch_config`, a cost model over the static
+shapes.
 
 On sm90+ the router is launched as a programmatic dependent of the kernel before it (PDL,
 `kernels/launch/pdl.py`): its programs wait for that kernel's end, then let their own dependants
@@ -29,15 +31,16 @@ launch: the expert alignment and the experts' gate_up kernel launch while the ro
 the shared experts' tiles start (`fused_moe`; they read x, so the router triggers only after
 its wait); a kernel launched without PDL still waits for the router's end.
 
-Graph capture: the counters are allocated once per device, at a fixed size, on the first
-call: run the op once eagerly before a CUDA-graph capture (warm-up does), and do not
-run two router launches at once on different streams of one device. More than `MAX_EXPERTS`
-experts run the torch reference (`route`); every token count runs the kernel.
+Graph capture: the counters are the state's (`KVState.counters`, the op's slice of them,
+declared mutated), at a fixed address; two router launches must not run at once on one
+state's counters. More than `kernels.plan.ROUTER_MAX_EXPERTS` experts run the torch
+reference (`route`); every token count runs the kernel.
 """
 
 import functools
+from collections.abc import Callable
 from dataclasses import replace
-from typing import no_type_check
+from typing import Any, no_type_check
 
 import torch
 import triton
@@ -47,38 +50,16 @@ from torch import Tensor
 
 from mla_func.config import MLAConfig
 from mla_func.custom_op import custom_op
-from mla_func.kernels.launch.counters import device_counters, last_to_arrive
+from mla_func.kernels.launch.counters import last_to_arrive
 from mla_func.kernels.launch.pdl import supported as pdl_supported
-from mla_func.kernels.router import rows as router_rows
-from mla_func.kernels.router.plan import COUNTER_SLOTS, LaunchConfig, group_block, launch_config
+from mla_func.kernels.launch.runtime import op_counters
+from mla_func.kernels.plan import ROUTER_MAX_EXPERTS, KernelOptions, router_rows
+from mla_func.kernels.router import rows
+from mla_func.kernels.router.plan import LaunchConfig, group_block, launch_config
 from mla_func.kernels.router.select import sum_and_select
 from mla_func.ops.moe import route
 
 METHODS = {"greedy": 0, "group_limited_greedy": 1, "noaux_tc": 2}
-MAX_EXPERTS = 256
-# sm90: launched as a programmatic dependent of the kernel before (the attention's output
-# projection + add + norm, `proj_norm`, which triggers at once), so that it starts while that
-# kernel ends. V2-Lite decode step on an H100, 2026-11-24, whole-step graphs, ctx 1024, ms
-# synced / back to back, early against plain (docs/perf/2026-11-24-h100-run7, run8,
-# exp_proj_step.py): B=1 2.430 / 2.422 against 2.446 / 2.440 and 2.417 / 2.408 against 2.455 /
-# 2.449; from B=2 on within +-0.6% either way.
-EARLY = True
-# Launched early with one dot step a split (decode: 64 splits at one token), a program loads
-# its router rows before it waits for x. V2-Lite whole-step graphs on an H100, 2026-11-24,
-# ms synced / back to back, with against without (docs/perf/2026-11-24-h100-run52): B=1
-# 2.428 / 2.409 against 2.432 / 2.418 (ctx 1024), 2.504 / 2.489 against 2.510 / 2.499 (4096);
-# B=2-8 even (the same bits).
-PRELOAD = True
-# Up to router_rows.MAX_ROWS rows, one program an expert (`router_rows.py`) instead of the split
-# kernel. V2-Lite on an H100, 2026-11-24 (docs/perf/2026-11-24-h100-run92, run93,
-# exp_rows.py, one process, 6 alternating rounds, against the split kernel): the router alone
-# 3.70 against 5.12 us a launch at 1 token, 3.58 against 7.35 at 4; whole-step graphs, ms
-# synced / back to back, ctx 1024: B=1 2.395 / 2.381 against 2.401 / 2.394, B=2 3.476 / 3.457
-# against 3.522 / 3.506, B=4 4.957 / 4.943 against 5.066 / 5.047 (ctx 4096: B=1 2.465 / 2.451
-# against 2.477 / 2.466, B=4 5.197 / 5.170 against 5.297 / 5.269). At 8 and 16 rows the router
-# alone was faster too (3.96 against 6.75, 4.80 against 5.86 us) but the step was even (B=8
-# 7.113 / 7.072 against 7.111 / 7.076, B=16 9.534 / 9.506 against 9.524 / 9.493): 4 rows stay.
-FEW_ROWS = True
 
 
 @triton.jit
@@ -152,10 +133,11 @@ def _router_kernel(x_ptr, r_ptr, bias_ptr, part_ptr, cnt_ptr, w_out, id_out, T, 
 
 def kernel_constants(cfg: LaunchConfig, x_dtype: torch.dtype, experts: int, top_k: int,
                      n_group: int, topk_group: int, method: str, normalize: bool,
-                     has_bias: bool, pdl: bool = False, half: bool = False
-                     ) -> dict[str, object]:
+                     has_bias: bool, pdl: bool = False, half: bool = False,
+                     early: bool = True, preload: bool = True) -> dict[str, object]:
     """The constexpr arguments of `_router_kernel` (shared with the sm90 AOT test); `half`:
-    the router in x's half dtype (`router_is_half`)."""
+    the router in x's half dtype (`router_is_half`); `early`, `preload`: the options of the
+    same names (`KernelOptions.router_early`, `router_preload`), where PDL runs."""
     grouped = method != "greedy"
     block_g, block_gs = group_block(experts, n_group if grouped else 1)
     return dict(E=experts, BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_T=cfg.block_t,
@@ -166,7 +148,8 @@ def kernel_constants(cfg: LaunchConfig, x_dtype: torch.dtype, experts: int, top_
                 GROUP_SIZE=experts // n_group if grouped else experts, BLOCK_GS=block_gs,
                 NORMALIZE=normalize, HAS_BIAS=has_bias, REDUCE=cfg.n_split > 1,
                 X_EXACT=x_dtype in (torch.bfloat16, torch.float16), PDL=pdl,
-                WAIT=pdl and EARLY, PRELOAD=pdl and EARLY and PRELOAD and cfg.chunk == cfg.block_h,
+                WAIT=pdl and early,
+                PRELOAD=pdl and early and preload and cfg.chunk == cfg.block_h,
                 W_HALF=half)
 
 
@@ -176,15 +159,9 @@ def router_is_half(x_dtype: torch.dtype, router_dtype: torch.dtype) -> bool:
     return x_dtype == router_dtype and x_dtype in (torch.bfloat16, torch.float16)
 
 
-def _counters(device: torch.device) -> Tensor:
-    """The router's per-block counters (fixed size: a split launch has at most
-    COUNTER_SLOTS token blocks)."""
-    return device_counters("moe_route", device, COUNTER_SLOTS)
-
-
-def _launch(x: Tensor, router: Tensor, score_bias: Tensor | None, top_k: int, n_group: int,
-            topk_group: int, method: str, normalize: bool, scale: float
-            ) -> tuple[Tensor, Tensor]:
+def _launch(x: Tensor, router: Tensor, score_bias: Tensor | None, counters: Tensor, top_k: int,
+            n_group: int, topk_group: int, method: str, normalize: bool, scale: float,
+            options: KernelOptions) -> tuple[Tensor, Tensor]:
     tokens, hidden = x.shape
     experts = router.shape[0]
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=x.device)
@@ -197,14 +174,14 @@ def _launch(x: Tensor, router: Tensor, score_bias: Tensor | None, top_k: int, n_
     bias = score_bias.float().contiguous() if score_bias is not None else router
     grouped = method != "greedy"
     cfg = launch_config(tokens, experts, hidden, n_group if grouped else 1, half)
-    counters = _counters(x.device)
+    counters = op_counters(counters, "moe_route")
     const = kernel_constants(cfg, x.dtype, experts, top_k, n_group, topk_group, method, normalize,
-                             score_bias is not None, pdl_supported(x.device), half)
-    if FEW_ROWS and tokens <= router_rows.MAX_ROWS:  # one program an expert
-        part = torch.empty(router_rows.MAX_ROWS * cfg.block_e, dtype=torch.float32,
-                           device=x.device)
-        router_rows.route_rows(x, router, bias, part, counters, weights, ids, scale, const,
-                               bool(const["WAIT"]))
+                             score_bias is not None, pdl_supported(x.device), half,
+                             options.router_early, options.router_preload)
+    if router_rows(tokens, options):  # one program an expert
+        part = torch.empty(rows.MAX_ROWS * cfg.block_e, dtype=torch.float32, device=x.device)
+        rows.route_rows(x, router, bias, part, counters, weights, ids, scale, const,
+                        bool(const["WAIT"]))
         return weights, ids
     part = torch.empty(cfg.blocks * cfg.n_split * cfg.block_t * cfg.block_e,
                        dtype=torch.float32, device=x.device)
@@ -225,23 +202,27 @@ def _reference_cfg(experts: int, top_k: int, n_group: int, topk_group: int, meth
                    routed_scaling_factor=scale)
 
 
-@custom_op("mla_func::moe_route", mutates_args=())
-def moe_route(x: Tensor, router: Tensor, score_bias: Tensor | None, top_k: int, n_group: int,
-              topk_group: int, method: str, normalize: bool, scale: float
+@custom_op("mla_func::moe_route", mutates_args=("counters",))
+def moe_route(x: Tensor, router: Tensor, score_bias: Tensor | None, counters: Tensor,
+              top_k: int, n_group: int, topk_group: int, method: str, normalize: bool,
+              scale: float, early: bool, preload: bool, few_rows: bool
               ) -> tuple[Tensor, Tensor]:
     """x [tokens, hidden], router [experts, hidden] (x's half dtype, or float32) ->
     (weights fp32, ids int64) [tokens, top_k]: `route` with the settings passed as plain
-    values."""
-    if router.shape[0] <= MAX_EXPERTS:
-        return _launch(x, router, score_bias, top_k, n_group, topk_group, method, normalize,
-                       scale)
+    values; `counters`: the state's (`KVState.counters`), left zero."""
+    if router.shape[0] <= ROUTER_MAX_EXPERTS:
+        options = KernelOptions(fused=True, router_early=early, router_preload=preload,
+                                router_few_rows=few_rows)
+        return _launch(x, router, score_bias, counters, top_k, n_group, topk_group, method,
+                       normalize, scale, options)
     cfg = _reference_cfg(router.shape[0], top_k, n_group, topk_group, method, normalize, scale)
     weights, ids = route(x, router, score_bias, cfg)
     return weights.contiguous(), ids.contiguous()
 
 
 @moe_route.register_fake
-def _(x, router, score_bias, top_k, n_group, topk_group, method, normalize, scale):
+def _(x, router, score_bias, counters, top_k, n_group, topk_group, method, normalize, scale,
+      early, preload, few_rows):
     shape = (x.shape[0], top_k)
     return (torch.empty(shape, dtype=torch.float32, device=x.device),
             torch.empty(shape, dtype=torch.int64, device=x.device))
@@ -252,10 +233,15 @@ def route_fused(
     router: Float[Tensor, "experts hidden"],
     score_bias: Float[Tensor, " experts"] | None,
     cfg: MLAConfig,
+    counters: Int[Tensor, " counters"],
+    options: KernelOptions,
+    call: Callable[..., Any] | None = None,
 ) -> tuple[Float[Tensor, "tokens topk"], Int[Tensor, "tokens topk"]]:
-    """`ops.moe.route` as one custom op (one Triton launch at up to MAX_EXPERTS experts)."""
+    """`ops.moe.route` as one custom op (one Triton launch at up to ROUTER_MAX_EXPERTS
+    experts). `call`: how to call the op (default: `moe_route` itself)."""
     method = cfg.topk_method
     normalize = cfg.norm_topk_prob and (method == "noaux_tc" or cfg.model_type == "deepseek_v3")
-    return moe_route(
-        x, router, score_bias, cfg.num_experts_per_tok, cfg.n_group or 1, cfg.topk_group or 1,
-        method, normalize, float(cfg.routed_scaling_factor))
+    return (call or moe_route)(
+        x, router, score_bias, counters, cfg.num_experts_per_tok, cfg.n_group or 1,
+        cfg.topk_group or 1, method, normalize, float(cfg.routed_scaling_factor),
+        options.router_early, options.router_preload, options.router_few_rows)

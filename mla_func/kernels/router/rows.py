@@ -21,9 +21,10 @@ import triton.language as tl
 from torch import Tensor
 
 from mla_func.kernels.launch.counters import last_to_arrive
+from mla_func.kernels.plan import ROUTER_ROWS_MAX
 from mla_func.kernels.router.select import sum_and_select
 
-MAX_ROWS = 4
+MAX_ROWS = ROUTER_ROWS_MAX  # rows the kernel takes (the plan's bound)
 BLOCK_HID = 2048  # hidden a step (V2-Lite: all of it, loaded before the wait; V3: 4 steps)
 NUM_WARPS = 4
 # Above 4 rows: the [rows, BLOCK_HID] tile of x takes 212 registers a thread at 4 warps and 8

@@ -1,0 +1,136 @@
+"""The step's ops, each the torch reference or a fused kernel as the options say.
+
+`mla_func.model` calls these and nothing below them: which implementation runs is
+`KernelOptions`' (`kernels.plan`), never the device's or a module's switch. The reference
+paths are `mla_func.ops`; the fused ones are Triton kernels behind custom ops (one node each
+for tracers), called directly when eager or through torch's dispatcher
+(`KernelOptions.eager_direct`). The kernels' shape-dependent choices (how many rows a
+few-row kernel takes, the MoE's tiles, the router's launch) come from `kernels.plan` too.
+
+The deferred norm (one decode row, fused path): a layer's first projection takes both the
+normalised residual x and the residual h (`norm_linear`). Where
+`kernels.plan.norm_linear_normalises(rows, hidden)` it normalises h itself and never reads x,
+so the MoE before it may leave x unwritten: `experts_add_norm(..., defer_norm=True)` passes
+that to the fused experts, whose last programs then skip the norm on the same predicate. Only
+`norm_linear` may read the x of a deferred norm; the last layer's norm (read by the logits) is
+never deferred.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from mla_func.config import MLAConfig
+from mla_func.custom_op import EagerOp, custom_op
+from mla_func.kernels.linear import norm as fused_norm
+from mla_func.kernels.linear import norm_linear as fused_norm_linear
+from mla_func.kernels.linear import proj_norm
+from mla_func.kernels.plan import KernelOptions
+from mla_func.kernels.router import route as fused_route
+from mla_func.moe import experts_add_norm as reference_experts_add_norm
+from mla_func.moe import moe_experts_add_norm_op
+from mla_func.ops import moe as ref_moe
+from mla_func.ops.norm import rmsnorm
+from mla_func.params import MoE
+
+Rows = Float[Tensor, "tokens hidden"]
+Counters = Int[Tensor, " counters"]
+
+
+def _call(op: EagerOp, opts: KernelOptions) -> Callable[..., Any]:
+    return op if opts.eager_direct else op.dispatch
+
+
+def norm(x: Float[Tensor, "tokens width"], weight: Float[Tensor, " width"], eps: float,
+         opts: KernelOptions) -> Float[Tensor, "tokens width"]:
+    """rmsnorm(x) * weight."""
+    if opts.fused:
+        return _call(fused_norm.rmsnorm, opts)(x, weight, eps)
+    return rmsnorm(x, weight, eps)
+
+
+def add_norm(h: Rows, r: Rows, weight: Float[Tensor, " hidden"], eps: float,
+             opts: KernelOptions) -> tuple[Rows, Rows]:
+    """(h + r, rmsnorm(h + r) * weight): the residual stream and the next sub-layer's input."""
+    if opts.fused:
+        return _call(fused_norm.add_rmsnorm, opts)(h, r, weight, eps)
+    h = h + r
+    return h, rmsnorm(h, weight, eps)
+
+
+def project_add_norm(
+    o: Float[Tensor, "tokens width_in"], w: Float[Tensor, "hidden width_in"], h: Rows,
+    weight: Float[Tensor, " hidden"], eps: float, opts: KernelOptions, counters: Counters,
+) -> tuple[Rows, Rows]:
+    """(h + o w^T, rmsnorm(h + o w^T) * weight): the attention's output projection, the
+    residual add and the FFN's input norm (one launch at a few rows: `kernels.plan`)."""
+    if opts.fused:
+        return _call(proj_norm.proj_add_rmsnorm, opts)(o, w, h, weight, eps, counters)
+    return add_norm(h, o @ w.T, weight, eps, opts)
+
+
+def norm_linear(
+    x: Float[Tensor, "tokens width_in"], h: Float[Tensor, "tokens width_in"],
+    weight: Float[Tensor, " width_in"], eps: float, w: Float[Tensor, "width_out width_in"],
+    opts: KernelOptions,
+) -> Float[Tensor, "tokens width_out"]:
+    """x w^T, x being rmsnorm(h) * weight (which a deferred norm left unwritten: the module
+    docstring)."""
+    if opts.fused:
+        return _call(fused_norm_linear.norm_linear, opts)(x, h, weight, eps, w)
+    return x @ w.T
+
+
+def route(x: Rows, moe: MoE, cfg: MLAConfig, opts: KernelOptions, counters: Counters
+          ) -> tuple[Float[Tensor, "tokens topk"], Int[Tensor, "tokens topk"]]:
+    """(routing weights, expert ids) of each token (`ops.moe.route`'s numerics)."""
+    if opts.fused:
+        return fused_route.route_fused(x, moe.router, moe.score_bias, cfg, counters, opts,
+                                       _call(fused_route.moe_route, opts))
+    return ref_moe.route(x, moe.router, moe.score_bias, cfg)
+
+
+def experts_add_norm(
+    x: Rows, weights: Float[Tensor, "tokens topk"], ids: Int[Tensor, "tokens topk"], moe: MoE,
+    h: Rows, weight: Float[Tensor, " hidden"], eps: float, opts: KernelOptions,
+    counters: Counters, defer_norm: bool,
+) -> tuple[Rows, Rows]:
+    """(h + experts(x), its norm): the routed and shared experts, the residual add and the
+    next norm (in the experts' final reduction on the fused path). `defer_norm`: the norm's
+    only reader is `norm_linear` (the module docstring)."""
+    if opts.experts == "triton":
+        s = moe.shared
+        shared = (None, None) if s is None else (s.gate_up, s.down)
+        return _call(moe_experts_add_norm_op, opts)(
+            x, weights, ids, moe.gate_up, moe.down, *shared, h, weight, eps, defer_norm,
+            counters, opts.moe_trigger)
+    h, y = reference_experts_add_norm(x, weights, ids, moe.gate_up, moe.down, moe.shared, h,
+                                      weight, eps, impl=opts.experts)
+    return h, y
+
+
+@custom_op("mla_func::logits", mutates_args=())
+def _logits_op(x: Tensor, index: Tensor, lm_head: Tensor) -> Tensor:
+    rows = x[index]
+    if rows.is_cuda and rows.dtype in (torch.bfloat16, torch.float16):
+        # cuBLAS stores its fp32 accumulator as is: no half-precision logits written, then
+        # read and widened (at B=128 and a 102400-word vocabulary, 52 MB less traffic).
+        return torch.mm(rows, lm_head.T, out_dtype=torch.float32)
+    return (rows @ lm_head.T).float()
+
+
+@_logits_op.register_fake
+def _(x, index, lm_head):
+    return x.new_empty(index.shape[0], lm_head.shape[0], dtype=torch.float32)
+
+
+def logits(x: Rows, index: Int[Tensor, " seqs"], lm_head: Float[Tensor, "vocab hidden"],
+           opts: KernelOptions) -> Float[Tensor, "seqs vocab"]:
+    """float32 logits of the rows `index` of x (each sequence's last new token; on CUDA from
+    half-precision weights, the product's fp32 accumulator unrounded). One op (one node for
+    tracers) whose rows are the sequences, not the tokens: a caller that runs the step in
+    pieces padded to a token count can run it on the real sequences."""
+    return _call(_logits_op, opts)(x, index, lm_head)

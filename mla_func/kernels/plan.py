@@ -1,0 +1,217 @@
+"""One plan decides which kernel runs: `plan_step(config, device, static shape, options)`.
+
+Every kernel choice of a step is a field of one frozen `StepPlan`, built by one pure function
+from the model's config, the device's properties, the step's static shape (its token and
+sequence counts: a capture bucket, or an eager step's own) and the caller's `KernelOptions`:
+- the options (what a caller chooses; `default_options` by device): the attention backend,
+  fused Triton kernels or the torch reference for the rest, the experts' implementation,
+  eager calls straight to the op's function or through torch's dispatcher, and the launch
+  variants that stay selectable (the router's early launch and few-row form, the MoE sum's
+  early trigger);
+- from the shape: the few-row projections (`proj_norm`, `small_linear`, `norm_linear`), the
+  router's launch (`router.plan.launch_config`, or one program an expert at a few rows), the
+  MoE's tiles and path (`moe.config.pick_config`), the attention's form (absorbed, or the MHA
+  form for long prompts) and the decode's launch plan (`attention.decode_plan.plan_decode`).
+The kernels take the same decisions from the same functions below (each op knows its own
+shapes at run time, while a traced step serves every bucket); the capture compiler's glue
+records `StepPlan.summary()` per bucket in plan.json. The constants are explained in
+docs/DECISIONS.md.
+"""
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from mla_func.config import MLAConfig
+from mla_func.kernels.attention.decode_plan import DecodePlan, plan_decode
+from mla_func.kernels.moe.config import FUSE_SHARED_MAX_TOKENS, MoEConfig, pick_config
+from mla_func.kernels.router.plan import LaunchConfig, launch_config
+
+EXPERTS_IMPLS = ("reference", "sorted_torch", "triton")
+
+# Rows up to which the few-row kernels run (docs/DECISIONS.md).
+PROJ_NORM_MAX_ROWS = 4  # o_proj + residual add + RMSNorm in one launch
+PROJ_NORM_MAX_WIDTH = 2048  # ... for rows up to this wide (its last program holds a row)
+SMALL_LINEAR_MAX_ROWS = 1  # x w^T with the weights loaded before the PDL wait
+NORM_LINEAR_MAX_WIDTH = 2048  # norm_linear normalises the residual row itself up to this width
+ROUTER_ROWS_MAX = 4  # the router's one-program-an-expert form
+ROUTER_MAX_EXPERTS = 256  # the fused router's widest expert block; more route in torch
+# A step holding a sequence with this many new tokens runs its prompts in the MHA form.
+MHA_MIN_QUERY = 64
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """What the caller chooses (the rest of a `StepPlan` follows from shapes).
+
+    `attention`: the attention backend ("torch" or "triton"). `fused`: Triton kernels for the
+    norms, the router, the experts' sum and the few-row projections (else the torch reference
+    ops). `experts`: "triton", "sorted_torch" or "reference". `eager_direct`: an eager call of
+    a custom op runs its function directly instead of through torch's dispatcher (the same
+    kernels; the dispatcher costs host time). `router_early`: on sm90 the router launches
+    while the kernel before it ends, its rows loaded before it waits (`router_preload`).
+    `router_few_rows`: up to ROUTER_ROWS_MAX rows the router runs one program an expert.
+    `moe_trigger`: the MoE's last programs let the next projection start (PDL)."""
+
+    attention: str = "torch"
+    fused: bool = False
+    experts: str = "sorted_torch"
+    eager_direct: bool = True
+    router_early: bool = True
+    router_preload: bool = True
+    router_few_rows: bool = True
+    moe_trigger: bool = True
+
+    def __post_init__(self) -> None:
+        if self.experts not in EXPERTS_IMPLS:
+            raise ValueError(f"unknown experts implementation {self.experts!r}; expected one "
+                             f"of {EXPERTS_IMPLS}")
+        if self.experts == "triton" and not self.fused:
+            raise ValueError("experts='triton' needs fused=True (its op adds the residual and "
+                             "normalises with the fused kernels' numerics)")
+
+
+def default_options(device: torch.device | str, attention: str = "torch") -> KernelOptions:
+    """The options a device runs by default: the fused kernels on CUDA, and on `meta` (so
+    that planning and shape checks there see the ops a GPU runs); the torch reference
+    elsewhere."""
+    fused = torch.device(device).type in ("cuda", "meta")
+    return KernelOptions(attention=attention, fused=fused,
+                         experts="triton" if fused else "sorted_torch")
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """What the plan needs to know of a device."""
+
+    type: str
+    sms: int
+    capability: tuple[int, int] = (0, 0)
+
+    @property
+    def pdl(self) -> bool:
+        return self.type == "cuda" and self.capability[0] >= 9
+
+    @property
+    def sm90(self) -> bool:
+        """wgmma and TMA: the warp-specialised decode kernel runs."""
+        return self.type == "cuda" and self.capability[0] == 9
+
+
+def device_spec(device: torch.device | str) -> DeviceSpec:
+    """A device's spec; elsewhere than CUDA a small stand-in SM count (the interpreter has no
+    SMs)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return DeviceSpec(device.type, 4)
+    props = torch.cuda.get_device_properties(device)
+    return DeviceSpec("cuda", props.multi_processor_count, (props.major, props.minor))
+
+
+def proj_norm_rows(rows: int, width: int) -> bool:
+    """Whether o_proj + add + norm of `rows` rows `width` wide run as one launch."""
+    return 0 < rows <= PROJ_NORM_MAX_ROWS and width <= PROJ_NORM_MAX_WIDTH
+
+
+def small_linear_rows(rows: int) -> bool:
+    """Whether x w^T of `rows` rows runs the matrix-vector kernel (else a GEMM)."""
+    return 0 < rows <= SMALL_LINEAR_MAX_ROWS
+
+
+def norm_linear_normalises(rows: int, width: int) -> bool:
+    """Whether the layer's first projection normalises its residual rows itself (one program
+    holds the row), so that the op before it may leave the norm unwritten (the deferred norm,
+    `mla_func.kernel_ops`)."""
+    return small_linear_rows(rows) and width <= NORM_LINEAR_MAX_WIDTH
+
+
+def router_rows(tokens: int, options: KernelOptions) -> bool:
+    """Whether the router runs one program an expert (else its split kernel)."""
+    return options.router_few_rows and 0 < tokens <= ROUTER_ROWS_MAX
+
+
+def attention_form(max_query_len: int) -> str:
+    """'mha' when a sequence brings MHA_MIN_QUERY new tokens or more, else 'absorbed'."""
+    return "mha" if max_query_len >= MHA_MIN_QUERY else "absorbed"
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Every kernel choice of a step of `tokens` tokens over `seqs` sequences."""
+
+    tokens: int
+    seqs: int
+    options: KernelOptions
+    device: DeviceSpec
+    qkv_a: str  # "norm_linear" | "small_linear" | "gemm"
+    o_proj: str  # "proj_norm" | "gemm"
+    router: str  # "rows" | "split" | "torch"
+    router_launch: LaunchConfig | None
+    experts: str
+    moe: MoEConfig | None
+    shared_experts: str  # "folded" | "apart" | "none"
+    moe_norm_deferred: bool  # the MoE leaves its norm to the next layer's first projection
+    # "absorbed" | "mha" | "absorbed+mha" (decodes and prompts) | "per step" (host metadata)
+    attention_form: str
+    decode: DecodePlan | None  # pure decode steps on the triton backend
+
+    def summary(self) -> dict:
+        """The plan as plain JSON values (plan.json)."""
+        out = asdict(self)
+        out["device"] = f"{self.device.type} ({self.device.sms} SMs, sm"\
+                        f"{self.device.capability[0]}{self.device.capability[1]})"
+        return out
+
+
+def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
+              options: KernelOptions, max_pages: int, page_size: int,
+              dtype: torch.dtype = torch.bfloat16, max_query_len: int | None = 1
+              ) -> StepPlan:
+    """The kernels a step of `tokens` tokens over `seqs` sequences runs (page tables
+    `max_pages` wide, pages of `page_size`, weights in `dtype`). `max_query_len`: the most new
+    tokens of one sequence, 1 for a decode step; None where each step's own decides (a
+    piecewise bucket: the attention runs between the graphs, from host metadata)."""
+    fused, rows = options.fused, tokens
+    qkv_a = o_proj = router = "gemm"
+    router_launch = moe = None
+    deferred = False
+    if fused:
+        qkv_a = ("norm_linear" if norm_linear_normalises(rows, cfg.hidden_size)
+                 else "small_linear" if small_linear_rows(rows) else "gemm")
+        o_proj = "proj_norm" if proj_norm_rows(rows, cfg.hidden_size) else "gemm"
+    moe_layers = cfg.n_routed_experts and cfg.num_hidden_layers > cfg.first_k_dense_replace
+    shared = "none"
+    if moe_layers:
+        experts = cfg.n_routed_experts
+        if not fused or experts > ROUTER_MAX_EXPERTS:
+            router = "torch"
+        else:
+            half = dtype in (torch.bfloat16, torch.float16)
+            grouped = cfg.topk_method != "greedy"
+            router_launch = launch_config(tokens, experts, cfg.hidden_size,
+                                          (cfg.n_group or 1) if grouped else 1, half)
+            router = "rows" if router_rows(tokens, options) else "split"
+        if options.experts == "triton":
+            moe = pick_config(tokens)
+            if cfg.n_shared_experts:
+                shared = "folded" if tokens <= FUSE_SHARED_MAX_TOKENS else "apart"
+            deferred = bool(moe.last_sum) and norm_linear_normalises(rows, cfg.hidden_size)
+        elif cfg.n_shared_experts:
+            shared = "apart"
+    if max_query_len is None:
+        form = "per step"
+    else:
+        form = attention_form(max_query_len)
+        if form == "mha" and seqs > 1:
+            form = "absorbed+mha"
+    decode = None
+    if options.attention == "triton" and tokens == seqs and max_query_len == 1:
+        decode = plan_decode(tokens, max_pages * page_size, device.sms,
+                             cfg.num_attention_heads, page_size=page_size, ws=device.sm90)
+    return StepPlan(tokens, seqs, options, device, qkv_a, o_proj, router, router_launch,
+                    options.experts if moe_layers else "none", moe, shared, deferred, form,
+                    decode)
+
+
+__all__ = ["DeviceSpec", "KernelOptions", "StepPlan", "default_options", "device_spec",
+           "plan_step"]

@@ -1,0 +1,53 @@
+"""The attention op's operands as two pytrees: a layer's weights and a step's metadata.
+
+`mla_func::mla_attention` takes flat arguments (a custom op's schema is a list of tensors and
+numbers): they are flattened once, where the op is called (`flat`), and rebuilt once inside it
+(`from_flat`), so every backend takes (q_nope, q_pe, kv, cache, layer, weights, meta).
+"""
+
+from dataclasses import dataclass, fields
+
+from jaxtyping import Float, Int
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class AttnWeights:
+    """One layer's attention weights and numbers: the latent norm, the rope frequencies, the
+    absorbed W_UK / W_UV, the softmax and rope scales and the norm's eps."""
+
+    kv_norm: Float[Tensor, " kv_lora"]
+    inv_freq: Float[Tensor, " qk_rope"]
+    w_uk: Float[Tensor, "heads qk_nope kv_lora"]
+    w_uv: Float[Tensor, "heads v_head kv_lora"]
+    scale: float
+    rope_scale: float
+    eps: float
+
+
+@dataclass(frozen=True)
+class AttnMeta:
+    """A step's metadata (`Batch`'s fields the attention reads); `host` is the CPU copy of
+    the counts (`batch.HOST_FIELDS`) that grids and forms are chosen from."""
+
+    slot_mapping: Int[Tensor, " tokens"]
+    token_seq: Int[Tensor, " tokens"]
+    positions: Int[Tensor, " tokens"]
+    page_table: Int[Tensor, "seqs max_pages"]
+    seq_lens: Int[Tensor, " seqs"]
+    host: Int[Tensor, " 5"]
+
+
+def flat(obj: AttnWeights | AttnMeta) -> tuple:
+    """The fields in order (no copies, unlike dataclasses.astuple)."""
+    return tuple(getattr(obj, f.name) for f in fields(obj))
+
+
+WEIGHT_ARGS = len(fields(AttnWeights))
+META_ARGS = len(fields(AttnMeta))
+
+
+def from_flat(args: tuple) -> tuple[AttnWeights, AttnMeta]:
+    """(weights, meta) from the op's arguments after (q_nope, q_pe, kv, cache, layer)."""
+    return (AttnWeights(*args[:WEIGHT_ARGS]),
+            AttnMeta(*args[WEIGHT_ARGS:WEIGHT_ARGS + META_ARGS]))
