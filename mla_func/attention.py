@@ -73,7 +73,7 @@ def torch_attention(
     # Gather only the page-table columns the longest sequence reaches (host metadata).
     pages_used = -(-int(m.host[3]) // cache.shape[2])
     page_table = m.page_table[:, :pages_used]
-    mha = attention_form(int(m.host[4])) == "mha"
+    mha = attention_form(int(m.host[4]), m.mha_min_query) == "mha"
     form = ref.attend_mha if mha else ref.attend_absorbed
     o = form(q_nope, q_pe, layer_cache, w.w_uk, w.w_uv, m.token_seq, m.positions, page_table,
              w.scale)
@@ -132,10 +132,10 @@ def mla_attention(
     q_nope: Tensor, q_pe: Tensor, kv: Tensor, cache: Tensor, layer: int, kv_norm: Tensor,
     inv_freq: Tensor, w_uk: Tensor, w_uv: Tensor, scale: float, rope_scale: float, eps: float,
     slot_mapping: Tensor, token_seq: Tensor, positions: Tensor, page_table: Tensor,
-    seq_lens: Tensor, host: Tensor, backend: str,
+    seq_lens: Tensor, host: Tensor, mha_min_query: int, backend: str,
 ) -> Tensor:
     w, m = from_flat((kv_norm, inv_freq, w_uk, w_uv, scale, rope_scale, eps, slot_mapping,
-                      token_seq, positions, page_table, seq_lens, host))
+                      token_seq, positions, page_table, seq_lens, host, mha_min_query))
     return get_backend(backend).run(q_nope, q_pe, kv, cache, layer, w, m)
 
 
@@ -165,8 +165,11 @@ def attend(
     weights: AttnWeights,
     meta: AttnMeta,
     backend: str,
+    direct: bool = True,
 ) -> Float[Tensor, "tokens heads v_head"]:
     """The typed entry to the op: shape checks see every argument (the op's fake
     implementation, which `meta` tensors run, checks nothing). q_pe and kv are the input
-    projection's output, before the rope and the norm, which the op applies."""
-    return mla_attention(q_nope, q_pe, kv, cache, layer, *flat(weights), *flat(meta), backend)
+    projection's output, before the rope and the norm, which the op applies. `direct`: an
+    eager call runs the op's function (else through the dispatcher)."""
+    op = mla_attention if direct else mla_attention.dispatch
+    return op(q_nope, q_pe, kv, cache, layer, *flat(weights), *flat(meta), backend)

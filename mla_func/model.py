@@ -51,7 +51,7 @@ def attention_weights(attn: Attention, params: Params) -> AttnWeights:
 
 def attention_meta(batch: Batch) -> AttnMeta:
     return AttnMeta(batch.slot_mapping, batch.token_seq, batch.positions, batch.page_table,
-                    batch.seq_lens, batch.host)
+                    batch.seq_lens, batch.host, batch.kernels.mha_min_query)
 
 
 def layer_step(
@@ -65,7 +65,8 @@ def layer_step(
     q, kv = project_qkv_a(attn, x, h, layer.input_norm, cfg, opts)
     nope = cfg.qk_nope_head_dim
     o = attend(q[..., :nope], q[..., nope:], kv, state.cache, i,
-               attention_weights(attn, params), attention_meta(batch), opts.attention)
+               attention_weights(attn, params), attention_meta(batch), opts.attention,
+               opts.eager_direct)
     h, x = K.project_add_norm(o.flatten(1, 2), attn.o_proj.flatten(1, 2), h,
                               layer.post_attn_norm, eps, opts, state.counters)
     mlp = layer.mlp

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 import mla_func as mf
+from mla_func.kernels.plan import KernelOptions
 
 YARN = {"factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32.0,
         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.8}
@@ -103,6 +104,7 @@ class Runner:
     num_pages: int = 64
     max_pages: int = 32
     backend: str = "torch"
+    kernels: KernelOptions | None = None  # all the ops' implementations (default: the device's)
     tokens: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -117,7 +119,7 @@ class Runner:
             seqs.append(mf.SeqWork(list(new), len(have), list(pages)))
             have.extend(new)
         batch = mf.make_batch(seqs, self.page_size, self.max_pages, backend=self.backend,
-                              vocab_size=self.params.cfg.vocab_size)
+                              vocab_size=self.params.cfg.vocab_size, kernels=self.kernels)
         logits, self.state = mf.forward(self.params, self.state, batch)
         return {seq: logits[i] for i, (seq, _) in enumerate(work)}
 

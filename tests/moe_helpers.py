@@ -85,6 +85,20 @@ def moe_layer(cfg, tokens, hidden, inter, dtype=torch.float32, device="cpu", see
     return MoE(router, bias, gate_up, down, shared), x, h, (1 + r(hidden, scale=0.1)).to(dtype)
 
 
+def fused_layer(moe, x, h, weight, cfg):
+    """(h + moe(x), its norm) as the model's fused path runs it (`kernel_ops`: the Triton
+    router feeding the Triton experts, shared experts, add and norm in their final sum)."""
+    from mla_func import kernel_ops
+    from mla_func.kernels.launch.runtime import Runtime
+    from mla_func.kernels.plan import KernelOptions
+
+    opts = KernelOptions(fused=True, experts="triton")
+    counters = Runtime(x.device).counters
+    w, ids = kernel_ops.route(x, moe, cfg, opts, counters)
+    return kernel_ops.experts_add_norm(x, w, ids, moe, h, weight, cfg.rms_norm_eps, opts,
+                                       counters, defer_norm=False)
+
+
 def reference_layer(moe, x, h, weight, cfg):
     """(h + moe(x), rmsnorm of it): `route`, every expert over every token, the shared MLP."""
     w, ids = route(x, moe.router, moe.score_bias, cfg)

@@ -7,6 +7,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import mla_func as mf
 from mla_func import custom_op as co
+from mla_func.custom_op import EagerOp
+from mla_func.kernels.plan import KernelOptions
 
 
 @co.custom_op("mla_func_test::scale_add", mutates_args=())
@@ -82,30 +84,38 @@ def test_dispatch_modes_fake_and_meta_tensors_go_through_the_op(monkeypatch):
     monkeypatch.setattr(scale_add, "op", _Refused())
     with pytest.raises(AssertionError, match="dispatcher"):
         scale_add(x.to("meta"), y.to("meta"), 1.0)
-    monkeypatch.setattr(co, "DIRECT", False)
     with pytest.raises(AssertionError, match="dispatcher"):
-        scale_add(x, y, 1.0)
+        scale_add.dispatch(x, y, 1.0)
 
 
 @pytest.mark.interpret
 def test_the_model_gives_the_same_bits_through_the_dispatcher_or_not(monkeypatch):
     """The fused path's ops (norms, small projections, attention, logits) run on CPU through
-    the Triton interpreter: direct calls give the dispatcher's logits to the bit."""
-    from mla_func import model
+    the Triton interpreter: direct calls give the dispatcher's logits to the bit, and the
+    dispatcher path does go through the dispatcher."""
+    calls = []
+    real = EagerOp.dispatch
 
-    monkeypatch.setattr(model, "FORCE_FUSED", True)
+    def counted(self, *args, **kwargs):
+        calls.append(self.__name__)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(EagerOp, "dispatch", counted)  # a spy: counts, changes nothing
     cfg = mf.MLAConfig.preset("tiny")
     params = mf.init_params(cfg, seed=3)
     prompt = torch.randint(0, cfg.vocab_size, (9,), generator=torch.Generator().manual_seed(4))
     outs = []
     for direct in (False, True):
-        monkeypatch.setattr(co, "DIRECT", direct)
+        opts = KernelOptions(fused=True, eager_direct=direct)
         state = mf.init_state(cfg, num_pages=16, page_size=4)
         pages = state.allocator.reserve(0, 10)
         first, _ = mf.forward(params, state, mf.make_batch(
-            [mf.SeqWork(prompt.tolist(), 0, pages)], 4, 4))
-        then, _ = mf.forward(params, state, mf.make_batch([mf.SeqWork([7], 9, pages)], 4, 4))
+            [mf.SeqWork(prompt.tolist(), 0, pages)], 4, 4, kernels=opts))
+        then, _ = mf.forward(params, state, mf.make_batch([mf.SeqWork([7], 9, pages)], 4, 4,
+                                                          kernels=opts))
         outs.append((first, then, state.cache.clone()))
+        assert bool(calls) == (not direct), calls
+        calls.clear()
     for via_op, direct in zip(*outs, strict=True):
         assert torch.equal(direct, via_op)
 

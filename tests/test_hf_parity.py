@@ -3,7 +3,6 @@ tiny random models saved with `save_pretrained`, loaded with `load_hf`, run thro
 function on a paged cache in mixed batches, and compared token by token with HF run alone on
 each sequence. Also: the absorbed and MHA attention forms agree."""
 
-import functools
 
 import pytest
 import torch
@@ -14,8 +13,8 @@ pytest.importorskip("safetensors")
 from hf_helpers import Runner, assert_logits_close, hf_last_logits, hf_model, save  # noqa: E402
 
 import mla_func as mf  # noqa: E402
-from mla_func.attention import MHA_MIN_QUERY  # noqa: E402
 from mla_func.checkpoint import load_hf, save_hf  # noqa: E402
+from mla_func.kernels.plan import MHA_MIN_QUERY, KernelOptions  # noqa: E402
 from mla_func.ops.attention import attend_absorbed, attend_mha  # noqa: E402
 
 CASES = {
@@ -122,18 +121,13 @@ def test_long_prefill_mha_form_beside_decodes(case, monkeypatch):
 @pytest.mark.interpret
 def test_fused_kernels_match_hf(case, monkeypatch):
     """The path a GPU runs, interpreted: the fused norms, router and projections
-    (`FORCE_FUSED`), the Triton experts and the "triton" attention backend (its absorbed
-    kernels: no prompt here reaches MHA_MIN_QUERY), over the mixed schedule."""
-    from mla_func import model as step
-    from mla_func import moe
-
+    (`KernelOptions.fused`), the Triton experts and the "triton" attention backend (its
+    absorbed kernels: no prompt here reaches MHA_MIN_QUERY), over the mixed schedule."""
     name, model, cfg, params = case
-    monkeypatch.setattr(step, "FORCE_FUSED", True)
-    monkeypatch.setattr(moe, "experts_add_norm",
-                        functools.partial(moe.experts_add_norm, impl="triton"))
+    opts = KernelOptions(attention="triton", fused=True, experts="triton")
     # Max |ours - hf| / max |hf| measured 4.8e-7 (v2-greedy-hub), 7.9e-7 (v2-group-qlora),
     # 1.05e-6 (v3-noaux-qlora); the reference path's 5.7e-7 to 9.8e-7 (2026-11, CPU).
-    _mixed_batches(name, model, cfg, Runner(params, page_size=4, backend="triton"), rel=1e-5)
+    _mixed_batches(name, model, cfg, Runner(params, page_size=4, kernels=opts), rel=1e-5)
 
 
 def test_transformers_fused_state_dict(case, tmp_path):

@@ -72,12 +72,11 @@ def test_prefill_out_of_resources_halves_the_tile_and_says_so(monkeypatch):
     tight = TightKernel(mp._mha_kernel, "BLOCK_M", 32)  # 32 rows a program do not fit
     seen = tight.seen
     monkeypatch.setattr(mp, "_mha_kernel", tight)
-    monkeypatch.setattr(mp, "_SHRUNK", set())
     p = make_problem([0, 5, 17], [20, 3, 33], 16, dict(SMALL, heads=4), seed=3)
     args = (*ref_args(p), 50, 33)
     with pytest.warns(RuntimeWarning, match="ran out of GPU resources at 32 query rows a "
                                             "program; it runs 16"):
-        got = mha_prefill(*args, block_m=32, block_n=16)
+        got = mha_prefill(*args, block_m=32, block_n=16, shrunk=set())
     assert seen == [32, 16]
     assert rel_err(got, ref.attend_mha(*ref_args(p))) < TOL
     with warnings.catch_warnings():

@@ -19,6 +19,7 @@ from linear_helpers import projection_inputs, replay_matches_eager  # noqa: E402
 
 from mla_func.kernels.linear import norm_linear as nl  # noqa: E402
 from mla_func.kernels.linear import small_linear as sl  # noqa: E402
+from mla_func.kernels.plan import NORM_LINEAR_MAX_WIDTH  # noqa: E402
 from mla_func.ops.norm import rmsnorm  # noqa: E402
 
 # The half-precision case: bf16 on a GPU; fp16 under the CPU interpreter, whose casts from
@@ -53,7 +54,7 @@ def test_one_row_from_h_alone(n_in, n_out, dtype):
                                atol=tol)
 
 
-def test_other_operands_more_rows_and_wider_rows(monkeypatch):
+def test_other_operands_more_rows_and_wider_rows():
     """An operand the kernel does not take (a float32 norm weight) is normalised in torch,
     still from h; past one row, and for rows wider than one program holds, the op is x w^T
     (`small_linear` or a GEMM) and reads x, not h."""
@@ -67,10 +68,10 @@ def test_other_operands_more_rows_and_wider_rows(monkeypatch):
     x = torch.randn_like(h)
     assert not nl.normalises(3, 48)
     torch.testing.assert_close(nl.norm_linear(x, h, weight, 1e-6, w), x @ w.T)
-    monkeypatch.setattr(sl, "BLOCK_K", 32)  # 48 columns no longer fit one program
-    h, weight, w = _inputs(1, 48, 20, torch.float32, seed=5)
+    wide = NORM_LINEAR_MAX_WIDTH + 16  # no longer fits one program
+    h, weight, w = _inputs(1, wide, 20, torch.float32, seed=5)
     x = torch.randn_like(h)
-    assert not nl.normalises(1, 48) and sl.fits(x, w)
+    assert not nl.normalises(1, wide) and sl.fits(x, w)
     got = nl.norm_linear(x, h, weight, 1e-6, w)
     torch.testing.assert_close(got, x @ w.T, rtol=1e-5, atol=1e-5)
 

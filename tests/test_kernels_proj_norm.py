@@ -15,9 +15,21 @@ if not torch.cuda.is_available():  # before any @triton.jit kernel is defined (C
 
 from linear_helpers import projection_inputs, replay_matches_eager  # noqa: E402
 
+from mla_func.kernels.launch.runtime import Runtime, op_counters  # noqa: E402
 from mla_func.kernels.linear import proj_norm  # noqa: E402
 from mla_func.kernels.linear.proj_norm import fits, proj_add_rmsnorm  # noqa: E402
+from mla_func.kernels.plan import PROJ_NORM_MAX_WIDTH  # noqa: E402
 from mla_func.ops.norm import rmsnorm  # noqa: E402
+
+_RUNTIMES: dict[str, Runtime] = {}
+
+
+def counters(t: torch.Tensor) -> torch.Tensor:
+    """The counters of one runtime per device, shared by this module's calls."""
+    key = str(t.device)
+    if key not in _RUNTIMES:
+        _RUNTIMES[key] = Runtime(t.device)
+    return _RUNTIMES[key].counters
 
 
 def _inputs(rows: int, n_in: int, n_out: int, dtype: torch.dtype, seed: int, o_stride: int = 0):
@@ -39,19 +51,20 @@ def _reference(o, w, h, weight, eps):
     (1, 48, 44, None), (3, 48, 44, None), (4, 40, 64, 16), (2, 32, 16, None),
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_matches_the_reference(rows, n_in, n_out, block_k, dtype, nan_empty, monkeypatch):
+def test_matches_the_reference(rows, n_in, n_out, block_k, dtype, nan_empty):
     assert proj_norm.BLOCK_N == 8  # the cases above are laid out for it
-    if block_k is not None:
-        monkeypatch.setattr(proj_norm, "BLOCK_K", block_k)
     o, w, h, weight = _inputs(rows, n_in, n_out, dtype, seed=rows * 100 + n_in)
     assert fits(o, w, h)
-    h_new, y = proj_add_rmsnorm(o, w, h, weight, 1e-6)
+    if block_k is None:
+        h_new, y = proj_add_rmsnorm(o, w, h, weight, 1e-6, counters(h))
+    else:  # the K loop: the kernel itself, with narrower steps than the model's
+        h_new, y = proj_norm.run(o, w, h, weight, 1e-6, counters(h), block_k)
     h_ref, y_ref = _reference(o, w, h, weight, 1e-6)
     # fp32: summation order only; bf16: the projection's rounding can differ by one step.
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(h_new.float(), h_ref.float(), rtol=tol, atol=tol)
     torch.testing.assert_close(y.float(), y_ref.float(), rtol=tol, atol=tol)
-    assert int(proj_norm._counter(h.device)[0]) == 0  # left zero for the next launch
+    assert int(op_counters(counters(h), "proj_add_rmsnorm")[0]) == 0  # zero for the next
 
 
 @pytest.mark.interpret
@@ -60,21 +73,21 @@ def test_strided_rows_and_repeated_calls(nan_empty):
     o, w, h, weight = _inputs(3, 48, 40, torch.float32, seed=7, o_stride=16)
     assert o.stride(0) == 64
     for _ in range(3):
-        h_new, y = proj_add_rmsnorm(o, w, h, weight, 1e-6)
+        h_new, y = proj_add_rmsnorm(o, w, h, weight, 1e-6, counters(h))
         h_ref, y_ref = _reference(o, w, h, weight, 1e-6)
         torch.testing.assert_close(h_new, h_ref, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
 
 
 def test_more_rows_run_the_gemm_and_add_norm():
-    """Past MAX_ROWS rows (or MAX_WIDTH columns) the op runs the GEMM and add_rmsnorm."""
+    """Past the plan's rows (or width) the op runs the GEMM and add_rmsnorm."""
     o, w, h, weight = _inputs(proj_norm.MAX_ROWS + 1, 48, 40, torch.float32, seed=3)
     assert not fits(o, w, h)
-    h_new, y = proj_add_rmsnorm(o, w, h, weight, 1e-6)
+    h_new, y = proj_add_rmsnorm(o, w, h, weight, 1e-6, counters(h))
     h_ref, y_ref = _reference(o, w, h, weight, 1e-6)
     torch.testing.assert_close(h_new, h_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
-    wide = _inputs(1, 16, proj_norm.MAX_WIDTH + 16, torch.float32, seed=4)
+    wide = _inputs(1, 16, PROJ_NORM_MAX_WIDTH + 16, torch.float32, seed=4)
     assert not fits(*wide[:3])
 
 
@@ -89,7 +102,7 @@ def test_cuda_v2_lite_size_after_a_kernel_and_in_a_graph(rows):
 
     def step():
         o.copy_(src * 2)  # a kernel before, writing what the projection reads
-        return proj_add_rmsnorm(o, w, h, weight, 1e-6)
+        return proj_add_rmsnorm(o, w, h, weight, 1e-6, counters(h))
 
     h_new, y = step()
     h_ref, y_ref = _reference(o, w, h, weight, 1e-6)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import mla_func as mf
-from mla_func import attention
+from mla_func.kernels.plan import MHA_MIN_QUERY, KernelOptions
 
 
 @pytest.fixture(scope="module")
@@ -56,17 +56,17 @@ def test_long_prompt_uses_mha_form_and_agrees_with_absorbed(tiny, monkeypatch):
     from mla_helpers import mha_calls
 
     cfg, params = tiny
-    tokens = _prompt(attention.MHA_MIN_QUERY + 3, 3)
+    tokens = _prompt(MHA_MIN_QUERY + 3, 3)
     outs = []
     mha = mha_calls(monkeypatch)["torch"]
     # The MHA form in every layer, then (threshold out of reach) in none.
-    for threshold, calls in ((attention.MHA_MIN_QUERY, cfg.num_hidden_layers), (10**9, 0)):
+    for threshold, calls in ((MHA_MIN_QUERY, cfg.num_hidden_layers), (10**9, 0)):
         mha.clear()
-        monkeypatch.setattr(attention, "MHA_MIN_QUERY", threshold)
+        opts = KernelOptions(mha_min_query=threshold)
         state = mf.init_state(cfg, num_pages=64, page_size=4)
         pages = state.allocator.reserve(0, len(tokens))
         logits, _ = mf.forward(params, state, mf.make_batch(
-            [mf.SeqWork(tokens, 0, pages)], 4, 32))
+            [mf.SeqWork(tokens, 0, pages)], 4, 32, kernels=opts))
         outs.append(logits)
         assert len(mha) == calls
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
@@ -101,26 +101,24 @@ def test_meta_device_plans_v3_without_memory():
     assert params.embed.device.type == "meta"
 
 
-def _decode_after(cfg, params, prompt):
+def _decode_after(cfg, params, prompt, kernels=None):
     """The logits of one decode row (token 9) after `prompt`'s prefill, on a fresh cache."""
     state = mf.init_state(cfg, num_pages=16, page_size=4)
     pages = state.allocator.reserve(0, len(prompt) + 1)
-    mf.forward(params, state, mf.make_batch([mf.SeqWork(prompt, 0, pages)], 4, 4))
-    batch = mf.make_batch([mf.SeqWork([9], len(prompt), pages)], 4, 4)
+    mf.forward(params, state, mf.make_batch([mf.SeqWork(prompt, 0, pages)], 4, 4,
+                                            kernels=kernels))
+    batch = mf.make_batch([mf.SeqWork([9], len(prompt), pages)], 4, 4, kernels=kernels)
     return mf.forward(params, state, batch)[0]
 
 
 @pytest.mark.interpret
-def test_fused_kernels_match_the_reference_path(tiny, monkeypatch):
+def test_fused_kernels_match_the_reference_path(tiny):
     """The fused Triton norm/prologue kernels (interpreted on CPU) give the reference logits."""
-    from mla_func import model
-
     cfg, params = tiny
     tokens = _prompt(11, 5)
     outs = []
     for fused in (False, True):
-        monkeypatch.setattr(model, "FORCE_FUSED", fused)
-        outs.append(_decode_after(cfg, params, tokens))
+        outs.append(_decode_after(cfg, params, tokens, KernelOptions(fused=fused)))
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
 
 
@@ -130,25 +128,23 @@ def test_one_row_leaves_the_moe_norm_to_the_next_projection(tiny, monkeypatch):
     layer but the last is told to leave its norm out (`defer_norm`), and the next layer's
     `norm_linear` normalises h itself: with those norms NaN, the logits are still the
     reference path's."""
-    from mla_func import model, moe
+    from mla_func import kernel_ops
 
     cfg, params = tiny
     tokens = _prompt(11, 5)
-    inner, seen = moe.experts_add_norm, []
+    inner, seen = kernel_ops.experts_add_norm, []
 
-    def triton_moe(*args, defer_norm=False, **kwargs):
-        h, y = inner(*args, impl="triton", defer_norm=defer_norm, **kwargs)
+    def triton_moe(*args, **kwargs):
+        h, y = inner(*args, **kwargs)
+        defer_norm = kwargs.get("defer_norm", args[-1])
         seen.append((h.shape[0], defer_norm))
         if defer_norm and h.shape[0] == 1:
             y = torch.full_like(y, float("nan"))  # what nothing may read
         return h, y
 
-    outs = []
-    for fused in (False, True):
-        monkeypatch.setattr(model, "FORCE_FUSED", fused)
-        if fused:
-            monkeypatch.setattr(moe, "experts_add_norm", triton_moe)
-        outs.append(_decode_after(cfg, params, tokens))
+    outs = [_decode_after(cfg, params, tokens, KernelOptions())]
+    monkeypatch.setattr(kernel_ops, "experts_add_norm", triton_moe)  # a spy, no switch
+    outs.append(_decode_after(cfg, params, tokens, KernelOptions(fused=True, experts="triton")))
     moe_layers = cfg.num_hidden_layers - cfg.first_k_dense_replace
     assert moe_layers == 2 and seen == [(11, True), (11, False), (1, True), (1, False)]
     assert not outs[1].isnan().any()

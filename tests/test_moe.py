@@ -1,6 +1,6 @@
 """mla_func.moe and kernels/moe/align.py, moe_inline_align.py, moe_config.py, moe_gemm.py,
 moe_gate_up.py, moe_down.py, moe_sum.py, fused_moe.py against ops.moe.experts_reference; the
-MoE sub-layer of the fused path (`model.ffn_add_norm`: kernels/router/route.py feeding the experts)
+MoE sub-layer of the fused path (`kernel_ops`: kernels/router/route.py feeding the experts)
 against the reference routing, experts, add and norm.
 
 CPU: Triton under TRITON_INTERPRET=1 (conftest sets it without a GPU) at small sizes, float32
@@ -10,7 +10,6 @@ test_moe_cuda.py; shared inputs in moe_helpers.py.
 """
 
 import dataclasses
-import functools
 import math
 
 import pytest
@@ -29,8 +28,9 @@ from moe_helpers import (
     tails,
 )
 
-from mla_func import model, moe
+from mla_func import kernel_ops
 from mla_func.config import MLAConfig
+from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.linear.norm import add_rmsnorm
 from mla_func.kernels.moe import align as moe_align
 from mla_func.kernels.moe import fused as fused_moe
@@ -43,6 +43,7 @@ from mla_func.kernels.moe.config import (
     pick_config,
 )
 from mla_func.kernels.moe.fused import ADD_NORM_MAX_WIDTH, fused_experts
+from mla_func.kernels.plan import KernelOptions
 from mla_func.moe import experts, experts_add_norm
 from mla_func.ops.moe import route
 from mla_func.ops.norm import rmsnorm as rmsnorm_ref
@@ -465,8 +466,8 @@ ROUTINGS = {
 @pytest.mark.parametrize("tokens", [1, 7, 33])
 @pytest.mark.parametrize("method,n_exp", list(ROUTINGS))
 @pytest.mark.interpret
-def test_fused_moe_layer_matches_reference(method, n_exp, tokens, monkeypatch):
-    """The MoE sub-layer as the fused path runs it (`model.ffn_add_norm`: the Triton router
+def test_fused_moe_layer_matches_reference(method, n_exp, tokens):
+    """The MoE sub-layer as the fused path runs it (`kernel_ops`: the Triton router
     feeding the Triton experts, with the shared experts, the residual add and the next norm in
     their final reduction) against `route` + every expert + the shared MLP + add + rmsnorm.
     1, 7 and 33 tokens take the router's one-program-an-expert and split kernels, and the
@@ -477,10 +478,11 @@ def test_fused_moe_layer_matches_reference(method, n_exp, tokens, monkeypatch):
         n_shared_experts=2 if n_exp == 64 else 1, topk_method=method, n_group=n_group,
         topk_group=topk_group, norm_topk_prob=norm, routed_scaling_factor=scale)
     layer, x, h, weight = moe_layer(cfg, tokens, 64, 32, seed=tokens + n_exp)
-    monkeypatch.setattr(model, "FORCE_FUSED", True)
-    monkeypatch.setattr(moe, "experts_add_norm",
-                        functools.partial(moe.experts_add_norm, impl="triton"))
-    got_h, got_y = model.ffn_add_norm(layer, x, h, weight, cfg)
+    opts = KernelOptions(fused=True, experts="triton")
+    counters = Runtime(x.device).counters
+    w, ids = kernel_ops.route(x, layer, cfg, opts, counters)
+    got_h, got_y = kernel_ops.experts_add_norm(x, w, ids, layer, h, weight, cfg.rms_norm_eps,
+                                               opts, counters, defer_norm=False)
     want_h, want_y = reference_layer(layer, x, h, weight, cfg)
     same = same_routing(x, layer, cfg)  # other experts only at a float64 tie
     close(got_h[same], want_h[same], 1e-5)

@@ -6,18 +6,27 @@ import dataclasses
 
 import pytest
 import torch
-from moe_helpers import close, make, moe_layer, reference, reference_layer, same_routing, tails
+from moe_helpers import (
+    close,
+    fused_layer,
+    make,
+    moe_layer,
+    reference,
+    reference_layer,
+    same_routing,
+    tails,
+)
 from sm90_ptxas import run_compile_script
 
-from mla_func import model
 from mla_func.config import MLAConfig
+from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.linear.norm import add_rmsnorm
 from mla_func.kernels.moe.align import align_torch, align_triton
 from mla_func.kernels.moe.config import (
     MoEConfig,
     pick_config,
 )
-from mla_func.kernels.moe.fused import fused_experts, side_stream
+from mla_func.kernels.moe.fused import fused_experts
 from mla_func.kernels.router.route import route_fused
 from mla_func.moe import experts, experts_add_norm
 from mla_func.ops.norm import rmsnorm as rmsnorm_ref
@@ -155,14 +164,14 @@ def test_cuda_add_norm_equals_experts_then_add_rmsnorm(tokens, shape):
 @pytest.mark.parametrize("preset", ["v2-lite", "v3"])  # greedy; noaux_tc over 256 experts
 @pytest.mark.parametrize("tokens", [1, 8, 128, 512, 4096])
 def test_cuda_moe_layer_matches_reference(preset, tokens):
-    """The MoE sub-layer as the model runs it on a GPU (`model.ffn_add_norm`: the fused router
+    """The MoE sub-layer as the model runs it on a GPU (`kernel_ops`: the fused router
     feeding the Triton experts, shared experts, add and norm in their final reduction) at real
     sizes in bf16, against `route` + every expert + the shared MLP + add + rmsnorm."""
     torch.cuda.empty_cache()
     cfg = MLAConfig.preset(preset)
     layer, x, h, weight = moe_layer(cfg, tokens, cfg.hidden_size, cfg.moe_intermediate_size,
                                     torch.bfloat16, "cuda", seed=tokens)
-    got = model.ffn_add_norm(layer, x, h, weight, cfg)
+    got = fused_layer(layer, x, h, weight, cfg)
     want = reference_layer(layer, x, h, weight, cfg)
     same = same_routing(x, layer, cfg)  # other experts only at a float64 tie
     for g, w in zip(got, want, strict=True):
@@ -187,8 +196,8 @@ def test_cuda_bucket_padding_leaves_real_rows(bucket):
     pad_h = torch.randn(1, cfg.hidden_size, generator=g, device="cuda").to(h.dtype)
     xp = torch.cat([x, pad_x.expand(bucket - 3, -1)])
     hp = torch.cat([h, pad_h.expand(bucket - 3, -1)])
-    alone = model.ffn_add_norm(layer, x, h, weight, cfg)
-    padded = model.ffn_add_norm(layer, xp, hp, weight, cfg)
+    alone = fused_layer(layer, x, h, weight, cfg)
+    padded = fused_layer(layer, xp, hp, weight, cfg)
     want = reference_layer(layer, x, h, weight, cfg)
     same = same_routing(x, layer, cfg)
     for a, p, w in zip(alone, padded, want, strict=True):
@@ -399,16 +408,19 @@ def test_cuda_shared_stream_matches_serial(tokens):
     inputs = [make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda", seed=seed)[0]
               for seed in (8, 9)]
     gu, dn, mlp = make(1, **V2_LITE, dtype=torch.bfloat16, device="cuda", seed=10)[3:]
-    assert side_stream(inputs[0].device) is side_stream(inputs[0].device)
-    assert side_stream(inputs[0].device) != torch.cuda.current_stream()
+    runtime = Runtime("cuda")
+    side = runtime.side_stream(inputs[0].device)
+    assert runtime.side_stream(inputs[0].device) is side != torch.cuda.current_stream()
+    assert Runtime("cuda").side_stream(inputs[0].device) is not side  # one a runtime
 
     def layer(x, on):
-        w, ids = route_fused(x, router, None, cfg)
+        w, ids = route_fused(x, router, None, cfg, runtime.counters)
         config = dataclasses.replace(pick_config(tokens), fuse_shared=False, shared_stream=on)
-        return fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, config)
+        return fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, config,
+                             counters=runtime.counters)
 
     wants = [layer(x, False) for x in inputs]
-    w, ids = route_fused(inputs[0], router, None, cfg)
+    w, ids = route_fused(inputs[0], router, None, cfg, runtime.counters)
     close(wants[0], reference(inputs[0], w, ids, gu, dn, mlp), 0.05)
     outs = [layer(inputs[i % 2], True) for i in range(10)]
     for i, out in enumerate(outs):

@@ -16,6 +16,7 @@ import torch
 from sm90_ptxas import run_compile_script
 
 from mla_func.config import MLAConfig
+from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.router import plan
 from mla_func.kernels.router import route as fused
 from mla_func.kernels.router.route import route_fused
@@ -261,10 +262,11 @@ def test_repeat_calls_reset_the_counters_and_agree():
     cfg = _cfg("noaux_tc", 64, 6, 8, 4, True, 2.5)
     x, router, bias = _inputs(cfg, 9, 512)
     assert plan.launch_config(9, 64, 512, 8).n_split > 1  # the split + last-arriver path
-    first = route_fused(x, router, bias, cfg)
-    second = route_fused(x, router, bias, cfg)
+    counters = Runtime(x.device).counters
+    first = route_fused(x, router, bias, cfg, counters)
+    second = route_fused(x, router, bias, cfg, counters)
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
-    assert not fused._counters(torch.device(DEVICE)).any()
+    assert not counters.any()
 
 
 def test_traces_as_one_op_with_symbolic_tokens():
@@ -305,7 +307,8 @@ for tokens, e, h, k, method, g, tg, xdt, rdt, pdl in [
     half = xdt == rdt == bf16
     c = launch_config(tokens, e, h, g, half)
     noaux = method == "noaux_tc"
-    const = kernel_constants(c, xdt, e, k, g, tg, method, noaux, noaux, pdl=pdl, half=half)
+    const = kernel_constants(c, xdt, e, k, g, tg, method, noaux, noaux, pdl=pdl, half=half,
+                             early=True, preload=True)
     sig = dict(x_ptr="*bf16" if xdt == bf16 else "*fp32",
                r_ptr="*bf16" if rdt == bf16 else "*fp32", bias_ptr="*fp32",
                part_ptr="*fp32", cnt_ptr="*i32", w_out="*fp32", id_out="*i64", T="i32",

@@ -19,7 +19,8 @@ from test_router import (
 )
 
 from mla_func.config import MLAConfig
-from mla_func.kernels.router import route as fused
+from mla_func.kernels.launch.runtime import Runtime
+from mla_func.kernels.plan import KernelOptions
 from mla_func.kernels.router import rows as router_rows
 from mla_func.kernels.router.route import route_fused
 from mla_func.ops.moe import route
@@ -51,8 +52,8 @@ def test_matches_route_and_the_split_router(monkeypatch, method, experts, n_grou
     rows = route_fused(x, router, bias, cfg)
     assert len(calls) == 1  # the few-row kernel ran
     _assert_same_routing(rows, route(x, router, bias, cfg))
-    monkeypatch.setattr(fused, "FEW_ROWS", False)
-    _assert_same_routing(rows, route_fused(x, router, bias, cfg))
+    split = KernelOptions(fused=True, router_few_rows=False)
+    _assert_same_routing(rows, route_fused(x, router, bias, cfg, options=split))
     assert len(calls) == 1
 
 
@@ -61,11 +62,12 @@ def test_rows_wider_than_a_step_and_the_counter(monkeypatch):
     monkeypatch.setattr(router_rows, "BLOCK_HID", 32)
     cfg = _cfg("noaux_tc", 64, 6, 8, 4, True, 2.5)
     x, router, bias = _inputs(cfg, 2, 100)
-    first = route_fused(x, router, bias, cfg)
+    counters = Runtime(x.device).counters
+    first = route_fused(x, router, bias, cfg, counters)
     _assert_same_routing(first, route(x, router, bias, cfg))
-    second = route_fused(x, router, bias, cfg)
+    second = route_fused(x, router, bias, cfg, counters)
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
-    assert not fused._counters(torch.device(DEVICE)).any()
+    assert not counters.any()
 
 
 def test_more_rows_take_the_split_router(monkeypatch):

@@ -51,7 +51,9 @@ class KernelOptions:
     kernels; the dispatcher costs host time). `router_early`: on sm90 the router launches
     while the kernel before it ends, its rows loaded before it waits (`router_preload`).
     `router_few_rows`: up to ROUTER_ROWS_MAX rows the router runs one program an expert.
-    `moe_trigger`: the MoE's last programs let the next projection start (PDL)."""
+    `moe_trigger`: the MoE's last programs let the next projection start (PDL).
+    `mha_min_query`: a step holding a sequence of this many new tokens runs its prompts in
+    the MHA form."""
 
     attention: str = "torch"
     fused: bool = False
@@ -61,6 +63,7 @@ class KernelOptions:
     router_preload: bool = True
     router_few_rows: bool = True
     moe_trigger: bool = True
+    mha_min_query: int = MHA_MIN_QUERY
 
     def __post_init__(self) -> None:
         if self.experts not in EXPERTS_IMPLS:
@@ -130,9 +133,9 @@ def router_rows(tokens: int, options: KernelOptions) -> bool:
     return options.router_few_rows and 0 < tokens <= ROUTER_ROWS_MAX
 
 
-def attention_form(max_query_len: int) -> str:
-    """'mha' when a sequence brings MHA_MIN_QUERY new tokens or more, else 'absorbed'."""
-    return "mha" if max_query_len >= MHA_MIN_QUERY else "absorbed"
+def attention_form(max_query_len: int, mha_min_query: int = MHA_MIN_QUERY) -> str:
+    """'mha' when a sequence brings `mha_min_query` new tokens or more, else 'absorbed'."""
+    return "mha" if max_query_len >= mha_min_query else "absorbed"
 
 
 @dataclass(frozen=True)
@@ -201,7 +204,7 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
     if max_query_len is None:
         form = "per step"
     else:
-        form = attention_form(max_query_len)
+        form = attention_form(max_query_len, options.mha_min_query)
         if form == "mha" and seqs > 1:
             form = "absorbed+mha"
     decode = None

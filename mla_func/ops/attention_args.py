@@ -28,7 +28,8 @@ class AttnWeights:
 @dataclass(frozen=True)
 class AttnMeta:
     """A step's metadata (`Batch`'s fields the attention reads); `host` is the CPU copy of
-    the counts (`batch.HOST_FIELDS`) that grids and forms are chosen from."""
+    the counts (`batch.HOST_FIELDS`) that grids and forms are chosen from; a sequence of
+    `mha_min_query` new tokens or more runs in the MHA form (`KernelOptions`)."""
 
     slot_mapping: Int[Tensor, " tokens"]
     token_seq: Int[Tensor, " tokens"]
@@ -36,6 +37,7 @@ class AttnMeta:
     page_table: Int[Tensor, "seqs max_pages"]
     seq_lens: Int[Tensor, " seqs"]
     host: Int[Tensor, " 5"]
+    mha_min_query: int
 
 
 def flat(obj: AttnWeights | AttnMeta) -> tuple:

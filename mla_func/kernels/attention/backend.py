@@ -50,7 +50,7 @@ class TritonMLA:
         the value product write there: no copy)."""
         layer_cache = cache[layer]
         num_tokens, num_seqs, num_decodes, max_seq_len, max_query_len = m.host.tolist()
-        if attention_form(max_query_len) == "absorbed":
+        if attention_form(max_query_len, m.mha_min_query) == "absorbed":
             # Shapes only from here on: this is the path a captured decode graph holds. Only
             # decode steps use the long-lived workspace; a prefill's (eager, maybe thousands
             # of rows) is freed after the call.

@@ -30,7 +30,7 @@ from torch import Tensor
 from mla_func.custom_op import custom_op
 from mla_func.kernels.launch.counters import last_to_arrive
 from mla_func.kernels.launch.pdl import supported as pdl_supported
-from mla_func.kernels.launch.runtime import op_counters
+from mla_func.kernels.launch.runtime import Runtime, op_counters
 from mla_func.kernels.linear.norm import add_rmsnorm, rms_scaled
 from mla_func.kernels.linear.small_linear import project_rows
 from mla_func.kernels.plan import PROJ_NORM_MAX_ROWS, proj_norm_rows
@@ -88,10 +88,13 @@ def fits(o: Tensor, w: Tensor, h: Tensor) -> bool:
 def launch(
     o: Float[Tensor, "tokens width_in"], w: Float[Tensor, "hidden width_in"],
     h: Float[Tensor, "tokens hidden"], weight: Float[Tensor, " hidden"], eps: float,
-    counters: Tensor,
+    counters: Tensor | None = None, block_k: int = BLOCK_K,
 ) -> tuple[tuple, tuple, dict, tuple[Tensor, Tensor]]:
     """(grid, arguments, keyword arguments, (h + o w^T, its norm) outputs) of the kernel (the
-    sm90 compile test reads the same)."""
+    sm90 compile test reads the same); `counters`: the state's (default: a runtime's own);
+    `block_k`: input columns a step."""
+    if counters is None:
+        counters = Runtime(h.device).counters
     rows, n_in = o.shape
     n_out = w.shape[0]
     a = torch.empty(rows, n_out, dtype=h.dtype, device=h.device)
@@ -101,7 +104,7 @@ def launch(
     args = (o, w, h, weight, a, h_out, y, op_counters(counters, "proj_add_rmsnorm"), rows,
             n_in, n_out, o.stride(0), w.stride(0), eps)
     kwargs = dict(ROWS_P2=triton.next_power_of_2(MAX_ROWS), BLOCK_N=BLOCK_N,
-                  BLOCK_K=min(BLOCK_K, triton.next_power_of_2(n_in)),
+                  BLOCK_K=min(block_k, triton.next_power_of_2(n_in)),
                   BLOCK_OUT=triton.next_power_of_2(n_out), PDL=pdl, num_warps=NUM_WARPS,
                   **({"launch_pdl": True} if pdl else {}))
     return (triton.cdiv(n_out, BLOCK_N),), args, kwargs, (h_out, y)
@@ -114,7 +117,13 @@ def proj_add_rmsnorm(o: Tensor, w: Tensor, h: Tensor, weight: Tensor, eps: float
     else the GEMM and `norm.add_rmsnorm`. `counters`: the state's (`KVState.counters`)."""
     if not fits(o, w, h):
         return add_rmsnorm(h, o @ w.T, weight, eps)
-    grid, args, kwargs, outs = launch(o, w, h, weight, eps, counters)
+    return run(o, w, h, weight, eps, counters)
+
+
+def run(o: Tensor, w: Tensor, h: Tensor, weight: Tensor, eps: float, counters: Tensor,
+        block_k: int = BLOCK_K) -> tuple[Tensor, Tensor]:
+    """The kernel itself (`launch`'s arguments)."""
+    grid, args, kwargs, outs = launch(o, w, h, weight, eps, counters, block_k)
     _proj_add_norm_kernel[grid](*args, **kwargs)
     return outs
 

@@ -101,16 +101,20 @@ def fits(x: Tensor, w: Tensor) -> bool:
             and x.dtype == w.dtype)
 
 
-def launch(x: Float[Tensor, "tokens width_in"], w: Float[Tensor, "width_out width_in"]
+def launch(x: Float[Tensor, "tokens width_in"], w: Float[Tensor, "width_out width_in"],
+           max_rows: int = MAX_ROWS, block_k: int = BLOCK_K
            ) -> tuple[tuple, tuple, dict, Tensor]:
     """(grid, arguments, keyword arguments, output) of the kernel (the sm90 compile test
-    reads the same)."""
+    reads the same). The kernel takes any number of rows up to `max_rows` (the model's: the
+    plan's one) and `block_k` input columns a step."""
     rows, n_in = x.shape
+    if not 0 < rows <= max_rows:
+        raise ValueError(f"small_linear's kernel takes 1 to {max_rows} rows; got {rows}")
     n_out = w.shape[0]
     y = torch.empty(rows, n_out, dtype=x.dtype, device=x.device)
     pdl = pdl_supported(x.device)
-    kwargs = dict(ROWS_P2=triton.next_power_of_2(MAX_ROWS), BLOCK_N=BLOCK_N,
-                  BLOCK_K=min(BLOCK_K, triton.next_power_of_2(n_in)), PDL=pdl,
+    kwargs = dict(ROWS_P2=triton.next_power_of_2(max_rows), BLOCK_N=BLOCK_N,
+                  BLOCK_K=min(block_k, triton.next_power_of_2(n_in)), PDL=pdl,
                   num_warps=NUM_WARPS, **({"launch_pdl": True} if pdl else {}))
     args = (x, w, y, rows, n_in, n_out, x.stride(0), w.stride(0))
     return (triton.cdiv(n_out, BLOCK_N),), args, kwargs, y
@@ -121,7 +125,12 @@ def small_linear(x: Tensor, w: Tensor) -> Tensor:
     """x w^T: the kernel where the plan says (`fits`), else a GEMM."""
     if not fits(x, w):
         return x @ w.T
-    grid, args, kwargs, y = launch(x, w)
+    return run(x, w)
+
+
+def run(x: Tensor, w: Tensor, max_rows: int = MAX_ROWS, block_k: int = BLOCK_K) -> Tensor:
+    """The kernel itself (`launch`'s arguments)."""
+    grid, args, kwargs, y = launch(x, w, max_rows, block_k)
     _linear_kernel[grid](*args, **kwargs)
     return y
 

@@ -52,7 +52,7 @@ from mla_func.config import MLAConfig
 from mla_func.custom_op import custom_op
 from mla_func.kernels.launch.counters import last_to_arrive
 from mla_func.kernels.launch.pdl import supported as pdl_supported
-from mla_func.kernels.launch.runtime import op_counters
+from mla_func.kernels.launch.runtime import Runtime, op_counters
 from mla_func.kernels.plan import ROUTER_MAX_EXPERTS, KernelOptions, router_rows
 from mla_func.kernels.router import rows
 from mla_func.kernels.router.plan import LaunchConfig, group_block, launch_config
@@ -233,12 +233,17 @@ def route_fused(
     router: Float[Tensor, "experts hidden"],
     score_bias: Float[Tensor, " experts"] | None,
     cfg: MLAConfig,
-    counters: Int[Tensor, " counters"],
-    options: KernelOptions,
+    counters: Int[Tensor, " counters"] | None = None,
+    options: KernelOptions | None = None,
     call: Callable[..., Any] | None = None,
 ) -> tuple[Float[Tensor, "tokens topk"], Int[Tensor, "tokens topk"]]:
     """`ops.moe.route` as one custom op (one Triton launch at up to ROUTER_MAX_EXPERTS
-    experts). `call`: how to call the op (default: `moe_route` itself)."""
+    experts). `counters`: the state's (default: a runtime of the call's own); `options`: the
+    router's launch options (default: `KernelOptions(fused=True)`'s); `call`: how to call the
+    op (default: `moe_route` itself)."""
+    if counters is None:
+        counters = Runtime(x.device).counters
+    options = options or KernelOptions(fused=True)
     method = cfg.topk_method
     normalize = cfg.norm_topk_prob and (method == "noaux_tc" or cfg.model_type == "deepseek_v3")
     return (call or moe_route)(
