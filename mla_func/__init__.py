@@ -1,7 +1,9 @@
 """mla_func: pure-functional DeepSeek MLA inference with typed signatures and explicit state.
 
-Public API (DESIGN.md): MLAConfig, init_params, load_hf, forward, generate; plus the state and
-batch types the step function takes.
+This module is the package's face and owns nothing else: it re-exports the public API
+(MLAConfig, init_params, load_hf, forward, generate; plus the state and batch types the step
+function takes, and the engine's names). Package modules import the concrete modules, never
+this face, so it may import any of them.
 """
 
 from mla_func.batch import Batch, BatchError, SeqWork, make_batch

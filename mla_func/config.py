@@ -2,16 +2,20 @@
 
 References: DeepSeek-V2 (arXiv:2405.04434) and DeepSeek-V3 (arXiv:2412.19437) technical reports;
 the field names and defaults follow HF transformers' `DeepseekV2Config` / `DeepseekV3Config`.
-This module owns the configuration, its validation, the presets, and `from_hf()`.
+This module owns the configuration, its validation, `from_hf()`, and the lookup of the
+presets by name (`MLAConfig.preset`; their values live in `mla_func.presets`).
 """
 
 import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
+from functools import cache
 from numbers import Real
 from pathlib import Path
 from typing import Any
+
+from mla_func.presets import HF_DEFAULTS, PRESETS
 
 ROUTING_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
 # Numeric YaRN fields; each may be absent or null (HF falls back to a default).
@@ -269,12 +273,12 @@ class MLAConfig:
         return replace(self, **changes)
 
     @staticmethod
+    @cache  # one object per name, as a table of configurations would hold
     def preset(name: str) -> "MLAConfig":
-        from mla_func.presets import PRESETS
-
+        """A named configuration (`mla_func.presets`: the field values)."""
         if name not in PRESETS:
             raise ConfigError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
-        return PRESETS[name]
+        return MLAConfig(**PRESETS[name])
 
     @staticmethod
     def from_hf(source: "str | Path | Mapping[str, Any]") -> "MLAConfig":
@@ -290,34 +294,13 @@ class MLAConfig:
             raise ConfigError(f"{source}: {e}") from e
 
 
-# transformers' DeepseekV2Config / DeepseekV3Config defaults (5.x) for architecture fields.
-_HF_DEFAULTS: dict[str, dict[str, Any]] = {
-    "deepseek_v2": dict(
-        vocab_size=102400, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-        num_attention_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-6,
-        first_k_dense_replace=0, kv_lora_rank=512, q_lora_rank=1536, n_group=None,
-        n_routed_experts=64, n_shared_experts=2, qk_nope_head_dim=128, qk_rope_head_dim=64,
-        routed_scaling_factor=1.0, topk_group=None, topk_method="greedy", norm_topk_prob=False,
-        v_head_dim=128, num_experts_per_tok=None, moe_intermediate_size=1407,
-        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, rope_scaling=None),
-    "deepseek_v3": dict(
-        vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
-        num_hidden_layers=61, num_attention_heads=128, n_shared_experts=1, n_routed_experts=256,
-        routed_scaling_factor=2.5, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64,
-        v_head_dim=128, qk_nope_head_dim=128, n_group=8, topk_group=4, num_experts_per_tok=8,
-        first_k_dense_replace=3, norm_topk_prob=True, max_position_embeddings=4096,
-        rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1,
-        rope_interleave=True, rope_scaling=None),
-}
-
-
 def _from_hf_dict(raw: dict[str, Any]) -> MLAConfig:
     model_type = raw.get("model_type", "deepseek_v2")
     if model_type not in ("deepseek_v2", "deepseek_v3"):
         raise ConfigError(f"model_type {model_type!r} is not a DeepSeek-V2/V3 model")
     known = {f.name for f in fields(MLAConfig)}
     # Absent fields take transformers' defaults for the model type, not MLAConfig's.
-    kwargs = {**_HF_DEFAULTS[model_type], **{k: v for k, v in raw.items() if k in known}}
+    kwargs = {**HF_DEFAULTS[model_type], **{k: v for k, v in raw.items() if k in known}}
     kwargs["model_type"] = model_type
     if raw.get("num_key_value_heads") not in (None, raw.get("num_attention_heads")):
         raise ConfigError("MLA needs num_key_value_heads == num_attention_heads")

@@ -49,7 +49,7 @@ from typing import Literal
 
 import torch
 
-from mla_func import model
+import mla_func.model as model
 from mla_func.attention import get_backend
 from mla_func.batch import SeqWork, make_batch
 from mla_func.config import MLAConfig

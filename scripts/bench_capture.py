@@ -54,7 +54,7 @@ def _batch(state: mf.KVState, lengths: list[tuple[int, int]], max_pages: int, ba
 
 def run(args=None) -> list[dict]:
     from mla_func.capture.buckets import pad_to
-    from mla_func.capture.dispatch import leaves_of
+    from mla_func.capture.plan import leaves_of
     from mla_func.compile_step import compile_step
 
     a = _parse(args)

@@ -20,6 +20,7 @@ import time
 import torch
 
 import mla_func as mf
+from mla_func.capture.artifacts import save_plan
 from mla_func.compile_step import plan_step
 from mla_func.validation import int_at_least
 
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # the package's input errors (CaptureError, ConfigError) are ValueError subclasses
         start = time.perf_counter()
         plan = build_plan(args.preset, args.backend, args.max_tokens, args.max_seqs)
-        paths = plan.save(out)
+        paths = save_plan(plan, out)
         print(f"plan: {len(plan.segments)} segments ({plan.num_distinct} distinct), "
               f"{len(plan.ops)} splitting ops, {time.perf_counter() - start:.1f} s -> {paths[0]}")
         moved = move_aside(out)

@@ -29,9 +29,10 @@ def _minor(version: str) -> str:
 
 
 def test_golden_tiny_plan(tmp_path):
+    from mla_func.capture.artifacts import save_plan
     from scripts.capture import build_plan
 
-    paths = build_plan("tiny").save(str(tmp_path))
+    paths = save_plan(build_plan("tiny"), str(tmp_path))
     with open(os.path.join(GOLDEN, "plan.json")) as f:
         golden = json.load(f)
     with open(paths[0]) as f:

@@ -9,6 +9,7 @@ from torch import Tensor
 
 import mla_func as mf
 from mla_func.capture import CaptureError, SignatureError, plan_capture
+from mla_func.capture.artifacts import plan_json
 from mla_func.dims import TOKENS_MAX_CAPTURED, DimSpec
 
 VOCAB = {
@@ -229,7 +230,7 @@ def test_out_variant_writes_next_segment_input():
                      out_variants={"capture_test::other": mix_rows_out})
     plan = plan_capture(f_out, example, dims=VOCAB, splitting_ops=ops,
                         out_variants={"capture_test::mix_rows": mix_rows_out})
-    assert plan.to_json()["splitting_ops"][0]["writes_next_input"] is True
+    assert plan_json(plan)["splitting_ops"][0]["writes_next_input"] is True
     step = compile_plan(plan, f_out, [example], mode="piecewise", bound=(), emulate=True,
                         progress=False)
     # The second op reads the first's buffer while writing its own: never the same one.

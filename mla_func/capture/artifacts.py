@@ -1,4 +1,7 @@
-"""Stage 7, artifacts: `plan.json` and one readable `segment_NN.py` per distinct segment.
+"""Artifacts: `plan.json` and one readable `segment_NN.py` per distinct segment.
+
+A pure consumer of the plan: `save_plan(plan, directory)` writes a plan out, `plan_json(plan)`
+is its JSON. No stage imports this module; the package face, scripts and tests do.
 
 Deterministic by construction (no timestamps, no absolute paths, symbols renamed to dim
 names) so that the plan of a small preset can be kept in git as a golden file; what differs

@@ -1,12 +1,15 @@
 """Stage 5, capture (CUDA): piecewise graphs per segment and bucket, full graphs per bucket.
 
+This module owns the static buffers (`allocate`, `Buffers`), the capture of both kinds of
+graphs and the buckets they fill (`PiecewiseBucket`, `FullBucket`); it reads the plan and knows
+nothing of dispatch, which replays what it captured.
+
 After vLLM's piecewise backend and nano-vllm's runner: static input buffers sized to the largest
 bucket (real rows first, padded rows filled with the fields' "pad" values), warm-up then capture
 per bucket, largest first, every graph in one shared memory pool, the garbage collector frozen.
 Between segments the splitting ops run eagerly, outside the graphs (dispatch.py), on the real
 unpadded rows; their outputs land in static buffers the next segment's graph reads: written
-there by the op's out variant when the plan has one (DESIGN.md: "writes into the next
-segment's static input"), else copied.
+there by the op's out variant when the plan has one, else copied.
 Segment outputs are kept as weak references (no ownership). Within a bucket, a value's pool
 memory goes back to the pool once its last reader has been captured (`release_after`: a
 later piece, a splitting op, or the function's output, read after the last piece), and later
@@ -31,7 +34,7 @@ import torch
 import torch.fx as fx
 
 from mla_func.capture.errors import CaptureError
-from mla_func.capture.plan import CapturePlan
+from mla_func.capture.plan import CapturePlan, leaves_of, sizes_at
 from mla_func.capture.tree import flatten_output, object_paths, unflatten
 
 
@@ -130,14 +133,6 @@ def narrow_to(t: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
         if t.shape[axis] != n:
             t = t.narrow(axis, 0, n)
     return t
-
-
-def sizes_at(plan: CapturePlan, size: int) -> dict[str, int]:
-    """Each dynamic dim's size at bucket `size`: the bucket, capped at the dim's own maximum.
-    A dim with a smaller range (`seqs` <= 512 beside `tokens` <= 8192) is never padded past
-    it, so what depends on it alone (logits rows) stays that small in every graph."""
-    dims = plan.signature.dims
-    return {n: min(size, dims[n].max_size or size) for n in plan.traced.symbols}
 
 
 def shape_at(plan: CapturePlan, val: Any, size: "int | dict[str, int]") -> list[int]:
@@ -292,8 +287,6 @@ def capture_full(plan: CapturePlan, fn: Callable[..., Any], bound: dict[int, Any
     for size in sorted(sizes, reverse=True):
         call = list(example(size))
         args = [bound[i] if i in bound else call.pop(0) for i in range(len(sig.treedefs))]
-        from mla_func.capture.dispatch import leaves_of
-
         ex_leaves = leaves_of(plan, args)
         static: list[Any] = []
         host: dict[int, torch.Tensor] = {}

@@ -22,9 +22,14 @@ from mla_func.capture.capture import (
     capture_piecewise,
     frozen_gc,
 )
-from mla_func.capture.dispatch import MODES, CompiledStep, leaves_of
+from mla_func.capture.dispatch import MODES, CompiledStep
 from mla_func.capture.errors import CudaRequiredError
-from mla_func.capture.plan import SUPPORT_NAMES, UNIFORM_SINGLE_TOKEN_DECODE, CapturePlan
+from mla_func.capture.plan import (
+    SUPPORT_NAMES,
+    UNIFORM_SINGLE_TOKEN_DECODE,
+    CapturePlan,
+    leaves_of,
+)
 
 log = logging.getLogger("mla_func.capture")
 

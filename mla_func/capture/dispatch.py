@@ -4,7 +4,7 @@ Per call: FULL when the mode has full graphs, the caller's predicate says the st
 shape they were captured for (e.g. uniform single-token decode), and the padded size fits a
 bucket; else PIECEWISE when it fits a piecewise bucket; else eager, with identical results
 (same function, same kernels, no padding). Every dynamic dim is padded to the bucket size,
-capped at its own maximum (`capture.sizes_at`); a dim beyond its maximum runs eagerly. Real rows
+capped at its own maximum (`plan.sizes_at`); a dim beyond its maximum runs eagerly. Real rows
 come first, padded rows get the fields' "pad" values. Splitting ops run eagerly on the
 real rows only; their results go into the next segment's static inputs (written there by the
 op's out variant where the plan has one, else copied), whose padded rows keep what an earlier
@@ -26,55 +26,16 @@ import torch
 import torch.fx as fx
 
 from mla_func.capture.buckets import pad_to
-from mla_func.capture.capture import Buffers, FullBucket, PiecewiseBucket, narrow_to, sizes_at
+from mla_func.capture.capture import Buffers, FullBucket, PiecewiseBucket, narrow_to
 from mla_func.capture.errors import BindingError
-from mla_func.capture.plan import CapturePlan
-from mla_func.capture.tree import TreeDef, unflatten
+from mla_func.capture.plan import CapturePlan, bind_leaves, leaves_of, sizes_at
+from mla_func.capture.tree import unflatten
 
 MODES = ("eager", "piecewise", "full", "full_and_piecewise")
 # `_fill`'s copy plans kept per step (one per bucket and input shapes; cleared when full).
 FILL_PLANS_KEPT = 256
 # `_real`'s evaluated shapes kept per step (one per graph value and real sizes).
 REAL_SHAPES_KEPT = 4096
-
-
-def _leaves(td: TreeDef, obj: Any, out: list[torch.Tensor], path: str) -> None:
-    """Collect `obj`'s tensor leaves in `td`'s order; BindingError naming the first field
-    whose structure or static value differs from the traced one."""
-    if td.kind == "leaf":
-        if not isinstance(obj, torch.Tensor):
-            raise BindingError(f"`{path}` is not a tensor")
-        out.append(obj)
-    elif td.kind == "const":
-        if not (obj is td.obj or (type(obj) is type(td.obj) and obj == td.obj)):
-            raise BindingError(
-                f"static field `{path}` differs from the traced one ({obj!r}): a compiled "
-                "step is bound to one state and to the static fields it was traced with")
-    elif td.kind in ("tuple", "list"):
-        if not isinstance(obj, (tuple, list)) or len(obj) != len(td.children):
-            raise BindingError(f"`{path}` differs in structure from the traced one")
-        for (name, c), item in zip(td.children, obj, strict=True):
-            _leaves(c, item, out, f"{path}.{name}")
-    else:
-        if type(obj) is not type(td.obj):
-            raise BindingError(f"`{path}` is a {type(obj).__name__}, traced with "
-                               f"{type(td.obj).__name__}")
-        for name, c in td.children:
-            _leaves(c, getattr(obj, name), out, f"{path}.{name}")
-
-
-def leaves_of(plan: CapturePlan, args: Sequence[Any],
-              known: dict[int, list[torch.Tensor]] | None = None) -> list[torch.Tensor]:
-    """Every tensor leaf of `args`; `known` gives the leaves of some arguments (bound ones),
-    so that a step does not walk a large parameter tree on every call."""
-    out: list[torch.Tensor] = []
-    for i, (name, td, arg) in enumerate(zip(plan.signature.arg_names, plan.signature.treedefs,
-                                            args, strict=True)):
-        if known is not None and i in known:
-            out += known[i]
-        else:
-            _leaves(td, arg, out, name)
-    return out
 
 
 @dataclass(eq=False)
@@ -120,7 +81,7 @@ class CompiledStep:
             self.bound_leaves = {}
             for i in self.bound:
                 sub: list[torch.Tensor] = []
-                _leaves(self.plan.signature.treedefs[i], self.bound[i], sub, "bound")
+                bind_leaves(self.plan.signature.treedefs[i], self.bound[i], sub, "bound")
                 self.bound_leaves[i] = sub
         return leaves_of(self.plan, full_args, self.bound_leaves)
 

@@ -3,9 +3,14 @@
 The plan is everything the GPU capture needs to know and everything a reader needs to trust it:
 the dim table, the segments with their inputs and outputs, the splitting ops and their graph
 support, and the bucket sizes of each mode with their padding-waste bound.
+
+This module owns `CapturePlan`, `plan_capture` and what the later stages (capture, dispatch)
+ask of a plan: the dims' sizes at a bucket (`sizes_at`) and the tensor leaves of call
+arguments, checked against the traced structure (`leaves_of`). Writing a plan out is
+artifacts.py's (`save_plan`, `plan_json`): the plan knows no later stage.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +18,7 @@ import torch
 import torch.fx as fx
 
 from mla_func.capture.buckets import BucketPolicy, bucket_sizes
-from mla_func.capture.errors import CaptureError
+from mla_func.capture.errors import BindingError, CaptureError
 from mla_func.capture.signature import Signature, analyze
 from mla_func.capture.split import (
     Segment,
@@ -23,6 +28,7 @@ from mla_func.capture.split import (
     split_graph,
 )
 from mla_func.capture.trace import Traced, trace
+from mla_func.capture.tree import TreeDef
 from mla_func.capture.validate import validate
 
 # vLLM's graph-support levels, generic: how much of a splitting op a CUDA graph may hold.
@@ -77,16 +83,52 @@ class CapturePlan:
     def num_distinct(self) -> int:
         return max(self.distinct, default=-1) + 1
 
-    def to_json(self) -> dict:
-        from mla_func.capture.artifacts import plan_json
 
-        return plan_json(self)
+def sizes_at(plan: CapturePlan, size: int) -> dict[str, int]:
+    """Each dynamic dim's size at bucket `size`: the bucket, capped at the dim's own maximum.
+    A dim with a smaller range (`seqs` <= 512 beside `tokens` <= 8192) is never padded past
+    it, so what depends on it alone (logits rows) stays that small in every graph."""
+    dims = plan.signature.dims
+    return {n: min(size, dims[n].max_size or size) for n in plan.traced.symbols}
 
-    def save(self, directory: str) -> list[str]:
-        """Write plan.json and one segment_NN.py per distinct segment; returns the paths."""
-        from mla_func.capture.artifacts import save_plan
 
-        return save_plan(self, directory)
+def bind_leaves(td: TreeDef, obj: Any, out: list[torch.Tensor], path: str) -> None:
+    """Collect `obj`'s tensor leaves in `td`'s order; BindingError naming the first field
+    whose structure or static value differs from the traced one."""
+    if td.kind == "leaf":
+        if not isinstance(obj, torch.Tensor):
+            raise BindingError(f"`{path}` is not a tensor")
+        out.append(obj)
+    elif td.kind == "const":
+        if not (obj is td.obj or (type(obj) is type(td.obj) and obj == td.obj)):
+            raise BindingError(
+                f"static field `{path}` differs from the traced one ({obj!r}): a compiled "
+                "step is bound to one state and to the static fields it was traced with")
+    elif td.kind in ("tuple", "list"):
+        if not isinstance(obj, (tuple, list)) or len(obj) != len(td.children):
+            raise BindingError(f"`{path}` differs in structure from the traced one")
+        for (name, c), item in zip(td.children, obj, strict=True):
+            bind_leaves(c, item, out, f"{path}.{name}")
+    else:
+        if type(obj) is not type(td.obj):
+            raise BindingError(f"`{path}` is a {type(obj).__name__}, traced with "
+                               f"{type(td.obj).__name__}")
+        for name, c in td.children:
+            bind_leaves(c, getattr(obj, name), out, f"{path}.{name}")
+
+
+def leaves_of(plan: CapturePlan, args: Sequence[Any],
+              known: dict[int, list[torch.Tensor]] | None = None) -> list[torch.Tensor]:
+    """Every tensor leaf of `args`; `known` gives the leaves of some arguments (bound ones),
+    so that a step does not walk a large parameter tree on every call."""
+    out: list[torch.Tensor] = []
+    for i, (name, td, arg) in enumerate(zip(plan.signature.arg_names, plan.signature.treedefs,
+                                            args, strict=True)):
+        if known is not None and i in known:
+            out += known[i]
+        else:
+            bind_leaves(td, arg, out, name)
+    return out
 
 
 def _value(node_or_value: Any) -> Any:
@@ -110,7 +152,7 @@ def plan_capture(
     """Plan the capture of `fn(*example_args)` (no GPU needed; raises `CaptureError`).
 
     dims: the dim vocabulary (name -> object with kind, max_size, policy); default: the
-      package's table, `mla_func.dims.VOCABULARY` (DESIGN.md's public call passes none). The
+      package's table, `mla_func.dims.VOCABULARY` (the plain public call passes none). The
       compiler holds no names of its own. max_sizes / policies override the dynamic dims'
       entries.
     splitting_ops: op names ("ns::name") -> a function from the op's call arguments to its
@@ -175,8 +217,6 @@ def plan_capture(
     plan = CapturePlan(name, sig, traced, segments, ops, support, buckets, mode_dims,
                        distinct, dict(meta or {}), out_fns=out_fns,
                        policies={k: v or "bounded" for k, v in used.items()})
-    from mla_func.capture.capture import sizes_at  # the sizes a bucket's graphs run at
-
     for mode, sizes in buckets.items():
         for size in sizes:
             at = sizes_at(plan, size)
