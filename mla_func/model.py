@@ -16,7 +16,7 @@ logits of each sequence's last row are another (`kernel_ops.logits`).
 from jaxtyping import Float
 from torch import Tensor
 
-from mla_func import kernel_ops as K
+import mla_func.kernel_ops as K
 from mla_func.attention import attend
 from mla_func.batch import Batch, BatchError
 from mla_func.config import MLAConfig

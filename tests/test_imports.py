@@ -13,9 +13,6 @@ from pathlib import Path
 PACKAGE = "mla_func"
 ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
-# The one circle left to another change (the attention backends' restructuring): tolerated only
-# as exactly this component. Delete the constant once it is gone; the test says when.
-KNOWN_CYCLE_TO_REMOVE = frozenset({"mla_func.attention", "mla_func.kernels.attention.backend"})
 
 # The capture compiler's stages in order: each may import only stages before it.
 CAPTURE_LINE = ("signature", "trace", "split", "validate", "plan", "capture", "dispatch",
@@ -156,12 +153,8 @@ def test_the_scan_sees_lazy_and_relative_imports():
 def test_no_import_cycles():
     edges = graph()
     cycles = [c for c in strongly_connected(edges) if len(c) > 1]
-    known = [c for c in cycles if frozenset(c) == KNOWN_CYCLE_TO_REMOVE]
-    others = [c for c in cycles if frozenset(c) != KNOWN_CYCLE_TO_REMOVE]
-    assert not others, "import cycles (strongly connected components):\n" + "\n".join(
-        f"  {{{', '.join(c)}}}: {_cycle_in(c, edges)}" for c in others)
-    assert known, (f"{sorted(KNOWN_CYCLE_TO_REMOVE)} no longer form a cycle: delete "
-                   "KNOWN_CYCLE_TO_REMOVE (and its use) from tests/test_imports.py")
+    assert not cycles, "import cycles (strongly connected components):\n" + "\n".join(
+        f"  {{{', '.join(c)}}}: {_cycle_in(c, edges)}" for c in cycles)
 
 
 def test_modules_import_concrete_modules_not_the_face():
