@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.custom_op import custom_op
@@ -115,6 +115,11 @@ BACKENDS: dict[str, AttentionBackend] = {
 }
 
 
+def register_backend(backend: AttentionBackend) -> None:
+    """Make `backend` available by its name (an extension point: a backend of one's own)."""
+    BACKENDS[backend.name] = backend
+
+
 def get_backend(name: str, device: torch.device | str | None = None) -> AttentionBackend:
     """The backend called `name`; given `device`, a ValueError if it cannot run there."""
     if name not in BACKENDS:
@@ -156,6 +161,34 @@ def mla_attention_out(q_nope: Tensor, q_pe: Tensor, kv: Tensor, cache: Tensor, l
     get_backend(args[-1]).run(q_nope, q_pe, kv, cache, layer, w, m, out=out)
 
 
+def op_args(
+    q_nope: Float[Tensor, "tokens heads qk_nope"],
+    q_pe: Float[Tensor, "tokens heads qk_rope"],
+    kv: Float[Tensor, "tokens latent"],
+    cache: LatentCache,
+    layer: int,
+    kv_norm: Float[Tensor, " kv_lora"],
+    inv_freq: Float[Tensor, " qk_rope"],
+    w_uk: Float[Tensor, "heads qk_nope kv_lora"],
+    w_uv: Float[Tensor, "heads v_head kv_lora"],
+    scale: float,
+    rope_scale: float,
+    eps: float,
+    slot_mapping: Int[Tensor, " tokens"],
+    token_seq: Int[Tensor, " tokens"],
+    positions: Int[Tensor, " tokens"],
+    page_table: Int[Tensor, "seqs max_pages"],
+    seq_lens: Int[Tensor, " seqs"],
+    host: Int[Tensor, " 5"],
+    mha_min_query: int,
+) -> tuple:
+    """The op's flat arguments, typed as one signature: the shape checks bind every
+    operand's dims together (the pytrees' own checks see each alone, and the op's fake
+    implementation, which `meta` tensors run, checks nothing)."""
+    return (q_nope, q_pe, kv, cache, layer, kv_norm, inv_freq, w_uk, w_uv, scale, rope_scale,
+            eps, slot_mapping, token_seq, positions, page_table, seq_lens, host, mha_min_query)
+
+
 def attend(
     q_nope: Float[Tensor, "tokens heads qk_nope"],
     q_pe: Float[Tensor, "tokens heads qk_rope"],
@@ -167,9 +200,8 @@ def attend(
     backend: str,
     direct: bool = True,
 ) -> Float[Tensor, "tokens heads v_head"]:
-    """The typed entry to the op: shape checks see every argument (the op's fake
-    implementation, which `meta` tensors run, checks nothing). q_pe and kv are the input
-    projection's output, before the rope and the norm, which the op applies. `direct`: an
-    eager call runs the op's function (else through the dispatcher)."""
+    """The typed entry to the op, its operands flattened once (`op_args`). q_pe and kv are
+    the input projection's output, before the rope and the norm, which the op applies.
+    `direct`: an eager call runs the op's function (else through the dispatcher)."""
     op = mla_attention if direct else mla_attention.dispatch
-    return op(q_nope, q_pe, kv, cache, layer, *flat(weights), *flat(meta), backend)
+    return op(*op_args(q_nope, q_pe, kv, cache, layer, *flat(weights), *flat(meta)), backend)

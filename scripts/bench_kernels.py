@@ -92,12 +92,14 @@ def decode_row(heads, batch, ctx, page, ceil, no_ref) -> dict:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     plan = plan_decode(batch, p["page_table"].shape[1] * page, sms, heads, page_size=page,
                        ws=ws_device(torch.device("cuda")))
-    us, legacy_us = time_plan(p, plan), time_plan(p, legacy_plan(plan))
+    shrunk: dict[DecodePlan, DecodePlan] = {}
+    us, legacy_us = time_plan(p, plan, shrunk=shrunk), time_plan(p, legacy_plan(plan))
     full_us = bench_us(lambda: attend_absorbed(*_args(p), DecodeWorkspace(), plan))
     moved, floor_us = floors(heads, batch, ctx, ceil)
     row = {
         "kind": "decode", "heads": heads, "batch": batch, "ctx": ctx, "page": page,
-        "splits": plan.num_splits, "config": plan_label(effective_plan(plan)), "us": us,
+        "splits": plan.num_splits, "config": plan_label(effective_plan(plan, shrunk)),
+        "us": us,
         "legacy_us": legacy_us, "full_us": full_us, "GBps": moved / us / 1e3,
         "TFLOPs": 2 * batch * heads * ctx * (LATENT + KV_LORA) / us / 1e6,
         "floor_us": floor_us, "x_floor": us / floor_us,
@@ -178,14 +180,16 @@ def sweep_case(heads: int, batch: int, ctx: int, ceil: dict, seconds: float) -> 
     capacity = p["page_table"].shape[1] * page
     default = plan_decode(batch, capacity, sms, heads, ws=ws_device(torch.device("cuda")))
     seen: dict[DecodePlan, float] = {}
+    shrunk: dict[DecodePlan, DecodePlan] = {}
     rows: list[dict] = []
 
     def timed(plan: DecodePlan) -> float:
         plan = canonical(plan)
         if plan not in seen:
             try:
-                seen[plan] = time_plan(p, plan, strict=True)
-                note = "" if seen[plan] < math.inf else f"shrank to {effective_plan(plan)}"
+                seen[plan] = time_plan(p, plan, strict=True, shrunk=shrunk)
+                note = ("" if seen[plan] < math.inf
+                        else f"shrank to {effective_plan(plan, shrunk)}")
             except Exception as err:  # a tiling this GPU cannot compile or run
                 seen[plan], note = math.inf, f"{type(err).__name__}: {str(err)[:80]}"
             rows.append(dict(kind="sweep", heads=heads, batch=batch, ctx=ctx, page=page,

@@ -88,9 +88,12 @@ def plan_label(plan: DecodePlan) -> str:
             f"{' ws' if plan.ws else ''}")
 
 
-def time_plan(p: dict, plan: DecodePlan, strict: bool = False) -> float:
+def time_plan(p: dict, plan: DecodePlan, strict: bool = False,
+              shrunk: dict[DecodePlan, DecodePlan] | None = None) -> float:
     """Median µs of the latent kernel (split + merge) under `plan` on inputs `p`; strict: inf
-    if the plan ran out of resources and shrank (`effective_plan`)."""
+    if the plan ran out of resources and shrank (`effective_plan`). `shrunk`: where a plan
+    that shrank is recorded (default: a record of this call's own)."""
+    shrunk = {} if shrunk is None else shrunk
     batch, heads = p["q_nope"].shape[:2]
     ws = DecodeWorkspace()
     q_lat, o_lat, part_o, part_lse = ws.get(torch.device("cuda"), torch.bfloat16, batch, heads,
@@ -104,10 +107,10 @@ def time_plan(p: dict, plan: DecodePlan, strict: bool = False) -> float:
     def kernel():
         mla_decode(q_lat, p["q_pe"], p["cache"], p["page_table"], p["token_seq"],
                    p["positions"], p["scale"], plan, o_lat, part_o, part_lse, counters,
-                   scratch)
+                   scratch, shrunk=shrunk)
 
     us = bench_us(kernel)
-    return us if effective_plan(plan) == plan or not strict else math.inf
+    return us if effective_plan(plan, shrunk) == plan or not strict else math.inf
 
 
 def floors(heads: int, batch: int, ctx: int, ceil: dict) -> tuple[int, float]:

@@ -56,6 +56,7 @@ def _time(fn, reps: int = 5) -> float:
 def gpu_report(args, out: str) -> dict:
     from mla_func.capture.capture import dump_graph
     from mla_func.compile_step import compile_step, decode_batch
+    from mla_func.kernels.plan import default_options
 
     cfg = mf.MLAConfig.preset(args.preset)
     num_pages, page_size, max_pages = GEOMETRY[args.preset]
@@ -72,7 +73,8 @@ def gpu_report(args, out: str) -> dict:
         for size in [s for s in sizes if s in table]:
             # `size` decodes of a 64-token context on the scratch page (slot -1: no writes).
             ctx = min(64, max_pages * page_size)
-            batch = decode_batch(size, max_pages, page_size, "cuda", args.backend, ctx)
+            batch = decode_batch(size, max_pages, page_size, "cuda",
+                                 default_options("cuda", args.backend), ctx)
             eager_out = step.fn(*full_args(batch))[0]
             graph_out = step.run(kind, size, full_args(batch))[0]
             report["buckets_checked"].append({

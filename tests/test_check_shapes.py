@@ -43,7 +43,7 @@ def test_grown_axis_fails_inside_the_model(results):
     out, code = results["break qk_rope"]
     assert code == 1, out
     assert "params.rope_inv_freq axis qk_rope grown 8 -> 9" in out
-    assert "FAIL mla_func.attention.attend: dimension 'qk_rope'" in out
+    assert "FAIL mla_func.attention.op_args: dimension 'qk_rope'" in out
     assert "`inv_freq` axis 0 has size 9" in out and "qk_rope=8" in out
 
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import mla_func as mf
+from mla_func import kernel_ops
 from mla_func.kernels.plan import MHA_MIN_QUERY, KernelOptions
 
 
@@ -172,7 +173,7 @@ def test_logits_are_float32_products_of_the_selected_rows():
     x = torch.randn(7, 64, dtype=torch.float64)
     lm_head = torch.randn(50, 64, dtype=torch.float64)
     index = torch.tensor([6, 0, 3])
-    out = mf.model.project_logits(x.float(), index, lm_head.float())
+    out = kernel_ops.logits(x.float(), index, lm_head.float(), KernelOptions())
     assert out.dtype == torch.float32 and out.shape == (3, 50)
     torch.testing.assert_close(out.double(), x[index] @ lm_head.T, rtol=1e-5, atol=1e-5)
 
@@ -186,7 +187,7 @@ def test_half_logits_keep_the_fp32_accumulator(dtype):
     x = torch.randn(33, 2048, device="cuda", generator=g).to(dtype)
     lm_head = (torch.randn(4096, 2048, device="cuda", generator=g) / 45).to(dtype)
     index = torch.arange(32, -1, -1, device="cuda")
-    out = mf.model.project_logits(x, index, lm_head)
+    out = kernel_ops.logits(x, index, lm_head, KernelOptions())
     exact = x[index].double() @ lm_head.double().T
     rounded = (x[index] @ lm_head.T).double()  # what half-precision logits would be
     assert out.dtype == torch.float32
