@@ -1,6 +1,6 @@
 """mla_func: pure-functional DeepSeek MLA inference with typed signatures and explicit state.
 
-Public API (DESIGN.md): MLAConfig, init_params, load_hf, forward, generate; plus the state and
+Public API: MLAConfig, init_params, load_hf, forward, generate; plus the state and
 batch types the step function takes.
 """
 

@@ -10,7 +10,7 @@ compiler's out variant of the op.
 Which backend runs it, and in which form (absorbed or MHA), is decided inside from host-side
 metadata only (`Batch.host`, a CPU tensor), never from device memory.
 
-Each backend declares how much of it a CUDA graph may hold (DESIGN.md, vLLM's levels):
+Each backend declares how much of it a CUDA graph may hold (vLLM's levels):
 `never` < `uniform_single_token_decode` < `uniform_batch` < `always`.
 """
 

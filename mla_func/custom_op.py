@@ -3,9 +3,9 @@
 `torch.library.custom_op` keeps a kernel launch one node in a traced graph (the capture
 compiler's `make_fx`, dynamo), with its fake implementation for shapes. An eager call through it
 walks the dispatcher in Python (the autograd key, a redispatch, the aliasing check, dynamo's
-disable wrapper) before the function runs: on the H100 host of
-docs/perf/2026-11-24-h100-run112, 72-93 us a call of one small rmsnorm against 55-58 us for
-its function alone, and an eager V2-Lite step makes ~136 such calls.
+disable wrapper) before the function runs: a third more host time than the function's own
+for one small rmsnorm on an H100 host, and an eager V2-Lite step makes ~136 such calls
+(docs/DECISIONS.md, `custom_op.DIRECT`).
 
 `custom_op` registers the op as torch does and returns an `EagerOp`: called with real tensors
 while nothing traces, it runs the function itself (the same kernels, the same results); while a

@@ -1,6 +1,6 @@
-"""The capture compiler (DESIGN.md, "The capture compiler"): a pure step function whose tensor
-arguments are jaxtyping-annotated -> dim table -> symbolic FX trace -> static segments split at
-the splitting ops -> buckets -> piecewise and full CUDA graphs -> per-step dispatch.
+"""The capture compiler: a pure step function whose tensor arguments are jaxtyping-annotated
+-> dim table -> symbolic FX trace -> static segments split at the splitting ops -> buckets ->
+piecewise and full CUDA graphs -> per-step dispatch.
 
 Generic: it knows op names only through its arguments, and dim names through its `dims`
 argument or, without one, the package's table (`mla_func.dims.VOCABULARY`).

@@ -5,8 +5,7 @@ bucket (real rows first, padded rows filled with the fields' "pad" values), warm
 per bucket, largest first, every graph in one shared memory pool, the garbage collector frozen.
 Between segments the splitting ops run eagerly, outside the graphs (dispatch.py), on the real
 unpadded rows; their outputs land in static buffers the next segment's graph reads: written
-there by the op's out variant when the plan has one (DESIGN.md: "writes into the next
-segment's static input"), else copied.
+there by the op's out variant when the plan has one, else copied.
 Segment outputs are kept as weak references (no ownership). Within a bucket, a value's pool
 memory goes back to the pool once its last reader has been captured (`release_after`: a
 later piece, a splitting op, or the function's output, read after the last piece), and later

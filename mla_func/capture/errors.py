@@ -1,8 +1,8 @@
 """Errors of the capture compiler, and where in the user's code they come from.
 
-Every graph-unsafe construct is reported at plan time, with the op and the user's source line
-(DESIGN.md, "The capture compiler"): the failure modes vLLM, SGLang and FastDeploy users meet
-as wrong output under graphs are turned into an exception that names the line to change.
+Every graph-unsafe construct is reported at plan time, with the op and the user's source line:
+the failure modes vLLM, SGLang and FastDeploy users meet as wrong output under graphs are
+turned into an exception that names the line to change.
 """
 
 import os

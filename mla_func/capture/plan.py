@@ -110,7 +110,7 @@ def plan_capture(
     """Plan the capture of `fn(*example_args)` (no GPU needed; raises `CaptureError`).
 
     dims: the dim vocabulary (name -> object with kind, max_size, policy); default: the
-      package's table, `mla_func.dims.VOCABULARY` (DESIGN.md's public call passes none). The
+      package's table, `mla_func.dims.VOCABULARY` (the public call passes none). The
       compiler holds no names of its own. max_sizes / policies override the dynamic dims'
       entries.
     splitting_ops: op names ("ns::name") -> a function from the op's call arguments to its

@@ -1,6 +1,6 @@
 """Stage 3b, validate: every segment must be replayable as a static CUDA graph.
 
-Rejected, with the op and the user's source line (DESIGN.md, "Facts about tracing"):
+Rejected, with the op and the user's source line:
 - host syncs and data-dependent shapes: `.item()` (`_local_scalar_dense`), `nonzero`,
   `masked_select`, `unique`, ... and any value with an unbacked symbol (`nonzero` does not fail
   the trace: it leaves an unbacked size, which we look for here);

@@ -6,7 +6,7 @@ runs the absorbed kernel (one row per token, keys up to its position); otherwise
 run absorbed and the prefill rows run the MHA form. That choice reads `host` (CPU metadata), so
 the backend is graph-safe for uniform single-token decode only: there the launch shape is a
 function of tensor shapes (bucket rows, page-table capacity) and the workspace is owned here,
-allocated once per shape and reused (DESIGN.md, "capture"). When every row runs absorbed, the
+allocated once per shape and reused. When every row runs absorbed, the
 prologue (rope, latent norm) and the cache write share one launch with the query absorption
 (absorb.py); otherwise the prologue kernel (rope.py) and the cache write run first, each on
 its own.

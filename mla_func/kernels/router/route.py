@@ -58,26 +58,14 @@ METHODS = {"greedy": 0, "group_limited_greedy": 1, "noaux_tc": 2}
 MAX_EXPERTS = 256
 # sm90: launched as a programmatic dependent of the kernel before (the attention's output
 # projection + add + norm, `proj_norm`, which triggers at once), so that it starts while that
-# kernel ends. V2-Lite decode step on an H100, 2026-11-24, whole-step graphs, ctx 1024, ms
-# synced / back to back, early against plain (docs/perf/2026-11-24-h100-run7, run8,
-# exp_proj_step.py): B=1 2.430 / 2.422 against 2.446 / 2.440 and 2.417 / 2.408 against 2.455 /
-# 2.449; from B=2 on within +-0.6% either way.
+# kernel ends: 0.7-1.7% faster at B=1, even from B=2 (docs/DECISIONS.md, `router.route.EARLY`).
 EARLY = True
 # Launched early with one dot step a split (decode: 64 splits at one token), a program loads
-# its router rows before it waits for x. V2-Lite whole-step graphs on an H100, 2026-11-24,
-# ms synced / back to back, with against without (docs/perf/2026-11-24-h100-run52): B=1
-# 2.428 / 2.409 against 2.432 / 2.418 (ctx 1024), 2.504 / 2.489 against 2.510 / 2.499 (4096);
-# B=2-8 even (the same bits).
+# its router rows before it waits for x (docs/DECISIONS.md, `router.route.PRELOAD`).
 PRELOAD = True
-# Up to router_rows.MAX_ROWS rows, one program an expert (`router_rows.py`) instead of the split
-# kernel. V2-Lite on an H100, 2026-11-24 (docs/perf/2026-11-24-h100-run92, run93,
-# exp_rows.py, one process, 6 alternating rounds, against the split kernel): the router alone
-# 3.70 against 5.12 us a launch at 1 token, 3.58 against 7.35 at 4; whole-step graphs, ms
-# synced / back to back, ctx 1024: B=1 2.395 / 2.381 against 2.401 / 2.394, B=2 3.476 / 3.457
-# against 3.522 / 3.506, B=4 4.957 / 4.943 against 5.066 / 5.047 (ctx 4096: B=1 2.465 / 2.451
-# against 2.477 / 2.466, B=4 5.197 / 5.170 against 5.297 / 5.269). At 8 and 16 rows the router
-# alone was faster too (3.96 against 6.75, 4.80 against 5.86 us) but the step was even (B=8
-# 7.113 / 7.072 against 7.111 / 7.076, B=16 9.534 / 9.506 against 9.524 / 9.493): 4 rows stay.
+# Up to router_rows.MAX_ROWS rows, one program an expert (`router/rows.py`) instead of the split
+# kernel: the step 1.3-2.2% faster at 2-4 rows, even at 8-16, so 4 rows stay (docs/DECISIONS.md,
+# `router.route.FEW_ROWS`).
 FEW_ROWS = True
 
 
