@@ -1,4 +1,4 @@
-"""The dimension-name vocabulary (DESIGN.md, "Dimension vocabulary").
+"""The dimension-name vocabulary.
 
 One name, one meaning, everywhere: jaxtyping signatures, dataclass fields, docs and capture
 artifacts. Static names bind to a config field; dynamic names carry a range and a bucket policy
@@ -45,12 +45,9 @@ STATIC_BINDINGS: dict[str, Callable[[MLAConfig], int]] = {
 }
 
 # Piecewise graphs stop at TOKENS_MAX_CAPTURED tokens; a larger step runs eagerly (the same
-# results). Past it a graph saved the eager V2-Lite step nothing, while padding to the next
-# bucket (up to 12.5%) costs it: on an H100 (docs/perf/2026-11-23-h100-run58, -run59),
-# piecewise against eager was 41.1 / 38.4 ms at 3073 tokens (bucket 3328) and 79.9 / 75.9 at
-# 6145 (bucket 6656); at 2049-2560 tokens every eager round (34.4-60.6 ms, bound by the host)
-# was slower than every replay (29.3-32.7 ms). (On another H100, 2026-11-25 run 14, the host
-# bounded the eager step up to 3584 tokens too: 63-64 ms at 3072-3584, 50 at 4096.)
+# results). Past it a graph saves the eager V2-Lite step nothing where the GPU bounds it, while
+# padding to the next bucket (up to 12.5%) costs it; below it the eager step is bound by the
+# host (docs/DECISIONS.md, `dims.TOKENS_MAX_CAPTURED`).
 TOKENS_MAX_CAPTURED = 2560
 
 VOCABULARY: dict[str, DimSpec] = {

@@ -74,10 +74,8 @@ from mla_func.validation import (
 )
 
 # Default token budget of a step. A prefill of 8192 tokens keeps the GPU busy where smaller
-# chunks leave it waiting on the host: V2-Lite on an H100, 128 requests x (512 + 256),
-# `full_and_piecewise`: 4,092 / 7,209 / 8,266 output tokens/s at 512 / 4096 / 8192
-# (docs/perf/2026-11-24-h100-run117). A larger budget delays the decodes that share a step
-# with a prefill chunk (an 8192-token step took ~78 ms there, a 512-token one ~29).
+# chunks leave it waiting on the host; a larger budget delays the decodes that share a step
+# with a prefill chunk (docs/DECISIONS.md, `engine.MAX_BATCH_TOKENS`).
 MAX_BATCH_TOKENS = 8192
 
 __all__ = [

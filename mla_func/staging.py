@@ -1,10 +1,8 @@
 """Pinned host staging for the inputs the host builds every step (`HostStaging`).
 
 A host-to-device copy runs asynchronously only from pinned memory, and pinning a fresh buffer
-every step (`Tensor.pin_memory()`) costs host time that varies by machine: 5.7 ms per
-128-sequence decode step in one H100 run, where the GPU then sat idle half the time in
-`generate` (docs/perf/2026-11-23-h100-run16), 0.3-0.5 ms in later runs (run 18, where this
-class made no difference beyond the run-to-run spread). `HostStaging` takes that cost out of the
+every step (`Tensor.pin_memory()`) costs host time that varies by machine, up to milliseconds
+a step (docs/DECISIONS.md, `staging.HostStaging`). `HostStaging` takes that cost out of the
 step: it keeps a ring of pinned buffers, allocated on first use and only grown:
 each copy goes through the next slot, and a slot is rewritten only once the copy that last read
 it has run (an event recorded behind that copy), so no copy in flight sees its source change.

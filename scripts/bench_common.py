@@ -71,7 +71,7 @@ def measure_ceilings(device: str = "cuda") -> dict[str, float | dict[str, float]
     """Device-to-device copy bandwidth (bytes read + written), the read-only bandwidth (the
     faster of two reads of the same buffer, `read_rates`: bytes read; both kept in
     `read_probes_gbs`) and the bf16 matmul rate. The floors divide by the copy bandwidth
-    (DESIGN.md); the read rate is reported beside it because the step's big kernels only
+    (docs/PERF.md); the read rate is reported beside it because the step's big kernels only
     read, and a read stream runs a little faster than a copy (2026-11-27 run 8, H100: 3064
     against 2988 GB/s at 2 GiB)."""
     n = 1 << 30  # 2 GiB of bf16 per buffer: far beyond L2
@@ -177,7 +177,7 @@ def sm_clock_mhz() -> int | None:
 
 def floor_of(costs: list[tuple[int, int]], copy_gbs: float, matmul_tflops: float) -> float:
     """The floor (µs) of work given as (bytes, FLOPs) per part, averaged over the parts:
-    max(bytes / copy bandwidth, FLOPs / matmul rate) each (DESIGN.md, "Performance model")."""
+    max(bytes / copy bandwidth, FLOPs / matmul rate) each (docs/PERF.md, "Conventions")."""
     return sum(max(b / (copy_gbs * 1e9), f / (matmul_tflops * 1e12))
                for b, f in costs) / len(costs) * 1e6
 

@@ -3,9 +3,9 @@
 The kernels are Triton's, and Gluon's warp-specialised decode at 64 heads a program on sm90,
 where `plan_decode` picks it.
 
-Floor = max(bytes / copy bandwidth, FLOPs / bf16 matmul rate) (DESIGN.md, "Performance
-model"), both ceilings measured in this run. Times are medians of `triton.testing.do_bench`
-over CUDA-graph replays; do_bench flushes L2 before every replay, so small cases are not served
+Floor = max(bytes / copy bandwidth, FLOPs / bf16 matmul rate) (docs/PERF.md, "Conventions"),
+both ceilings measured in this run. Times are medians of `triton.testing.do_bench` over
+CUDA-graph replays; do_bench flushes L2 before every replay, so small cases are not served
 from cache. Decode rows time the latent kernel (split + merge, `us`) and the whole absorbed
 form with both W_UK/W_UV products (`full_us`); `ref_us` is mla_func.ops.attention's reference
 (skipped where its fp32 gather would be too large); `legacy_us` is `us` as the first kernel

@@ -2,8 +2,8 @@
 decode inputs, CUDA-graph timing of a function or of a decode plan, plan labels, the ceilings
 and the floor.
 
-Floor = max(bytes / copy bandwidth, FLOPs / bf16 matmul rate) (DESIGN.md, "Performance
-model"), both ceilings measured in the same run (`ceilings`). Times are medians of
+Floor = max(bytes / copy bandwidth, FLOPs / bf16 matmul rate) (docs/PERF.md,
+"Conventions"), both ceilings measured in the same run (`ceilings`). Times are medians of
 `triton.testing.do_bench` over CUDA-graph replays; do_bench flushes L2 before every replay, so
 small cases are not served from cache.
 """

@@ -1,7 +1,7 @@
 """Benchmark one MoE layer (router + routed experts + shared experts) against its floor and a
 `torch._grouped_mm` baseline, all captured in CUDA graphs (GPU only).
 
-Floor = max(bytes / copy bandwidth, FLOPs / bf16 matmul rate) (DESIGN.md, "Performance model"),
+Floor = max(bytes / copy bandwidth, FLOPs / bf16 matmul rate) (docs/PERF.md, "Conventions"),
 both ceilings measured in this run; bytes = the distinct experts this step's routing touches +
 the shared experts + the router + activations. Each graph runs `--layers` distinct layers'
 weights back to back (together far beyond L2, as in a real step) and times are per layer.

@@ -214,8 +214,8 @@ def bench_generate(cfg, params, args, floor: dict[str, float]) -> dict:
               max_seqs=args.gen_requests, max_batch_tokens=args.gen_batch_tokens)
     # A warm-up call with the same prompts and 2 new tokens first: it runs the prefill and
     # decode shapes once, so Triton's first compiles (seconds on a machine with an empty
-    # kernel cache: 5.8k against 8.1k tokens/s on the H100, docs/perf/2026-11-23-h100-run12
-    # and -run17) land in `warmup_s`, not in the timed loop.
+    # kernel cache: docs/DECISIONS.md, `bench_step.bench_generate` warm-up) land in
+    # `warmup_s`, not in the timed loop.
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     mf.generate(cfg, params, prompts, **{**kw, "max_new_tokens": 2})

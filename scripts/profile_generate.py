@@ -4,7 +4,7 @@
 
 Builds the engine (cache, graph capture) and runs the workload once with 2 new tokens (1 with
 `--new 1`; first compiles) outside the measurement. `--timeline` (the method of
-docs/perf/2026-11-24-h100-run110) wraps the engine's step function: per step its token, sequence
+docs/PERF.md's generate table) wraps the engine's step function: per step its token, sequence
 and decode counts, the path the compiled step takes (full, piecewise, eager), the host time of
 the call and CUDA events around it (no sync), then prints, per kind of step (decode / prefill /
 mixed, by path), the steps, tokens, host ms and GPU ms, and the GPU's idle time before them.

@@ -42,7 +42,7 @@ def _toy_args(tokens: int = 5, seqs: int = 3) -> tuple:
 
 
 def test_public_call_takes_the_package_vocabulary():
-    """DESIGN.md's public call, `plan_capture(fn, *example_args)`: no `dims` means the
+    """The public call, `plan_capture(fn, *example_args)`: no `dims` means the
     package's table (`mla_func.dims.VOCABULARY`), with its ranges, not the test's."""
     from mla_func.dims import VOCABULARY
 

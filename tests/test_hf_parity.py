@@ -1,4 +1,4 @@
-"""Parity with HF transformers' DeepseekV2/V3ForCausalLM (the numerics reference, DESIGN.md):
+"""Parity with HF transformers' DeepseekV2/V3ForCausalLM (the numerics reference):
 tiny random models saved with `save_pretrained`, loaded with `load_hf`, run through our step
 function on a paged cache in mixed batches, and compared token by token with HF run alone on
 each sequence. Also: the absorbed and MHA attention forms agree."""

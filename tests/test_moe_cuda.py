@@ -43,7 +43,8 @@ no_tma = dict(TMA=False, w_desc=None)
 no_act = dict(act_desc=None, act_tail_desc=None)
 # Triton before 3.9 (the GPU machines' 3.6) spills the merged-tail down kernel's epilogue, after
 # its K loop: 88 bytes a thread at 254 registers (3.9: none). Kept: it was measured faster with
-# the spill, docs/perf/2026-11-25-h100-run1. Any other spill, or a larger one, still fails.
+# the spill (docs/DECISIONS.md, `MoEConfig.merge_tail`). Any other spill, or a larger one, still
+# fails.
 old_triton = tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9)
 for fn, (bm, bn, bk, warps, stages), const in [
         (gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=False, PDL=True, **no_tma)),

@@ -241,9 +241,9 @@ def test_half_router_is_read_as_it_is():
 
 
 def test_launch_config_counts_whole_waves():
-    """A partial wave costs a whole one (H100, docs/perf/2026-11-23-h100-run13/14): at 4096
-    V2-Lite tokens the pick is 4 splits of 32 blocks (one wave, 26.7 us), not 5 (160 programs,
-    38.9 us), which a per-SM share in fractions of a wave chose."""
+    """A partial wave costs a whole one (docs/DECISIONS.md, `router.plan.launch_config`): at
+    4096 V2-Lite tokens the pick is 4 splits of 32 blocks (one wave), not 5 (160 programs),
+    which a per-SM share in fractions of a wave chose."""
     c = plan.launch_config(4096, 64, 2048, 1)
     assert (c.block_t, c.n_split) == (128, 4) and c.blocks * c.n_split <= plan._SMS
 

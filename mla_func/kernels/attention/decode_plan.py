@@ -4,7 +4,7 @@
 rows in the bucket, page-table capacity, SM count -- never from host-read lengths, so a CUDA
 graph captured with one plan replays for any lengths. `DecodeWorkspace` owns the buffers the
 decode writes besides its output: allocated at the first (warm-up) call per shape, only ever
-grown, so captured graphs keep valid addresses (DESIGN.md, "capture").
+grown, so captured graphs keep valid addresses.
 """
 
 import math
@@ -30,50 +30,30 @@ PartialLse = Float[Tensor, "tokens heads _"]
 MAX_SPLITS = 128
 # A launch grid is "full" when it keeps this share of the SMs busy in its last wave.
 FILL = 0.85
-# The merge warms L2 with W_UV (`DecodePlan.warm`) up to this many rows. H100, 2026-11-23,
-# V2-Lite whole-step graphs, ctx 1024, synced / back to back, warm against not
-# (docs/perf/2026-11-23-h100-run88): B=1 2.611 / 2.601 against 2.629 / 2.616 ms, B=8 7.262 /
-# 7.057 against 7.308 / 7.062; B=32 11.641 / 11.467 against 11.589 / 11.451, B=128 even.
+# The merge warms L2 with W_UV (`DecodePlan.warm`) up to this many rows; from 32 rows it gained
+# nothing or lost (docs/DECISIONS.md, `decode_plan.WARM_MAX_ROWS`).
 WARM_MAX_ROWS = 8
-# The merge multiplies by W_UV itself (`DecodePlan.uv`, mla_merge_uv.py) up to this many rows
-# (its programs read W_UV again per row). H100, 2026-11-23, V2-Lite whole-step graphs, a
-# 129-page table, ms synced / back to back, fused against merge + bmm
-# (docs/perf/2026-11-23-h100-run111): B=1 2.561 / 2.556 against 2.608 / 2.603 at ctx 1024,
-# 2.667 / 2.633 against 2.708 / 2.676 at 4096, 2.733 / 2.704 against 2.774 / 2.739 at 8000;
-# ctx 1024: B=2 3.551 / 3.546 against 3.583 / 3.575, B=4 5.202 / 5.155 against 5.248 / 5.170,
-# B=8 7.319 / 7.245 against 7.257 / 7.177.
+# The merge multiplies by W_UV itself (`DecodePlan.uv`, merge_uv.py) up to this many rows
+# (its programs read W_UV again per row: from 8 rows merge + bmm is faster; docs/DECISIONS.md,
+# `decode_plan.UV_MAX_ROWS`).
 UV_MAX_ROWS = 4
 # ... and up to this many heads: its programs read W_UV once a row, and at 128 heads (16 MB of
-# W_UV) merge + bmm was faster at every row count. H100, 2026-11-24, 128 heads, page 64, the
-# warp-specialised plan, absorb + attention of one layer in a CUDA graph, µs, fused against
-# merge + bmm (docs/perf/2026-11-24-h100-run55): ctx 1024 B=1 / 2 / 4 44.8 / 49.1 / 61.6
-# against 44.3 / 45.3 / 47.3, ctx 4096 48.5 / 56.6 / 72.8 against 47.3 / 52.0 / 59.0. (The
-# Triton plan at 128 heads runs the same merge kernels; it was not timed apart.)
+# W_UV) merge + bmm was faster at every row count (docs/DECISIONS.md, `decode_plan.UV_MAX_HEADS`;
+# the Triton plan at 128 heads runs the same merge kernels and was not timed apart).
 UV_MAX_HEADS = 16
 # The warp-specialised kernel (`DecodePlan.ws`) from this many keys a split: its programs load
-# 64 heads' queries and set up three partitions first. H100, 2026-11-24, 128 heads, page 64,
-# split + merge (docs/perf/2026-11-24-h100-run18): B=1 ctx 1024 (32 keys a split) 21.1 µs
-# against the Triton plan's 19.7; B=1 ctx 4096 (72) 26.4 against 31.5; B=8 ctx 1024 (128)
-# 28.3 against 43.8.
+# 64 heads' queries and set up three partitions first (docs/DECISIONS.md,
+# `decode_plan.WS_MIN_KEYS`).
 WS_MIN_KEYS = 64
 # The warp-specialised kernel launches early behind the absorb kernel (`DecodePlan.early`: its
-# loader loads the first tiles of old rows, then waits) up to this many rows. H100,
-# 2026-11-24, 128 heads, page 64, absorb + attention of one layer in a CUDA graph, µs, early
-# against plain (docs/perf/2026-11-24-h100-run49, run50): ctx 1024 B=1 / 2 / 4 44.9 / 49.3 /
-# 61.4 against 47.2 / 51.5 / 63.3, ctx 4096 48.7 / 56.5 / 72.8 against 51.1 / 57.3 / 73.0;
-# B=8 even; B=128 ctx 4096 393.3 against 387.7.
+# loader loads the first tiles of old rows, then waits) up to this many rows; from 8 rows it was
+# even or slower (docs/DECISIONS.md, `decode_plan.WS_EARLY_MAX_ROWS`).
 WS_EARLY_MAX_ROWS = 4
 # Two waves of split programs (`waves`) only where each split may cover this many keys of the
 # capacity; shorter splits fill one wave (16 heads a program; where the capacity, not the
 # fill, bounds the splits, as at a few rows, nothing changes). Short splits' fixed work (the
 # query loads, the fp32 partials of every head, the merge's reads of them) outweighs the
-# second wave's overlap. H100, 2026-11-24, V2-Lite whole-step graphs, ms back to back, one
-# process each, this rule against two waves (docs/perf/2026-11-24-h100-run126): 576 keys of
-# capacity (ctx 512) B=16 9.322 against 9.365, B=32 11.061 against 11.100, B=64 11.876
-# against 11.898; 1088 keys (ctx 1024) B=8 7.121 against 7.209, B=16 9.364 against 9.428,
-# B=32 11.308 against 11.373. At B=128 one wave (1 split of 576 or 768 keys) was slower than
-# the two of the plan: 12.707 against 12.646, 12.920 against 12.778 (run 124). An H200 gained
-# 0.5-1.1% in the same rows (docs/perf/2026-11-24-h200-run130).
+# second wave's overlap (docs/DECISIONS.md, `decode_plan.TWO_WAVE_KEYS`).
 TWO_WAVE_KEYS = 256
 
 
@@ -129,26 +109,22 @@ def plan_decode(
     so a KV tile serves 64 heads per read and the two head blocks of V3's 128 share it through
     L2. Two waves: on an H200 (2026-11-21, H=16, ctx 4096) about 2 programs per SM were
     fastest at B=8, 32 and 128. Variants, from the H200 sweep of 2026-11-22
-    (`scripts/bench_kernels.py --sweep-only`, docs/PERF.md): one page entry per tile with the
+    (`scripts/bench_kernels.py --sweep-only`, docs/DECISIONS.md): one page entry per tile with the
     next tile's entry prefetched (a dependent load per tile otherwise stalls each iteration;
     split kernel 1.25-1.4x faster), 3 stages, and 64-key tiles at 2 stages where a split may
     cover 2048 keys or more (H=16, B=128, ctx 4096: 165 vs 172 us; shorter splits lose with
     64, and so do pages under 64 keys, where tiles gather per key: page 1, H=16, B=128, ctx
     4096: 232 us with 64-key tiles, 194 us with the first version's 32-key plan). At 64 heads
-    per program 64-key tiles at 2 stages from 1024 keys a split (H100, 2026-11-22, H=128, ctx
-    4096, docs/perf/2026-11-22-h100-run30: 584 against 661 us at B=128, 178 against 196 at
-    B=32; shorter splits, B=1 and pages under 64 keys were not measured and keep 32-key tiles
-    at 3 stages). The tile merge launches as a programmatic dependent of the split kernel
+    per program 64-key tiles at 2 stages from 1024 keys a split (docs/DECISIONS.md, `plan_decode`
+    64-key tiles; shorter splits, B=1 and pages under 64 keys were not measured and keep 32-key
+    tiles at 3 stages). The tile merge launches as a programmatic dependent of the split kernel
     (sm90+): about 1 us less at B=1, the same elsewhere. 64-head programs hand p to the value
     product through scratch (`shared_p`, 64-key tiles) where that measured faster
     (`_shared_p_pays`). `early`: on sm90 the split kernel launches while the absorb kernel
     runs and warms L2 with its first cache rows, and, up to WARM_MAX_ROWS rows, the merge,
-    launched while the split kernel runs, warms it with W_UV (mla_decode.py); up to UV_MAX_ROWS
-    rows the merge multiplies by W_UV itself (`uv`, mla_merge_uv.py). Early against
-    plain, V2-Lite whole-step graphs, ctx 1024, H100, 2026-11-23, back to back
-    (docs/perf/2026-11-23-h100-run84, run86, run88): B=1 2.615 against 2.647 ms, B=32 11.35-
-    11.46 against 11.40-11.51, B=128 13.37-13.47 against 13.42-13.52, logits equal to the
-    bit; absorb start to merge end 27.1-27.5 against 29.0-29.1 µs a layer at B=32.
+    launched while the split kernel runs, warms it with W_UV (decode.py); up to UV_MAX_ROWS
+    rows the merge multiplies by W_UV itself (`uv`, merge_uv.py). The early launches' measurement:
+    docs/DECISIONS.md, `DecodePlan.early`.
 
     `ws`: the device runs the warp-specialised kernel (mla_decode_ws.py, sm90): above 16
     heads and with default tiles, the plan is `_ws_plan`'s where its splits cover WS_MIN_KEYS
@@ -192,11 +168,8 @@ def _fill_splits(programs_per_split: int, most: int, slots: int) -> int:
 
 def _ws_plan(num_rows: int, max_seq_len: int, num_sms: int, heads: int) -> DecodePlan:
     """The warp-specialised kernel's plan: 32-key tiles in 4 stages (230 KB of shared
-    memory: one program a SM), the fewest splits that fill one wave. H100, 2026-11-24, V3's 128
-    heads, page 64, split + merge µs (docs/perf/2026-11-24-h100-run16, run17): B=128 ctx 4096
-    346 at 1 split, 392 at 2 (the Triton plan: 549); B=32 ctx 4096 101 at 2 splits, 118 at 4;
-    B=8 ctx 4096 42 at 8 splits, 61 at 15; 64-key tiles in 2 stages were slower but at B=8 ctx
-    1024."""
+    memory: one program a SM), the fewest splits that fill one wave: one wave was fastest
+    wherever it was measured (docs/DECISIONS.md, `decode_plan._ws_plan`)."""
     block_n = 32
     most = max(1, min(MAX_SPLITS, _cdiv(max(1, max_seq_len), block_n)))
     splits = _fill_splits(max(1, num_rows) * _cdiv(heads, 64), most, num_sms)
@@ -208,11 +181,8 @@ def _ws_plan(num_rows: int, max_seq_len: int, num_sms: int, heads: int) -> Decod
 
 def _shared_p_pays(splits: int, max_seq_len: int) -> bool:
     """Whether a 64-head plan of `splits` splits runs faster with `shared_p` (64-key tiles, a
-    single split doubled), from the H100 runs of 2026-11-23 (docs/perf/2026-11-23-h100-run2,
-    H=128, page 64, µs, default against shared_p): B=128 ctx 4096 586.6 / 555.1 (2 splits),
-    ctx 16384 2270 / 1941 (2 splits), page 1 696 / 643; B=32 ctx 4096 176.6 / 159.8; B=8 ctx
-    4096 80.2 / 72.4. It lost where a single split stays (B=128 ctx 1024: 163.6 / 199.7 at 2
-    splits, 171.9 at 1) and at 32 keys a split (B=1 ctx 1024: 18.9 / 20.9)."""
+    single split doubled): it paid from 256 keys a split, and lost where a single split stays
+    and at 32 keys a split (docs/DECISIONS.md, `decode_plan._shared_p_pays`)."""
     keys = max_seq_len / splits
     if splits == 1:
         return max_seq_len >= 4096

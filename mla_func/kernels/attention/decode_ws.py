@@ -18,9 +18,8 @@ and their mbarrier protocol: mla_ws_partitions.py):
 Why: in Triton (`mla_decode`, `DecodePlan.shared_p`) one program runs score product, softmax
 and value product in series, and p travels through global scratch, so the tensor cores idle
 through every softmax (H100, 2026-11-23: 250-265 TFLOP/s, 2.4-2.65x the floor at B=128).
-This kernel, split + merge at 128 heads, page 64 (H100, 2026-11-24,
-docs/perf/2026-11-24-h100-run18): B=128 115 / 344 / 1311 µs at ctx 1024 / 4096 / 16384,
-1.81 / 1.59 / 1.58x the floor, against the Triton plan's 172 / 540 / 1907.
+This kernel takes a third less time than the Triton plan at B=128 (docs/DECISIONS.md,
+`DecodePlan.ws`; docs/PERF.md has its latest table).
 
 Shared memory (230 KB at 32-key tiles in 4 stages: one program a SM) holds the query and the
 key tiles in chunks of 64 columns (allocations must be powers of 2, and a TMA box row may not

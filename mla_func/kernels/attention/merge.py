@@ -29,10 +29,8 @@ from mla_func.kernels.launch.l2_prefetch import prefetch_span
 # 4 warps): bounds registers whatever the split count.
 MERGE_TILE = 8192
 # From this many splits on, the tile merge reads a row's length and skips the splits it does not
-# reach. H100, 16 heads, 1024 keys with 8256 of capacity, split + merge (docs/perf/
-# 2026-11-23-h100-run29): 13.0-13.3 against 14.5-14.6 µs at 1 row (128 splits), 19.6 against
-# 21.7-21.8 at 8 rows (29 splits); at 32 rows (8 splits) 0.3-0.5 µs slower, at 128 rows (2
-# splits) 0.3 µs, so the plain form stays there.
+# reach; at 8 splits or fewer that costs more than it saves, so the plain form stays there
+# (docs/DECISIONS.md, `merge.ACTIVE_MIN_SPLITS`).
 ACTIVE_MIN_SPLITS = 9
 
 

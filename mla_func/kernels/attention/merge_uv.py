@@ -17,10 +17,10 @@ W_UV columns before it waits, so the weights are read while the split kernel run
 
 Each program reads its head's W_UV columns again per row, so this pays at a few rows only
 (`decode_plan.UV_MAX_ROWS`); larger batches keep the merge + bmm, where one GEMM reads W_UV
-once. Two earlier forms are kept as records in docs/perf/2026-11-23-run97: 16-row blocks
-multiplied on the tensor cores (`merge_uv_dot.py`: slower at every batch size), and one
-program per (row, head, block of value columns) over all kv_lora columns (`merge_uv_row.py`:
-each program read all of the row's splits, slower from 65 splits reached on).
+once. Two earlier forms were measured and not kept (docs/PERF.md, "Tried and not kept"):
+16-row blocks multiplied on the tensor cores (slower at every batch size), and one program per
+(row, head, block of value columns) over all kv_lora columns (each program read all of the
+row's splits, slower from 65 splits reached on).
 
 Graph capture: the counters and the scratch come from the caller (`DecodeWorkspace`); the
 counters must be zero before the first launch, and every launch leaves them zero.
@@ -39,10 +39,7 @@ from mla_func.kernels.launch.counters import last_to_arrive
 
 # kv_lora columns a program merges (8 programs a row and head at V2/V3's 512; W_UV: 128 x 64 in
 # bf16, 16 KiB); it loads `mla_merge.MERGE_TILE` fp32 partials at a time, as the tile merge.
-# H100, V2-Lite whole-step graphs, B=1, a 129-page table, ms synced / back to back against
-# the merge + bmm (docs/perf/2026-11-23-h100-run111): 64 columns 2.561 / 2.556, 2.667 / 2.633
-# and 2.733 / 2.704 at ctx 1024, 4096 and 8000 against 2.608 / 2.603, 2.708 / 2.676 and 2.774
-# / 2.739; 32 columns 2.586 / 2.582, 2.689 / 2.663 and 2.771 / 2.748.
+# 32 columns were slower at every context (docs/DECISIONS.md, `merge_uv.COLS`).
 COLS = 64
 NUM_WARPS = 4
 

@@ -2,16 +2,13 @@
 
 At one decode row the last thing before a layer's first projection (the fused q + kv_a) was
 the MoE's final reduction, whose last program normalised the row (`moe_sum.last_sum`): one
-dependent level on the step's critical path (taken out with wrong results, ~1.5% of the B=1
-step on an H100: docs/perf/2026-11-24-h100-run90). Here every program of `small_linear`'s
-matrix-vector kernel loads its weight rows before its PDL wait, then reads the whole row h
-(4 KiB at V2-Lite's 2048) and the norm weight, takes the row's sum of squares and normalises
-it with `norm.rms_scaled`'s rounding, rounded to the model dtype as the norm's output is, and
-multiplies. So the op before may leave the normalised row unwritten
-(`fused_moe.fused_experts`'s `defer_norm`). V2-Lite whole-step graphs at B=1 on an H100,
-2026-11-24, one process, ms back to back against the norm in the MoE and `small_linear`:
-2.346 against 2.367 at ctx 512, 2.347 against 2.376 at 1024, 2.428 against 2.454 at 4096,
-logits equal to the bit (docs/perf/2026-11-24-h100-run144, exp_defer.py).
+dependent level on the step's critical path (~1.5% of the B=1 step on an H100). Here every
+program of `small_linear`'s matrix-vector kernel loads its weight rows before its PDL wait,
+then reads the whole row h (4 KiB at V2-Lite's 2048) and the norm weight, takes the row's sum
+of squares and normalises it with `norm.rms_scaled`'s rounding, rounded to the model dtype as
+the norm's output is, and multiplies. So the op before may leave the normalised row unwritten
+(`fused_moe.fused_experts`'s `defer_norm`). The B=1 step is ~1% faster, logits equal to the
+bit (docs/DECISIONS.md, `plan.norm_linear_normalises`).
 
 `norm_linear(x, h, weight, eps, w)`: x is rmsnorm(h) * weight as the op before returned it.
 Where `normalises(rows, width)` x is never read (it may be unwritten); elsewhere the op is

@@ -35,13 +35,9 @@ from mla_func.kernels.linear.norm import add_rmsnorm, rms_scaled
 from mla_func.kernels.linear.small_linear import project_rows
 from mla_func.kernels.plan import PROJ_NORM_MAX_ROWS, proj_norm_rows
 
-# Rows and columns a program from the V2-Lite decode step on an H100, 2026-11-24, whole-step
-# graphs, ctx 1024, ms synced / back to back against the GEMM + add_rmsnorm
-# (docs/perf/2026-11-24-h100-run3, run4, exp_proj_step.py): B=1 2.481 / 2.473 against 2.561 /
-# 2.551, B=2 3.549 / 3.461 against 3.622 / 3.521, B=4 5.223 / 5.111 against 5.225 / 5.153
-# (run 4; ctx 4096: B=1 2.659 / 2.553 against 2.756 / 2.640). 8 rows lost at B=8 (7.519 /
-# 7.396 against 7.207 / 7.083, run 3); 16 columns a program lost to 8 at every B (4 was even);
-# launched without PDL it gained nothing (B=1 2.587 / 2.573 against 2.585 / 2.572, run 3).
+# Rows and columns a program from the V2-Lite decode step on an H100: up to 4 rows it beats the
+# GEMM + add_rmsnorm, at 8 it lost; the gain is the weight load before the PDL wait
+# (docs/DECISIONS.md, `plan.PROJ_NORM_MAX_ROWS`).
 MAX_ROWS = PROJ_NORM_MAX_ROWS  # rows the kernel holds (the plan's bound)
 BLOCK_N = 8  # output columns a program: 256 programs at V2-Lite's 2048
 BLOCK_K = 2048  # input columns a program holds at once (V2-Lite: all 16 x 128)

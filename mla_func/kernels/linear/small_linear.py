@@ -26,20 +26,14 @@ from mla_func.custom_op import custom_op
 from mla_func.kernels.launch.pdl import supported as pdl_supported
 from mla_func.kernels.plan import SMALL_LINEAR_MAX_ROWS, small_linear_rows
 
-# One row only: in the V2-Lite decode step on an H100 (2026-11-24, whole-step graphs, ctx
-# 1024, ms synced / back to back, docs/perf/2026-11-24-h100-run5, exp_proj_step.py) the fused
-# q + kv_a projection through this kernel against cuBLAS took B=1 2.449 / 2.441 (4 columns a
-# program; 8: 2.463 / 2.446) against 2.488 / 2.477, but B=2 3.593 / 3.464 against 3.557 /
-# 3.463 and B=4 5.425 / 5.275 against 5.347 / 5.199 (each row is another pass over the
-# registers' weights; the grid does not fit the SMs at once).
+# One row only: in the V2-Lite decode step on an H100 the fused q + kv_a projection through
+# this kernel beat cuBLAS at B=1 and lost at B=2 and 4 (each row is another pass over the
+# registers' weights; the grid does not fit the SMs at once; docs/DECISIONS.md,
+# `plan.SMALL_LINEAR_MAX_ROWS`).
 MAX_ROWS = SMALL_LINEAR_MAX_ROWS  # rows the kernel holds (the plan's bound)
 BLOCK_N = 4  # output columns a program (V2-Lite's fused q + kv_a: 912 programs)
 BLOCK_K = 2048  # input columns a program holds at once (V2-Lite: the whole hidden size)
-# 4 warps, not 8: V2-Lite whole-step graphs at B=1 on an H100, 2026-11-24, ms synced / back to
-# back, 8 alternating rounds (docs/perf/2026-11-24-h100-run76, exp_flags.py): 2.417 / 2.399
-# against 2.425 / 2.407 at ctx 1024, 2.489 / 2.472 against 2.495 / 2.477 at 4096 (run 74, 6
-# rounds: 2.412 / 2.396 against 2.427 / 2.408); 2 warps the same as 4, 8 columns a program
-# at 4 warps 2.420 / 2.402.
+# 4 warps, not 8 (docs/DECISIONS.md, `small_linear.NUM_WARPS`; 2 warps were the same as 4).
 NUM_WARPS = 4
 
 

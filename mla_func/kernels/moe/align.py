@@ -43,11 +43,8 @@ from torch import Tensor
 # align() uses the Triton kernels up to TRITON_ALIGN_MAX_PAIRS pairs: one program (atomics) while
 # pairs * bins <= ONE_PROGRAM_MAX_BINNED (its histograms cost ~ pairs * bins), beyond that the two
 # sliced launches (ceil(pairs / ALIGN_SLICE) programs; the second reads every slice's counts,
-# ~ slices^2 * bins). Alone in a graph on an H100 (docs/perf/2026-11-22-h100-run27,
-# exp_align.py), one program against the sliced launches: V2-Lite (128 bins) 13.3 / 18.1 us at
-# 1024 pairs, 14.5 / 12.7 at 1536, 45.2 / 12.7 at 8192; V3 (512 bins) 42.0 / 18.5 at 1024.
-# Sliced against torch ops: 59 / 176 us at 65536 pairs (V2-Lite), 82 / 170 (V3); at 131072
-# pairs 192 / 197 (V2-Lite) and 247 / 184 (V3), so torch past 65536.
+# ~ slices^2 * bins); past 65536 pairs torch's ops were as fast or faster (docs/DECISIONS.md,
+# `moe.align.TRITON_ALIGN_MAX_PAIRS`).
 TRITON_ALIGN_MAX_PAIRS = 65536
 ONE_PROGRAM_MAX_BINNED = 1024 * 128
 ALIGN_SLICE = 128  # pairs placed per program of the sliced kernel
@@ -222,8 +219,7 @@ def _align_sliced_kernel(
     keys = tl.arange(0, E_P2)
     rows = tl.arange(0, HIST_ROWS)
     # Summed elementwise, reduced over the rows once after the loop, not in every step: the
-    # whole alignment 9.8 against 14.8 us at 4096 V2-Lite tokens, 14.3 against 32.9 at 8192
-    # (H100, docs/perf/2026-11-24-h100-run140, exp_align.py).
+    # whole alignment a third to a half faster (docs/DECISIONS.md, `moe.align` rows kernel).
     counts = tl.zeros([HIST_ROWS, E_P2], dtype=tl.int32)
     before = tl.zeros([HIST_ROWS, E_P2], dtype=tl.int32)
     for r0 in range(0, n_slices, HIST_ROWS):

@@ -88,10 +88,9 @@ Rows = Float[Tensor, "tokens hidden"]
 
 # The widest row the final sum adds and normalises in one program (`sum_kernel` ADD_NORM),
 # which holds the row in registers: V2-Lite's 2048 columns compile spill-free for sm90, V3's
-# 7168 (an 8192 block) spill. Wider rows run the sum, then `norm.add_rmsnorm`: at V3's width
-# that took 3.9 / 5.5 / 6.3 / 10.5 us a layer at 1 / 8 / 32 / 128 tokens, against 7.3 / 13.3 /
-# 13.7 / 15.1 for a one-program form that read its row back in a second pass (H100,
-# docs/perf/2026-11-23-h100-run47, exp_sum_norm_v3.py).
+# 7168 (an 8192 block) spill. Wider rows run the sum, then `norm.add_rmsnorm`: faster at V3's
+# width than a one-program form that read its row back in a second pass (docs/DECISIONS.md,
+# `moe.fused.ADD_NORM_MAX_WIDTH`).
 ADD_NORM_MAX_WIDTH = 2048
 
 
@@ -162,7 +161,7 @@ def fused_experts(
     `config` (default `pick_config(tokens)`) picks the tiles and the path. `add_norm`
     (residual, weight, eps): return (residual + that, its RMSNorm) instead, as
     `norm.add_rmsnorm` would from the sum. `defer_norm`: the RMSNorm's only reader is
-    `norm_linear`, which normalises the rows itself where `norm_linear.normalises`;
+    `norm_linear`, which normalises the rows itself where `kernels.plan.norm_linear_normalises`;
     there, on the `last_sum` path, the norm is left out and the returned norm is unwritten.
     `counters`: the state's (`KVState.counters`; the `last_sum` path counts arrivals there,
     and `shared_stream` runs on its runtime's side stream). `trigger`: the `last_sum`

@@ -7,8 +7,8 @@ Every kernel reads its M-tile through `moe_tile.tile` (either layout; `moe_tile.
 product of half the rows on the same weight tiles) and accumulates in fp32.
 Expert weights are read by pointer loads, or with `TMA` by tensor descriptors: routed gate_up
 as it lies ([experts, 2, moe_inter, hidden], blocks [1, 2, BLOCK_N, BLOCK_K]: gate's and up's
-rows in one load and one product twice as wide, ~7% faster than two at 4096 tokens on an
-H100, docs/perf/2026-11-22-h100-run26), down as the 2-D view [experts * hidden, moe_inter]
+rows in one load and one product twice as wide, faster than two at 4096 tokens on an H100:
+docs/DECISIONS.md, `moe.gemm`), down as the 2-D view [experts * hidden, moe_inter]
 (and `act` [rows, moe_inter]). A down tile that runs past an expert's hidden rows reads the
 next matrix's rows into columns the store masks off; reads past a tensor's edge give zeros.
 Shared experts, when they ride in the routed launches, are experts past the routed ones whose

@@ -3,8 +3,8 @@
 
 `moe_align.align` lays the token-expert pairs out sorted by expert, each expert's run padded to
 `block_m` rows, in one launch that runs between the router and the gate_up GEMM. At decode
-sizes that launch is a chain of dependent latencies on the critical path (V2-Lite, H100: ~8
-and ~10 us a layer after the router at 32 and 128 tokens, docs/perf/2026-11-24-h100-run57).
+sizes that launch is a chain of dependent latencies on the critical path (docs/DECISIONS.md,
+`MoEConfig.inline_align`).
 Here each gate_up program computes what it needs of that layout itself, once, before its K
 loop: the routed pairs' counts per expert (a histogram of `ids`), the expert whose run holds
 its M-tile (a cumulative sum of the padded counts), and the tile's pairs (their ranks among

@@ -17,12 +17,9 @@ import triton
 # Hidden per dot step. mma.sync keeps whole dot operands in registers, up to three copies
 # each (value, TF32 head, TF32 tail): a deeper step spills (AOT sm90: 231+ registers at 128).
 _BLOCK_H = 32
-# ... with the router in x's half dtype: one copy of each operand, half as wide. The router
-# alone on an H100, 2026-11-24 (docs/perf/2026-11-24-h100-run137, exp_router.py, 6 alternating
-# rounds, us a launch; the cost model's pick at each step; fp32: the float32 router of before):
-# 64 against 32 / 128 / fp32: 5.99 / 6.00 / 5.78 / 6.68 at 8 tokens, 5.27 / 5.61 / 5.19 / 6.09
-# at 128, 6.32 / 6.44 / 7.47 / 7.85 at 512, 12.91 / 15.33 / 17.06 / 24.08 at 4096, 29.57 / 31.24
-# / 24.79 / 36.69 at 8192 (the same experts in every form).
+# ... with the router in x's half dtype: one copy of each operand, half as wide; 64 is the
+# fastest width, or within 0.1 us of it, from 8 to 4096 tokens (docs/DECISIONS.md,
+# `router.plan._BLOCK_H_HALF`).
 _BLOCK_H_HALF = 64
 _ACC_TILE = 8192  # BLOCK_T x BLOCK_E logits per program (AOT sm90: 64 x 256 spills)
 _SELECT_TILE = 4096  # tokens x experts selected at once (its temporaries live in registers)
@@ -30,9 +27,8 @@ _TAIL_TILE = 2048  # partials per step of the last program's sum (pipelined thro
 _NUM_WARPS = 8  # 16 at more than 128 experts: 8 hold 168 registers a thread (AOT sm90)
 _NUM_STAGES = 4  # 3 router tiles in flight per program (8 KiB each at 64 experts)
 # Token blocks (tl.dot wants at least 16 rows). Not 64: on an H100 the fastest 64-token launch
-# was 1.7x (4096 tokens) and 2.1x (8192) slower than the fastest 32- or 128-token one, over
-# splits 1-8 and two selection steps (docs/perf/2026-11-22-h100-run23); the cost model does
-# not see why, so it cannot weigh it.
+# was 1.7-2.1x slower than the fastest 32- or 128-token one (docs/DECISIONS.md,
+# `router.plan._BLOCK_TS`); the cost model does not see why, so it cannot weigh it.
 _BLOCK_TS = (16, 32, 128)
 _MAX_SPLIT = 128
 COUNTER_SLOTS = 256  # token blocks a split launch may have (larger steps run unsplit)
@@ -76,10 +72,8 @@ def launch_config(tokens: int, experts: int, hidden: int, n_group: int = 1,
     """The cheapest (token block, split) by the cost model above (pure; the sm90 AOT test
     uses it too). Per SM: the router chunk and x tile it reads (or its multiply-adds, if
     more), scaled by the programs sharing an SM in whole waves (a partial wave costs a whole
-    one: H100, 4096 V2-Lite tokens, 160 programs at 5 splits 38.9 us against 128 at 4 splits
-    26.7; the whole-wave picks were as fast or faster at every V2-Lite and V3 size where the
-    pick moved, docs/perf/2026-11-23-h100-run14), plus the latency of its dot steps; then one
-    block's last program: the sync, the partials it reads, its L2 round trips and its
+    one: docs/DECISIONS.md, `router.plan.launch_config`), plus the latency of its dot steps;
+    then one block's last program: the sync, the partials it reads, its L2 round trips and its
     selection steps. `half`: the router in x's half dtype (its hidden step)."""
     tokens = max(tokens, 1)
     block_e = max(triton.next_power_of_2(experts), 16)
