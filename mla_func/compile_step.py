@@ -18,6 +18,8 @@ returned step is bound to `state`'s cache (captured by address): call it with th
 as `logits, state = step(state, batch)`.
 """
 
+from dataclasses import asdict
+
 import torch
 
 from mla_func.attention import get_backend, mla_attention_out
@@ -90,19 +92,19 @@ def options_for(params: Params, kernels: KernelOptions | None, backend: str) -> 
 
 
 def bucket_kernels(plan: CapturePlan, params: Params, kernels: KernelOptions, max_pages: int,
-                   page_size: int) -> dict[str, dict[str, dict]]:
-    """mode -> bucket size -> the kernels that bucket runs (`StepPlan.summary`): a piecewise
-    bucket of `tokens` (its attention chosen per step, between the graphs), a full bucket of
-    `seqs` single-token decodes."""
+                   page_size: int) -> dict[str, dict]:
+    """The options, and mode -> bucket size -> the kernels that bucket runs
+    (`StepPlan.summary`): a piecewise bucket of `tokens` (its attention chosen per step,
+    between the graphs), a full bucket of `seqs` single-token decodes."""
     device = device_spec(params.device)
-    seqs_max = plan.buckets.get("full", (1,))[-1] if plan.buckets.get("full") else 1
-    out: dict[str, dict[str, dict]] = {}
+    seqs_max = plan.buckets["full"][-1] if plan.buckets.get("full") else 1
+    out: dict[str, dict] = {"options": asdict(kernels)}
     for mode, sizes in plan.buckets.items():
         full = mode == "full"
         out[mode] = {str(n): plan_kernels(
             params.cfg, device, n, n if full else min(n, seqs_max), options=kernels,
             max_pages=max_pages, page_size=page_size, dtype=params.dtype,
-            max_query_len=1 if full else None).summary() for n in sizes}
+            max_query_len=1 if full else None).summary(options=False) for n in sizes}
     return out
 
 

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from mla_func.config import MLAConfig
+from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.moe.align import align_torch, align_triton
 from mla_func.kernels.moe.config import MoEConfig, pick_config
 from mla_func.kernels.moe.fused import fused_experts
@@ -95,23 +96,36 @@ def make_layers(cfg: MLAConfig, n: int) -> list[Layer]:
             for _ in range(n)]
 
 
+# One runtime for every timed call (the model's step uses its state's): its counters and the
+# shared experts' side stream, made once.
+_RUNTIMES: dict[str, Runtime] = {}
+
+
+def counters(x: torch.Tensor) -> torch.Tensor:
+    key = str(x.device)
+    if key not in _RUNTIMES:
+        _RUNTIMES[key] = Runtime(x.device)
+    return _RUNTIMES[key].counters
+
+
 def fused_layer(x, layer, cfg, config=None):
-    w, ids = route_fused(x, layer.router, None, cfg)  # the model's CUDA path
+    w, ids = route_fused(x, layer.router, None, cfg, counters(x))  # the model's CUDA path
     if config is not None:
         return fused_experts(x, w, ids, layer.gate_up, layer.down, layer.shared_gate_up,
-                             layer.shared_down, config)
+                             layer.shared_down, config, counters=counters(x))
     shared = DenseMLP(layer.shared_gate_up, layer.shared_down)
-    return experts(x, w, ids, layer.gate_up, layer.down, shared, impl="triton")
+    return experts(x, w, ids, layer.gate_up, layer.down, shared, impl="triton",
+                   counters=counters(x))
 
 
 def fused_sep_layer(x, layer, cfg):
     w, ids = route(x, layer.router, None, cfg)
-    out = experts(x, w, ids, layer.gate_up, layer.down, impl="triton")
+    out = experts(x, w, ids, layer.gate_up, layer.down, impl="triton", counters=counters(x))
     return out + swiglu(x, layer.shared_gate_up, layer.shared_down)
 
 
 def route_only(x, layer, cfg):
-    return route_fused(x, layer.router, None, cfg)
+    return route_fused(x, layer.router, None, cfg, counters(x))
 
 
 def make_experts_only(x, layers, cfg):
@@ -121,7 +135,8 @@ def make_experts_only(x, layers, cfg):
     def experts_only(x, layer, cfg):
         w, ids = routing[id(layer)]
         shared = DenseMLP(layer.shared_gate_up, layer.shared_down)
-        return experts(x, w, ids, layer.gate_up, layer.down, shared, impl="triton")
+        return experts(x, w, ids, layer.gate_up, layer.down, shared, impl="triton",
+                       counters=counters(x))
     return experts_only
 
 

@@ -87,34 +87,22 @@ def decode_batch(state: mf.KVState, batch: int, ctx: int, backend: str, seed: in
 
 
 def count_distinct_experts(params, state, batch) -> list[int]:
-    """Run one eager step and record how many distinct experts each MoE layer touched."""
-    import mla_func.moe as moe_mod
+    """Run one eager step and record how many distinct experts each MoE layer touched (the
+    model calls `kernel_ops.experts_add_norm` once a MoE layer, looked up at call time)."""
+    import mla_func.kernel_ops as ops
 
     seen: list[int] = []
-    # The model calls one of the two entry points per MoE layer (looked up at call time);
-    # one may call the other, which counts once.
-    names = ("experts", "experts_add_norm")
-    inner = {name: getattr(moe_mod, name) for name in names}
-    depth = [0]
+    inner = ops.experts_add_norm
 
-    def spy(name):
-        def call(x, weights, ids, *rest, **kw):
-            if depth[0] == 0:
-                seen.append(int(ids.unique().numel()))
-            depth[0] += 1
-            try:
-                return inner[name](x, weights, ids, *rest, **kw)
-            finally:
-                depth[0] -= 1
-        return call
+    def spy(x, weights, ids, *rest, **kw):
+        seen.append(int(ids.unique().numel()))
+        return inner(x, weights, ids, *rest, **kw)
 
-    for name in names:
-        setattr(moe_mod, name, spy(name))
+    ops.experts_add_norm = spy
     try:
         mf.forward(params, state, batch)
     finally:
-        for name in names:
-            setattr(moe_mod, name, inner[name])
+        ops.experts_add_norm = inner
     moe_layers = sum(isinstance(layer.mlp, MoE) for layer in params.layers)
     if len(seen) != moe_layers:
         raise RuntimeError(f"saw {len(seen)} MoE calls in a step of {moe_layers} MoE layers")

@@ -126,7 +126,7 @@ def test_cuda_real_sizes(shape, tokens, skew):
     x, w, ids, gu, dn, mlp = make(tokens, **shape, dtype=torch.bfloat16, device="cuda",
                                   skew=skew)
     want = reference(x, w, ids, gu, dn, mlp)
-    got = experts(x, w, ids, gu, dn, mlp)
+    got = experts(x, w, ids, gu, dn, mlp, impl="triton")
     assert got.dtype == torch.bfloat16
     err = (got.float() - want.float()).norm() / want.float().norm()
     assert err < 2e-2, err  # bf16: the two round gate/up/act at different points
@@ -147,8 +147,9 @@ def test_cuda_add_norm_equals_experts_then_add_rmsnorm(tokens, shape):
     x, w, ids, gu, dn, mlp = make(tokens, **shape, dtype=torch.bfloat16, device="cuda")
     residual = torch.randn_like(x)
     weight = (1 + 0.1 * torch.randn(x.shape[1], device="cuda")).to(torch.bfloat16)
-    want_h, want_y = add_rmsnorm(residual, experts(x, w, ids, gu, dn, mlp), weight, 1e-6)
-    h, y = experts_add_norm(x, w, ids, gu, dn, mlp, residual, weight, 1e-6)
+    want_h, want_y = add_rmsnorm(residual, experts(x, w, ids, gu, dn, mlp, impl="triton"),
+                                 weight, 1e-6)
+    h, y = experts_add_norm(x, w, ids, gu, dn, mlp, residual, weight, 1e-6, impl="triton")
     assert torch.equal(h, want_h)
     # The same sum of squares in another program: at most the last bit of a bf16 apart.
     torch.testing.assert_close(y, want_y, rtol=2**-7, atol=0)
@@ -374,10 +375,12 @@ DIRECT_SUM_V2 = MoEConfig(16, (32, 128, 4, 4), (16, 256, 4, 4), direct=True, fus
 def test_cuda_graph_replay_matches_eager(tokens, config):
     x, w, ids, gu, dn, mlp = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda")
     static = [t.clone() for t in (x, w, ids)]
+    counters = Runtime("cuda").counters
     if config is None:
-        run = lambda *a: experts(*a, gu, dn, mlp)  # noqa: E731
+        run = lambda *a: experts(*a, gu, dn, mlp, impl="triton", counters=counters)  # noqa: E731
     else:
-        run = lambda *a: fused_experts(*a, gu, dn, mlp.gate_up, mlp.down, config)  # noqa: E731
+        run = lambda *a: fused_experts(*a, gu, dn, mlp.gate_up, mlp.down, config,  # noqa: E731
+                                       counters=counters)
     fn = lambda: run(*static)  # noqa: E731
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

@@ -158,9 +158,12 @@ class StepPlan:
     attention_form: str
     decode: DecodePlan | None  # pure decode steps on the triton backend
 
-    def summary(self) -> dict:
-        """The plan as plain JSON values (plan.json)."""
+    def summary(self, options: bool = True) -> dict:
+        """The plan as plain JSON values (plan.json); `options` False leaves them out (a
+        table of buckets states them once)."""
         out = asdict(self)
+        if not options:
+            del out["options"]
         out["device"] = f"{self.device.type} ({self.device.sms} SMs, sm"\
                         f"{self.device.capability[0]}{self.device.capability[1]})"
         return out

@@ -120,12 +120,6 @@ def _desc(w: Tensor, block: list[int]) -> TensorDescriptor:
                                         block)
 
 
-def _need(counters: Tensor | None, what: str) -> Tensor:
-    if counters is None:
-        raise ValueError(f"MoEConfig.{what} needs the state's counters (KVState.counters)")
-    return counters
-
-
 def shared_as_experts(
     shared_gate_up: Float[Tensor, "2 inter hidden"],
     shared_down: Float[Tensor, "hidden inter"],
@@ -164,10 +158,13 @@ def fused_experts(
     `norm_linear`, which normalises the rows itself where `kernels.plan.norm_linear_normalises`;
     there, on the `last_sum` path, the norm is left out and the returned norm is unwritten.
     `counters`: the state's (`KVState.counters`; the `last_sum` path counts arrivals there,
-    and `shared_stream` runs on its runtime's side stream). `trigger`: the `last_sum`
+    and `shared_stream` runs on its runtime's side stream; default: a runtime of the call's
+    own, for calls outside a step). `trigger`: the `last_sum`
     programs let the launch after them start at once (`KernelOptions.moe_trigger`)."""
     tokens, topk = ids.shape
     n_routed, _, n_inter, n_hidden = gate_up.shape
+    if counters is None:
+        counters = Runtime(x.device).counters
     cfg = config or pick_config(tokens)
     fold = tokens <= FUSE_SHARED_MAX_TOKENS if cfg.fuse_shared is None else cfg.fuse_shared
     x, ids, weights = x.contiguous(), ids.contiguous(), weights.contiguous()
@@ -222,7 +219,7 @@ def fused_experts(
             extra = torch.empty(tokens, n_hidden, dtype=x.dtype, device=x.device)
             if cfg.shared_stream and x.is_cuda:
                 main = torch.cuda.current_stream(x.device)
-                side = Runtime.of(_need(counters, "shared_stream")).side_stream(x.device)
+                side = Runtime.of(counters).side_stream(x.device)
                 side.wait_stream(main)
             with nullcontext() if side is None else torch.cuda.stream(side):
                 swiglu(x, *shared, out=extra)
@@ -272,7 +269,7 @@ def fused_experts(
                             ) if y is not None else {}
                 tail = dict(
                     sum_ptr=out, extra_ptr=extra,
-                    counter_ptr=_last_sum_counters(_need(counters, "last_sum"), n_n),
+                    counter_ptr=_last_sum_counters(counters, n_n),
                     **norm, LAST_SUM=True, HAS_EXTRA=extra is not None, ADD_NORM=y is not None,
                     SUM_BLOCK=triton.next_power_of_2(n_hidden),
                     TRIGGER=pdl and trigger,
