@@ -6,7 +6,7 @@ function takes, and the engine's names). Package modules import the concrete mod
 this face, so it may import any of them.
 """
 
-from mla_func.batch import Batch, BatchError, SeqWork, make_batch
+from mla_func.batch import Batch, BatchError, KernelOptions, SeqWork, make_batch
 from mla_func.config import ConfigError, MLAConfig
 from mla_func.model import forward
 from mla_func.params import Params, init_params
@@ -36,7 +36,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "Batch", "BatchError", "CacheFullError", "ConfigError", "EmptyPromptError", "Engine",
-    "GenerateOutput", "KVState", "MLAConfig", "PageAllocator", "Params", "PromptTooLongError",
-    "RequestError", "SeqWork", "TokenIdError", "forward", "generate", "init_params",
-    "init_state", "load_hf", "make_batch",
+    "GenerateOutput", "KVState", "KernelOptions", "MLAConfig", "PageAllocator", "Params",
+    "PromptTooLongError", "RequestError", "SeqWork", "TokenIdError", "forward", "generate",
+    "init_params", "init_state", "load_hf", "make_batch",
 ]

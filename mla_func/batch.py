@@ -20,6 +20,8 @@ from mla_func.kernels.plan import KernelOptions, default_options
 from mla_func.staging import HostStaging
 from mla_func.state import SCRATCH_PAGE
 
+__all__ = ["HOST_FIELDS", "Batch", "BatchError", "KernelOptions", "SeqWork", "make_batch"]
+
 HOST_FIELDS = ("num_tokens", "num_seqs", "num_decodes", "max_seq_len", "max_query_len")
 
 

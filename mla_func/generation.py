@@ -26,6 +26,7 @@ from torch import Tensor
 from mla_func.config import MLAConfig
 from mla_func.dims import TOKENS_MAX_CAPTURED
 from mla_func.engine import MAX_BATCH_TOKENS, Engine
+from mla_func.kernels.plan import KernelOptions
 from mla_func.params import Params
 from mla_func.validation import (
     IntArray,
@@ -68,7 +69,7 @@ def generate(
     max_batch_tokens: int = MAX_BATCH_TOKENS,
     max_seqs: int = 64, eos_token_id: int | Sequence[int] | Literal["config"] | None = "config",
     progress: bool | None = None, on_error: str = "raise",
-    max_graph_tokens: int = TOKENS_MAX_CAPTURED,
+    max_graph_tokens: int = TOKENS_MAX_CAPTURED, kernels: KernelOptions | None = None,
 ) -> GenerateOutput:
     """Greedy generation for every prompt with continuous batching (see `mla_func.engine`).
 
@@ -76,7 +77,8 @@ def generate(
     "config" means cfg.eos_token_ids (every id a config.json list gives), None disables it, an
     id or a sequence of ids replaces them; progress None shows a bar only on runs
     longer than a couple of seconds; graph modes capture steps of up to `max_graph_tokens`
-    tokens (and `max_batch_tokens`), larger ones run eagerly."""
+    tokens (and `max_batch_tokens`), larger ones run eagerly. `kernels`: which implementation
+    runs each op (default: the device's, with `attention_backend`)."""
     check_mode(mode, params)
     positive_int("max_new_tokens", max_new_tokens)
     positive_int("page_size", page_size)
@@ -101,7 +103,7 @@ def generate(
         cfg, params, num_pages=num_pages, mode=mode, attention_backend=attention_backend,
         page_size=page_size, max_batch_tokens=max_batch_tokens, max_seqs=max_seqs,
         max_seq_len=longest, eos_token_id=eos_token_id, return_logits=return_logits,
-        progress=progress, max_graph_tokens=max_graph_tokens)
+        progress=progress, max_graph_tokens=max_graph_tokens, kernels=kernels)
     rids = [engine.submit(p, max_new_tokens) if isinstance(p, list) else None for p in checked]
     start = time.perf_counter()
     setup = start - setup

@@ -18,9 +18,8 @@ from torch import Tensor
 
 import mla_func.kernel_ops as K
 from mla_func.attention import attend
-from mla_func.batch import Batch, BatchError
+from mla_func.batch import Batch, BatchError, KernelOptions
 from mla_func.config import MLAConfig
-from mla_func.kernels.plan import KernelOptions
 from mla_func.ops.attention_args import AttnMeta, AttnWeights
 from mla_func.ops.mlp import swiglu
 from mla_func.params import Attention, Layer, MoE, Params, rope_attention_factor
