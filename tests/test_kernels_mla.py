@@ -334,8 +334,9 @@ def test_workspace_shares_one_allocation_and_only_grows():
 
 def test_plan_that_runs_out_of_resources_shrinks_and_still_matches(monkeypatch):
     """A split launch that runs out of shared memory is retried with fewer stages (then
-    smaller tiles), the same splits; later launches of that plan start from the smaller one
-    (`effective_plan`), and the result still matches the reference."""
+    smaller tiles), the same splits; later launches of that plan on that workspace start from
+    the smaller one (`DecodeWorkspace.effective`: the record is the workspace's, not the
+    process's), and the result still matches the reference."""
     from mla_helpers import TightKernel
 
     from mla_func.kernels.attention import decode as md
@@ -348,11 +349,12 @@ def test_plan_that_runs_out_of_resources_shrinks_and_still_matches(monkeypatch):
                    page_tiles=True, prefetch=True)
     with pytest.warns(RuntimeWarning, match=r"ran out of GPU resources .*num_stages=3.*; "
                       r"its launches use .*num_stages=2"):
-        got = run_variant(p, plan, DecodeWorkspace())
+        got = run_variant(p, plan, ws := DecodeWorkspace())
     assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < TOL
     assert stages_seen == [3, 2]
-    assert md.effective_plan(plan) == replace(plan, num_stages=2)
+    assert ws.effective(plan) == replace(plan, num_stages=2)
+    assert DecodeWorkspace().effective(plan) == plan  # another workspace has no record
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # said once: the shrunk plan runs from the start now
-        run_variant(p, plan, DecodeWorkspace())
+        run_variant(p, plan, ws)
     assert stages_seen == [3, 2, 2]
