@@ -1,11 +1,11 @@
 """Arrival counters of the kernels whose last program to arrive finishes the launch's work.
 
 `last_to_arrive` is the arrival itself, in every such kernel: the MoE router's split sum,
-`proj_norm`'s add + norm and the decode's fused merges (in the split kernel and
-`mla_merge_uv`). `device_counters` owns the counters of the router and `proj_norm` (the
-decode's live in its `DecodeWorkspace`): int32 zeros, allocated on the op's first call and
-never reallocated, so that captured CUDA graphs keep their address; every launch leaves its
-counters zero again.
+`proj_norm`'s add + norm and the decode's merge fused with W_UV (`mla_merge_uv`).
+`device_counters` owns the counters of the router and `proj_norm` (the decode's live in its
+`DecodeWorkspace`): int32 zeros, allocated on the op's first call and never reallocated,
+so that captured CUDA graphs keep their address; every launch leaves its counters zero
+again.
 
 One buffer per op, not one for all: launches of different ops may overlap (PDL lets the router
 start while `proj_norm` still runs). Two launches of one op must not run at once on different
