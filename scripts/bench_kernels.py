@@ -8,16 +8,15 @@ both ceilings measured in this run. Times are medians of `triton.testing.do_benc
 CUDA-graph replays; do_bench flushes L2 before every replay, so small cases are not served
 from cache. Decode rows time the latent kernel (split + merge, `us`) and the whole absorbed
 form with both W_UK/W_UV products (`full_us`); `ref_us` is mla_func.ops.attention's reference
-(skipped where its fp32 gather would be too large); `legacy_us` is `us` as the first kernel
-version ran the same launch shape (`legacy_plan`).
+(skipped where its fp32 gather would be too large).
 
     python -m scripts.bench kernels [--quick] [--sweep] [--no-ref]   # via the lead's bench.py
     python -m scripts.bench_kernels --quick          # a few rows
     python -m scripts.bench_kernels --sweep          # also tune decode plans on SWEEP_CASES
     python -m scripts.bench_kernels --sweep-only     # just the tuning (a few minutes)
 
-The sweep tunes one plan field at a time (`sweep_case`), then prints per case the default,
-legacy and best plans: what to make `plan_decode`'s default.
+The sweep tunes one plan field at a time (`sweep_case`), then prints per case the default
+and best plans: what to make `plan_decode`'s default.
 
 The inputs, the timing, the ceilings and the floor are `bench_kernels_timing.py`'s.
 """
@@ -36,7 +35,6 @@ from mla_func.kernels.attention.decode import (
     DecodePlan,
     DecodeWorkspace,
     effective_plan,
-    legacy_plan,
     plan_decode,
 )
 from mla_func.kernels.attention.decode_ws import device_ok as ws_device
@@ -86,21 +84,20 @@ def _args(p: dict) -> tuple:
 
 
 def decode_row(heads, batch, ctx, page, ceil, no_ref) -> dict:
-    """One decode case under `plan_decode`'s plan, its legacy twin, the full absorbed form and
-    the torch reference."""
+    """One decode case under `plan_decode`'s plan, the full absorbed form and the torch
+    reference."""
     p = decode_inputs(heads, batch, ctx, page)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     plan = plan_decode(batch, p["page_table"].shape[1] * page, sms, heads, page_size=page,
                        ws=ws_device(torch.device("cuda")))
     shrunk: dict[DecodePlan, DecodePlan] = {}
-    us, legacy_us = time_plan(p, plan, shrunk=shrunk), time_plan(p, legacy_plan(plan))
+    us = time_plan(p, plan, shrunk=shrunk)
     full_us = bench_us(lambda: attend_absorbed(*_args(p), DecodeWorkspace(), plan))
     moved, floor_us = floors(heads, batch, ctx, ceil)
     row = {
         "kind": "decode", "heads": heads, "batch": batch, "ctx": ctx, "page": page,
         "splits": plan.num_splits, "config": plan_label(effective_plan(plan, shrunk)),
-        "us": us,
-        "legacy_us": legacy_us, "full_us": full_us, "GBps": moved / us / 1e3,
+        "us": us, "full_us": full_us, "GBps": moved / us / 1e3,
         "TFLOPs": 2 * batch * heads * ctx * (LATENT + KV_LORA) / us / 1e6,
         "floor_us": floor_us, "x_floor": us / floor_us,
         "pct_copy": 100 * moved / us / 1e3 / ceil["copy_GBps"], "ref_us": None, "note": "",
@@ -135,18 +132,13 @@ def prefill_row(heads: int, prompt: int, ceil: dict, no_ref: bool) -> dict:
 # (heads, batch, ctx) at page 64: the cases the plan defaults are tuned on.
 SWEEP_CASES = ((16, 1, 1024), (16, 1, 4096), (16, 32, 1024), (16, 32, 4096), (16, 128, 1024),
                (16, 128, 4096), (128, 1, 4096), (128, 128, 4096))
-# (merge, merge_heads, merge_cols); merge_cols 0: every split in one tile.
-MERGE_CHOICES = (("tile", 1, 0), ("tile", 1, 512), ("tile", 1, 64), ("tile", 4, 0),
-                 ("tile", 16, 0), ("serial", 1, 0), ("fused", 1, 0))
 
 
 def sweep_axes(heads: int, splits: int, capacity: int) -> list[list[dict]]:
-    """Values per plan field (fields that move together form one axis), tried one axis at a
-    time around the best plan so far; pipelining first, the merge last."""
+    """Values per plan field, tried one axis at a time around the best plan so far."""
     most = max(1, min(MAX_SPLITS, capacity // 16))
     near = sorted({max(1, min(most, int(splits * f))) for f in (0.25, 0.5, 1, 2, 4)})
     axes = [
-        [dict(page_tiles=a, prefetch=b) for a, b in ((False, False), (True, False), (True, True))],
         [dict(num_stages=s) for s in (2, 3, 4)],
         [dict(num_splits=s) for s in near],
         [dict(block_n=n) for n in (16, 32, 64)],
@@ -154,26 +146,13 @@ def sweep_axes(heads: int, splits: int, capacity: int) -> list[list[dict]]:
     ]
     if heads > 16:
         axes.append([dict(block_h=b) for b in (16, 32, 64)])
-    axes.append([dict(merge=m, merge_heads=h, merge_cols=c) for m, h, c in MERGE_CHOICES])
-    axes.append([dict(pdl=False), dict(pdl=True)])
-    # The fused merge's last program reads every split alone: it can only pay at few splits.
-    return axes + [[dict(merge="fused", num_splits=s) for s in (2, 4, 8) if s <= most]]
-
-
-def canonical(plan: DecodePlan) -> DecodePlan:
-    """One representative per launch: merge fields do nothing without splits, nor merge
-    tiles without the tile merge."""
-    if plan.num_splits == 1:
-        plan = replace(plan, merge="tile", pdl=False)
-    if plan.merge != "tile":
-        plan = replace(plan, merge_heads=1, merge_cols=0, pdl=False)
-    return plan
+    return axes
 
 
 def sweep_case(heads: int, batch: int, ctx: int, ceil: dict, seconds: float) -> list[dict]:
     """Coordinate descent over plan fields (two rounds, or until `seconds` run out), from the
-    default plan made to double-buffer (page tiles, prefetch, 3 stages; see mla_decode); one
-    row per timed plan (kind "sweep") and a summary row (kind "sweep-best")."""
+    default plan; one row per timed plan (kind "sweep") and a summary row (kind
+    "sweep-best")."""
     page, deadline = 64, time.monotonic() + seconds
     p = decode_inputs(heads, batch, ctx, page)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -184,7 +163,6 @@ def sweep_case(heads: int, batch: int, ctx: int, ceil: dict, seconds: float) -> 
     rows: list[dict] = []
 
     def timed(plan: DecodePlan) -> float:
-        plan = canonical(plan)
         if plan not in seen:
             try:
                 seen[plan] = time_plan(p, plan, strict=True, shrunk=shrunk)
@@ -199,9 +177,8 @@ def sweep_case(heads: int, batch: int, ctx: int, ceil: dict, seconds: float) -> 
                   f"{plan_label(plan):34s} {seen[plan]:9.1f} us {note}", flush=True)
         return seen[plan]
 
-    legacy_us, default_us = timed(legacy_plan(default)), timed(default)
-    best = replace(default, page_tiles=True, prefetch=True, num_stages=3)
-    best_us = timed(best)
+    best = default
+    best_us = default_us = timed(default)
     for _ in range(2):
         start = best
         for axis in sweep_axes(heads, default.num_splits, capacity):
@@ -218,7 +195,7 @@ def sweep_case(heads: int, batch: int, ctx: int, ceil: dict, seconds: float) -> 
     rows.append(dict(
         kind="sweep-best", heads=heads, batch=batch, ctx=ctx, page=page, timed=len(seen),
         default=f"s{default.num_splits} {plan_label(default)}", default_us=default_us,
-        legacy_us=legacy_us, best=f"s{best.num_splits} {plan_label(best)}", best_us=best_us,
+        best=f"s{best.num_splits} {plan_label(best)}", best_us=best_us,
         speedup=default_us / best_us, pct_copy=100 * moved / best_us / 1e3 / ceil["copy_GBps"],
         x_floor=best_us / floor_us, plan=best))
     return rows
@@ -265,17 +242,17 @@ def run(args: "argparse.Namespace | list[str] | None" = None) -> list[dict]:
                     "MLA prefill")
     best = [r for r in rows if r["kind"] == "sweep-best"]
     if best:
-        print_table(best, SWEEP_COLUMNS, "Decode plan sweep: default vs legacy vs best (page 64;"
-                    " us = split + merge kernels)")
+        print_table(best, SWEEP_COLUMNS, "Decode plan sweep: default vs best (page 64; us ="
+                    " split + merge kernels)")
         for r in best:
             print(f"best H={r['heads']} B={r['batch']} ctx={r['ctx']}: {r['plan']}")
     return rows
 
 
-DECODE_COLUMNS = ["kind", "heads", "batch", "ctx", "page", "splits", "config", "us", "legacy_us",
-                  "full_us", "GBps", "pct_copy", "floor_us", "x_floor", "ref_us", "note"]
-SWEEP_COLUMNS = ["heads", "batch", "ctx", "timed", "default", "default_us", "legacy_us", "best",
-                 "best_us", "speedup", "pct_copy", "x_floor"]
+DECODE_COLUMNS = ["kind", "heads", "batch", "ctx", "page", "splits", "config", "us", "full_us",
+                  "GBps", "pct_copy", "floor_us", "x_floor", "ref_us", "note"]
+SWEEP_COLUMNS = ["heads", "batch", "ctx", "timed", "default", "default_us", "best", "best_us",
+                 "speedup", "pct_copy", "x_floor"]
 PREFILL_COLUMNS = ["heads", "ctx", "us", "TFLOPs", "pct_matmul", "ref_us", "note"]
 
 

@@ -77,15 +77,10 @@ def decode_inputs(heads: int, batch: int, ctx: int, page: int, seed: int = 0) ->
     }
 
 def plan_label(plan: DecodePlan) -> str:
-    """Short name of a plan: tiling, addressing (pt: page tiles, g: gather; +pf: prefetch),
-    merge (tile heads x columns per program, serial, fused; +pdl: dependent launch); ws: the
-    warp-specialised kernel."""
-    cols = plan.merge_cols or "auto"
-    merge = plan.merge if plan.merge != "tile" else f"tile{plan.merge_heads}x{cols}"
+    """Short name of a plan: tiling (heads, keys, warps, stages); shared-p: p through scratch;
+    ws: the warp-specialised kernel."""
     return (f"h{plan.block_h}n{plan.block_n}w{plan.num_warps}s{plan.num_stages}"
-            f"{'pt' if plan.page_tiles else 'g'}{'+pf' if plan.prefetch else ''} {merge}"
-            f"{'+pdl' if plan.pdl else ''}{' shared-p' if plan.shared_p else ''}"
-            f"{' ws' if plan.ws else ''}")
+            f"{' shared-p' if plan.shared_p else ''}{' ws' if plan.ws else ''}")
 
 
 def time_plan(p: dict, plan: DecodePlan, strict: bool = False,
@@ -98,7 +93,6 @@ def time_plan(p: dict, plan: DecodePlan, strict: bool = False,
     ws = DecodeWorkspace()
     q_lat, o_lat, part_o, part_lse = ws.get(torch.device("cuda"), torch.bfloat16, batch, heads,
                                             KV_LORA, plan.num_splits)
-    counters = ws.counters(torch.device("cuda"), batch * heads)  # enough for any head block
     scratch = None
     if plan.shared_p:
         scratch = ws.shared_p(torch.device("cuda"), torch.bfloat16, batch, heads, plan)
@@ -106,8 +100,8 @@ def time_plan(p: dict, plan: DecodePlan, strict: bool = False,
 
     def kernel():
         mla_decode(q_lat, p["q_pe"], p["cache"], p["page_table"], p["token_seq"],
-                   p["positions"], p["scale"], plan, o_lat, part_o, part_lse, counters,
-                   scratch, shrunk=shrunk)
+                   p["positions"], p["scale"], plan, o_lat, part_o, part_lse, scratch,
+                   shrunk=shrunk)
 
     us = bench_us(kernel)
     return us if effective_plan(plan, shrunk) == plan or not strict else math.inf

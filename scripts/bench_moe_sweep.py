@@ -2,18 +2,16 @@
 `time_case` that `bench_moe.run` hands in: it times a config in the layer's CUDA graph and
 checks its output against the baseline's).
 
-Tiles per block_m by coordinate descent; up to 4 tokens also the direct path, its fused sum
-and the sum as the down GEMM's tail (DIRECT_MAX_TOKENS), from 32 to 512 tokens also the
-shared experts folded vs apart (FUSE_SHARED_MAX_TOKENS). It prints the best config per token
-count next to the default (`moe_config.pick_config`) and the best of each variant side by
-side.
+Tiles per block_m by coordinate descent; up to 4 tokens also the direct path and the sum as
+the down GEMM's tail (DIRECT_MAX_TOKENS). It prints the best config per token count next to
+the default (`moe_config.pick_config`) and the best of each variant side by side.
 """
 
 import time
 from collections.abc import Callable
 from dataclasses import fields, replace
 
-from mla_func.kernels.moe.config import FUSE_SHARED_MAX_TOKENS, MoEConfig, pick_config
+from mla_func.kernels.moe.config import MoEConfig, pick_config
 
 try:  # `python -m scripts.bench moe` / `python -m scripts.bench_moe`
     from scripts import bench_common as common
@@ -24,13 +22,10 @@ except ImportError:  # `python scripts/bench_moe.py`
 # (each new constexpr combination compiles in ~1-2 s, a case times in ~0.1-0.4 s).
 # (N, K, warps, stages) for both GEMMs; the default config's own tiles are always tried too.
 TILES = [(64, 64, 4, 4), (128, 64, 4, 4), (64, 128, 4, 3), (32, 128, 4, 4), (128, 128, 8, 3)]
-# The fused-sum down kernel runs one program per N-tile of hidden: narrow N tiles fill the GPU.
-SUM_TILES = [(16, 256, 4, 4), (16, 128, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3)]
 # block_m per (max tokens): V2-Lite gives an expert ~tokens * 6 / 64 rows (shared: tokens rows).
 BLOCK_MS = ((8, (16,)), (64, (16, 32)), (256, (16, 32, 64)), (1024, (32, 64, 128)),
             (1 << 62, (64, 128)))
 DIRECT_SWEEP_MAX = 4  # tokens up to which the direct path is tried
-SHARED_SWEEP = (32, 512)  # token range in which shared experts folded vs apart are compared
 
 # A config's (µs a layer, relative error against the baseline); µs None: it could not run.
 TimeCase = Callable[[MoEConfig], tuple[float | None, float | None]]
@@ -55,7 +50,7 @@ def sweep(t: int, time_case: TimeCase, floor: float) -> list[dict]:
             if us is not None and not (err is None or err < 0.05):
                 print(f"  WRONG (err {err:.3g}): {short(c)}")
                 us = None
-            rows.append({"tokens": t, "variant": _variant(c, t), "config": c, "us": us,
+            rows.append({"tokens": t, "variant": _variant(c), "config": c, "us": us,
                          "x_floor": None if us is None else us / floor, "err": err})
             seen[c] = us
         return seen[c]
@@ -74,30 +69,19 @@ def sweep(t: int, time_case: TimeCase, floor: float) -> list[dict]:
     timed(base)
     both = (("gate_up", TILES), ("down", TILES))
     if t <= DIRECT_SWEEP_MAX:  # the same GEMMs either way: tiles found for one serve both
-        timed(replace(base, direct=not base.direct, fused_sum=False, last_sum=False,
-                      pdl=False))
-        best = descend(replace(base, direct=True, fused_sum=False), both)
+        timed(replace(base, direct=not base.direct, last_sum=False, pdl=False))
+        best = descend(replace(base, direct=True), both)
         timed(replace(best, last_sum=not best.last_sum))  # the sum launch or the down's tail
-        descend(replace(best, fused_sum=True, last_sum=False, down=SUM_TILES[0]),
-                (("down", SUM_TILES),))
     else:
         bms = next(bms for bound, bms in BLOCK_MS if t <= bound)
         for bm in sorted({*bms, base.block_m}):
             descend(replace(base, block_m=bm), both)
-    if SHARED_SWEEP[0] <= t <= SHARED_SWEEP[1]:
-        best = min((c for c, us in seen.items() if us is not None), key=seen.get)
-        fold = t > FUSE_SHARED_MAX_TOKENS  # the opposite of the default
-        for bm in dict.fromkeys([best.block_m, min(128, 2 * best.block_m)]):
-            timed(replace(best, block_m=bm, fuse_shared=fold))
     print(f"  tokens {t}: {len(rows)} cases in {time.perf_counter() - start:.0f} s")
     return rows
 
 
-def _variant(c: MoEConfig, t: int) -> str:
-    path = ("direct+sum" if c.fused_sum else "direct+last sum" if c.last_sum
-            else "direct" if c.direct else "aligned")
-    fold = t <= FUSE_SHARED_MAX_TOKENS if c.fuse_shared is None else c.fuse_shared
-    return f"{path}, shared {'folded' if fold else 'apart'}"
+def _variant(c: MoEConfig) -> str:
+    return "direct+last sum" if c.last_sum else "direct" if c.direct else "aligned"
 
 
 def print_sweep(sweeps: list[dict], tokens: list[int]) -> None:

@@ -7,6 +7,7 @@ import dataclasses
 import torch
 from test_router import TIE, _boundary_margin
 
+from mla_func.kernels.moe import fused as fused_moe
 from mla_func.kernels.moe.align import align_torch
 from mla_func.kernels.moe.config import MoEConfig
 from mla_func.kernels.router.route import route_fused
@@ -18,8 +19,14 @@ from mla_func.params import DenseMLP, MoE
 # Tiles for the interpreter: one N-tile per GEMM at these sizes keeps the program count low.
 SMALL = MoEConfig(16, (32, 64, 4, 1), (64, 32, 4, 1))
 DIRECT = dataclasses.replace(SMALL, direct=True)
-DIRECT_SUM = dataclasses.replace(SMALL, direct=True, fused_sum=True)
 DIRECT_LAST = dataclasses.replace(SMALL, direct=True, last_sum=True)
+
+
+def place_shared(monkeypatch, fold: bool | None) -> None:
+    """Shared experts folded in (True) or run apart (False) at the tests' token counts, as
+    `tokens <= FUSE_SHARED_MAX_TOKENS` places them at small and large ones; None: that rule."""
+    if fold is not None:
+        monkeypatch.setattr(fused_moe, "FUSE_SHARED_MAX_TOKENS", 1 << 62 if fold else 0)
 
 
 def make(tokens, topk, n_exp, hidden, inter, shared, dtype=torch.float32, device="cpu",

@@ -34,7 +34,6 @@ from mla_func.kernels.attention.cache_write import reference_write, write_cache 
 from mla_func.kernels.attention.decode import (  # noqa: E402
     MAX_SPLITS,
     DecodeWorkspace,
-    legacy_plan,
     mla_decode,
     plan_decode,
 )
@@ -76,24 +75,19 @@ def test_decode_matches_reference(page_size, splits):
     assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < TOL
 
 
-@pytest.mark.parametrize("merge", ["tile", "serial", "fused"])
-def test_decode_kernel_writes_every_output_row(merge):
+def test_decode_kernel_writes_every_output_row():
     """Poisoned out / partials: every (head, row) comes back finite and equal to the reference
-    latent output, including a head count (20) that is not a multiple of the head block (nor
-    of the tile merge's 8 heads per program)."""
+    latent output, including a head count (20) that is not a multiple of the head block."""
     dims = dict(SMALL, heads=20)
     p = make_problem([0, 16, 33], [1, 1, 1], 4, dims, seed=3)
     t, h = p["q_nope"].shape[:2]
     q_lat = torch.einsum("thn,hnc->htc", p["q_nope"], p["w_uk"])
-    plan = replace(plan_decode(t, 64, 4, h), num_splits=4, block_n=16, merge=merge,
-                   merge_heads=8)
+    plan = replace(plan_decode(t, 64, 4, h), num_splits=4, block_n=16)
     out = torch.full((h, t, 32), NAN, device=DEV)
     part_o = torch.full((t, h, 4, 32), NAN, device=DEV)
     part_lse = torch.full((t, h, 4), NAN, device=DEV)
-    counters = torch.zeros(t * 2, dtype=torch.int32, device=DEV)  # 2 head blocks of 16
     mla_decode(q_lat, p["q_pe"], p["cache"], p["page_table"], p["token_seq"], p["positions"],
-               p["scale"], plan, out, part_o, part_lse, counters)
-    assert not counters.any()
+               p["scale"], plan, out, part_o, part_lse)
     eye = torch.eye(32, device=DEV).expand(h, 32, 32)
     want = ref.attend_absorbed(p["q_nope"], p["q_pe"], p["cache"], p["w_uk"], eye,
                                p["token_seq"], p["positions"], p["page_table"], p["scale"])
@@ -125,48 +119,33 @@ def with_padded_row(p):
 
 # id: (page_size, heads, plan fields). Page 64 with block_n dividing it takes one page-table
 # entry per tile; pages 1 and 16 below block_n gather per key; split counts include more
-# splits than the short rows have chunks (16 for keys 1 and 37).
+# splits than the short rows have chunks (16 for keys 1 and 37). At 4 heads and 4 rows the plan
+# fuses the merge with W_UV (`uv`); uv=False: the merge, then the bmm.
 VARIANTS = {
-    "pt64-n16-prefetch-tile": (64, 4, dict(block_n=16, page_tiles=True, prefetch=True,
-                                           num_splits=3)),
-    "pt64-n32-tile-h2c16": (64, 4, dict(block_n=32, page_tiles=True, num_splits=5,
-                                        merge_heads=2, merge_cols=16)),
-    "pt64-n64-prefetch-serial": (64, 4, dict(block_n=64, page_tiles=True, prefetch=True,
-                                             num_splits=2, merge="serial")),
-    "pt64-n32-prefetch-onesplit": (64, 4, dict(block_n=32, page_tiles=True, prefetch=True,
-                                               num_splits=1)),
-    "pt64-n32-prefetch-tile16": (64, 4, dict(block_n=32, page_tiles=True, prefetch=True,
-                                             num_splits=16)),
-    "pt16-n16-prefetch-fused": (16, 4, dict(block_n=16, page_tiles=True, prefetch=True,
-                                            num_splits=4, merge="fused")),
-    "p16-n32-prefetch-tile-h4": (16, 4, dict(block_n=32, page_tiles=True, prefetch=True,
-                                             num_splits=3, merge_heads=4)),
-    "p1-n16-prefetch-tile": (1, 4, dict(block_n=16, prefetch=True, num_splits=7)),
-    "p1-n32-fused": (1, 4, dict(block_n=32, num_splits=2, merge="fused")),
-    "h128-pt64-h64-prefetch-tile": (64, 128, dict(block_h=64, block_n=32, page_tiles=True,
-                                                  prefetch=True, num_splits=3,
-                                                  merge_heads=16)),
-    "h128-pt16-h32-fused": (16, 128, dict(block_h=32, block_n=16, page_tiles=True,
-                                          num_splits=2, merge="fused")),
+    "pt64-n16": (64, 4, dict(block_n=16, num_splits=3)),
+    "pt64-n32": (64, 4, dict(block_n=32, num_splits=5)),
+    "pt64-n64-bmm": (64, 4, dict(block_n=64, num_splits=2, uv=False)),
+    "pt64-n32-onesplit": (64, 4, dict(block_n=32, num_splits=1)),
+    "pt64-n32-16splits": (64, 4, dict(block_n=32, num_splits=16)),
+    "pt16-n16-bmm": (16, 4, dict(block_n=16, num_splits=4, uv=False)),
+    "p16-n32": (16, 4, dict(block_n=32, num_splits=3)),
+    "p1-n16": (1, 4, dict(block_n=16, num_splits=7)),
+    "p1-n32-bmm": (1, 4, dict(block_n=32, num_splits=2, uv=False)),
+    "h128-pt64-h64": (64, 128, dict(block_h=64, block_n=32, num_splits=3)),
+    "h128-pt16-h32": (16, 128, dict(block_h=32, block_n=16, num_splits=2)),
     # shared_p: p and alpha reach the value product through the scratch
-    "h128-pt64-h64-sharedp-tile": (64, 128, dict(block_h=64, block_n=32, page_tiles=True,
-                                                 prefetch=True, num_splits=3, merge_heads=16,
-                                                 shared_p=True)),
-    "h128-p1-h64-n64-sharedp-onesplit": (1, 128, dict(block_h=64, block_n=64, prefetch=True,
-                                                      num_splits=1, shared_p=True)),
-    "pt16-n16-sharedp-fused": (16, 4, dict(block_n=16, page_tiles=True, prefetch=True,
-                                           num_splits=4, merge="fused", shared_p=True)),
+    "h128-pt64-h64-sharedp": (64, 128, dict(block_h=64, block_n=32, num_splits=3,
+                                            shared_p=True)),
+    "h128-p1-h64-n64-sharedp-onesplit": (1, 128, dict(block_h=64, block_n=64, num_splits=1,
+                                                      shared_p=True)),
+    "pt16-n16-sharedp-bmm": (16, 4, dict(block_n=16, num_splits=4, shared_p=True, uv=False)),
 }
 
 
 def run_variant(p, plan, ws):
-    """attend_absorbed on a NaN-poisoned workspace; fused merges must leave counters at 0."""
-    t, h = p["q_nope"].shape[:2]
+    """attend_absorbed on a NaN-poisoned workspace."""
     poison(ws, p, plan.num_splits, plan)
-    got = attend_absorbed(*ref_args(p), ws, plan)
-    if plan.merge == "fused":
-        assert not ws.counters(p["q_nope"].device, t * -(-h // plan.block_h)).any()
-    return got
+    return attend_absorbed(*ref_args(p), ws, plan)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -176,34 +155,18 @@ def test_decode_variants_match_reference(variant):
     dims = dict(SMALL, heads=heads)
     p = with_padded_row(make_problem([n - 1 for n in lens], [1] * 3, page, dims, seed=page))
     plan = replace(plan_decode(4, p["page_table"].shape[1] * page, 4, heads), **fields)
-    ws = DecodeWorkspace()
-    got = run_variant(p, plan, ws)
-    assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < TOL
-    if variant == "pt16-n16-prefetch-fused":  # counters were reset: a second launch agrees
-        assert torch.equal(run_variant(p, plan, ws), got)
-
-
-@pytest.mark.parametrize("merge", ["tile", "fused"])
-def test_merge_in_split_chunks_matches_reference(merge, monkeypatch):
-    """A tile budget below the splits: the merge loops over chunks of splits."""
-    monkeypatch.setattr(mla_merge, "MERGE_TILE", 64)  # 2 splits of 32 columns per chunk
-    p = make_problem([0, 40, 99], [1] * 3, 4, SMALL, seed=7)
-    plan = replace(plan_decode(3, 128, 4, 4), num_splits=7, block_n=16, merge=merge,
-                   page_tiles=True, prefetch=True)
     got = run_variant(p, plan, DecodeWorkspace())
     assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < TOL
 
 
-@pytest.mark.parametrize("merge", ["tile", "serial"])
 @pytest.mark.interpret
-def test_merge_reads_only_the_splits_a_row_reaches(merge):
+def test_merge_reads_only_the_splits_a_row_reaches():
     """Rows of 1, 15, 17 and 100 keys reach 1, 2, 3 and 7 of 9 splits (chunks of 8 keys, 16
-    for the longest row); from ACTIVE_MIN_SPLITS splits the merges must not read the others:
+    for the longest row); from ACTIVE_MIN_SPLITS splits the merge must not read the others:
     their lse and partials are NaN here (a merge that read every split would give NaN)."""
     assert mla_merge.ACTIVE_MIN_SPLITS <= 9
     p = make_problem([0, 14, 16, 99], [1] * 4, 4, SMALL, seed=11)
-    plan = replace(plan_decode(4, 128, 4, 4), num_splits=9, block_n=8, merge=merge,
-                   page_tiles=True, prefetch=True)
+    plan = replace(plan_decode(4, 128, 4, 4), num_splits=9, block_n=8)
     t, h = p["q_nope"].shape[:2]
     q_lat = torch.einsum("thn,hnc->htc", p["q_nope"], p["w_uk"])
     out = torch.full((h, t, 32), NAN, device=DEV)
@@ -222,18 +185,8 @@ def test_merge_reads_only_the_splits_a_row_reaches(merge):
         part_lse[row, :, used:] = NAN  # empty splits wrote lse = -inf; unread, NaN is harmless
         assert part_o[row, :, used:].isnan().all()
     out.fill_(NAN)
-    launch_merge(merge, plan.merge_heads, plan.merge_cols, plan.block_n, part_o, part_lse,
-                 p["positions"], out)
+    launch_merge(plan.block_n, part_o, part_lse, p["positions"], out)
     assert rel_err(out.transpose(0, 1), want) < TOL
-
-
-def test_legacy_plan_matches_reference():
-    p = make_problem([0, 40, 99], [1] * 3, 16, SMALL, seed=9)
-    plan = legacy_plan(replace(plan_decode(3, 128, 4, 4), num_splits=5, block_n=16,
-                               page_tiles=True, prefetch=True))
-    assert (plan.page_tiles, plan.prefetch, plan.merge) == (False, False, "serial")
-    got = run_variant(p, plan, DecodeWorkspace())
-    assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < TOL
 
 
 @pytest.mark.parametrize("heads,page_size", [(16, 64), (16, 1), (128, 64)])
@@ -253,16 +206,13 @@ def test_decode_long_rows_default_plan(heads, page_size):
     assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < TOL
 
 
-# id: (heads, plan fields): merges that read only the splits a row reaches (tile from
-# ACTIVE_MIN_SPLITS splits, serial), the fused one's counters, shared_p's scratch, the merge
-# fused with W_UV (its counters and shares).
+# id: (heads, plan fields): the merge that reads only the splits a row reaches (from
+# ACTIVE_MIN_SPLITS splits), shared_p's scratch, the merge fused with W_UV (its counters and
+# shares).
 REUSE = {
-    "tile12": (4, dict(num_splits=12, block_n=16, merge="tile")),
-    "fused6": (4, dict(num_splits=6, block_n=16, merge="fused")),
-    "serial12": (4, dict(num_splits=12, block_n=16, merge="serial")),
-    "tile12-uv": (4, dict(num_splits=12, block_n=16, merge="tile", uv=True)),
-    "h128-sharedp-tile3": (128, dict(num_splits=3, block_n=64, merge="tile", shared_p=True,
-                                     merge_heads=16)),
+    "tile12": (4, dict(num_splits=12, block_n=16, uv=False)),
+    "tile12-uv": (4, dict(num_splits=12, block_n=16, uv=True)),
+    "h128-sharedp-tile3": (128, dict(num_splits=3, block_n=64, shared_p=True)),
 }
 
 
@@ -272,7 +222,7 @@ def test_decode_workspace_reused_without_poison(variant):
     rows grew and shrank, q and the cache are new. What the first step left there (partials
     of splits a row no longer reaches, counters, scratch) changes no bit of the result."""
     heads, fields = REUSE[variant]
-    if variant == "tile12":  # the tile merge skips the splits a row does not reach
+    if variant == "tile12":  # the merge skips the splits a row does not reach
         assert fields["num_splits"] >= mla_merge.ACTIVE_MIN_SPLITS
     dims = dict(SMALL, heads=heads)
     steps = [make_problem(ctx, [1] * 4, 16, dims, seed=seed, max_pages=20)
@@ -289,8 +239,7 @@ def test_decode_workspace_reused_without_poison(variant):
 def test_plan_is_a_function_of_shapes_and_fills_the_gpu():
     assert plan_decode(1, 1024, 132, 16).num_splits == 1024 // 32  # capacity-bound
     assert plan_decode(1, 1 << 20, 132, 16).num_splits >= 0.85 * 132
-    assert plan_decode(128, 4096, 132, 16, waves=1).num_splits == 1
-    assert plan_decode(128, 4096, 132, 16).num_splits == 2  # two waves by default
+    assert plan_decode(128, 4096, 132, 16).num_splits == 2  # two waves
     assert plan_decode(32, 4096, 132, 16).num_splits == 8
     # One wave where two would cut a short capacity into splits under TWO_WAVE_KEYS keys; not
     # where the capacity bounds the splits (1-8 rows at 576 keys).
@@ -327,7 +276,7 @@ def test_workspace_shares_one_allocation_and_only_grows():
     bigger = ws.get(torch.device("cpu"), torch.float32, 16, 4, 32, 3)
     assert bigger[0].data_ptr() != big[0].data_ptr()
     assert ws.get(torch.device("cpu"), torch.float32, 8, 4, 32, 1)[2].numel() == 0
-    counters = ws.counters(torch.device("cpu"), 8)  # the fused merge's: zeros, only grow
+    counters = ws.counters(torch.device("cpu"), 8)  # mla_merge_uv's: zeros, only grow
     assert counters.dtype == torch.int32 and not counters.any()
     assert ws.counters(torch.device("cpu"), 4).data_ptr() == counters.data_ptr()
 
@@ -345,8 +294,7 @@ def test_plan_that_runs_out_of_resources_shrinks_and_still_matches(monkeypatch):
     stages_seen = tight.seen
     monkeypatch.setattr(md, "_split_kernel", tight)
     p = make_problem([0, 40, 99], [1] * 3, 16, SMALL, seed=11)
-    plan = replace(plan_decode(3, 128, 4, 4), num_splits=3, block_n=16, num_stages=3,
-                   page_tiles=True, prefetch=True)
+    plan = replace(plan_decode(3, 128, 4, 4), num_splits=3, block_n=16, num_stages=3)
     with pytest.warns(RuntimeWarning, match=r"ran out of GPU resources .*num_stages=3.*; "
                       r"its launches use .*num_stages=2"):
         got = run_variant(p, plan, ws := DecodeWorkspace())

@@ -14,7 +14,6 @@ from mla_func.kernels.attention.absorbed import attend_absorbed
 from mla_func.kernels.attention.cache_write import reference_write
 from mla_func.kernels.attention.decode import (
     DecodeWorkspace,
-    legacy_plan,
     num_sms,
     plan_decode,
 )
@@ -28,16 +27,13 @@ V3 = dict(V2_LITE, heads=128)
 
 
 # Plan variants the GPU tests run besides plan_decode's own (see the sweep in
-# scripts/bench_kernels.py): the first version, and the double-buffered ones.
+# scripts/bench_kernels.py): other tiles and stages.
 CUDA_VARIANTS = {
     "default": {},
-    "legacy": None,
-    "pages-prefetch-s3": dict(page_tiles=True, prefetch=True, num_stages=3),
-    "pages-prefetch-s3-n16-fused": dict(page_tiles=True, prefetch=True, num_stages=3,
-                                        block_n=16, merge="fused"),
-    "tile-merge-h4c128": dict(prefetch=True, num_stages=4, merge_heads=4, merge_cols=128),
-    "pages-prefetch-s3-pdl": dict(page_tiles=True, prefetch=True, num_stages=3, pdl=True),
-    "pages-prefetch-n64-s2": dict(page_tiles=True, prefetch=True, block_n=64, num_stages=2),
+    "s3": dict(num_stages=3),
+    "n16-s3": dict(num_stages=3, block_n=16),
+    "s4": dict(num_stages=4),
+    "n64-s2": dict(block_n=64, num_stages=2),
     "shared-p": dict(shared_p=True),
     "shared-p-n64-s2": dict(shared_p=True, block_n=64, num_stages=2),
     "merge-uv": dict(uv=True),
@@ -49,8 +45,7 @@ CUDA_VARIANTS = {
 
 def cuda_plan(variant, rows, capacity, heads):
     plan = plan_decode(rows, capacity, num_sms(torch.device("cuda")), heads)
-    fields = CUDA_VARIANTS[variant]
-    return legacy_plan(plan) if fields is None else replace(plan, **fields)
+    return replace(plan, **CUDA_VARIANTS[variant])
 
 
 @pytest.mark.cuda
@@ -82,12 +77,11 @@ def test_cuda_prefill_real_sizes(heads):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("variant", ["default", "pages-prefetch-s3-n16-fused",
-                                     "pages-prefetch-s3-pdl"])
+@pytest.mark.parametrize("variant", ["default", "n16-s3"])
 def test_cuda_decode_graph_replay_matches_eager(variant):
     """Capture one decode bucket (plan from bucket + capacity), then replay it on new lengths
-    and contents: same result as eager on the same inputs (the fused merge's counters are
-    back at zero after every replay; the programmatic dependent merge waits for the split)."""
+    and contents: same result as eager on the same inputs (the programmatic dependent merge
+    waits for the split; the merge fused with W_UV leaves its counters at zero)."""
     dims = V2_LITE
     lens = [1, 300, 2049, 64]
     p = make_problem([n - 1 for n in lens], [1] * 4, 16, dims, "cuda", torch.bfloat16,
@@ -230,7 +224,7 @@ def test_cuda_merge_uv_matches_the_bmm_path_and_replays(rows):
     p = make_problem([n - 1 for n in lens], [1] * rows, 64, V2_LITE, "cuda", torch.bfloat16,
                      max_pages=129)
     plan = plan_decode(rows, 129 * 64, num_sms(torch.device("cuda")), 16)
-    assert plan.num_splits > 1 and plan.merge == "tile"
+    assert plan.num_splits > 1
     uv, bmm = replace(plan, uv=True), replace(plan, uv=False)
     got = attend_absorbed(*ref_args(p), poisoned_workspace(p, plan.num_splits, plan), uv)
     want = attend_absorbed(*ref_args(p), poisoned_workspace(p, plan.num_splits, plan), bmm)

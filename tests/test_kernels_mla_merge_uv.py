@@ -34,7 +34,7 @@ from mla_func.kernels.attention.merge_uv import merge_uv  # noqa: E402
 from mla_func.ops import attention as ref  # noqa: E402
 
 # id: (page_size, dims over SMALL, query rows' context lengths, plan fields). 12 splits reach
-# the merge's "reached splits only" path; 40 splits take 3 chunks of 16 (MERGE_TILE is cut);
+# the merge's "reached splits only" path; 40 splits load as one tile of 64 (24 masked);
 # 40 kv_lora columns make 3 blocks at 16 columns a program (5 at 8), the last one partly
 # masked; one row of length 1.
 CASES = {
@@ -61,8 +61,7 @@ def _solve(case: str, uv: bool):
     heads = dims["heads"]
     p = make_problem([n - 1 for n in lens], [1] * len(lens), page, dims,
                      seed=len(lens) + heads, max_pages=-(-320 // page))
-    plan = replace(plan_decode(len(lens), 320, 4, heads), page_tiles=True, prefetch=True,
-                   merge="tile", uv=uv, **fields)
+    plan = replace(plan_decode(len(lens), 320, 4, heads), uv=uv, **fields)
     ws = poisoned_workspace(p, plan.num_splits, plan)
     out = attend_absorbed(*ref_args(p), ws, plan)
     o_lat = ws.get(p["q_nope"].device, p["cache"].dtype, len(lens), heads,
@@ -77,12 +76,6 @@ def _solve(case: str, uv: bool):
 @pytest.mark.interpret
 def test_merge_uv_matches_reference_and_the_unfused_path(case, cols, monkeypatch):
     monkeypatch.setattr(mla_merge_uv, "COLS", cols)
-    if case == "2rows-40splits":  # 16 splits a load: the merge loops 3 times
-        monkeypatch.setattr(mla_merge, "MERGE_TILE", 16 * min(cols, 32))
-        assert mla_merge_uv.merge_uv_launch(
-            torch.zeros(1, 4, 40, 32), torch.zeros(1, 4, 40), torch.zeros(1, dtype=torch.int32),
-            torch.zeros(4, 16, 32), torch.zeros(1, 4, 16), 4, False, *_scratch(1, 4, 32, 16)
-        )[2]["CHUNK"] == 16
     p, got = _solve(case, uv=True)
     assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < TOL
     _, unfused = _solve(case, uv=False)
@@ -96,8 +89,7 @@ def test_merge_uv_reads_only_the_splits_a_row_reaches():
     that read them would give NaN."""
     assert mla_merge.ACTIVE_MIN_SPLITS <= 9
     p = make_problem([0, 14, 16, 99], [1] * 4, 4, SMALL, seed=11)
-    plan = replace(plan_decode(4, 128, 4, 4), num_splits=9, block_n=8, merge="tile",
-                   page_tiles=True, prefetch=True)
+    plan = replace(plan_decode(4, 128, 4, 4), num_splits=9, block_n=8)
     t, h = p["q_nope"].shape[:2]
     q_lat = torch.einsum("thn,hnc->htc", p["q_nope"], p["w_uk"])
     o_lat = torch.full((h, t, 32), NAN, device=DEV)
@@ -121,8 +113,7 @@ def test_merge_uv_reads_only_the_splits_a_row_reaches():
 def test_merge_uv_writes_into_a_strided_output():
     """The output may be a view (o_proj's input buffer); nothing outside it is written."""
     p = make_problem([5, 40], [1] * 2, 16, SMALL, seed=3, max_pages=20)
-    plan = replace(plan_decode(2, 320, 4, 4), num_splits=4, block_n=16, merge="tile",
-                   page_tiles=True, prefetch=True, uv=True)
+    plan = replace(plan_decode(2, 320, 4, 4), num_splits=4, block_n=16, uv=True)
     t, h, v = 2, p["q_nope"].shape[1], p["w_uv"].shape[1]
     big = torch.full((t + 3, h, v + 4), NAN, device=DEV)
     got = attend_absorbed(*ref_args(p), poisoned_workspace(p, 4, plan), plan,

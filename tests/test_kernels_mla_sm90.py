@@ -51,18 +51,15 @@ def tensors(heads, rows, ctx, page, splits):
             torch.empty(rows * ctx // page + 1, page, 576, dtype=bf),
             torch.empty(rows, ctx // page, dtype=i32), torch.empty(rows, dtype=i32),
             torch.empty(rows, dtype=i32), 0.07, torch.empty(heads, rows, 512, dtype=bf),
-            torch.empty(rows, heads, splits, 512), torch.empty(rows, heads, splits),
-            torch.zeros(rows * heads, dtype=i32))
+            torch.empty(rows, heads, splits, 512), torch.empty(rows, heads, splits))
 
 # (heads, page, plan fields, spill-free, KV buffers: 2 = the next tile loads during this one)
 for heads, page, fields, clean, buffers in [
         (16, 64, {}, True, None),
-        (16, 64, dict(page_tiles=True, prefetch=True, num_stages=3, merge="fused"), True, 2),
-        (16, 64, dict(page_tiles=True, prefetch=True, num_stages=3, pdl=True), True, 2),
-        (16, 64, dict(page_tiles=True, prefetch=True, num_stages=3, pdl=True, early=True),
-         True, 2),
-        (16, 1, dict(prefetch=True, num_stages=3, early=True), True, 2),
-        (16, 16, dict(prefetch=True, num_stages=3), True, 2),
+        (16, 64, dict(num_stages=3, early=False), True, 2),
+        (16, 64, dict(num_stages=3, early=True), True, 2),
+        (16, 1, dict(num_stages=3, early=True), True, 2),
+        (16, 16, dict(num_stages=3, early=False), True, 2),
         (128, 64, dict(shared_p=False), False, None),
         (128, 64, dict(shared_p=True), True, 2),
         (128, 64, dict(shared_p=True, early=True), True, 2),
@@ -72,11 +69,13 @@ for heads, page, fields, clean, buffers in [
     scratch = (torch.empty(32 * 2 * 4 * 2 * 64 * plan.block_n, dtype=torch.bfloat16),
                torch.empty(32 * 2 * 4 * 2 * 64))
     _, call, kwargs = md.split_launch(*args[:7], plan, *args[7:], scratch)
-    kwargs["PDL"] = plan.pdl  # split_launch turns it off off CUDA
+    kwargs["PDL"] = True  # split_launch turns it off off CUDA (4 splits: a merge follows)
     kwargs["ASM_SYNC"] = True  # split_launch picks the interpreter's barrier off CUDA
     if plan.early:  # split_launch turns it off off CUDA
         kwargs.update(md.early_launch(plan, args[2]))
         assert kwargs["L2_KEYS"] == plan.num_warps * 32
+    else:  # the kernel's defaults, as constants
+        kwargs.update(EARLY=False, L2_KEYS=0, ROW_BYTES=0)
     regs, spills, smem, bufs, warps = compile_sm90(md._split_kernel, call, kwargs)
     ptx = LAST_PTX[0]
     # Early: the L2 prefetch, then the wait, before the first load of q_lat.
@@ -89,20 +88,20 @@ for heads, page, fields, clean, buffers in [
     assert smem <= 232448  # sm90's shared memory per block
     if plan.shared_p:  # no dot with every warp along its 64 rows: no duplicated score tile
         assert plan.block_n == 64 and warps == {("4", "2")}, warps
-# all splits in one tile; split chunks; W_UV warmed in L2 before the wait
-for mh, mc, pdl, warm in ((1, 0, True, False), (16, 64, False, False), (1, 0, True, True)):
-    mh, mc, chunk = mm.merge_shape(16, 512, 32, mh, mc)
-    po, pl = torch.empty(8, 16, 32, 512), torch.empty(8, 16, 32)
+# 32 and 128 splits (all in one tile), not launched early; W_UV warmed in L2 before the wait
+for splits, pdl, warm in ((32, True, False), (128, False, False), (32, True, True)):
+    mc = mm.merge_cols(512, splits)
+    po, pl = torch.empty(8, 16, splits, 512), torch.empty(8, 16, splits)
     out = torch.empty(16, 8, 512, dtype=torch.bfloat16)
     pos = torch.empty(8, dtype=torch.int32)
     w_uv = torch.empty(16, 128, 512, dtype=torch.bfloat16)
     regs, spills, _, _, _ = compile_sm90(mm._merge_kernel,
                                          (po, pl, pos, out, w_uv, w_uv.numel() * 2, 4096, 512,
-                                          16, 512, 32),
-                                         dict(MERGE_H=mh, MERGE_C=mc, SPLITS_P2=32, CHUNK=chunk,
-                                              PDL=pdl, launch_pdl=pdl, BLOCK_N=32,
-                                              ACTIVE=pdl, WARM=warm, num_warps=4))
-    print("merge", mh, mc, chunk, warm, "regs", regs, "spills", spills)
+                                          16, 512, splits),
+                                         dict(MERGE_C=mc, SPLITS_P2=splits, PDL=pdl,
+                                              launch_pdl=pdl, BLOCK_N=32, ACTIVE=pdl, WARM=warm,
+                                              num_warps=4))
+    print("merge", splits, mc, warm, "regs", regs, "spills", spills)
     assert spills == 0
     assert ("cp.async.bulk.prefetch.L2.global" in LAST_PTX[0]) == warm
 from mla_func.kernels.attention import absorb as ab
@@ -174,8 +173,8 @@ assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
 
 def test_decode_compiles_for_sm90():
     """Ahead-of-time sm90 compile at V2-Lite / V3 sizes (no GPU needed): the variants compile,
-    the 16-head ones without spills, and prefetching the page entries lets the pipeliner
-    double-buffer the KV tile (one buffer without: the tile load waits on the table load).
+    the 16-head ones without spills, and the page entries loaded one tile ahead let the
+    pipeliner double-buffer the KV tile at 3 stages.
     shared_p at 128 heads: spill-free at page 64, still double-buffered (the scratch reload and its
     barrier do not stop the pipeliner), and every dot splits over the two warpgroups. The fused
     absorb + prologue compiles spill-free at 16 and 128 heads; so does the merge fused with

@@ -17,11 +17,11 @@ import torch
 from moe_helpers import (
     DIRECT,
     DIRECT_LAST,
-    DIRECT_SUM,
     SMALL,
     close,
     make,
     moe_layer,
+    place_shared,
     reference,
     reference_layer,
     same_routing,
@@ -95,11 +95,11 @@ def test_align_kernel_matches_torch(tokens, topk, n_exp, shared, block_m, skew, 
 ])
 @pytest.mark.interpret
 def test_fused_matches_reference(tokens, topk, n_exp, hidden, inter, shared, skew, fold,
-                                 nan_empty):
+                                 nan_empty, monkeypatch):
     x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, hidden, inter, shared, skew=skew)
     want = reference(x, w, ids, gu, dn, mlp)
-    cfg = dataclasses.replace(SMALL, fuse_shared=fold)
-    got = fused_experts(x, w, ids, gu, dn, mlp and mlp.gate_up, mlp and mlp.down, cfg)
+    place_shared(monkeypatch, fold)
+    got = fused_experts(x, w, ids, gu, dn, mlp and mlp.gate_up, mlp and mlp.down, SMALL)
     close(got, want, 1e-5)
     close(experts(x, w, ids, gu, dn, mlp, impl="sorted_torch"), want, 1e-5)
 
@@ -114,10 +114,11 @@ def test_fused_matches_reference(tokens, topk, n_exp, hidden, inter, shared, ske
 @pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
 @pytest.mark.interpret
 def test_tma_matches_reference_and_pointer_loads(tokens, topk, n_exp, hidden, inter, shared,
-                                                nan_empty):
+                                                nan_empty, monkeypatch):
     x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, hidden, inter, shared, seed=tokens)
     s_gu, s_dn = (None, None) if mlp is None else (mlp.gate_up, mlp.down)
-    cfg = dataclasses.replace(SMALL, fuse_shared=False)
+    place_shared(monkeypatch, False)
+    cfg = SMALL
     # TMA reads `act`'s padding rows, which nothing writes: they are NaN here (`nan_empty`), so
     # any of it that reaches a real row shows.
     pointer = fused_experts(x, w, ids, gu, dn, s_gu, s_dn, cfg)
@@ -126,9 +127,10 @@ def test_tma_matches_reference_and_pointer_loads(tokens, topk, n_exp, hidden, in
     # Not bit for bit here: numpy's float32 products of another width round otherwise (the
     # GPU test checks the bits of bf16 wgmma).
     close(got, pointer, 1e-6)
+    place_shared(monkeypatch, True)
     with pytest.raises(ValueError, match="tma needs the aligned layout and the shared"):
-        fused_experts(x, w, ids, gu, dn, s_gu, s_dn, dataclasses.replace(SMALL, tma=True,
-                      fuse_shared=True) if shared else dataclasses.replace(DIRECT, tma=True))
+        fused_experts(x, w, ids, gu, dn, s_gu, s_dn, dataclasses.replace(
+            SMALL if shared else DIRECT, tma=True))
     with pytest.raises(ValueError, match="tma needs contiguous expert weights"):
         fused_experts(x, w, ids, torch.cat((gu, gu), 2)[:, :, :inter], dn,
                       config=dataclasses.replace(cfg, tma=True))
@@ -143,24 +145,28 @@ def test_tma_matches_reference_and_pointer_loads(tokens, topk, n_exp, hidden, in
 @pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
 @pytest.mark.interpret
 def test_merge_tail_matches_whole_tiles_and_reference(tokens, topk, n_exp, skew, tma,
-                                                      nan_empty):
+                                                      nan_empty, monkeypatch):
     """`MoEConfig.merge_tail`: a tail's rows computed by the program of the tile before it;
     the reference's result and the whole-tile programs' (`act`'s padding rows NaN)."""
     x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, 32, 16, 1, skew=skew, seed=tokens)
     merged, left = tails(ids, n_exp, 32)
     assert (merged > 0 and left > 0) if tokens == 160 else merged == (tokens == 45)
-    cfg = MoEConfig(32, (32, 64, 4, 1), (64, 32, 4, 1), fuse_shared=False, tma=tma)
+    place_shared(monkeypatch, False)
+    cfg = MoEConfig(32, (32, 64, 4, 1), (64, 32, 4, 1), tma=tma)
     whole = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg)
     got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
                         dataclasses.replace(cfg, merge_tail=True))
     close(got, reference(x, w, ids, gu, dn, mlp), 1e-5)
     close(got, whole, 1e-6)  # numpy's products of another height may round otherwise
-    for bad in (dataclasses.replace(cfg, merge_tail=True, fuse_shared=True, tma=False),
-                dataclasses.replace(DIRECT, merge_tail=True),
+    for bad in (dataclasses.replace(DIRECT, merge_tail=True),
                 dataclasses.replace(cfg, merge_tail=True, block_m=16),
                 dataclasses.replace(cfg, merge_tail=True, inline_align=True)):
         with pytest.raises(ValueError, match="merge_tail needs"):
             fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, bad)
+    place_shared(monkeypatch, True)  # the shared experts folded in
+    with pytest.raises(ValueError, match="merge_tail needs"):
+        fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
+                      dataclasses.replace(cfg, merge_tail=True, tma=False))
 
 
 @pytest.mark.parametrize("tokens,topk,n_exp,shared,skew,fold", [
@@ -172,13 +178,14 @@ def test_merge_tail_matches_whole_tiles_and_reference(tokens, topk, n_exp, skew,
 ])
 @pytest.mark.interpret
 def test_inline_align_matches_aligned_and_reference(tokens, topk, n_exp, shared, skew, fold,
-                                                    nan_empty):
+                                                    nan_empty, monkeypatch):
     """`MoEConfig.inline_align`: the gate_up programs find their tiles and write the table
     the down GEMM reads; the alignment launch's bits (the same tiles, rows in align_torch's
     order) and the reference's values."""
     x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, 64, 32, shared, skew=skew, seed=tokens)
     s_gu, s_dn = (None, None) if mlp is None else (mlp.gate_up, mlp.down)
-    cfg = dataclasses.replace(SMALL, fuse_shared=fold)
+    place_shared(monkeypatch, fold)
+    cfg = SMALL
     got = fused_experts(x, w, ids, gu, dn, s_gu, s_dn,
                         dataclasses.replace(cfg, inline_align=True))
     close(got, reference(x, w, ids, gu, dn, mlp), 1e-5)
@@ -191,44 +198,42 @@ def test_inline_align_matches_aligned_and_reference(tokens, topk, n_exp, shared,
         fused_experts(x, w, ids, gu, dn, config=dataclasses.replace(cfg, inline_align=True))
 
 
-@pytest.mark.parametrize("tokens,topk,n_exp,hidden,inter,shared,fuse_shared", [
+@pytest.mark.parametrize("tokens,topk,n_exp,hidden,inter,shared,fold", [
     (1, 6, 64, 64, 32, 2, None),   # decode: no expert read twice
     (2, 2, 8, 64, 32, 1, None),
     (3, 6, 64, 64, 32, 0, None),   # no shared experts
     (4, 6, 8, 48, 24, 2, None),    # experts repeated across tokens; K, N not tile multiples
-    (4, 2, 8, 64, 32, 1, False),   # shared MLP apart: added in the (fused) sum
+    (4, 2, 8, 64, 32, 1, False),   # shared MLP apart: added in the sum
 ])
 @pytest.mark.interpret
 def test_direct_matches_reference_and_aligned(tokens, topk, n_exp, hidden, inter, shared,
-                                              fuse_shared, nan_empty):
+                                              fold, nan_empty, monkeypatch):
     x, w, ids, gu, dn, mlp = make(tokens, topk, n_exp, hidden, inter, shared, seed=tokens)
     s_gu, s_dn = (None, None) if mlp is None else (mlp.gate_up, mlp.down)
     want = reference(x, w, ids, gu, dn, mlp)
-    aligned = fused_experts(x, w, ids, gu, dn, s_gu, s_dn,
-                            dataclasses.replace(SMALL, fuse_shared=fuse_shared))
+    place_shared(monkeypatch, fold)
+    aligned = fused_experts(x, w, ids, gu, dn, s_gu, s_dn, SMALL)
     close(aligned, want, 1e-5)
     # DIRECT_LAST twice: its arrival counters are zero again after a launch.
-    for cfg in (DIRECT, DIRECT_SUM, DIRECT_LAST, DIRECT_LAST):
-        got = fused_experts(x, w, ids, gu, dn, s_gu, s_dn,
-                            dataclasses.replace(cfg, fuse_shared=fuse_shared))
+    for cfg in (DIRECT, DIRECT_LAST, DIRECT_LAST):
+        got = fused_experts(x, w, ids, gu, dn, s_gu, s_dn, cfg)
         close(got, want, 1e-5)
         # Same tiles, same order of the fp32 sums: the paths agree bit for bit.
         assert torch.equal(got, aligned), cfg
 
 
-@pytest.mark.parametrize("cfg,shared,fuse_shared,wide", [
+@pytest.mark.parametrize("cfg,shared,fold,wide", [
     (SMALL, 2, None, False),        # shared experts folded in
     (SMALL, 1, False, False),       # shared MLP apart: added in the same final sum
     (SMALL, 2, None, True),         # rows wider than one program holds: sum, then add+norm
     (DIRECT, 2, None, False),
-    (DIRECT_SUM, 1, None, False),   # the down GEMM sums: the add and the norm run after it
     (DIRECT_LAST, 2, None, False),  # the down GEMM's last programs sum, add and normalise
     (DIRECT_LAST, 1, False, False),  # ... with the shared MLP's output added in the sum
     (DIRECT_LAST, 2, None, True),   # ... only sum: the add and the norm run after it
 ])
 @pytest.mark.interpret
-def test_add_norm_equals_experts_then_add_rmsnorm(cfg, shared, fuse_shared, wide,
-                                                  monkeypatch, nan_empty):
+def test_add_norm_equals_experts_then_add_rmsnorm(cfg, shared, fold, wide, monkeypatch,
+                                                  nan_empty):
     """`add_norm` gives the bits of `norm.add_rmsnorm(residual, experts)` (the rounding of
     the two launches it replaces), and the reference's values through `experts_add_norm`."""
     if wide:  # 96 columns stand for V3's 7168
@@ -236,7 +241,7 @@ def test_add_norm_equals_experts_then_add_rmsnorm(cfg, shared, fuse_shared, wide
     x, w, ids, gu, dn, mlp = make(4, 6, 64, 96, 32, shared, seed=11)
     residual = torch.randn_like(x)
     weight = 1 + 0.1 * torch.randn(x.shape[1])
-    cfg = dataclasses.replace(cfg, fuse_shared=fuse_shared)
+    place_shared(monkeypatch, fold)
     out = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg)
     want_h, want_y = add_rmsnorm(residual, out, weight, 1e-6)
     h, y = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg,
@@ -304,7 +309,7 @@ def test_table_rows_match_reference(bound, triton_align, nan_empty, monkeypatch)
     the alignment launch where that is spied on."""
     cfg = pick_config(bound)
     if bound > FUSE_SHARED_MAX_TOKENS:  # apart, as at the row's own token counts (TMA needs it)
-        cfg = dataclasses.replace(cfg, fuse_shared=False)
+        place_shared(monkeypatch, False)
     calls = []
     if triton_align:
         cfg = dataclasses.replace(cfg, inline_align=False)
@@ -336,33 +341,30 @@ def test_direct_config_checks():
     x, w, ids, gu, dn, _ = make(17, 2, 8, 32, 16, 0)
     with pytest.raises(ValueError, match="at most 16 tokens"):
         fused_experts(x, w, ids, gu, dn, config=DIRECT)
-    with pytest.raises(ValueError, match="fused_sum needs the direct layout"):
-        fused_experts(x, w, ids, gu, dn, config=dataclasses.replace(SMALL, fused_sum=True))
-    for bad in (dataclasses.replace(SMALL, last_sum=True),
-                dataclasses.replace(DIRECT_SUM, last_sum=True)):
-        with pytest.raises(ValueError, match="last_sum needs the direct layout"):
-            fused_experts(x[:4], w[:4], ids[:4], gu, dn, config=bad)
+    with pytest.raises(ValueError, match="last_sum needs the direct layout"):
+        fused_experts(x[:4], w[:4], ids[:4], gu, dn,
+                      config=dataclasses.replace(SMALL, last_sum=True))
 
 
-@pytest.mark.parametrize("cfg", [SMALL, DIRECT, DIRECT_SUM])
+@pytest.mark.parametrize("cfg", [SMALL, DIRECT, DIRECT_LAST])
 @pytest.mark.interpret
-def test_shared_stream_off_cuda_runs_in_order(cfg):
+def test_shared_stream_off_cuda_runs_in_order(cfg, monkeypatch):
     """Without CUDA streams `shared_stream` runs the shared experts in order: the same bits.
     With the shared experts folded in there is nothing to run beside: an error."""
     x, w, ids, gu, dn, mlp = make(4, 2, 8, 64, 32, 2, seed=7)
-    apart = dataclasses.replace(cfg, fuse_shared=False)
-    want = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, apart)
+    place_shared(monkeypatch, False)
+    want = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg)
     got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
-                        dataclasses.replace(apart, shared_stream=True))
+                        dataclasses.replace(cfg, shared_stream=True))
     assert torch.equal(got, want)
     close(got, reference(x, w, ids, gu, dn, mlp), 1e-5)
     # No shared experts: the flag has nothing to move.
     alone = dataclasses.replace(cfg, shared_stream=True)
     assert torch.equal(fused_experts(x, w, ids, gu, dn, config=alone),
                        fused_experts(x, w, ids, gu, dn, config=cfg))
+    place_shared(monkeypatch, True)
     with pytest.raises(ValueError, match="shared_stream needs the shared experts apart"):
-        fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
-                      dataclasses.replace(alone, fuse_shared=True))
+        fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, alone)
 
 
 def test_shared_stream_only_where_shared_experts_run_apart():
@@ -370,7 +372,7 @@ def test_shared_stream_only_where_shared_experts_run_apart():
     shared experts in (that raises)."""
     low = 0
     for bound, cfg in CONFIGS:
-        folds = cfg.fuse_shared or (cfg.fuse_shared is None and low < FUSE_SHARED_MAX_TOKENS)
+        folds = low < FUSE_SHARED_MAX_TOKENS
         assert not (cfg.shared_stream and folds), (bound, cfg)
         low = bound
 

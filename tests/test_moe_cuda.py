@@ -11,6 +11,7 @@ from moe_helpers import (
     fused_layer,
     make,
     moe_layer,
+    place_shared,
     reference,
     reference_layer,
     same_routing,
@@ -35,7 +36,7 @@ _AOT = """
 import triton
 from triton.backends.compiler import GPUTarget
 from sm90_ptxas import ptxas_usage
-from mla_func.kernels.moe.down import down_kernel, down_sum_kernel
+from mla_func.kernels.moe.down import down_kernel
 from mla_func.kernels.moe.gate_up import gate_up_kernel
 ptrs = dict(weights_ptr="*fp32", ids_ptr="*i64", sorted_ptr="*i32", block_expert_ptr="*i32",
             block_rows_ptr="*i32", counter_ptr="*i32", eps="fp32")
@@ -60,7 +61,6 @@ for fn, (bm, bn, bk, warps, stages), const in [
         (down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=True, LAST_SUM=True, HAS_EXTRA=False,
                                                 ADD_NORM=True, SUM_BLOCK=2048, TRIGGER=True,
                                                 **no_act, **no_tma)),
-        (down_sum_kernel, (16, 16, 256, 4, 4), dict(HAS_EXTRA=False)),
         # The large-token configuration: expert weights (and act) through TMA descriptors,
         # whole tiles, or whole tiles that take their expert's tail (two accumulators).
         (gate_up_kernel, (128, 128, 64, 8, 4), dict(DIRECT=False, PDL=True, TMA=True)),
@@ -213,11 +213,12 @@ def test_cuda_bucket_padding_leaves_real_rows(bucket):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("tokens", [300, 4096])
-def test_cuda_tma_matches_pointer_loads(tokens):
+def test_cuda_tma_matches_pointer_loads(tokens, monkeypatch):
     """The large-token tiles with TMA loads: the reference's result, and the pointer-load
     kernels' bits (the same tiles and the same order of sums)."""
     x, w, ids, gu, dn, mlp = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda")
-    cfg = MoEConfig(128, (128, 64, 8, 4), (128, 64, 8, 4), fuse_shared=False)
+    place_shared(monkeypatch, False)
+    cfg = MoEConfig(128, (128, 64, 8, 4), (128, 64, 8, 4))
     got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
                         dataclasses.replace(cfg, tma=True))
     want = reference(x, w, ids, gu, dn, mlp)
@@ -229,13 +230,14 @@ def test_cuda_tma_matches_pointer_loads(tokens):
 @pytest.mark.parametrize("tokens,skew", [(300, True), (2048, False), (4096, False),
                                          (4096, True)])
 @pytest.mark.parametrize("tma", [False, True])
-def test_cuda_merge_tail_matches_whole_tiles(tokens, skew, tma):
+def test_cuda_merge_tail_matches_whole_tiles(tokens, skew, tma, monkeypatch):
     """Tails taken by the tile before them (`MoEConfig.merge_tail`) at V2-Lite size: the
     reference's result, and the bits of whole tiles (every row's products run over K in the
     same order); captured and replayed on fresh routing too."""
     x, w, ids, gu, dn, mlp = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda",
                                   skew=skew)
-    cfg = MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), fuse_shared=False, tma=tma)
+    place_shared(monkeypatch, False)
+    cfg = MoEConfig(128, (128, 64, 8, 4), (256, 64, 8, 4), tma=tma)
     merged = dataclasses.replace(cfg, merge_tail=True)
     assert tails(ids, V2_LITE["n_exp"], 128)[0] > 0  # what this test is about
     got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, merged)
@@ -290,13 +292,10 @@ def test_cuda_direct_matches_aligned(tokens):
                                   last_sum=False)
     want = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, aligned)
     close(want, reference(x, w, ids, gu, dn, mlp), 0.05)
-    for fused_sum, last_sum, pdl in ((False, False, False), (True, False, False),
-                                     (False, False, True), (False, True, False),
-                                     (False, True, True)):
-        cfg = dataclasses.replace(aligned, direct=True, fused_sum=fused_sum, last_sum=last_sum,
-                                  pdl=pdl)
+    for last_sum, pdl in ((False, False), (False, True), (True, False), (True, True)):
+        cfg = dataclasses.replace(aligned, direct=True, last_sum=last_sum, pdl=pdl)
         got = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg)
-        assert torch.equal(got, want), (fused_sum, last_sum, pdl)
+        assert torch.equal(got, want), (last_sum, pdl)
 
 
 @pytest.mark.cuda
@@ -366,21 +365,13 @@ def test_cuda_pdl_behind_router_matches(tokens):
         assert torch.equal(out, wants[i % 2]), i
 
 
-DIRECT_SUM_V2 = MoEConfig(16, (32, 128, 4, 4), (16, 256, 4, 4), direct=True, fused_sum=True)
-
-
 @pytest.mark.cuda
-@pytest.mark.parametrize("tokens,config", [
-    (1, None), (8, None), (128, None), (4096, None), (1, DIRECT_SUM_V2), (4, DIRECT_SUM_V2)])
-def test_cuda_graph_replay_matches_eager(tokens, config):
+@pytest.mark.parametrize("tokens", [1, 8, 128, 4096])
+def test_cuda_graph_replay_matches_eager(tokens):
     x, w, ids, gu, dn, mlp = make(tokens, **V2_LITE, dtype=torch.bfloat16, device="cuda")
     static = [t.clone() for t in (x, w, ids)]
     counters = Runtime("cuda").counters
-    if config is None:
-        run = lambda *a: experts(*a, gu, dn, mlp, impl="triton", counters=counters)  # noqa: E731
-    else:
-        run = lambda *a: fused_experts(*a, gu, dn, mlp.gate_up, mlp.down, config,  # noqa: E731
-                                       counters=counters)
+    run = lambda *a: experts(*a, gu, dn, mlp, impl="triton", counters=counters)  # noqa: E731
     fn = lambda: run(*static)  # noqa: E731
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -419,7 +410,7 @@ def test_cuda_shared_stream_matches_serial(tokens):
 
     def layer(x, on):
         w, ids = route_fused(x, router, None, cfg, runtime.counters)
-        config = dataclasses.replace(pick_config(tokens), fuse_shared=False, shared_stream=on)
+        config = dataclasses.replace(pick_config(tokens), shared_stream=on)
         return fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, config,
                              counters=runtime.counters)
 

@@ -11,7 +11,6 @@ the plan says `uv` (a few rows), part of the merge itself (mla_merge_uv.py).
 """
 
 import torch
-import triton
 from jaxtyping import Float
 from torch import Tensor
 
@@ -63,9 +62,7 @@ def attend_absorbed(
     dtype = cache.dtype
     q_lat, o_lat, part_o, part_lse = workspace.get(
         q_nope.device, dtype, tokens, heads, kv_lora, plan.num_splits)
-    counters = scratch = None
-    if plan.merge == "fused":
-        counters = workspace.counters(q_nope.device, tokens * triton.cdiv(heads, plan.block_h))
+    scratch = None
     if plan.shared_p:
         scratch = workspace.shared_p(q_nope.device, dtype, tokens, heads, plan)
     if new is None:
@@ -74,10 +71,9 @@ def attend_absorbed(
         q_pe = workspace.q_pe(q_nope.device, new.q_pe.dtype, tokens, heads, new.q_pe.shape[-1])
         absorb_prologue(q_nope, w_uk, q_lat, q_pe, cache, new)
     w_uv = w_uv.to(dtype)
-    uv = plan.uv and plan.merge == "tile" and plan.num_splits > 1
+    uv = plan.uv and plan.num_splits > 1
     mla_decode(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, o_lat,
-               part_o, part_lse, counters, scratch, warm=w_uv, merge=not uv,
-               shrunk=workspace.shrunk)
+               part_o, part_lse, scratch, warm=w_uv, merge=not uv, shrunk=workspace.shrunk)
     # Written straight in [tokens, heads, v_head] order (cuBLAS takes the strided output), so
     # o_proj reads it without a transposing copy.
     o = out if out is not None and out.dtype == dtype else torch.empty(

@@ -19,22 +19,21 @@ and empty splits write only lse = -inf, which the merge weighs 0. Workspace buff
 `DecodeWorkspace` the backend owns, allocated at the first (warm-up) call per shape and
 reused, so replays see the same addresses.
 
-Variants (all `DecodePlan` fields, so one benchmark run compares them; `legacy_plan` is the
-first version): `page_tiles` addresses a key tile from one page-table entry when page_size is a
-multiple of block_n (contiguous rows; gathering per key otherwise); `prefetch` loads the next
-tile's page entries one iteration ahead, so the KV tile load no longer waits on a page-table
-load in the same iteration (sm90 compiles then double-buffer it at num_stages 3, where the
-per-iteration table load left a single buffer); `merge` picks the merge (mla_merge.py);
-`pdl` lets the merge launch while the split kernel runs (its programs wait for its end);
-`early` (sm90) launches the split kernel itself while the absorb kernel before it runs: it
-reads the batch's metadata and bulk-prefetches the first cache rows of its chunk into L2
-(`l2_prefetch.py`), then waits for the absorbed query and the new rows; `warm` has the merge,
-launched early, prefetch W_UV into L2 for the product after it; `uv` fuses that product into
-the merge (mla_merge_uv.py: o written directly, no o_lat, no bmm launch);
-`shared_p` hands p and the rescale factor to the value product through per-program scratch
-(`p_scratch.through_memory`), so that at 64 heads a program the two warpgroups split the score
-tile instead of both computing it; `ws` (sm90, 64 heads a program) runs the split in
-mla_decode_ws.py's warp-specialised Gluon kernel instead (same partials, same merges).
+A key tile is addressed from one page-table entry when page_size is a multiple of block_n
+(contiguous rows; gathered per key otherwise), and the next tile's page entries load one
+iteration ahead, so the KV tile load never waits on a page-table load in the same iteration
+(sm90 compiles double-buffer it at num_stages 3). The merge (mla_merge.py) launches while the
+split kernel runs (sm90, programmatic dependent launch; its programs wait for its end).
+Variants (`DecodePlan` fields, so one benchmark run compares them): `early` (sm90) launches
+the split kernel itself while the absorb kernel before it runs: it reads the batch's metadata
+and bulk-prefetches the first cache rows of its chunk into L2 (`l2_prefetch.py`), then waits
+for the absorbed query and the new rows; `warm` has the merge, launched early, prefetch W_UV
+into L2 for the product after it; `uv` fuses that product into the merge (mla_merge_uv.py: o
+written directly, no o_lat, no bmm launch); `shared_p` hands p and the rescale factor to the
+value product through per-program scratch (`p_scratch.through_memory`), so that at 64 heads a
+program the two warpgroups split the score tile instead of both computing it; `ws` (sm90, 64
+heads a program) runs the split in mla_decode_ws.py's warp-specialised Gluon kernel instead
+(same partials, same merge).
 
 The whole absorbed attention around these launches (the absorbed query, the value product) is
 mla_absorbed.py's `attend_absorbed`.
@@ -45,13 +44,11 @@ from typing import no_type_check
 import torch
 import triton
 import triton.language as tl
-from jaxtyping import Int
 from torch import Tensor
 from triton.runtime.errors import OutOfResources
 
 from mla_func.kernels.attention.decode_plan import (
     MAX_SPLITS,
-    MERGES,
     DecodePlan,
     DecodeWorkspace,
     LatentRows,
@@ -61,7 +58,6 @@ from mla_func.kernels.attention.decode_plan import (
     RopeRows,
     RowIndex,
     effective_plan,
-    legacy_plan,
     num_sms,
     pdl,
     plan_decode,
@@ -71,15 +67,14 @@ from mla_func.kernels.attention.decode_plan import (
 )
 from mla_func.kernels.attention.decode_ws import decode_ws
 from mla_func.kernels.attention.decode_ws import supported as ws_supported
-from mla_func.kernels.attention.merge import launch_merge, merge_shape, merge_tile, split_chunk
+from mla_func.kernels.attention.merge import launch_merge, split_chunk
 from mla_func.kernels.attention.p_scratch import through_memory
-from mla_func.kernels.launch.counters import last_to_arrive
 from mla_func.kernels.launch.l2_prefetch import prefetch_rows
 from mla_func.kernels.launch.pdl import supported as pdl_supported
 from mla_func.ops.attention import CacheLayer
 
-__all__ = ["MAX_SPLITS", "MERGES", "DecodePlan", "DecodeWorkspace", "effective_plan",
-           "legacy_plan", "mla_decode", "num_sms", "plan_decode"]
+__all__ = ["MAX_SPLITS", "DecodePlan", "DecodeWorkspace", "effective_plan", "mla_decode",
+           "num_sms", "plan_decode"]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -103,15 +98,13 @@ def _tile_pages(pt, n0, nn, end, page_size, max_pages, PAGE_TILES: tl.constexpr)
 @triton.jit(do_not_specialize=["s_pt", "max_pages", "num_splits"])  # fewer compiled variants
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _split_kernel(
-    q_lat, q_pe, cache, page_table, token_seq, positions, part_o, part_lse, out, counters,
+    q_lat, q_pe, cache, page_table, token_seq, positions, part_o, part_lse, out,
     p_buf, a_buf, sq_h, sq_t, sp_t, sp_h, s_row, s_pt, so_h, so_t,
     heads, kv_lora, rope, page_size, max_pages, scale_log2, num_splits,
     SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, PAGE_TILES: tl.constexpr,
-    PREFETCH: tl.constexpr, FUSED: tl.constexpr, FUSED_H: tl.constexpr,
-    SPLITS_P2: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr, SHARED_P: tl.constexpr,
-    ASM_SYNC: tl.constexpr, EARLY: tl.constexpr = False, L2_KEYS: tl.constexpr = 0,
-    ROW_BYTES: tl.constexpr = 0,
+    PDL: tl.constexpr, SHARED_P: tl.constexpr, ASM_SYNC: tl.constexpr,
+    EARLY: tl.constexpr = False, L2_KEYS: tl.constexpr = 0, ROW_BYTES: tl.constexpr = 0,
 ):
     if PDL:  # the merge may launch once every program has started; it waits for our end
         tl.extra.cuda.gdc_launch_dependents()
@@ -140,8 +133,7 @@ def _split_kernel(
     # Page tiles: loop-invariant offsets from one scalar row base per tile.
     kv_off = nn[:, None] * s_row + c[None, :]
     kp_off = nn[:, None] * s_row + kv_lora + r[None, :]
-    if PREFETCH:
-        nxt = _tile_pages(pt, start, nn, end, page_size, max_pages, PAGE_TILES)
+    nxt = _tile_pages(pt, start, nn, end, page_size, max_pages, PAGE_TILES)
     if EARLY:  # launched while the absorb kernel runs: the batch's metadata and the old cache
         if L2_KEYS > 0:  # rows are ready, its q_lat, q_pe and new rows are not yet
             if hb == 0:  # the other head blocks read the same rows
@@ -160,11 +152,8 @@ def _split_kernel(
     for n0 in range(start, end, BLOCK_N):
         n = n0 + nn
         nm = n < end
-        if PREFETCH:
-            page = nxt
-            nxt = _tile_pages(pt, n0 + BLOCK_N, nn, end, page_size, max_pages, PAGE_TILES)
-        else:
-            page = _tile_pages(pt, n0, nn, end, page_size, max_pages, PAGE_TILES)
+        page = nxt  # loaded one iteration ahead
+        nxt = _tile_pages(pt, n0 + BLOCK_N, nn, end, page_size, max_pages, PAGE_TILES)
         if PAGE_TILES:  # n0 is a multiple of BLOCK_N, which divides page_size
             tile = cache + (page.to(tl.int64) * page_size + n0 % page_size) * s_row
             kv_ptr = tile + kv_off
@@ -205,18 +194,6 @@ def _split_kernel(
         tl.store(part_lse + base, lse, mask=hm)  # -inf from empty splits: they weigh 0
         tl.store(part_o + base[:, None] * kv_lora + c[None, :], o,
                  mask=(hm & live)[:, None] & cm[None, :])
-        if FUSED:
-            # The last program of this (row, head block) to arrive merges (empty splits
-            # arrive too).
-            cnt = counters + t * tl.num_programs(0) + hb
-            if last_to_arrive(cnt, num_splits):
-                active = tl.cdiv(kv_len, chunk)
-                for h0 in tl.static_range(0, BLOCK_H, FUSED_H):
-                    hf = hb * BLOCK_H + h0 + tl.arange(0, FUSED_H)
-                    merge_tile(part_o, part_lse, out, t, hf, hf < heads, c, cm, so_h, so_t,
-                               heads, kv_lora, num_splits, active, FUSED_H, BLOCK_C,
-                               SPLITS_P2, CHUNK, ".cg")
-                tl.store(cnt, 0)  # zero again for the next launch (and graph replay)
 
 
 def mla_decode(
@@ -231,17 +208,15 @@ def mla_decode(
     out: LatentRows,
     part_o: PartialO,
     part_lse: PartialLse,
-    counters: Int[Tensor, " _"] | None = None,
     scratch: tuple[Tensor, Tensor] | None = None,
     warm: Tensor | None = None,
     merge: bool = True,
     shrunk: dict[DecodePlan, DecodePlan] | None = None,
 ) -> LatentRows:
     """o_lat[h, t] = softmax over keys 0..positions[t] of sequence token_seq[t]; into `out`.
-    `counters` (zeros, at least tokens x head blocks): needed by the fused merge only.
     `scratch` (p in the cache dtype, alpha in fp32; `DecodeWorkspace.shared_p`): needed by
     plan.shared_p only. `warm`: what plan.warm prefetches into L2 (the next product's
-    weights). `merge` False: a "tile" merge is left to the caller (`mla_merge_uv`), which
+    weights). `merge` False: the merge is left to the caller (`mla_merge_uv`), which
     reads the partials; `out` is then written only by a single split. `shrunk`: where plans
     that ran out of resources are recorded (`DecodeWorkspace.shrunk`; default: nowhere)."""
     assert q_lat.stride(-1) == 1 and q_pe.stride(-1) == 1 and out.stride(-1) == 1
@@ -249,29 +224,27 @@ def mla_decode(
     shrunk = {} if shrunk is None else shrunk
     plan = effective_plan(plan, shrunk)
     if plan.ws and ws_supported(cache, q_lat.shape[0], plan.block_n):  # mla_decode_ws.py
-        assert plan.merge != "fused", "the warp-specialised kernel has no fused merge"
         decode_ws(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan.num_splits,
                   plan.block_n, plan.num_stages, out, part_o, part_lse,
                   plan.early and pdl_supported(q_lat.device))
     else:
         plan = _launch_split(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan,
-                             out, part_o, part_lse, counters, scratch, shrunk)
-    if plan.num_splits > 1 and plan.merge != "fused" and (merge or plan.merge != "tile"):
-        launch_merge(plan.merge, plan.merge_heads, plan.merge_cols, plan.block_n, part_o,
-                     part_lse, positions, out, pdl(plan, q_lat.device),
+                             out, part_o, part_lse, scratch, shrunk)
+    if plan.num_splits > 1 and merge:
+        launch_merge(plan.block_n, part_o, part_lse, positions, out, pdl(plan, q_lat.device),
                      warm if plan.warm else None)
     return out
 
 
 def _launch_split(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, out,
-                  part_o, part_lse, counters, scratch, shrunk) -> DecodePlan:
+                  part_o, part_lse, scratch, shrunk) -> DecodePlan:
     """Launch the Triton split kernel; the plan it ran (smaller tiles where `plan` ran out of
     resources)."""
     while True:
         try:
             grid, args, kwargs = split_launch(q_lat, q_pe, cache, page_table, token_seq,
                                               positions, scale, plan, out, part_o, part_lse,
-                                              counters, scratch)
+                                              scratch)
             _split_kernel[grid](*args, **kwargs)
             return plan
         except OutOfResources:
@@ -284,23 +257,15 @@ def _launch_split(q_lat, q_pe, cache, page_table, token_seq, positions, scale, p
 def split_launch(q_lat: LatentRows, q_pe: RopeRows, cache: CacheLayer, page_table: PageTable,
                  token_seq: RowIndex, positions: RowIndex, scale: float, plan: DecodePlan,
                  out: LatentRows, part_o: PartialO, part_lse: PartialLse,
-                 counters: Int[Tensor, " _"] | None,
                  scratch: tuple[Tensor, Tensor] | None = None) -> tuple[tuple, tuple, dict]:
     """(grid, arguments, keyword arguments) of the split kernel for `plan` (the sm90 compile
     test reads the same)."""
     heads, tokens, kv_lora = q_lat.shape
     splits = plan.num_splits
-    assert plan.merge in MERGES, plan.merge
     if splits > 1:
         assert part_o.shape[2] == splits and part_lse.shape[2] == splits
     head_blocks = _cdiv(heads, plan.block_h)
-    fused = splits > 1 and plan.merge == "fused"
     block_c = triton.next_power_of_2(kv_lora)
-    fused_h, p2, chunk = 1, 1, 1  # constant unless fused: no recompiles per split count
-    if fused:
-        assert counters is not None and counters.numel() >= tokens * head_blocks
-        fused_h, _, chunk = merge_shape(plan.block_h, kv_lora, splits, 16, kv_lora)
-        p2 = triton.next_power_of_2(splits)
     p_buf, a_buf = part_lse, part_lse  # unused unless shared_p
     if plan.shared_p:
         assert scratch is not None, "plan.shared_p needs the scratch buffers"
@@ -309,15 +274,14 @@ def split_launch(q_lat: LatentRows, q_pe: RopeRows, cache: CacheLayer, page_tabl
         assert p_buf.dtype == cache.dtype and a_buf.dtype == torch.float32
         assert p_buf.numel() >= p_numel and a_buf.numel() >= a_numel
     args = (q_lat, q_pe, cache, page_table, token_seq, positions, part_o, part_lse, out,
-            counters if fused else part_lse, p_buf, a_buf,
+            p_buf, a_buf,
             q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1), cache.stride(1),
             page_table.stride(0), out.stride(0), out.stride(1), heads, kv_lora, q_pe.shape[-1],
             cache.shape[1], page_table.shape[1], scale * 1.4426950408889634, splits)
     kwargs = dict(
         SPLIT=splits > 1, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, BLOCK_C=block_c,
         BLOCK_R=max(16, triton.next_power_of_2(q_pe.shape[-1])),
-        PAGE_TILES=plan.page_tiles and cache.shape[1] % plan.block_n == 0,
-        PREFETCH=plan.prefetch, FUSED=fused, FUSED_H=fused_h, SPLITS_P2=p2, CHUNK=chunk,
+        PAGE_TILES=cache.shape[1] % plan.block_n == 0,
         PDL=pdl(plan, q_lat.device), SHARED_P=plan.shared_p, ASM_SYNC=cache.is_cuda,
         num_warps=plan.num_warps, num_stages=plan.num_stages)
     if plan.early and pdl_supported(q_lat.device):

@@ -66,29 +66,14 @@ class DecodePlan:
     block_n: int
     num_warps: int
     num_stages: int
-    page_tiles: bool = False  # one page-table entry per key tile (page_size % block_n == 0)
-    prefetch: bool = False  # page entries of the next key tile loaded one iteration ahead
-    merge: str = "tile"  # "tile" (vectorised), "serial" (first version) or "fused"
-    merge_heads: int = 1  # "tile": heads per merge program
-    merge_cols: int = 0  # "tile": latent columns per merge program (0: all splits in one tile)
-    pdl: bool = False  # "tile": launch the merge as a programmatic dependent of the split (sm90)
     shared_p: bool = False  # score -> value product through scratch: no duplicate score tile
     early: bool = False  # sm90: launch while the absorb kernel runs, warm L2, then wait
-    warm: bool = False  # "tile" merge launched early: it warms L2 with W_UV before it waits
-    uv: bool = False  # "tile" merge fused with the W_UV product (mla_merge_uv): no o_lat
+    warm: bool = False  # the merge, launched early, warms L2 with W_UV before it waits
+    uv: bool = False  # the merge fused with the W_UV product (mla_merge_uv): no o_lat
     # sm90, 64 heads a program: the warp-specialised Gluon split kernel (mla_decode_ws.py), where
     # it takes the cache (`mla_decode_ws.supported`: bf16, 576-wide rows); the Triton kernel
     # runs the plan elsewhere.
     ws: bool = False
-
-
-MERGES = ("tile", "serial", "fused")
-
-
-def legacy_plan(plan: DecodePlan) -> DecodePlan:
-    """`plan` as the first version ran it: per-key page gather, no prefetch, serial merge."""
-    return replace(plan, page_tiles=False, prefetch=False, merge="serial", pdl=False,
-                   early=False, warm=False, uv=False, ws=False)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -96,13 +81,12 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def plan_decode(
-    num_rows: int, max_seq_len: int, num_sms: int, heads: int = 16,
-    block_h: int | None = None, block_n: int | None = None, waves: int = 2,
-    page_size: int = 64, ws: bool = False,
+    num_rows: int, max_seq_len: int, num_sms: int, heads: int = 16, page_size: int = 64,
+    ws: bool = False,
 ) -> DecodePlan:
     """The launch shape for `num_rows` query rows (the bucket) whose keys may reach
     `max_seq_len` (the cache capacity of one sequence, not any real length): the fewest splits
-    that keep `waves` programs per SM busy, at most one per key block of the capacity; one
+    that keep two programs per SM busy, at most one per key block of the capacity; one
     wave where the splits would cover fewer than TWO_WAVE_KEYS keys (16 heads a program).
 
     Tiles: 16 heads x 32 keys x 576 (4 warps); 64 heads per program (8 warps) above 16 heads,
@@ -117,7 +101,7 @@ def plan_decode(
     4096: 232 us with 64-key tiles, 194 us with the first version's 32-key plan). At 64 heads
     per program 64-key tiles at 2 stages from 1024 keys a split (docs/DECISIONS.md, `plan_decode`
     64-key tiles; shorter splits, B=1 and pages under 64 keys were not measured and keep 32-key
-    tiles at 3 stages). The tile merge launches as a programmatic dependent of the split kernel
+    tiles at 3 stages). The merge launches as a programmatic dependent of the split kernel
     (sm90+): about 1 us less at B=1, the same elsewhere. 64-head programs hand p to the value
     product through scratch (`shared_p`, 64-key tiles) where that measured faster
     (`_shared_p_pays`). `early`: on sm90 the split kernel launches while the absorb kernel
@@ -127,32 +111,28 @@ def plan_decode(
     docs/DECISIONS.md, `DecodePlan.early`.
 
     `ws`: the device runs the warp-specialised kernel (mla_decode_ws.py, sm90): above 16
-    heads and with default tiles, the plan is `_ws_plan`'s where its splits cover WS_MIN_KEYS
-    keys or more."""
-    if ws and heads > 16 and block_h in (None, 64) and block_n is None:
+    heads the plan is `_ws_plan`'s where its splits cover WS_MIN_KEYS keys or more."""
+    if ws and heads > 16:
         plan = _ws_plan(num_rows, max_seq_len, num_sms, heads)
         if max_seq_len >= WS_MIN_KEYS * plan.num_splits:
             return plan
-    if block_h is None:
-        block_h = 16 if heads <= 16 else 64
+    block_h = 16 if heads <= 16 else 64
     num_warps = 4 if block_h <= 16 else 8
-    most = max(1, min(MAX_SPLITS, _cdiv(max(1, max_seq_len), block_n or 32)))
+    most = max(1, min(MAX_SPLITS, _cdiv(max(1, max_seq_len), 32)))
     programs = max(1, num_rows) * _cdiv(heads, block_h)
-    splits = _fill_splits(programs, most, num_sms * waves)
-    filled = programs * splits >= FILL * num_sms * waves  # not bound by the capacity
+    splits = _fill_splits(programs, most, num_sms * 2)
+    filled = programs * splits >= FILL * num_sms * 2  # not bound by the capacity
     if block_h <= 16 and filled and max_seq_len < TWO_WAVE_KEYS * splits:
         splits = _fill_splits(programs, most, num_sms)
-    shared_p = block_h > 16 and block_n is None and _shared_p_pays(splits, max_seq_len)
+    shared_p = block_h > 16 and _shared_p_pays(splits, max_seq_len)
     if shared_p and splits == 1:
         splits = 2
     long_keys = 2048 if block_h <= 16 else 1024
     long_splits = max_seq_len / splits >= long_keys and page_size % 64 == 0
-    if block_n is None:
-        block_n = 64 if long_splits or shared_p else 32
+    block_n = 64 if long_splits or shared_p else 32
     stages = 3 if block_n < 64 else 2  # 64-key tiles: a third stage does not fit at 64 heads
-    return DecodePlan(splits, block_h, block_n, num_warps, num_stages=stages, page_tiles=True,
-                      prefetch=True, merge="tile", pdl=True, shared_p=shared_p, early=True,
-                      warm=num_rows <= WARM_MAX_ROWS,
+    return DecodePlan(splits, block_h, block_n, num_warps, num_stages=stages,
+                      shared_p=shared_p, early=True, warm=num_rows <= WARM_MAX_ROWS,
                       uv=num_rows <= UV_MAX_ROWS and heads <= UV_MAX_HEADS)
 
 
@@ -173,8 +153,7 @@ def _ws_plan(num_rows: int, max_seq_len: int, num_sms: int, heads: int) -> Decod
     block_n = 32
     most = max(1, min(MAX_SPLITS, _cdiv(max(1, max_seq_len), block_n)))
     splits = _fill_splits(max(1, num_rows) * _cdiv(heads, 64), most, num_sms)
-    return DecodePlan(splits, 64, block_n, num_warps=4, num_stages=4, page_tiles=True,
-                      prefetch=True, merge="tile", pdl=True, ws=True,
+    return DecodePlan(splits, 64, block_n, num_warps=4, num_stages=4, ws=True,
                       early=num_rows <= WS_EARLY_MAX_ROWS, warm=num_rows <= WARM_MAX_ROWS,
                       uv=num_rows <= UV_MAX_ROWS and heads <= UV_MAX_HEADS)
 
@@ -217,9 +196,8 @@ def shrink(plan: DecodePlan, smaller: DecodePlan, shrunk: Shrunk) -> DecodePlan:
 
 
 def pdl(plan: DecodePlan, device: torch.device) -> bool:
-    """Programmatic dependent launch of the tile merge (sm90+), only where a separate merge
-    follows."""
-    return plan.pdl and plan.merge == "tile" and plan.num_splits > 1 and pdl_supported(device)
+    """Programmatic dependent launch of the merge (sm90+), only where a merge follows."""
+    return plan.num_splits > 1 and pdl_supported(device)
 
 
 def shared_p_numel(plan: DecodePlan, rows: int, heads: int) -> tuple[int, int]:
@@ -291,9 +269,9 @@ class DecodeWorkspace:
         return self._take("shares", device, torch.float32, (numel,))
 
     def counters(self, device: torch.device, n: int) -> Tensor:
-        """n arrival counters for the fused merges (in the split kernel, `mla_merge_uv`), zero at
-        allocation; each launch leaves them zero (the last program of a (row, head block) or a
-        (row, head) resets its own)."""
+        """n arrival counters for the merge fused with W_UV (`mla_merge_uv`), zero at
+        allocation; each launch leaves them zero (the last program of a (row, head) resets its
+        own)."""
         return self._take("counters", device, torch.int32, (n,), zero=True)
 
 

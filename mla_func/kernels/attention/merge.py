@@ -6,15 +6,12 @@ is sum_s 2^(lse_s - top) o_s / sum_s 2^(lse_s - top), top = max_s lse_s (FlashDe
 et al. 2023; FlashMLA). Splits past the row's real length wrote lse = -inf and no o_s: they
 weigh 0, and their o_s (anything, NaN included) is never multiplied in.
 
-`merged` (which `merge_tile` stores) vectorises over splits: it loads [heads, splits, columns]
-tiles (one tile when the splits fit the tile budget, else a chunk of splits at a time) instead
-of one 512-wide row per split in a dependent loop. `_merge_kernel` runs it with one program per
-(row, block of heads, block of columns); at many splits only over those the row's length
-reaches: the split count is fixed per captured bucket for the longest row the page table holds,
-so a short row leaves most splits empty (at 1 row and 8256 keys of capacity, 96 of 128 splits
-for 1024 keys). The split kernel runs it in its last-arriving program (plan.merge "fused").
-`_serial_merge_kernel` is the first version (reads positions, then one split at a time), kept
-for side-by-side timing. Every variant sums in split order within one program: deterministic.
+`merged` (which `merge_tile` stores) vectorises over splits: it loads one [heads, splits,
+columns] tile instead of one 512-wide row per split in a dependent loop. `_merge_kernel` runs
+it with one program per (row, head, block of columns); at many splits only over those the
+row's length reaches: the split count is fixed per captured bucket for the longest row the page
+table holds, so a short row leaves most splits empty (at 1 row and 8256 keys of capacity, 96 of
+128 splits for 1024 keys). It sums in split order within one program: deterministic.
 """
 
 from typing import no_type_check
@@ -25,8 +22,8 @@ from torch import Tensor
 
 from mla_func.kernels.launch.l2_prefetch import prefetch_span
 
-# fp32 elements of one [heads, splits, columns] tile a merge program holds (64 per thread at
-# 4 warps): bounds registers whatever the split count.
+# fp32 elements of one [splits, columns] tile a merge program holds (64 per thread at 4 warps):
+# the column block narrows as the splits grow (to 64 columns at MAX_SPLITS).
 MERGE_TILE = 8192
 # From this many splits on, the tile merge reads a row's length and skips the splits it does not
 # reach; at 8 splits or fewer that costs more than it saves, so the plain form stays there
@@ -55,39 +52,22 @@ def reached_splits(positions, t, num_splits, BLOCK_N: tl.constexpr):
 def merged(
     part_o, part_lse, t, h, hm, c, cm, heads, kv_lora, num_splits, active,
     MERGE_H: tl.constexpr, MERGE_C: tl.constexpr, SPLITS_P2: tl.constexpr,
-    CHUNK: tl.constexpr, CACHE: tl.constexpr,
 ):
     """[MERGE_H, MERGE_C] fp32: the LSE merge of the first `active` splits of row t, for heads
-    `h` (live where `hm`) and columns `c` (live where `cm`). CACHE ".cg" reads from L2
-    (partials other SMs just wrote)."""
+    `h` (live where `hm`) and columns `c` (live where `cm`)."""
     # where(w > 0, ...), not w * o: an empty split's o_s is never written and may be NaN.
     base = (t * heads + h) * num_splits  # [MERGE_H]
     s = tl.arange(0, SPLITS_P2)
     lse = tl.load(part_lse + base[:, None] + s[None, :],
-                  mask=hm[:, None] & (s < active)[None, :], other=float("-inf"),
-                  cache_modifier=CACHE)
+                  mask=hm[:, None] & (s < active)[None, :], other=float("-inf"))
     top = tl.max(lse, 1)
     top = tl.where(top > float("-inf"), top, 0.0)  # heads past `heads`: no NaN from -inf - -inf
     w = tl.exp2(lse - top[:, None])  # [MERGE_H, SPLITS_P2]; masked splits weigh 0
     total = tl.sum(w, 1)
     hcm = hm[:, None, None] & cm[None, None, :]
-    if CHUNK >= SPLITS_P2:  # every split in one tile
-        po = tl.load(part_o + (base[:, None, None] + s[None, :, None]) * kv_lora
-                     + c[None, None, :], mask=hcm & (s < active)[None, :, None], other=0.0,
-                     cache_modifier=CACHE)
-        acc = tl.sum(tl.where(w[:, :, None] > 0, w[:, :, None] * po, 0.0), 1)
-    else:
-        acc = tl.zeros([MERGE_H, MERGE_C], tl.float32)
-        for s0 in range(0, active, CHUNK):
-            sc = s0 + tl.arange(0, CHUNK)
-            live = (sc < active)[None, :]
-            lc = tl.load(part_lse + base[:, None] + sc[None, :], mask=hm[:, None] & live,
-                         other=float("-inf"), cache_modifier=CACHE)
-            po = tl.load(part_o + (base[:, None, None] + sc[None, :, None]) * kv_lora
-                         + c[None, None, :], mask=hcm & live[:, :, None], other=0.0,
-                         cache_modifier=CACHE)
-            wc = tl.exp2(lc - top[:, None])[:, :, None]
-            acc += tl.sum(tl.where(wc > 0, wc * po, 0.0), 1)
+    po = tl.load(part_o + (base[:, None, None] + s[None, :, None]) * kv_lora + c[None, None, :],
+                 mask=hcm & (s < active)[None, :, None], other=0.0)
+    acc = tl.sum(tl.where(w[:, :, None] > 0, w[:, :, None] * po, 0.0), 1)
     safe = tl.where(total > 0, total, 1.0)
     return acc / safe[:, None]
 
@@ -97,11 +77,10 @@ def merged(
 def merge_tile(
     part_o, part_lse, out, t, h, hm, c, cm, so_h, so_t, heads, kv_lora, num_splits, active,
     MERGE_H: tl.constexpr, MERGE_C: tl.constexpr, SPLITS_P2: tl.constexpr,
-    CHUNK: tl.constexpr, CACHE: tl.constexpr,
 ):
     """out[h, t, c] = `merged`, rounded to out's dtype."""
     o = merged(part_o, part_lse, t, h, hm, c, cm, heads, kv_lora, num_splits, active, MERGE_H,
-               MERGE_C, SPLITS_P2, CHUNK, CACHE)
+               MERGE_C, SPLITS_P2)
     tl.store(out + h[:, None] * so_h + t * so_t + c[None, :], o.to(out.dtype.element_ty),
              mask=hm[:, None] & cm[None, :])
 
@@ -110,9 +89,8 @@ def merge_tile(
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _merge_kernel(
     part_o, part_lse, positions, out, warm, warm_bytes, so_h, so_t, heads, kv_lora, num_splits,
-    MERGE_H: tl.constexpr, MERGE_C: tl.constexpr, SPLITS_P2: tl.constexpr,
-    CHUNK: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, ACTIVE: tl.constexpr,
-    WARM: tl.constexpr = False,
+    MERGE_C: tl.constexpr, SPLITS_P2: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr,
+    ACTIVE: tl.constexpr, WARM: tl.constexpr = False,
 ):
     if WARM:  # while the split kernel runs: the next product's weights into L2, this
         part = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) \
@@ -120,7 +98,7 @@ def _merge_kernel(
         parts = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
         prefetch_span(warm, warm_bytes, part, parts, 128)
     t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1) * MERGE_H + tl.arange(0, MERGE_H)
+    h = tl.program_id(1) + tl.arange(0, 1)  # one head: a [1, MERGE_C] tile
     c = tl.program_id(2) * MERGE_C + tl.arange(0, MERGE_C)
     active = num_splits  # splits past the row's keys wrote lse = -inf: they weigh 0
     if ACTIVE:  # ...and are not read. The positions are the split kernel's input.
@@ -128,70 +106,33 @@ def _merge_kernel(
     if PDL:  # launched early (programmatic dependent launch): wait for the split kernel
         tl.extra.cuda.gdc_wait()
     merge_tile(part_o, part_lse, out, t, h, h < heads, c, c < kv_lora, so_h, so_t, heads,
-               kv_lora, num_splits, active, MERGE_H, MERGE_C, SPLITS_P2, CHUNK, "")
+               kv_lora, num_splits, active, 1, MERGE_C, SPLITS_P2)
 
 
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _serial_merge_kernel(
-    part_o, part_lse, positions, out, so_h, so_t, heads, kv_lora, num_splits,
-    SPLITS_P2: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
-):
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    active = reached_splits(positions, t, num_splits, BLOCK_N)
-    base = (t * heads + h) * num_splits
-    sidx = tl.arange(0, SPLITS_P2)
-    lse = tl.load(part_lse + base + sidx, mask=sidx < active, other=float("-inf"))
-    top = tl.max(lse, 0)
-    total = tl.sum(tl.exp2(lse - top), 0)
-    c = tl.arange(0, BLOCK_C)
-    cm = c < kv_lora
-    acc = tl.zeros([BLOCK_C], tl.float32)
-    for s in range(0, active):
-        w = tl.exp2(tl.load(part_lse + base + s) - top)
-        acc += w * tl.load(part_o + (base + s) * kv_lora + c, mask=cm, other=0.0)
-    tl.store(out + h * so_h + t * so_t + c, (acc / total).to(out.dtype.element_ty), mask=cm)
+def merge_cols(kv_lora: int, splits: int) -> int:
+    """MERGE_C of a merge tile: the widest column block (at least 32) whose [splits, columns]
+    tile fits MERGE_TILE, so each program loads its partials at once."""
+    mc = max(32, MERGE_TILE // triton.next_power_of_2(splits))
+    return min(triton.next_power_of_2(mc), triton.next_power_of_2(kv_lora))
 
 
-def merge_shape(heads: int, kv_lora: int, splits: int, merge_heads: int,
-                merge_cols: int) -> tuple[int, int, int]:
-    """(MERGE_H, MERGE_C, CHUNK) of a merge tile. `merge_cols` 0: the widest column block
-    (at least 32) whose tile holds every split, so each program loads once; the split chunk
-    is what the tile budget leaves, at most all splits."""
-    p2 = triton.next_power_of_2(splits)
-    mh = min(triton.next_power_of_2(max(1, merge_heads)), triton.next_power_of_2(heads))
-    mc = merge_cols or max(32, MERGE_TILE // (mh * p2))
-    mc = min(triton.next_power_of_2(mc), triton.next_power_of_2(kv_lora))
-    return mh, mc, min(p2, max(1, MERGE_TILE // (mh * mc)))
-
-
-def launch_merge(merge: str, merge_heads: int, merge_cols: int, block_n: int,
-                 part_o: Tensor, part_lse: Tensor, positions: Tensor, out: Tensor,
+def launch_merge(block_n: int, part_o: Tensor, part_lse: Tensor, positions: Tensor, out: Tensor,
                  pdl: bool = False, warm: Tensor | None = None) -> None:
     """Merge the partials [tokens, heads, splits, kv_lora] into out [heads, tokens, kv_lora]
-    with the "tile" or "serial" kernel (`block_n`: the split kernel's key block, from which
-    they find a row's active splits: the serial merge always, the tile merge from
-    ACTIVE_MIN_SPLITS splits). `pdl`: launch the tile merge as a programmatic dependent of the
-    split kernel (sm90; it triggers it). `warm` (with `pdl`; contiguous, 16-byte aligned and
-    sized): a tensor the tile merge prefetches into L2 before it waits, spread over its
+    (`block_n`: the split kernel's key block, from which it finds a row's active splits from
+    ACTIVE_MIN_SPLITS splits on). `pdl`: launch as a programmatic dependent of the split
+    kernel (sm90; it triggers it). `warm` (with `pdl`; contiguous, 16-byte aligned and
+    sized): a tensor the merge prefetches into L2 before it waits, spread over its
     programs."""
     tokens, heads, splits, kv_lora = part_o.shape
     p2 = triton.next_power_of_2(splits)
-    if merge == "serial":
-        _serial_merge_kernel[(tokens, heads)](
-            part_o, part_lse, positions, out, out.stride(0), out.stride(1), heads, kv_lora,
-            splits, SPLITS_P2=p2, BLOCK_N=block_n, BLOCK_C=triton.next_power_of_2(kv_lora),
-            num_warps=4)
-        return
-    assert merge == "tile", merge
-    mh, mc, chunk = merge_shape(heads, kv_lora, splits, merge_heads, merge_cols)
+    mc = merge_cols(kv_lora, splits)
     nbytes = warm.numel() * warm.element_size() if warm is not None else 0
     warm_ok = (pdl and warm is not None and warm.is_contiguous() and nbytes % 16 == 0
                and warm.data_ptr() % 16 == 0)
-    _merge_kernel[(tokens, triton.cdiv(heads, mh), triton.cdiv(kv_lora, mc))](
+    _merge_kernel[(tokens, heads, triton.cdiv(kv_lora, mc))](
         part_o, part_lse, positions, out, warm if warm_ok else part_lse, nbytes if warm_ok else 0,
         out.stride(0), out.stride(1), heads, kv_lora, splits,
-        MERGE_H=mh, MERGE_C=mc, SPLITS_P2=p2, CHUNK=chunk, PDL=pdl, BLOCK_N=block_n,
+        MERGE_C=mc, SPLITS_P2=p2, PDL=pdl, BLOCK_N=block_n,
         ACTIVE=splits >= ACTIVE_MIN_SPLITS, WARM=warm_ok, num_warps=4,
         **({"launch_pdl": True} if pdl else {}))

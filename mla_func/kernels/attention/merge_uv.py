@@ -7,7 +7,7 @@ a cuBLAS bmm then multiplies it by W_UV into o ([tokens, heads, v_head]): at a f
 bmm is a launch of its own (3-4 us on an H100 for 2 MB of weights) between the merge and
 o_proj. Here one program per (row, head, block of COLS kv_lora columns) merges the row's
 partials for that head and those columns with `mla_merge.merged` (weights 2^(lse_s - top) over
-the splits the row reaches, CHUNK splits at a time; empty splits never read), rounds its
+the splits the row reaches, in one tile; empty splits never read), rounds its
 o_lat columns to the cache dtype as the o_lat buffer would, and multiplies them by the same
 columns of the head's W_UV: its share of o (fp32). It stores the share to scratch; the last
 of the row's programs to arrive (an acq_rel counter, reset by that program) sums the shares in
@@ -33,12 +33,11 @@ import triton.language as tl
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mla_func.kernels.attention import merge as mla_merge
 from mla_func.kernels.attention.merge import ACTIVE_MIN_SPLITS, merged, reached_splits
 from mla_func.kernels.launch.counters import last_to_arrive
 
 # kv_lora columns a program merges (8 programs a row and head at V2/V3's 512; W_UV: 128 x 64 in
-# bf16, 16 KiB); it loads `mla_merge.MERGE_TILE` fp32 partials at a time, as the tile merge.
+# bf16, 16 KiB); it loads the partials of all its splits at once (MAX_SPLITS x 64 fp32 at most).
 # 32 columns were slower at every context (docs/DECISIONS.md, `merge_uv.COLS`).
 COLS = 64
 NUM_WARPS = 4
@@ -50,8 +49,8 @@ def _merge_uv_kernel(
     part_o, part_lse, positions, w_uv, out, shares, counters, heads, kv_lora, v_head,
     num_splits, s_wh, s_wv, so_t, so_h,
     BLOCK_V: tl.constexpr, COLS: tl.constexpr, COL_BLOCKS_P2: tl.constexpr,
-    SPLITS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr,
-    ACTIVE: tl.constexpr, PDL: tl.constexpr,
+    SPLITS_P2: tl.constexpr, BLOCK_N: tl.constexpr, ACTIVE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     if PDL:  # the launch after (the output projection, proj_norm.py) loads its weights now
         tl.extra.cuda.gdc_launch_dependents()
@@ -72,7 +71,7 @@ def _merge_uv_kernel(
         tl.extra.cuda.gdc_wait()
     one = tl.arange(0, 1)  # the merge of one head: a [1, COLS] tile
     o_lat = tl.reshape(merged(part_o, part_lse, t, h + one, one == 0, c, cm, heads, kv_lora,
-                              num_splits, active, 1, COLS, SPLITS_P2, CHUNK, ""), [COLS])
+                              num_splits, active, 1, COLS, SPLITS_P2), [COLS])
     o_lat = o_lat.to(w_uv.dtype.element_ty)  # rounded as the o_lat buffer holds it
     share = tl.sum(wt.to(tl.float32) * o_lat.to(tl.float32)[None, :], 1)  # [BLOCK_V]
     row = t * heads + h
@@ -123,8 +122,7 @@ def merge_uv_launch(
     p2 = triton.next_power_of_2(splits)
     args = (part_o, part_lse, positions, w_uv, out, shares, counters, heads, kv_lora, v_head,
             splits, w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1))
-    kwargs = dict(BLOCK_V=v_p2, COLS=cols, COL_BLOCKS_P2=cb_p2, SPLITS_P2=p2,
-                  CHUNK=min(p2, max(1, mla_merge.MERGE_TILE // cols)), BLOCK_N=block_n,
+    kwargs = dict(BLOCK_V=v_p2, COLS=cols, COL_BLOCKS_P2=cb_p2, SPLITS_P2=p2, BLOCK_N=block_n,
                   ACTIVE=splits >= ACTIVE_MIN_SPLITS, PDL=pdl, num_warps=NUM_WARPS,
                   **({"launch_pdl": True} if pdl else {}))
     return (tokens, heads, n_cb), args, kwargs

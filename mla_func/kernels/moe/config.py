@@ -13,10 +13,9 @@ from dataclasses import dataclass
 class MoEConfig:
     """How to run one static size: one M-tile for both GEMMs; (N, K, warps, stages) per GEMM.
     `direct`: the direct layout (no alignment launch; block_m unused, DIRECT_BLOCK_M rows).
-    `fused_sum` (direct only): the down kernel also sums each token's pairs, one program per
-    N-tile of hidden (so narrow N tiles). `fuse_shared`: shared experts folded in as experts
-    (None: up to FUSE_SHARED_MAX_TOKENS tokens). `pdl` (sm90+): the alignment and the gate_up
-    kernel launch while the router runs; the shared experts' gate_up tiles start at once.
+    The shared experts are folded in as experts up to FUSE_SHARED_MAX_TOKENS tokens, apart
+    beyond. `pdl` (sm90+): the alignment and the gate_up kernel launch while the router runs;
+    the shared experts' gate_up tiles start at once.
     `tma` (aligned layout, shared experts apart): the expert weights, and `act` in the down
     GEMM, are read through TMA tensor descriptors instead of pointer loads.
     `shared_stream` (shared experts apart): they run on a side CUDA stream, beside the
@@ -30,15 +29,13 @@ class MoEConfig:
     `inline_align` (aligned layout): no alignment launch; each gate_up program
     finds its routed M-tile from the routing itself (`moe_inline_align`, O(block_m x pairs)
     a program) and the first N-tile's programs write the tile table the down GEMM reads.
-    `last_sum` (direct layout, not `fused_sum`): no sum launch; the down GEMM's programs sum
+    `last_sum` (direct layout): no sum launch; the down GEMM's programs sum
     the pairs (and add + norm) as their tail (`moe_sum.last_sum`): the same bits."""
 
     block_m: int
     gate_up: tuple[int, int, int, int]
     down: tuple[int, int, int, int]
     direct: bool = False
-    fused_sum: bool = False
-    fuse_shared: bool | None = None
     pdl: bool = False
     tma: bool = False
     shared_stream: bool = False

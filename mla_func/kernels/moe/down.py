@@ -2,8 +2,7 @@
 in vLLM's `fused_moe` Triton kernel): (act W_down^T) times each pair's routing weight, written
 to the pair's own row of a [pairs, hidden] buffer (no atomic reduction: deterministic, replayed
 bit-identically), which the pair sum (`moe_sum.py`) adds up per token; at a few tokens with that
-sum as its programs' tail (`moe_sum.last_sum`), and the direct layout's form that also sums each
-token's pairs in one launch (`down_sum_kernel`). `act` is the gate_up GEMM's output
+sum as its programs' tail (`moe_sum.last_sum`). `act` is the gate_up GEMM's output
 (`moe_gate_up.py`). Operands and layouts: `moe_gemm.py`; the tiles and the launch:
 `fused_moe.fused_experts`.
 """
@@ -15,7 +14,7 @@ import triton.language as tl
 
 from mla_func.kernels.moe.gemm import expert_base, k_masks
 from mla_func.kernels.moe.pair_sum import last_sum
-from mla_func.kernels.moe.tile import direct_tile, tail_tile, tile
+from mla_func.kernels.moe.tile import tail_tile, tile
 
 
 @triton.jit
@@ -180,37 +179,3 @@ def down_kernel(
             last_sum(out_ptr, extra_ptr, sum_ptr, res_ptr, y_ptr, nw_ptr, counter_ptr, pid_n,
                      tl.num_programs(0), tl.num_programs(1), n_tokens, n_hidden, eps,
                      PAIRS_PER_TOKEN, HAS_EXTRA, ADD_NORM, BLOCK_N, SUM_BLOCK, NORM)
-
-
-@triton.jit(do_not_specialize=["n_tokens", "n_tiles"])
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def down_sum_kernel(
-    act_ptr, w_ptr, ws_ptr, out_ptr, extra_ptr, weights_ptr, ids_ptr,
-    n_tokens, topk, n_tiles, n_hidden, n_inter, n_routed,
-    stride_we, stride_wn, stride_se, stride_sn,
-    PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_EXTRA: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
-    """Direct layout only: one program per N-tile runs every M-tile in order and sums the
-    tokens' rows (row r is token r in every tile; other rows add exact zeros), in the order
-    and the rounding of `sum_kernel`: same result, no [pairs, hidden] buffer, one launch."""
-    n0 = tl.program_id(0) * BLOCK_N
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < n_hidden
-    rows = tl.arange(0, BLOCK_M)
-    out_offs = rows.to(tl.int64)[:, None] * n_hidden + offs_n[None, :]
-    out_ok = (rows < n_tokens)[:, None] & n_ok[None, :]
-    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if HAS_EXTRA:  # the shared experts' output, when computed apart
-        total += tl.load(extra_ptr + out_offs, mask=out_ok, other=0.0).to(tl.float32)
-    for q in range(0, n_tiles):
-        e, pair, row_ok = direct_tile(q, ids_ptr, n_tokens, topk, n_routed, PAIRS_PER_TOKEN,
-                                      BLOCK_M)
-        acc = _down_tile(act_ptr, w_ptr, ws_ptr, None, None, q * BLOCK_M, e, row_ok, n0, n_ok,
-                         n_hidden, n_inter, n_routed, stride_we, stride_wn, stride_se,
-                         stride_sn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, False)
-        y = _weighted(acc, pair, row_ok, weights_ptr, topk, act_ptr.dtype.element_ty,
-                      PAIRS_PER_TOKEN)
-        total += y.to(out_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=out_ok)

@@ -33,9 +33,7 @@ token count (`moe_config.pick_config`), never autotuned at run time (graph captu
 
 Direct path (`MoEConfig.direct`, decode at a few tokens): the M-tiles are read off `ids` in the
 kernels (`moe_tile.direct_tile`: one routed pair per tile, one tile per shared expert), so step
-1 is gone; at 2+ tokens an expert that two tokens pick is read twice. With `fused_sum`, step 4
-goes too: `down_sum_kernel` (one program per N-tile of `hidden`) runs every M-tile in a fixed
-order and sums each token's pairs as `sum_kernel` does: the same bits, two launches in all.
+1 is gone; at 2+ tokens an expert that two tokens pick is read twice.
 
 The shared experts' M-tiles need no routing: they sit at fixed places in both layouts (the last
 tiles of the direct layout, the first of the aligned one, `moe_tile.shared_tile`). With `pdl`
@@ -77,7 +75,7 @@ from mla_func.kernels.moe.config import (
     MoEConfig,
     pick_config,
 )
-from mla_func.kernels.moe.down import down_kernel, down_sum_kernel
+from mla_func.kernels.moe.down import down_kernel
 from mla_func.kernels.moe.gate_up import gate_up_kernel
 from mla_func.kernels.moe.inline_align import MAX_PAIRS as INLINE_MAX_PAIRS
 from mla_func.kernels.moe.pair_sum import sum_kernel
@@ -166,7 +164,7 @@ def fused_experts(
     if counters is None:
         counters = Runtime(x.device).counters
     cfg = config or pick_config(tokens)
-    fold = tokens <= FUSE_SHARED_MAX_TOKENS if cfg.fuse_shared is None else cfg.fuse_shared
+    fold = tokens <= FUSE_SHARED_MAX_TOKENS
     x, ids, weights = x.contiguous(), ids.contiguous(), weights.contiguous()
     apart = shared_gate_up is not None and (not fold or shared_down.shape[1] % n_inter)
     shared = (shared_gate_up, shared_down) if apart else None
@@ -195,19 +193,17 @@ def fused_experts(
         raise ValueError("MoEConfig.shared_stream needs the shared experts apart")
     if cfg.direct and tokens > DIRECT_BLOCK_M:
         raise ValueError(f"the direct path takes at most {DIRECT_BLOCK_M} tokens")
-    if cfg.fused_sum and not cfg.direct:
-        raise ValueError("fused_sum needs the direct layout (MoEConfig.direct)")
-    if cfg.last_sum and (not cfg.direct or cfg.fused_sum):
-        raise ValueError("last_sum needs the direct layout (MoEConfig.direct), not fused_sum")
+    if cfg.last_sum and not cfg.direct:
+        raise ValueError("last_sum needs the direct layout (MoEConfig.direct)")
     if add_norm is not None and (add_norm[0].shape != x.shape or add_norm[0].dtype != x.dtype):
         raise ValueError(f"add_norm: the residual is {tuple(add_norm[0].shape)} "
                          f"{add_norm[0].dtype}; the experts' output {tuple(x.shape)} {x.dtype}")
 
-    # The add+norm in the sum (a row in one program's registers; not with the fused sum).
+    # The add+norm in the sum (a row in one program's registers).
     y = residual = weight = eps = None
     if add_norm is not None:
         residual, weight, eps = add_norm
-        if not cfg.fused_sum and n_hidden <= ADD_NORM_MAX_WIDTH:
+        if n_hidden <= ADD_NORM_MAX_WIDTH:
             y = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype),
                             device=x.device)
 
@@ -255,30 +251,27 @@ def fused_experts(
         out = torch.empty_like(x)
         bn, bk, warps, stages = _fit(cfg.down, n_hidden, n_inter)
         strides = (down.stride(0), down.stride(1), s_down.stride(0), s_down.stride(1))
-        if not cfg.fused_sum:
-            buf = torch.empty(tokens * pairs_per_token, n_hidden, dtype=x.dtype,
-                              device=x.device)
-            descs = (None, None, None)
-            if cfg.tma:  # act (whole tiles, and the tails' half tiles), down
-                half = _desc(act, [bm // 2, bk]) if cfg.merge_tail else None
-                descs = (_desc(act, [bm, bk]), half, _desc(down, [bn, bk]))
-            n_n = triton.cdiv(n_hidden, bn)
-            tail = {}
-            if cfg.last_sum:  # the pair sum (+ add and norm) as the programs' tail
-                norm = dict(res_ptr=residual.contiguous(), y_ptr=y, nw_ptr=weight, eps=eps
-                            ) if y is not None else {}
-                tail = dict(
-                    sum_ptr=out, extra_ptr=extra,
-                    counter_ptr=_last_sum_counters(counters, n_n),
-                    **norm, LAST_SUM=True, HAS_EXTRA=extra is not None, ADD_NORM=y is not None,
-                    SUM_BLOCK=triton.next_power_of_2(n_hidden),
-                    TRIGGER=pdl and trigger,
-                    NORM=not (defer_norm and normalises(tokens, n_hidden)))
-            down_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
-                act, down, s_down, *descs, buf, weights, *tiles, n_hidden, n_inter, n_routed,
-                *strides, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0,
-                DIRECT=cfg.direct, **common, TMA=cfg.tma, MERGE_TAIL=cfg.merge_tail,
-                num_warps=warps, num_stages=stages, **tail)
+        buf = torch.empty(tokens * pairs_per_token, n_hidden, dtype=x.dtype, device=x.device)
+        descs = (None, None, None)
+        if cfg.tma:  # act (whole tiles, and the tails' half tiles), down
+            half = _desc(act, [bm // 2, bk]) if cfg.merge_tail else None
+            descs = (_desc(act, [bm, bk]), half, _desc(down, [bn, bk]))
+        n_n = triton.cdiv(n_hidden, bn)
+        tail = {}
+        if cfg.last_sum:  # the pair sum (+ add and norm) as the programs' tail
+            norm = dict(res_ptr=residual.contiguous(), y_ptr=y, nw_ptr=weight, eps=eps
+                        ) if y is not None else {}
+            tail = dict(
+                sum_ptr=out, extra_ptr=extra, counter_ptr=_last_sum_counters(counters, n_n),
+                **norm, LAST_SUM=True, HAS_EXTRA=extra is not None, ADD_NORM=y is not None,
+                SUM_BLOCK=triton.next_power_of_2(n_hidden),
+                TRIGGER=pdl and trigger,
+                NORM=not (defer_norm and normalises(tokens, n_hidden)))
+        down_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
+            act, down, s_down, *descs, buf, weights, *tiles, n_hidden, n_inter, n_routed,
+            *strides, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0,
+            DIRECT=cfg.direct, **common, TMA=cfg.tma, MERGE_TAIL=cfg.merge_tail,
+            num_warps=warps, num_stages=stages, **tail)
     finally:
         if side is not None:
             main.wait_stream(side)  # the join: `extra` is read below, on this stream
@@ -294,12 +287,6 @@ def fused_experts(
             n_hidden, eps, PAIRS_PER_TOKEN=pairs_per_token, HAS_EXTRA=extra is not None,
             ADD_NORM=True, BLOCK=triton.next_power_of_2(n_hidden), PDL=pdl_supported(x.device),
             num_warps=4)
-    elif cfg.fused_sum:
-        down_sum_kernel[(triton.cdiv(n_hidden, bn),)](
-            act, down, s_down, out, out if extra is None else extra, weights, ids,
-            tokens, topk, n_tiles, n_hidden, n_inter, n_routed, *strides,
-            BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0, HAS_EXTRA=extra is not None,
-            **common, num_warps=warps, num_stages=stages)
     else:
         block = min(1024, triton.next_power_of_2(n_hidden))
         sum_kernel[(tokens, triton.cdiv(n_hidden, block))](
@@ -310,6 +297,6 @@ def fused_experts(
         return out, y
     if add_norm is None:
         return out
-    # The fused sum's programs own columns, not rows, and a row wider than one program holds
-    # does not fit the sum's add+norm: the add and the norm run after the sum.
+    # A row wider than one program holds does not fit the sum's add+norm: the add and the norm
+    # run after the sum.
     return add_rmsnorm(residual, out, weight, eps)
