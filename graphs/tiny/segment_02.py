@@ -7,13 +7,14 @@ Inputs (of this first occurrence):
     in_2: params.layers.1.attn.o_proj: float32[64, 4, 16]
     in_3: segment 1 output 0: float32[tokens, 64]
     in_4: params.layers.1.post_attn_norm: float32[64]
-    in_5: params.layers.1.mlp.router: float32[8, 64]
-    in_6: params.layers.1.mlp.gate_up: float32[8, 2, 32, 64]
-    in_7: params.layers.1.mlp.down: float32[8, 64, 32]
-    in_8: params.layers.1.mlp.shared.gate_up: float32[2, 32, 64]
-    in_9: params.layers.1.mlp.shared.down: float32[64, 32]
-    in_10: params.layers.2.input_norm: float32[64]
-    in_11: params.layers.2.attn.qkv_a_proj: float32[136, 64]
+    in_5: state.counters: int32[1296]
+    in_6: params.layers.1.mlp.router: float32[8, 64]
+    in_7: params.layers.1.mlp.gate_up: float32[8, 2, 32, 64]
+    in_8: params.layers.1.mlp.down: float32[8, 64, 32]
+    in_9: params.layers.1.mlp.shared.gate_up: float32[2, 32, 64]
+    in_10: params.layers.1.mlp.shared.down: float32[64, 32]
+    in_11: params.layers.2.input_norm: float32[64]
+    in_12: params.layers.2.attn.qkv_a_proj: float32[136, 64]
 Outputs:
     0: float32[tokens, 64] -> segment 3
     1: float32[tokens, 40] -> op 2
@@ -23,32 +24,31 @@ Outputs:
 
 import torch
 
-def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in_10, in_11):
-    # mla_func/model.py:123 in attention_block: return o.flatten(1, 2)
+def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in_10, in_11, in_12):
+    # mla_func/model.py:69 in layer_step: h, x = K.project_add_norm(o.flatten(1, 2), attn.o_proj.flatten(1, 2), h,
     view_default = torch.ops.aten.view.default(in_0, [in_1, 64])
-    # mla_func/model.py:159 in forward: h, x = project_add_norm(o, layer.attn.o_proj.flatten(1, 2), h, layer.post_attn_norm,
     view_default_1 = torch.ops.aten.view.default(in_2, [64, 64])
-    # mla_func/model.py:65 in project_add_norm: return proj_norm.proj_add_rmsnorm(o, w, h, weight, eps)
-    proj_add_rmsnorm_default = torch.ops.mla_func.proj_add_rmsnorm.default(view_default, view_default_1, in_3, in_4, 1e-06)
+    # mla_func/kernel_ops.py:71 in project_add_norm: return _call(proj_norm.proj_add_rmsnorm, opts)(o, w, h, weight, eps, counters)
+    proj_add_rmsnorm_default = torch.ops.mla_func.proj_add_rmsnorm.default(view_default, view_default_1, in_3, in_4, 1e-06, in_5)
     getitem = proj_add_rmsnorm_default[0]
     getitem_1 = proj_add_rmsnorm_default[1]
-    # mla_func/kernels/router.py:259 in route_fused: return moe_route(
-    moe_route_default = torch.ops.mla_func.moe_route.default(getitem_1, in_5, None, 2, 1, 1, 'greedy', False, 1.0)
+    # mla_func/kernels/router/route.py:249 in route_fused: return (call or moe_route)(
+    moe_route_default = torch.ops.mla_func.moe_route.default(getitem_1, in_6, None, in_5, 2, 1, 1, 'greedy', False, 1.0, True, True, True)
     getitem_2 = moe_route_default[0]
     getitem_3 = moe_route_default[1]
-    # mla_func/moe.py:86 in experts_add_norm: return _moe_experts_add_norm_op(
-    moe_experts_add_norm_default = torch.ops.mla_func.moe_experts_add_norm.default(getitem_1, getitem_2, getitem_3, in_6, in_7, in_8, in_9, getitem, in_10, 1e-06, True)
+    # mla_func/kernel_ops.py:107 in experts_add_norm: return _call(moe_experts_add_norm_op, opts)(
+    moe_experts_add_norm_default = torch.ops.mla_func.moe_experts_add_norm.default(getitem_1, getitem_2, getitem_3, in_7, in_8, in_9, in_10, getitem, in_11, 1e-06, True, in_5, True)
     getitem_4 = moe_experts_add_norm_default[0]
     getitem_5 = moe_experts_add_norm_default[1]
-    # mla_func/model.py:84 in norm_linear: return fused_norm_linear.norm_linear(x, h, weight, eps, w)
-    norm_linear_default = torch.ops.mla_func.norm_linear.default(getitem_5, getitem_4, in_10, 1e-06, in_11)
-    # mla_func/model.py:95 in project_qkv_a: q, kv = qkv.split((qkv.shape[1] - cfg.latent_dim, cfg.latent_dim), dim=1)
+    # mla_func/kernel_ops.py:83 in norm_linear: return _call(fused_norm_linear.norm_linear, opts)(x, h, weight, eps, w)
+    norm_linear_default = torch.ops.mla_func.norm_linear.default(getitem_5, getitem_4, in_11, 1e-06, in_12)
+    # mla_func/model.py:39 in project_qkv_a: q, kv = qkv.split((qkv.shape[1] - cfg.latent_dim, cfg.latent_dim), dim=1)
     split_with_sizes_default = torch.ops.aten.split_with_sizes.default(norm_linear_default, [96, 40], 1)
     getitem_6 = split_with_sizes_default[0]
     getitem_7 = split_with_sizes_default[1]
-    # mla_func/model.py:98 in project_qkv_a: return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim)), kv
+    # mla_func/model.py:42 in project_qkv_a: return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim)), kv
     view_default_2 = torch.ops.aten.view.default(getitem_6, [in_1, 4, 24])
-    # mla_func/model.py:119 in attention_block: q[..., :nope], q[..., nope:], kv, cache, layer, attn.kv_a_norm, inv_freq, attn.w_uk,
+    # mla_func/model.py:66 in layer_step: o = attend(q[..., :nope], q[..., nope:], kv, state.cache, i,
     slice_tensor = torch.ops.aten.slice.Tensor(view_default_2, 2, 0, 16)
     slice_tensor_1 = torch.ops.aten.slice.Tensor(view_default_2, 2, 16, 9223372036854775807)
     return (getitem_4, getitem_7, slice_tensor, slice_tensor_1)

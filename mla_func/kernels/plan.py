@@ -159,14 +159,25 @@ class StepPlan:
     decode: DecodePlan | None  # pure decode steps on the triton backend
 
     def summary(self, options: bool = True) -> dict:
-        """The plan as plain JSON values (plan.json); `options` False leaves them out (a
-        table of buckets states them once)."""
+        """The plan as plain JSON values, one line a choice (plan.json); `options` False
+        leaves them out (a table of buckets states them once)."""
         out = asdict(self)
         if not options:
             del out["options"]
-        out["device"] = f"{self.device.type} ({self.device.sms} SMs, sm"\
-                        f"{self.device.capability[0]}{self.device.capability[1]})"
+        major, minor = self.device.capability
+        out["device"] = f"{self.device.type} ({self.device.sms} SMs, sm{major}{minor})"
+        for name in ("router_launch", "moe", "decode"):
+            value = getattr(self, name)
+            out[name] = None if value is None else _label(value)
         return out
+
+
+def _label(choice: object) -> str:
+    """A frozen dataclass of launch choices in one line: its numbers, then the flags set."""
+    values = asdict(choice)
+    parts = [f"{k}={v}" for k, v in values.items() if not isinstance(v, bool)]
+    parts += [k for k, v in values.items() if v is True]
+    return " ".join(str(p).replace(" ", "") for p in parts)
 
 
 def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
