@@ -19,6 +19,8 @@ from mla_func.kernels.attention.decode import (
 )
 from mla_func.kernels.attention.decode_ws import device_ok as ws_device
 from mla_func.kernels.attention.prefill import mha_prefill
+from mla_func.kernels.launch.runtime import Runtime
+from mla_func.kernels.plan import MHA_MIN_QUERY
 from mla_func.ops import attention as ref
 from mla_func.ops.attention import prologue
 
@@ -127,11 +129,14 @@ def test_cuda_backend_decode_step_in_graph_matches_eager():
     kv_norm = 1 + 0.1 * rnd(c)
     inv_freq = (1.0 / 1e4 ** (torch.arange(0, r, 2, device="cuda") / r)).repeat_interleave(2)
 
+    runtime = Runtime("cuda")
+    runtime.own(cache)  # the backend's workspace is the cache's runtime's
+
     def step():
         return torch.ops.mla_func.mla_attention(
-            q_nope, q_pe, kv, cache, 1, kv_norm, inv_freq, w_uk, w_uv, cols["slot_mapping"],
-            cols["token_seq"], cols["positions"], table, seq_lens, batch.host, 0.07, 1.0, 1e-6,
-            "triton")
+            q_nope, q_pe, kv, cache, 1, kv_norm, inv_freq, w_uk, w_uv, 0.07, 1.0, 1e-6,
+            cols["slot_mapping"], cols["token_seq"], cols["positions"], table, seq_lens,
+            batch.host, MHA_MIN_QUERY, "triton")
 
     step()  # warm-up: compile, allocate the workspace
     graph = torch.cuda.CUDAGraph()

@@ -30,6 +30,8 @@ from mla_func.batch import SeqWork, make_batch  # noqa: E402
 from mla_func.kernels.attention.absorbed import attend_absorbed  # noqa: E402
 from mla_func.kernels.attention.decode import plan_decode  # noqa: E402
 from mla_func.kernels.attention.prefill import mha_prefill  # noqa: E402
+from mla_func.kernels.launch.runtime import Runtime  # noqa: E402
+from mla_func.kernels.plan import MHA_MIN_QUERY  # noqa: E402
 from mla_func.ops import attention as ref  # noqa: E402
 
 # ---------------------------------------------------------------- prefill / extend
@@ -76,12 +78,12 @@ def test_prefill_out_of_resources_halves_the_tile_and_says_so(monkeypatch):
     args = (*ref_args(p), 50, 33)
     with pytest.warns(RuntimeWarning, match="ran out of GPU resources at 32 query rows a "
                                             "program; it runs 16"):
-        got = mha_prefill(*args, block_m=32, block_n=16, shrunk=set())
+        got = mha_prefill(*args, block_m=32, block_n=16, shrunk=(shrunk := set()))
     assert seen == [32, 16]
     assert rel_err(got, ref.attend_mha(*ref_args(p))) < TOL
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # said once per size
-        mha_prefill(*args, block_m=32, block_n=16)
+        warnings.simplefilter("error")  # said once per size and record (the backend's)
+        mha_prefill(*args, block_m=32, block_n=16, shrunk=shrunk)
     assert seen == [32, 16, 32, 16]
 
 
@@ -116,15 +118,19 @@ def backend_case(work, page_size, pad_rows=0, seed=0):
     args = [
         rnd(t, h, n), rnd(t, h, r), rnd(t, c + r), rnd(2, 40, page_size, c + r), 1,
         1 + 0.1 * rnd(c), inv_freq.repeat_interleave(2).to(DEV),
-        rnd(h, n, c, s=1 / 4), rnd(h, v, c, s=1 / 6),
+        rnd(h, n, c, s=1 / 4), rnd(h, v, c, s=1 / 6), 0.25, 1.1, 1e-6,
         pad(batch.slot_mapping, -1), pad(batch.token_seq, s), pad(batch.positions, 0),
         table, torch.cat([batch.seq_lens, torch.ones(pad_rows, dtype=torch.int32, device=DEV)]),
-        batch.host, 0.25, 1.1, 1e-6,
+        batch.host, MHA_MIN_QUERY,
     ]
     return batch, args
 
 
-CACHE_ARG = 3  # where backend_case's args hold the cache
+# Where backend_case's args (the op's, `attention.op_args` order) hold the cache and the slots.
+CACHE_ARG, SLOTS_ARG = 3, 12
+# The runtime the "triton" backend's workspace belongs to: the caches these tests make are
+# its own (`Runtime.own`), as a state's cache is its state's.
+RUNTIME = Runtime(DEV)
 
 
 def run_both(args):
@@ -133,6 +139,7 @@ def run_both(args):
     a[CACHE_ARG] = want_cache
     want = torch.ops.mla_func.mla_attention(*a, "torch")
     a[CACHE_ARG] = got_cache
+    RUNTIME.own(got_cache)
     got = torch.ops.mla_func.mla_attention(*a, "triton")
     return got, want, got_cache, want_cache
 
@@ -165,7 +172,7 @@ def test_backend_pure_decode_with_padded_rows(page_size):
     assert rel_err(got[:t], want[:t]) < TOL
     assert torch.isfinite(got).all()
     # Padded rows wrote nothing: not even the scratch page the reference scribbles on.
-    assert_cache_rows(got_cache, want_cache, args[CACHE_ARG], args[9])
+    assert_cache_rows(got_cache, want_cache, args[CACHE_ARG], args[SLOTS_ARG])
 
 
 # The backend's split partials start as torch.empty: an empty split's may hold NaN, which the
@@ -186,7 +193,7 @@ def test_backend_mixed_decode_and_prefill(long_prompt, monkeypatch):
     # Each backend took the MHA form for the long prompt, and only there.
     assert {b: len(c) for b, c in mha.items()} == {"torch": long_prompt, "triton": long_prompt}
     assert rel_err(got, want) < TOL
-    assert_cache_rows(got_cache, want_cache, args[CACHE_ARG], args[9])
+    assert_cache_rows(got_cache, want_cache, args[CACHE_ARG], args[SLOTS_ARG])
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -207,9 +214,11 @@ def test_out_variant_writes_the_ops_result_into_out(backend, long_prompt, monkey
     t, h, v = batch.num_tokens, SMALL["heads"], SMALL["v"]
     a = list(args)
     a[CACHE_ARG] = want_cache = args[CACHE_ARG].clone()
+    RUNTIME.own(want_cache)
     want = torch.ops.mla_func.mla_attention(*a, backend)
     buf = torch.full((t + 3, h, v), NAN, device=DEV)
     a[CACHE_ARG] = cache = args[CACHE_ARG].clone()
+    RUNTIME.own(cache)
     assert mla_attention_out(*a, backend, out=buf[:t]) is None
     assert torch.equal(buf[:t], want) and buf[t:].isnan().all()
     assert torch.equal(cache, want_cache)  # the same cache writes

@@ -109,4 +109,4 @@ def test_cuda_v2_lite_size_after_a_kernel_and_in_a_graph(rows):
     torch.testing.assert_close(h_new.float(), h_ref.float(), rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(y.float(), y_ref.float(), rtol=2e-2, atol=2e-2)
     replay_matches_eager(step, src)
-    assert int(proj_norm._counter(h.device)[0]) == 0
+    assert int(op_counters(counters(h), "proj_add_rmsnorm")[0]) == 0

@@ -45,6 +45,9 @@ class Runtime:
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
         self.counters = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=self.device)
+        # The counters keep their runtime alive: an op handed only the counters (a call
+        # outside a step) still finds the side stream and workspace that go with them.
+        self.counters.runtime = self
         self._streams: dict[int, torch.cuda.Stream] = {}
         self._resources: dict[str, Any] = {}
         self.own(self.counters)
