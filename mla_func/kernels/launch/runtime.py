@@ -45,21 +45,25 @@ class Runtime:
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
         self.counters = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=self.device)
-        # The counters keep their runtime alive: an op handed only the counters (a call
-        # outside a step) still finds the side stream and workspace that go with them.
-        self.counters.runtime = self
         self._streams: dict[int, torch.cuda.Stream] = {}
         self._resources: dict[str, Any] = {}
         self.own(self.counters)
 
     def own(self, tensor: Tensor) -> None:
-        """Let ops find this runtime through `tensor` (its counters, its state's cache)."""
+        """Let ops find this runtime through `tensor` (its counters, its state's cache). The
+        tensor object itself holds its runtime too (the fast path of `of`, and it keeps the
+        runtime alive: an op handed only the counters, a call outside a step, still finds the
+        side stream and workspace that go with them); views find it by their storage."""
+        tensor._mla_runtime = self
         if tensor.device.type != "meta":
             _OWNERS[_key(tensor)] = weakref.ref(self)
 
     @staticmethod
     def of(tensor: Tensor) -> "Runtime":
         """The runtime that owns `tensor` (or a view of it): a state's counters or cache."""
+        runtime = tensor.__dict__.get("_mla_runtime")
+        if runtime is not None:
+            return runtime
         ref = _OWNERS.get(_key(tensor))
         runtime = None if ref is None else ref()
         if runtime is None:
@@ -84,9 +88,14 @@ class Runtime:
 
 
 def op_counters(counters: Tensor, op: str) -> Tensor:
-    """The slice of a runtime's counters that op `mla_func::<op>` owns."""
-    first, n = COUNTER_SLICES[op]
-    if counters.numel() < COUNTER_SLOTS:
-        raise ValueError(f"the counters hold {counters.numel()} slots; the kernels use "
-                         f"{COUNTER_SLOTS} (KVState.counters)")
-    return counters[first:first + n]
+    """The slice of a runtime's counters that op `mla_func::<op>` owns (made once a tensor
+    object: an eager step asks for it at every layer)."""
+    views = counters.__dict__.setdefault("_mla_slices", {})
+    view = views.get(op)
+    if view is None:
+        first, n = COUNTER_SLICES[op]
+        if counters.numel() < COUNTER_SLOTS:
+            raise ValueError(f"the counters hold {counters.numel()} slots; the kernels use "
+                             f"{COUNTER_SLOTS} (KVState.counters)")
+        view = views[op] = counters[first:first + n]
+    return view
