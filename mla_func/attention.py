@@ -26,6 +26,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.custom_op import custom_op
+from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.plan import attention_form
 from mla_func.ops import attention as ref
 from mla_func.ops.attention_args import AttnMeta, AttnWeights, flat, from_flat
@@ -90,15 +91,20 @@ def triton_unavailable(device: torch.device) -> str | None:
             "backend on the CPU")
 
 
+def _triton_backend() -> object:
+    """A new Triton backend object. Imported here, on first use: the kernels import Triton,
+    which on a CPU without the interpreter fails inside Triton, not with
+    `triton_unavailable`'s message."""
+    from mla_func.kernels.attention.backend import TritonMLA
+
+    return TritonMLA()
+
+
 def triton_attention(q_nope: Tensor, q_pe: Tensor, kv: Tensor, cache: Tensor, layer: int,
                      w: AttnWeights, m: AttnMeta, out: Tensor | None = None) -> Tensor:
     """The Triton backend of the state that owns `cache` (its runtime holds the backend's
-    workspace). Imported here, on first use: the kernels import Triton, which on a CPU
-    without the interpreter fails inside Triton, not with `triton_unavailable`'s message."""
-    from mla_func.kernels.attention.backend import TritonMLA
-    from mla_func.kernels.launch.runtime import Runtime
-
-    backend = Runtime.of(cache).resource("attention.triton", TritonMLA)
+    workspace)."""
+    backend = Runtime.of(cache).resource("attention.triton", _triton_backend)
     return backend.run(q_nope, q_pe, kv, cache, layer, w, m, out=out)
 
 

@@ -41,6 +41,7 @@ Counters = Int[Tensor, " counters"]
 
 
 def _call(op: EagerOp, opts: KernelOptions) -> Callable[..., Any]:
+    """The op itself (an eager call runs its function) or its dispatcher path."""
     return op if opts.eager_direct else op.dispatch
 
 

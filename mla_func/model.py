@@ -55,17 +55,16 @@ def attention_meta(batch: Batch) -> AttnMeta:
 
 def layer_step(
     layer: Layer, i: int, x: Rows, h: Rows, next_norm: Float[Tensor, " hidden"],
-    defer_norm: bool, params: Params, state: KVState, batch: Batch,
+    defer_norm: bool, params: Params, state: KVState, batch: Batch, meta: AttnMeta,
 ) -> tuple[Rows, Rows]:
     """One decoder layer: (h, x) in, (h, rmsnorm(h) * next_norm) out, x being this layer's
-    normalised input."""
+    normalised input; `meta`: the step's metadata as the attention reads it."""
     cfg, opts, eps = params.cfg, batch.kernels, params.cfg.rms_norm_eps
     attn = layer.attn
     q, kv = project_qkv_a(attn, x, h, layer.input_norm, cfg, opts)
     nope = cfg.qk_nope_head_dim
     o = attend(q[..., :nope], q[..., nope:], kv, state.cache, i,
-               attention_weights(attn, params), attention_meta(batch), opts.attention,
-               opts.eager_direct)
+               attention_weights(attn, params), meta, opts.attention, opts.eager_direct)
     h, x = K.project_add_norm(o.flatten(1, 2), attn.o_proj.flatten(1, 2), h,
                               layer.post_attn_norm, eps, opts, state.counters)
     mlp = layer.mlp
@@ -84,7 +83,7 @@ def forward(
     if batch.page_size != state.page_size:  # slots and page ids would address other rows
         raise BatchError(f"the batch was laid out for cache pages of {batch.page_size} tokens; "
                          f"this state's pages hold {state.page_size}")
-    layers, opts = params.layers, batch.kernels
+    layers, opts, meta = params.layers, batch.kernels, attention_meta(batch)
     h = params.embed[batch.token_ids]
     x = K.norm(h, layers[0].input_norm, params.cfg.rms_norm_eps, opts)
     for i, layer in enumerate(layers):
@@ -92,5 +91,5 @@ def forward(
         # Each layer ends with the next one's input norm (read only by its `norm_linear`, so
         # it may be deferred); the last with the final norm, which the logits read.
         next_norm = params.norm if last else layers[i + 1].input_norm
-        h, x = layer_step(layer, i, x, h, next_norm, not last, params, state, batch)
+        h, x = layer_step(layer, i, x, h, next_norm, not last, params, state, batch, meta)
     return K.logits(x, batch.logits_index, params.lm_head, opts), state

@@ -128,9 +128,10 @@ def norm_linear_normalises(rows: int, width: int) -> bool:
     return small_linear_rows(rows) and width <= NORM_LINEAR_MAX_WIDTH
 
 
-def router_rows(tokens: int, options: KernelOptions) -> bool:
-    """Whether the router runs one program an expert (else its split kernel)."""
-    return options.router_few_rows and 0 < tokens <= ROUTER_ROWS_MAX
+def router_rows(tokens: int, few_rows: bool) -> bool:
+    """Whether the router runs one program an expert (else its split kernel), given
+    `KernelOptions.router_few_rows`."""
+    return few_rows and 0 < tokens <= ROUTER_ROWS_MAX
 
 
 def attention_form(max_query_len: int, mha_min_query: int = MHA_MIN_QUERY) -> str:
@@ -207,7 +208,7 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
             grouped = cfg.topk_method != "greedy"
             router_launch = launch_config(tokens, experts, cfg.hidden_size,
                                           (cfg.n_group or 1) if grouped else 1, half)
-            router = "rows" if router_rows(tokens, options) else "split"
+            router = "rows" if router_rows(tokens, options.router_few_rows) else "split"
         if options.experts == "triton":
             moe = pick_config(tokens)
             if cfg.n_shared_experts:

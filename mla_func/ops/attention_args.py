@@ -41,8 +41,10 @@ class AttnMeta:
 
 
 def flat(obj: AttnWeights | AttnMeta) -> tuple:
-    """The fields in order (no copies, unlike dataclasses.astuple)."""
-    return tuple(getattr(obj, f.name) for f in fields(obj))
+    """The fields in order (no copies, unlike dataclasses.astuple; a dataclass's instance
+    dict holds its fields in declaration order, and reading it is one call a layer, not one a
+    field)."""
+    return tuple(obj.__dict__.values())
 
 
 WEIGHT_ARGS = len(fields(AttnWeights))

@@ -73,9 +73,10 @@ class Runtime:
 
     def resource(self, name: str, make: Callable[[], T]) -> T:
         """The resource called `name`, made by `make()` at the first call and kept."""
-        if name not in self._resources:
-            self._resources[name] = make()
-        return self._resources[name]
+        found = self._resources.get(name)
+        if found is None:
+            found = self._resources[name] = make()
+        return found
 
     def side_stream(self, device: torch.device) -> torch.cuda.Stream:
         """This runtime's second stream on `device`, made on first use and kept: cuBLAS keeps

@@ -161,7 +161,7 @@ def router_is_half(x_dtype: torch.dtype, router_dtype: torch.dtype) -> bool:
 
 def _launch(x: Tensor, router: Tensor, score_bias: Tensor | None, counters: Tensor, top_k: int,
             n_group: int, topk_group: int, method: str, normalize: bool, scale: float,
-            options: KernelOptions) -> tuple[Tensor, Tensor]:
+            early: bool, preload: bool, few_rows: bool) -> tuple[Tensor, Tensor]:
     tokens, hidden = x.shape
     experts = router.shape[0]
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=x.device)
@@ -176,9 +176,9 @@ def _launch(x: Tensor, router: Tensor, score_bias: Tensor | None, counters: Tens
     cfg = launch_config(tokens, experts, hidden, n_group if grouped else 1, half)
     counters = op_counters(counters, "moe_route")
     const = kernel_constants(cfg, x.dtype, experts, top_k, n_group, topk_group, method, normalize,
-                             score_bias is not None, pdl_supported(x.device), half,
-                             options.router_early, options.router_preload)
-    if router_rows(tokens, options):  # one program an expert
+                             score_bias is not None, pdl_supported(x.device), half, early,
+                             preload)
+    if router_rows(tokens, few_rows):  # one program an expert
         part = torch.empty(rows.MAX_ROWS * cfg.block_e, dtype=torch.float32, device=x.device)
         rows.route_rows(x, router, bias, part, counters, weights, ids, scale, const,
                         bool(const["WAIT"]))
@@ -211,10 +211,8 @@ def moe_route(x: Tensor, router: Tensor, score_bias: Tensor | None, counters: Te
     (weights fp32, ids int64) [tokens, top_k]: `route` with the settings passed as plain
     values; `counters`: the state's (`KVState.counters`), left zero."""
     if router.shape[0] <= ROUTER_MAX_EXPERTS:
-        options = KernelOptions(fused=True, router_early=early, router_preload=preload,
-                                router_few_rows=few_rows)
         return _launch(x, router, score_bias, counters, top_k, n_group, topk_group, method,
-                       normalize, scale, options)
+                       normalize, scale, early, preload, few_rows)
     cfg = _reference_cfg(router.shape[0], top_k, n_group, topk_group, method, normalize, scale)
     weights, ids = route(x, router, score_bias, cfg)
     return weights.contiguous(), ids.contiguous()
