@@ -55,7 +55,8 @@ class Runtime:
         runtime alive: an op handed only the counters, a call outside a step, still finds the
         side stream and workspace that go with them); views find it by their storage."""
         tensor._mla_runtime = self
-        if tensor.device.type != "meta":
+        # Not under a tracer (fake tensors have no address) nor on `meta`: no kernel runs there.
+        if type(tensor) is Tensor and tensor.device.type != "meta":
             _OWNERS[_key(tensor)] = weakref.ref(self)
 
     @staticmethod
