@@ -11,8 +11,11 @@ the entry points the layers above call; nothing here imports a sibling package's
   launch, its cost-model launch plan, and the one-program-an-expert form at a few rows.
 - `linear`: norms and few-row projections (`norm`, `proj_norm`, `small_linear`,
   `norm_linear`) that fuse the residual add and RMSNorm or load their weights before the wait.
-- `launch`: programmatic dependent launch (`pdl`), arrival counters (`counters`) and bulk L2
-  prefetches (`l2_prefetch`).
+- `launch`: programmatic dependent launch (`pdl`), arrival counters (`counters`), bulk L2
+  prefetches (`l2_prefetch`), and the `Runtime` a state owns (`runtime`).
+- `plan`: one plan decides: `KernelOptions`, and `plan_step`, every kernel choice of a step
+  from config, device, static shape and options; the kernels take their own choices from the
+  same functions.
 
 Importing a kernel module imports Triton, which reads TRITON_INTERPRET then: set it first.
 """

@@ -35,8 +35,8 @@ COUNTER_SLOTS = max(first + n for first, n in COUNTER_SLICES.values())
 _OWNERS: dict[tuple[str, int], "weakref.ref[Runtime]"] = {}
 
 
-def _key(counters: Tensor) -> tuple[str, int]:
-    return str(counters.device), counters.untyped_storage().data_ptr()
+def _key(tensor: Tensor) -> tuple[str, int]:
+    return str(tensor.device), tensor.untyped_storage().data_ptr()
 
 
 class Runtime:
