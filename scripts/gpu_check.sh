@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session in one command: CUDA tests, the V2-Lite capture report, benchmarks; logs and
+# One GPU machine, one command: CUDA tests, the V2-Lite capture report, benchmarks; logs and
 # JSON under $OUT (default out/), short tables last. Parts: tests capture step moe kernels
 # profile hostprof (default: tests capture step moe profile).
 # Example: bash scripts/gpu_check.sh tests step
