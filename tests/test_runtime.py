@@ -170,3 +170,26 @@ def test_two_engines_on_two_streams_match_eager():
             r = e.result(rid)
             assert r.tokens == tokens
             assert torch.equal(torch.stack(r.logits), logits)
+
+
+def test_the_plan_records_each_buckets_kernels():
+    """plan.json's "kernels": the options once, then what each bucket runs, by the same
+    `plan_step` the kernels decide by."""
+    from mla_func.compile_step import plan_step as plan_capture_of
+
+    cfg = mf.MLAConfig.preset("tiny")
+    params = mf.init_params(cfg, device="meta")
+    state = mf.init_state(cfg, num_pages=64, page_size=16, device="meta")
+    plan = plan_capture_of(params, state, max_tokens=64, max_seqs=8, max_pages=8,
+                           backend="triton")
+    kernels = plan.meta["kernels"]
+    assert kernels["options"]["attention"] == "triton" and kernels["options"]["fused"]
+    assert set(kernels) == {"options", "piecewise", "full"}
+    assert [int(n) for n in kernels["full"]] == list(plan.buckets["full"])
+    one, many = kernels["full"]["1"], kernels["piecewise"]["64"]
+    want = P.plan_step(cfg, P.device_spec("meta"), 1, 1, max_pages=8, page_size=16,
+                       options=P.default_options("meta", "triton"), dtype=params.dtype)
+    assert one == want.summary(options=False)
+    assert (one["qkv_a"], one["router"], many["qkv_a"], many["router"]) == (
+        "norm_linear", "rows", "gemm", "split")
+    assert one["decode"] is not None and many["attention_form"] == "per step"
