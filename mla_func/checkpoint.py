@@ -26,9 +26,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
-# Writing lives in checkpoint_write.py; re-exported so that one import serves both directions.
 from mla_func.checkpoint_write import INDEX_FILE, CheckpointError, hf_tensors, save_hf
 from mla_func.config import MLAConfig, read_config_json
+
+# Writing lives in checkpoint_write.py; re-exported so that one import serves both directions.
+from mla_func.dtypes import resolve_dtype
 from mla_func.params import Attention, DenseMLP, Layer, MoE, Params, yarn_inv_freq
 
 SCALE_SUFFIX = "_scale_inv"  # block-FP8: `<name>.weight_scale_inv` next to `<name>.weight`
@@ -179,14 +181,16 @@ def _check(cfg: MLAConfig, reader: _Reader, mtp_layers: int, where: Path) -> Non
 
 def load_hf(
     directory: "str | Path", device: "str | torch.device" = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: "torch.dtype | str" = torch.float32,
 ) -> tuple[MLAConfig, Params]:
     """Config and parameters of an HF DeepSeek-V2/V3 checkpoint directory (or its config.json,
     as `MLAConfig.from_hf` takes), each tensor cast to `dtype` on `device` (V3's
     e_score_correction_bias stays float32, as in transformers). Raises, before reading any
     tensor, ConfigError for an absent or invalid config.json and CheckpointError for unreadable
     weights or weights that do not match the config (listing every bad key). A
-    rope_interleave=False checkpoint comes back interleaved."""
+    rope_interleave=False checkpoint comes back interleaved. `dtype`: a floating-point
+    torch.dtype or its name (`dtypes.DTYPES`)."""
+    dtype = resolve_dtype(dtype, "load_hf's dtype")
     directory, device = Path(directory), torch.device(device)
     if directory.name == "config.json" and directory.is_file():
         directory = directory.parent

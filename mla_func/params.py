@@ -15,6 +15,7 @@ from torch import Tensor
 
 from mla_func.config import MLAConfig
 from mla_func.dims import static_sizes
+from mla_func.dtypes import resolve_dtype
 
 
 @dataclass(frozen=True)
@@ -156,11 +157,11 @@ def init_params(
     cfg: MLAConfig,
     seed: int = 0,
     device: "str | torch.device" = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: "torch.dtype | str" = torch.float32,
 ) -> Params:
-    """Random parameters, deterministic per (seed, device); on `meta` nothing is allocated."""
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"parameters need a floating-point dtype; got {dtype}")
+    """Random parameters, deterministic per (seed, device); on `meta` nothing is allocated.
+    `dtype`: a floating-point torch.dtype or its name (`dtypes.DTYPES`: "bf16", ...)."""
+    dtype = resolve_dtype(dtype, "parameters' dtype")
     device = torch.device(device)
     meta = device.type == "meta"
     gen = None if meta else torch.Generator(device=device).manual_seed(seed)

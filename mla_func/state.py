@@ -22,6 +22,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.config import MLAConfig
+from mla_func.dtypes import resolve_dtype
 from mla_func.kernels.launch.runtime import Runtime
 from mla_func.memory import available_bytes, human
 from mla_func.validation import positive_int
@@ -120,9 +121,11 @@ def init_state(
     num_pages: int,
     page_size: int = 16,
     device: "str | torch.device" = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: "torch.dtype | str" = torch.float32,
 ) -> KVState:
-    """An empty cache of `num_pages` pages (page 0 is scratch)."""
+    """An empty cache of `num_pages` pages (page 0 is scratch); `dtype` a torch.dtype or its
+    name (`dtypes.DTYPES`)."""
+    dtype = resolve_dtype(dtype, "the cache's dtype")
     positive_int("num_pages", num_pages, 2)  # page 0 is the scratch page
     positive_int("page_size", page_size)
     shape = (cfg.num_hidden_layers, num_pages, page_size, cfg.latent_dim)

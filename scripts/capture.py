@@ -22,6 +22,7 @@ import torch
 import mla_func as mf
 from mla_func.capture.artifacts import save_plan
 from mla_func.compile_step import plan_step
+from mla_func.dtypes import DTYPES
 from mla_func.validation import int_at_least
 
 # Cache geometry of the plans in graphs/ (capacity dims are part of a plan).
@@ -60,7 +61,7 @@ def gpu_report(args, out: str) -> dict:
 
     cfg = mf.MLAConfig.preset(args.preset)
     num_pages, page_size, max_pages = GEOMETRY[args.preset]
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    dtype = DTYPES[args.dtype]
     params = mf.init_params(cfg, seed=0, device="cuda", dtype=dtype)
     state = mf.init_state(cfg, num_pages, page_size, device="cuda", dtype=dtype)
     step = compile_step(params, state, mode=args.mode, max_tokens=args.max_tokens,
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="largest piecewise bucket (default: dims.TOKENS_MAX_CAPTURED, 2560)")
     p.add_argument("--max-seqs", type=_positive, default=None,
                    help="largest full bucket, at most --max-tokens (default: 512 or less)")
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
+    p.add_argument("--dtype", default="bf16", choices=list(DTYPES))
     p.add_argument("--check", default=[1, 8, 32, 128, 512], type=_sizes,
                    help="buckets to compare with eager (comma-separated)")
     p.add_argument("--plan-only", action="store_true")

@@ -16,10 +16,10 @@ import time
 
 import torch
 
+from mla_func.dtypes import DTYPES
 from mla_func.memory import available_bytes, human
 from mla_func.validation import int_at_least
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MODES = ("eager", "piecewise", "full", "full_and_piecewise")
 
 
@@ -78,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="attention backend")
     ap.add_argument("--device", type=_device,
                     default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default=None, choices=sorted(DTYPES),
+    ap.add_argument("--dtype", default=None, choices=list(DTYPES),
                     help="default: bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--page-size", type=int_at_least(1), default=16)

@@ -68,6 +68,11 @@ def test_dtype_conversion(tmp_path):
     # HF keeps the routing correction bias (and we keep the rope table) in float32.
     assert moe.score_bias.dtype == torch.float32 and half.rope_inv_freq.dtype == torch.float32
     torch.testing.assert_close(moe.score_bias, params.layers[-1].mlp.score_bias)
+    for name in ("bf16", "bfloat16", "torch.bfloat16"):  # a dtype's names load the same
+        _, named = load_hf(tmp_path, dtype=name)
+        assert_params_equal(half, named)
+    with pytest.raises(ValueError, match="'bf17' is not a dtype name; use one of bf16"):
+        load_hf(tmp_path, dtype="bf17")
     torch.testing.assert_close(moe.down.float(), params.layers[-1].mlp.down, rtol=1e-2, atol=1e-2)
 
 

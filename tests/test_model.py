@@ -165,8 +165,19 @@ def test_batch_for_another_page_size_is_refused(tiny):
 
 
 def test_params_need_a_floating_dtype():
-    with pytest.raises(ValueError, match="floating-point dtype; got torch.int32"):
+    with pytest.raises(ValueError, match="floating-point dtype .*; got torch.int32"):
         mf.init_params(mf.MLAConfig.preset("tiny"), dtype=torch.int32)
+
+
+@pytest.mark.parametrize("name,dtype", [("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16),
+                                        ("fp16", torch.float16), ("float32", torch.float32)])
+def test_dtypes_by_name(name, dtype):
+    """`init_params` and `init_state` take a dtype or its name, the same table everywhere."""
+    cfg = mf.MLAConfig.preset("tiny")
+    assert mf.init_params(cfg, dtype=name).dtype == dtype
+    assert mf.init_state(cfg, num_pages=4, page_size=4, dtype=name).cache.dtype == dtype
+    with pytest.raises(ValueError, match="'bf17' is not a dtype name"):
+        mf.init_state(cfg, num_pages=4, page_size=4, dtype="bf17")
 
 
 def test_logits_are_float32_products_of_the_selected_rows():
