@@ -84,6 +84,10 @@ def generate(
     positive_int("page_size", page_size)
     if on_error not in ("raise", "record"):
         raise ValueError(f"on_error must be 'raise' or 'record', got {on_error!r}")
+    if getattr(prompts, "ndim", None) == 1:  # one prompt's ids, not a batch of prompts
+        raise RequestError(f"prompts is one 1-D {type(prompts).__name__} of "
+                           f"{len(prompts)} token ids: pass a list of prompts ([ids] for one "
+                           "prompt) or a 2-D tensor, a row a prompt")
     max_len, limit = seq_limit(cfg, num_pages, page_size)
     checked: list[list[int] | RequestError] = []
     for i, prompt in enumerate(prompts):

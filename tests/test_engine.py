@@ -398,6 +398,9 @@ def test_tensor_prompts(model, reference):
     assert out.tokens == [reference[0][0][:2]]
     with pytest.raises(eng.TokenIdError, match="1-D integer"):
         mf.generate(cfg, params, [torch.tensor([1.0, 2.0])], 2)
+    # One prompt's ids where a batch goes: said so, not taken id by id.
+    with pytest.raises(eng.RequestError, match="one 1-D Tensor of 3 token ids: pass a list"):
+        mf.generate(cfg, params, torch.tensor(PROMPTS[0][:3]), 2)
 
 
 def test_numpy_prompts(model, reference):
