@@ -120,7 +120,7 @@ class Engine:
 
     def __init__(
         self, cfg: MLAConfig, params: Params, *, num_pages: int, mode: str = "eager",
-        attention_backend: str = "torch", page_size: int = 16,
+        attention_backend: str = "auto", page_size: int = 16,
         max_batch_tokens: int = MAX_BATCH_TOKENS,
         max_seqs: int = 64, max_seq_len: int | None = None,
         eos_token_id: int | Sequence[int] | Literal["config"] | None = "config",
@@ -137,7 +137,7 @@ class Engine:
                              "loaded with")
         if kernels is None:
             kernels = default_options(params.device, attention_backend)
-        elif kernels.attention != attention_backend and attention_backend != "torch":
+        elif attention_backend not in ("auto", kernels.attention):
             raise ValueError(f"attention_backend={attention_backend!r} disagrees with "
                              f"kernels.attention={kernels.attention!r}: pass one of them")
         get_backend(kernels.attention, params.device)
@@ -280,7 +280,8 @@ class Engine:
     def run(self, progress: bool | None = None) -> None:
         """Step until every submitted request has finished."""
         reqs = [r for r in self._requests.values() if r.status in ("waiting", "running")]
-        bar = Progress(sum(r.max_new_tokens - len(r.tokens) for r in reqs), progress)
+        bar = Progress(sum(r.max_new_tokens - len(r.tokens) for r in reqs), progress,
+                       f"generate ({self.backend} attention)")
         try:
             while self.has_work:
                 n = self.step()

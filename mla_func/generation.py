@@ -54,6 +54,7 @@ class GenerateOutput:
     setup_time_s: float
     prompt_tokens: int
     output_tokens: int
+    attention_backend: str = ""  # the backend that ran (what "auto" resolved to)
 
     @property
     def tokens_per_s(self) -> float:
@@ -63,7 +64,7 @@ class GenerateOutput:
 
 def generate(
     cfg: MLAConfig, params: Params, prompts: Sequence[Prompt] | Tensor | IntArray,
-    max_new_tokens: int = 8, mode: str = "eager", attention_backend: str = "torch",
+    max_new_tokens: int = 8, mode: str = "eager", attention_backend: str = "auto",
     return_logits: bool = False, *,
     page_size: int = 16, num_pages: int | None = None,
     max_batch_tokens: int = MAX_BATCH_TOKENS,
@@ -78,7 +79,8 @@ def generate(
     id or a sequence of ids replaces them; progress None shows a bar only on runs
     longer than a couple of seconds; graph modes capture steps of up to `max_graph_tokens`
     tokens (and `max_batch_tokens`), larger ones run eagerly. `kernels`: which implementation
-    runs each op (default: the device's, with `attention_backend`)."""
+    runs each op (default: the device's, with `attention_backend`; "auto": "triton" on CUDA,
+    "torch" elsewhere, named in the progress line and in the result)."""
     check_mode(mode, params)
     positive_int("max_new_tokens", max_new_tokens)
     positive_int("page_size", page_size)
@@ -123,4 +125,5 @@ def generate(
         errors=[None if r else err for r, err in zip(reqs, checked, strict=True)],
         steps=engine.steps, wall_time_s=wall, setup_time_s=setup,
         prompt_tokens=sum(len(p) for p in valid),
-        output_tokens=sum(len(r.tokens) for r in reqs if r))
+        output_tokens=sum(len(r.tokens) for r in reqs if r),
+        attention_backend=engine.backend)

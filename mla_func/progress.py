@@ -16,15 +16,16 @@ class Progress:
     """tqdm when installed, else one stderr line; enabled=None shows it only after
     AUTO_PROGRESS_DELAY_S seconds, so short runs print nothing."""
 
-    def __init__(self, total: int, enabled: bool | None) -> None:
+    def __init__(self, total: int, enabled: bool | None, desc: str = "generate") -> None:
         self.on, self.delay = enabled is not False, 0.0 if enabled else AUTO_PROGRESS_DELAY_S
         self.n, self.start, self.last, self.bar = 0, time.perf_counter(), 0.0, None
+        self.desc = desc
         try:
             from tqdm import tqdm
         except ImportError:
             tqdm = None
         if self.on and tqdm is not None:
-            self.bar = tqdm(total=total, unit="tok", desc="generate", delay=self.delay)
+            self.bar = tqdm(total=total, unit="tok", desc=desc, delay=self.delay)
 
     def update(self, n: int, total: int) -> None:
         """Count `n` more tokens out of a `total` that may shrink (a request ending at eos)."""
@@ -38,7 +39,7 @@ class Progress:
         now = time.perf_counter() - self.start
         if now >= self.delay and (not self.last or now - self.last >= 0.5):
             self.last = now
-            print(f"\rgenerate: {self.n}/{total} tokens, {self.n / max(now, 1e-9):.1f} tok/s",
+            print(f"\r{self.desc}: {self.n}/{total} tokens, {self.n / max(now, 1e-9):.1f} tok/s",
                   end="", file=sys.stderr, flush=True)
 
     def close(self) -> None:

@@ -74,8 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--prompt-len", type=int_at_least(1), default=16)
     ap.add_argument("--max-new-tokens", type=int_at_least(1), default=8)
     ap.add_argument("--mode", default="eager", choices=MODES)
-    ap.add_argument("--backend", default="torch", choices=("torch", "triton"),
-                    help="attention backend")
+    ap.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"),
+                    help="attention backend (auto: triton on CUDA, torch on the CPU)")
     ap.add_argument("--device", type=_device,
                     default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None, choices=list(DTYPES),

@@ -337,7 +337,7 @@ def test_progress_without_tqdm(model, monkeypatch, capsys):
     monkeypatch.setitem(__import__("sys").modules, "tqdm", None)
     out = mf.generate(cfg, params, [[4, 5]], 2, page_size=4, progress=True)
     assert len(out.tokens[0]) >= 1
-    assert "generate: " in capsys.readouterr().err
+    assert "generate (torch attention): " in capsys.readouterr().err  # names the backend
 
 
 def run_script(argv, capsys):
@@ -398,6 +398,7 @@ def test_tensor_prompts(model, reference):
     assert out.tokens == [reference[0][0][:2]]
     with pytest.raises(eng.TokenIdError, match="1-D integer"):
         mf.generate(cfg, params, [torch.tensor([1.0, 2.0])], 2)
+    assert out.attention_backend == "torch"  # "auto" on the CPU
     # One prompt's ids where a batch goes: said so, not taken id by id.
     with pytest.raises(eng.RequestError, match="one 1-D Tensor of 3 token ids: pass a list"):
         mf.generate(cfg, params, torch.tensor(PROMPTS[0][:3]), 2)

@@ -63,6 +63,9 @@ def test_options_are_plan_fields():
     with pytest.raises(ValueError, match="fused=True"):
         P.KernelOptions(experts="triton")
     assert _plan(1).summary()["device"] == "cuda (132 SMs, sm90)"
+    # "auto": the fastest backend the device runs.
+    assert P.default_options("cuda", "auto").attention == "triton"
+    assert P.default_options("cpu", "auto").attention == "torch"
 
 
 def test_the_kernels_decide_as_the_plan_says():
@@ -159,6 +162,7 @@ def test_two_engines_on_two_streams_match_eager():
         engines.append(e)
         rids.append([e.submit(x, 6) for x in p])
     assert engines[0].state.runtime is not engines[1].state.runtime
+    assert mf.generate(cfg, params, prompts[0][:1], 1).attention_backend == "triton"  # auto
     while any(e.has_work for e in engines):
         for e, s in zip(engines, streams, strict=True):
             if e.has_work:

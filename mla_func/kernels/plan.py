@@ -77,8 +77,12 @@ class KernelOptions:
 def default_options(device: torch.device | str, attention: str = "torch") -> KernelOptions:
     """The options a device runs by default: the fused kernels on CUDA, and on `meta` (so
     that planning and shape checks there see the ops a GPU runs); the torch reference
-    elsewhere."""
-    fused = torch.device(device).type in ("cuda", "meta")
+    elsewhere. `attention` "auto": the fastest backend the device runs ("triton" on CUDA,
+    "torch" elsewhere)."""
+    device = torch.device(device)
+    if attention == "auto":
+        attention = "triton" if device.type == "cuda" else "torch"
+    fused = device.type in ("cuda", "meta")
     return KernelOptions(attention=attention, fused=fused,
                          experts="triton" if fused else "sorted_torch")
 
