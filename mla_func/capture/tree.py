@@ -77,6 +77,8 @@ def flatten(obj: Any, path: str, ann: Any = None, meta: dict | None = None
                               dict(f.metadata))
             leaves += sub
             children.append((f.name, td))
+        if not leaves:  # no tensor inside (a config, options): one static value, compared whole
+            return [], TreeDef("const", obj)
         return leaves, TreeDef("dataclass", obj, tuple(children))
     return [], TreeDef("const", obj)
 
@@ -141,5 +143,7 @@ def flatten_output(obj: Any, inputs: dict[int, tuple]) -> tuple[list[Any], TreeD
             sub, td = flatten_output(getattr(obj, f.name), inputs)
             leaves += sub
             children.append((f.name, td))
+        if not leaves:  # no tensor inside (a config, options): one static value, compared whole
+            return [], TreeDef("const", obj)
         return leaves, TreeDef("dataclass", obj, tuple(children))
     return [], TreeDef("const", obj)
