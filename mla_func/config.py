@@ -294,10 +294,23 @@ class MLAConfig:
             raise ConfigError(f"{source}: {e}") from e
 
 
+# The sizes of the weights: a config.json without one would take transformers' default (V3's
+# hidden_size 7168, say) and then fail on every weight; it is refused, naming each.
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                "v_head_dim")
+MOE_SHAPE_FIELDS = ("moe_intermediate_size", "num_experts_per_tok")
+
+
 def _from_hf_dict(raw: dict[str, Any]) -> MLAConfig:
     model_type = raw.get("model_type", "deepseek_v2")
     if model_type not in ("deepseek_v2", "deepseek_v3"):
         raise ConfigError(f"model_type {model_type!r} is not a DeepSeek-V2/V3 model")
+    required = SHAPE_FIELDS + (MOE_SHAPE_FIELDS if raw.get("n_routed_experts") else ())
+    missing = [f for f in required if f not in raw]
+    if missing:
+        raise ConfigError(f"the config lacks the shape field(s) {', '.join(missing)}: each "
+                          "sizes weights, so none takes a default")
     known = {f.name for f in fields(MLAConfig)}
     # Absent fields take transformers' defaults for the model type, not MLAConfig's.
     kwargs = {**HF_DEFAULTS[model_type], **{k: v for k, v in raw.items() if k in known}}

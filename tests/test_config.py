@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import mla_func as mf
-from mla_func.config import ConfigError
+from mla_func.config import SHAPE_FIELDS, ConfigError
 
 
 def test_presets_have_the_published_shapes():
@@ -58,12 +58,23 @@ def test_from_hf_rejects_other_models():
 
 
 def test_from_hf_fills_absent_fields_with_transformers_defaults():
-    v3 = mf.MLAConfig.from_hf({"model_type": "deepseek_v3", "num_hidden_layers": 4})
+    shapes = {k: v for k, v in mf.MLAConfig.preset("v3").to_hf_dict().items()
+              if k in SHAPE_FIELDS}
+    v3 = mf.MLAConfig.from_hf({"model_type": "deepseek_v3", **shapes, "num_hidden_layers": 4})
     assert (v3.n_group, v3.topk_group, v3.routed_scaling_factor) == (8, 4, 2.5)
     assert (v3.n_shared_experts, v3.first_k_dense_replace, v3.topk_method) == (1, 3, "noaux_tc")
     base = mf.MLAConfig.preset("v2-lite").to_hf_dict()
     del base["first_k_dense_replace"]
     assert mf.MLAConfig.from_hf(base).first_k_dense_replace == 0
+
+
+def test_from_hf_refuses_absent_shape_fields():
+    """A shape field left out would take transformers' default and mismatch every weight:
+    refused, naming each (the MoE's sizes too where the config has routed experts)."""
+    raw = mf.MLAConfig.preset("v2-lite").to_hf_dict()
+    for gone in (("hidden_size",), ("hidden_size", "kv_lora_rank"), ("moe_intermediate_size",)):
+        with pytest.raises(ConfigError, match="lacks the shape field[(]s[)] " + ", ".join(gone)):
+            mf.MLAConfig.from_hf({k: v for k, v in raw.items() if k not in gone})
 
 
 # The published config.json files (weights never downloaded), as the hub ships them: ints where
