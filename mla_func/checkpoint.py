@@ -171,12 +171,43 @@ def _check(cfg: MLAConfig, reader: _Reader, mtp_layers: int, where: Path) -> Non
                    if reader.dtypes.get(k, "").startswith("F8") and k not in reader.fp8]
     if not (missing or unexpected or mismatched):
         return
-    parts = [f"{len(v)} {name}: " + ", ".join(v) for name, v in
+    parts = [f"{len(v)} {name}: " + ", ".join(v[:SHOWN]) + (
+             f", and {len(v) - SHOWN} more" if len(v) > SHOWN else "") for name, v in
              (("missing", missing), ("unexpected", unexpected), ("wrong shape", mismatched)) if v]
     summary = (f"{cfg.model_type}, {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
                f"q_lora {cfg.q_lora_rank}, experts {cfg.n_routed_experts}")
+    blame = _disagreeing_fields(cfg, {k: (expected[k], found[k]) for k in expected
+                                      if k in found and found[k] != expected[k]})
     raise CheckpointError(f"weights in {where} do not match config.json ({summary}): "
-                          + "; ".join(parts), missing, unexpected, mismatched)
+                          + "; ".join(parts) + blame, missing, unexpected, mismatched)
+
+
+SHOWN = 4  # keys a list in the error names before it counts the rest
+# Config fields that size weights, asked which of them a wrong shape disagrees with.
+SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+               "num_attention_heads", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
+               "qk_rope_head_dim", "v_head_dim", "n_routed_experts")
+
+
+def _disagreeing_fields(cfg: MLAConfig, wrong: dict[str, tuple[tuple, tuple]]) -> str:
+    """'; config field(s) that may disagree with the weights: F = a (the weights: b), ...':
+    the fields (and heads x a per-head field) whose size is an axis where the config's shape
+    and the weights' differ."""
+    sizes = {name: getattr(cfg, name) for name in SIZE_FIELDS}
+    heads = cfg.num_attention_heads
+    for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        sizes[f"num_attention_heads x {name}"] = heads * getattr(cfg, name)
+    seen: dict[str, set[int]] = {}
+    for want, got in wrong.values():
+        for a, b in zip(want, got, strict=False):
+            if a != b:
+                for name, size in sizes.items():
+                    if size == a:
+                        seen.setdefault(f"{name} = {a}", set()).add(b)
+    if not seen:
+        return ""
+    return "; config field(s) that may disagree with the weights: " + ", ".join(
+        f"{k} (the weights: {', '.join(map(str, sorted(v)))})" for k, v in sorted(seen.items()))
 
 
 def load_hf(

@@ -199,9 +199,20 @@ def test_config_that_does_not_match_weights(tmp_path, change):
         load_hf(tmp_path)
     e = err.value
     assert e.missing or e.unexpected or e.mismatched
-    if "num_hidden_layers" in change:  # layer 2 of a 2-layer model: every key of it named
+    if "num_hidden_layers" in change:  # layer 2 of a 2-layer model: every key of it counted
         assert len(e.unexpected) == len([k for k in load_file(tmp_path / "model.safetensors")
                                          if k.startswith("model.layers.2.")])
+    # One short message: each list names its first keys and counts the rest, and the message
+    # names the config field the weights disagree with.
+    for keys in (e.missing, e.unexpected, e.mismatched):
+        if len(keys) > 4:
+            assert f"and {len(keys) - 4} more" in str(e) and keys[4] not in str(e)
+    assert len(str(e)) < 1500, len(str(e))
+    field, value = next(iter(change.items()))
+    if field in ("hidden_size", "kv_lora_rank"):
+        assert f"{field} = {value} (the weights:" in str(e)
+    if field == "v_head_dim":  # o_proj's input is heads x v_head wide
+        assert f"num_attention_heads x v_head_dim = {4 * value} (the weights:" in str(e)
 
 
 def test_no_weights_or_missing_shard(tmp_path):
