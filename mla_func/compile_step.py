@@ -112,11 +112,17 @@ def plan_step(params: Params, state: KVState, *, max_tokens: int | None = None,
               max_seqs: int | None = None, max_pages: int | None = None,
               backend: str = "torch", kernels: KernelOptions | None = None) -> CapturePlan:
     """The capture plan of `forward` (works on the meta device: no memory, no GPU), with the
-    kernels of each bucket in its metadata."""
+    kernels of each bucket in its metadata. The buckets stop at what `state` can hold: a step
+    writes each new token to a slot and each sequence holds a page of its own, so no step has
+    more tokens than the cache has slots, nor more sequences than pages (the scratch page is
+    no one's); the plan's "state_bounds" says so."""
     kernels = options_for(params, kernels, backend)
     max_pages = max_pages or state.num_pages - 1
     example = decode_batch(2, max_pages, state.page_size, params.device, kernels)
-    max_seqs = seqs_within_tokens(max_tokens, max_seqs)
+    seqs_within_tokens(max_tokens, max_seqs)  # the caller's sizes, checked as given
+    slots, pages = (state.num_pages - 1) * state.page_size, state.num_pages - 1
+    max_tokens = min(max_tokens or VOCABULARY["tokens"].max_size, slots)
+    max_seqs = min(max_seqs or VOCABULARY["seqs"].max_size, pages, max_tokens)
     sizes = {k: v for k, v in (("tokens", max_tokens), ("seqs", max_seqs)) if v is not None}
     cfg = params.cfg
     plan = plan_capture(
@@ -126,6 +132,8 @@ def plan_step(params: Params, state: KVState, *, max_tokens: int | None = None,
         full_dim="seqs", meta={"config_digest": cfg.digest(), "model_type": cfg.model_type,
                                "layers": cfg.num_hidden_layers,
                                "backend": kernels.attention})
+    plan.meta["state_bounds"] = {"slots": slots, "pages": pages, "max_tokens": max_tokens,
+                                 "max_seqs": max_seqs}
     plan.meta["kernels"] = bucket_kernels(plan, params, kernels, max_pages, state.page_size)
     return plan
 

@@ -317,9 +317,14 @@ def test_graph_range_stops_at_max_graph_tokens(model, reference, monkeypatch):
     monkeypatch.setattr(cs, "compile_step", functools.partial(cs.compile_step, emulate=True))
     monkeypatch.setattr(eng, "check_mode", lambda mode, params: None)
     cfg, params = model
-    default = eng.Engine(cfg, params, num_pages=32, page_size=4, mode="piecewise",
+    default = eng.Engine(cfg, params, num_pages=800, page_size=4, mode="piecewise",
                          max_batch_tokens=4096, max_seqs=4)
     assert default._step_fn.plan.buckets["piecewise"][-1] == TOKENS_MAX_CAPTURED < 4096
+    # A cache of 31 pages x 4 slots holds no step of more than 124 tokens: the graphs stop there.
+    small = eng.Engine(cfg, params, num_pages=32, page_size=4, mode="piecewise",
+                       max_batch_tokens=4096, max_seqs=4)
+    assert small._step_fn.plan.buckets["piecewise"][-1] == 124
+    assert small._step_fn.plan.meta["state_bounds"]["slots"] == 124
     engine = eng.Engine(cfg, params, num_pages=32, page_size=4, mode="piecewise",
                         max_batch_tokens=32, max_seqs=4, eos_token_id=None, max_graph_tokens=8)
     step = engine._step_fn
