@@ -11,6 +11,7 @@ Usage:
 """
 
 import argparse
+import re
 import sys
 import time
 
@@ -126,14 +127,19 @@ def main(argv: list[str] | None = None) -> int:
         low = min(2, cfg.vocab_size - 1)
         prompts = torch.randint(low, cfg.vocab_size, (args.prompts, args.prompt_len),
                                 generator=gen)
-        out = mf.generate(
-            cfg, params, prompts.tolist(), args.max_new_tokens, mode=args.mode,
-            attention_backend=args.backend, page_size=args.page_size,
-            max_batch_tokens=args.max_batch_tokens, max_seqs=args.max_seqs,
-            eos_token_id=None if args.no_eos else "config",
-            **({"max_graph_tokens": args.max_graph_tokens} if args.max_graph_tokens else {}))
+        kw = dict(mode=args.mode, attention_backend=args.backend, page_size=args.page_size,
+                  max_batch_tokens=args.max_batch_tokens, max_seqs=args.max_seqs,
+                  eos_token_id=None if args.no_eos else "config",
+                  **({"max_graph_tokens": args.max_graph_tokens}
+                     if args.max_graph_tokens else {}))
+        # A first call compiles the kernels (and, in graph modes, captures): timed apart, so
+        # that the rate below is the steady one.
+        t1 = time.perf_counter()
+        mf.generate(cfg, params, prompts[:1].tolist(), 1, progress=False, **kw)
+        warm_s = time.perf_counter() - t1
+        out = mf.generate(cfg, params, prompts.tolist(), args.max_new_tokens, **kw)
     except ValueError as err:  # the package's input errors are ValueError subclasses
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {cli_words(str(err))}", file=sys.stderr)
         return 2
     except RuntimeError as err:
         if not _out_of_memory(err):
@@ -142,14 +148,31 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     source = args.checkpoint or f"preset {args.preset} (random weights)"
     print(f"{source}: {args.prompts} prompts x {args.prompt_len} tokens, max_new_tokens "
-          f"{args.max_new_tokens}, mode {args.mode}, backend {args.backend}, {args.device} "
-          f"{args.dtype}; weights ready in {load_s:.1f} s, engine (cache, graphs) in "
-          f"{out.setup_time_s:.1f} s")
-    print(f"throughput: {out.tokens_per_s:.1f} output tokens/s ({out.output_tokens} tokens, "
-          f"{out.prompt_tokens} prompt tokens, {out.steps} steps, {out.wall_time_s:.2f} s)")
+          f"{args.max_new_tokens}, mode {args.mode}, {out.attention_backend} attention, "
+          f"{args.device} {args.dtype}; weights ready in {load_s:.1f} s, warm-up (first call: "
+          f"kernel compiles) {warm_s:.1f} s, engine (cache, graphs) in {out.setup_time_s:.1f} s")
+    print(f"throughput: {out.tokens_per_s:.1f} output tokens/s, warm ({out.output_tokens} "
+          f"tokens, {out.prompt_tokens} prompt tokens, {out.steps} steps, "
+          f"{out.wall_time_s:.2f} s)")
     for i in range(min(args.show, len(out.tokens))):
-        print(f"  prompt {i} [{out.status[i]}]: {out.tokens[i][:12]}")
+        tokens, more = out.tokens[i][:SHOW_TOKENS], len(out.tokens[i]) - SHOW_TOKENS
+        print(f"  prompt {i} [{out.status[i]}]: {tokens}"
+              + (f" ... ({more} more)" if more > 0 else ""))
     return 0
+
+
+SHOW_TOKENS = 12  # tokens a printed prompt shows before it counts the rest
+
+
+def cli_words(message: str) -> str:
+    """The package's messages name arguments as Python does (`mode='eager'`); on the command
+    line they are this script's options (`--mode eager`)."""
+    return re.sub(r"\b(mode|attention_backend|dtype|page_size|max_seqs|max_batch_tokens)="
+                  r"'?([\w.-]+)'?",
+                  lambda m: f"--{OPTION_OF.get(m[1], m[1]).replace('_', '-')} {m[2]}", message)
+
+
+OPTION_OF = {"attention_backend": "backend"}  # package argument -> this script's option
 
 
 if __name__ == "__main__":

@@ -361,8 +361,20 @@ def test_generate_script_preset(capsys):
     out = run_script(["--preset", "tiny", "--prompts", "2", "--prompt-len", "5",
                       "--max-new-tokens", "3", "--page-size", "4", "--no-eos"], capsys)
     assert "preset tiny (random weights): 2 prompts x 5 tokens" in out
-    assert "output tokens/s (6 tokens, 10 prompt tokens" in out
-    assert out.count("[length]: [") == 2
+    assert "torch attention" in out and "warm-up (first call: kernel compiles)" in out
+    assert "output tokens/s, warm (6 tokens, 10 prompt tokens" in out  # the warm-up apart
+    assert out.count("[length]: [") == 2 and "more)" not in out
+
+
+def test_generate_script_says_more_tokens_exist_and_speaks_cli(capsys):
+    from scripts.generate import main
+
+    out = run_script(["--prompts", "1", "--prompt-len", "3", "--max-new-tokens", "15",
+                      "--page-size", "4", "--no-eos"], capsys)
+    assert "[length]: [" in out and "] ... (3 more)" in out  # 12 shown of 15
+    assert main(["--mode", "full", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "--mode eager" in err and "mode='eager'" not in err
 
 
 def test_generate_script_checkpoint(model, tmp_path, capsys):
