@@ -139,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seqs", type=_positive, default=None,
                    help="largest full bucket, at most --max-tokens (default: 512 or less)")
     p.add_argument("--dtype", default="bf16", choices=list(DTYPES))
-    p.add_argument("--check", default=[1, 8, 32, 128, 512], type=_sizes,
-                   help="buckets to compare with eager (comma-separated)")
+    p.add_argument("--check", default=None, type=_sizes,
+                   help="GPU: buckets to compare with eager (comma-separated; default "
+                        "1,8,32,128,512)")
     p.add_argument("--plan-only", action="store_true")
     args = p.parse_args(argv)
     # Not graphs/PRESET: that is the golden plan, which trying flags must not rewrite.
@@ -150,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"argument --out: {problem}")
     try:  # the package's input errors (CaptureError, ConfigError) are ValueError subclasses
         start = time.perf_counter()
+        layers = mf.MLAConfig.preset(args.preset).num_hidden_layers
+        print(f"planning {args.preset} ({layers} layers: traced on the meta device, a few "
+              f"seconds to a minute) ...", flush=True)
         plan = build_plan(args.preset, args.backend, args.max_tokens, args.max_seqs)
         paths = save_plan(plan, out)
         print(f"plan: {len(plan.segments)} segments ({plan.num_distinct} distinct), "
@@ -160,8 +164,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{', '.join(GPU_ARTIFACTS[m] for m in moved)} in {out}")
         if args.plan_only or not torch.cuda.is_available():
             if not args.plan_only:
-                print("no CUDA device: plan only", file=sys.stderr)
+                print("no CUDA device: plan only (nothing captured"
+                      + (", --check not run)" if args.check else ")"), file=sys.stderr)
             return 0
+        args.check = args.check or [1, 8, 32, 128, 512]
         report = gpu_report(args, out)
         with open(os.path.join(out, "capture_report.json"), "w") as f:
             json.dump(report, f, indent=1)

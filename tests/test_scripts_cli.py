@@ -60,8 +60,11 @@ def test_capture_without_cuda_plans_and_moves_a_gpu_report_aside(tmp_path, capsy
     write_gpu_artifacts(tmp_path)
     assert main(["--out", str(tmp_path)]) == 0
     captured = capsys.readouterr()
-    assert "no CUDA device: plan only" in captured.err
+    assert "no CUDA device: plan only (nothing captured)" in captured.err
+    assert "planning tiny (3 layers" in captured.out  # said before the seconds of planning
     assert "moved the previous run's capture_report.json, graph.dot aside" in captured.out
+    assert main(["--out", str(tmp_path), "--check", "1,8"]) == 0  # a GPU option: said unused
+    assert "plan only (nothing captured, --check not run)" in capsys.readouterr().err
     assert (tmp_path / "capture_report.prev.json").read_text() == "old report"
     assert (tmp_path / "graph.prev.dot").read_text() == "old dot"
     assert not (tmp_path / "capture_report.json").exists() and not (tmp_path / "graph.dot").exists()
