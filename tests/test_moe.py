@@ -1,5 +1,5 @@
-"""mla_func.moe and kernels/moe/align.py, moe_inline_align.py, moe_config.py, moe_gemm.py,
-moe_gate_up.py, moe_down.py, moe_sum.py, fused_moe.py against ops.moe.experts_reference; the
+"""mla_func.moe and kernels/moe/align.py, inline_align.py, config.py, gemm.py,
+gate_up.py, down.py, pair_sum.py, fused.py against ops.moe.experts_reference; the
 MoE sub-layer of the fused path (`kernel_ops`: kernels/router/route.py feeding the experts)
 against the reference routing, experts, add and norm.
 

@@ -1,13 +1,13 @@
 """The Triton backend's absorbed MLA attention (DeepSeek-V2, arXiv:2405.04434, 2.1 and
 appendix C): the absorbed query q_lat = q_nope . W_UK, the paged split-KV decode over the latent
-cache (mla_decode.py, or mla_decode_ws.py's warp-specialised kernel), the LSE merge, and the
+cache (decode.py, or decode_ws.py's warp-specialised kernel), the LSE merge, and the
 value product o = o_lat . W_UV^T, for decodes and short extends (one row per token).
 
 The absorbed query is a cuBLAS bmm, or, given the step's new rows as the input projection left
 them (`absorb.NewRows`), one launch of absorb.py that computes it and runs their prologue (q_pe
 rotated, cache rows normed, rotated and written) in the same grid (the backend's decode path).
 The value product is a cuBLAS bmm written straight in [tokens, heads, v_head] order, or, where
-the plan says `uv` (a few rows), part of the merge itself (mla_merge_uv.py).
+the plan says `uv` (a few rows), part of the merge itself (merge_uv.py).
 """
 
 import torch

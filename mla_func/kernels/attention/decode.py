@@ -22,21 +22,21 @@ reused, so replays see the same addresses.
 A key tile is addressed from one page-table entry when page_size is a multiple of block_n
 (contiguous rows; gathered per key otherwise), and the next tile's page entries load one
 iteration ahead, so the KV tile load never waits on a page-table load in the same iteration
-(sm90 compiles double-buffer it at num_stages 3). The merge (mla_merge.py) launches while the
+(sm90 compiles double-buffer it at num_stages 3). The merge (merge.py) launches while the
 split kernel runs (sm90, programmatic dependent launch; its programs wait for its end).
 Variants (`DecodePlan` fields, so one benchmark run compares them): `early` (sm90) launches
 the split kernel itself while the absorb kernel before it runs: it reads the batch's metadata
 and bulk-prefetches the first cache rows of its chunk into L2 (`l2_prefetch.py`), then waits
 for the absorbed query and the new rows; `warm` has the merge, launched early, prefetch W_UV
-into L2 for the product after it; `uv` fuses that product into the merge (mla_merge_uv.py: o
+into L2 for the product after it; `uv` fuses that product into the merge (merge_uv.py: o
 written directly, no o_lat, no bmm launch); `shared_p` hands p and the rescale factor to the
 value product through per-program scratch (`p_scratch.through_memory`), so that at 64 heads a
 program the two warpgroups split the score tile instead of both computing it; `ws` (sm90, 64
-heads a program) runs the split in mla_decode_ws.py's warp-specialised Gluon kernel instead
+heads a program) runs the split in decode_ws.py's warp-specialised Gluon kernel instead
 (same partials, same merge).
 
 The whole absorbed attention around these launches (the absorbed query, the value product) is
-mla_absorbed.py's `attend_absorbed`.
+absorbed.py's `attend_absorbed`.
 """
 
 from typing import no_type_check
@@ -223,7 +223,7 @@ def mla_decode(
     assert cache.stride(-1) == 1 and cache.stride(0) == cache.shape[1] * cache.stride(1)
     shrunk = {} if shrunk is None else shrunk
     plan = effective_plan(plan, shrunk)
-    if plan.ws and ws_supported(cache, q_lat.shape[0], plan.block_n):  # mla_decode_ws.py
+    if plan.ws and ws_supported(cache, q_lat.shape[0], plan.block_n):  # decode_ws.py
         decode_ws(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan.num_splits,
                   plan.block_n, plan.num_stages, out, part_o, part_lse,
                   plan.early and pdl_supported(q_lat.device))

@@ -70,7 +70,7 @@ class DecodePlan:
     early: bool = False  # sm90: launch while the absorb kernel runs, warm L2, then wait
     warm: bool = False  # the merge, launched early, warms L2 with W_UV before it waits
     uv: bool = False  # the merge fused with the W_UV product (mla_merge_uv): no o_lat
-    # sm90, 64 heads a program: the warp-specialised Gluon split kernel (mla_decode_ws.py), where
+    # sm90, 64 heads a program: the warp-specialised Gluon split kernel (decode_ws.py), where
     # it takes the cache (`mla_decode_ws.supported`: bf16, 576-wide rows); the Triton kernel
     # runs the plan elsewhere.
     ws: bool = False
@@ -110,7 +110,7 @@ def plan_decode(
     rows the merge multiplies by W_UV itself (`uv`, merge_uv.py). The early launches' measurement:
     docs/DECISIONS.md, `DecodePlan.early`.
 
-    `ws`: the device runs the warp-specialised kernel (mla_decode_ws.py, sm90): above 16
+    `ws`: the device runs the warp-specialised kernel (decode_ws.py, sm90): above 16
     heads the plan is `_ws_plan`'s where its splits cover WS_MIN_KEYS keys or more."""
     if ws and heads > 16:
         plan = _ws_plan(num_rows, max_seq_len, num_sms, heads)

@@ -5,7 +5,7 @@ merge after FlashDecoding): scores of the 64 heads' [q_lat, q_pe] against each c
 [c_kv, k_pe] row, o_lat = softmax . c_kv, one (row, split) at a time, its partial and lse
 written for `mla_merge` (or o_lat itself at one split). The work split between warps follows
 FlashMLA (DeepSeek, 2025) as its write-up describes it; the code is our own (the partitions
-and their mbarrier protocol: mla_ws_partitions.py):
+and their mbarrier protocol: ws_partitions.py):
 
 - a **loader** warp streams key tiles [BLOCK_N, 576] of the paged cache into a ring of STAGES
   shared-memory buffers by TMA (a tile lies in one page: page_size % BLOCK_N == 0);

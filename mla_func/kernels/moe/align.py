@@ -29,7 +29,7 @@ counts, places its slice and writes a share of the tile table: no atomics, and a
 order.
 
 The GEMM programs read their M-tile of this layout, or of the direct layout that needs no
-alignment launch, through moe_tile.py.
+alignment launch, through tile.py.
 """
 
 from typing import no_type_check

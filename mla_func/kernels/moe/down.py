@@ -1,9 +1,9 @@
 """The fused MoE's second grouped GEMM (DeepSeekMoE's expert output, arXiv:2401.06066, grouped as
 in vLLM's `fused_moe` Triton kernel): (act W_down^T) times each pair's routing weight, written
 to the pair's own row of a [pairs, hidden] buffer (no atomic reduction: deterministic, replayed
-bit-identically), which the pair sum (`moe_sum.py`) adds up per token; at a few tokens with that
+bit-identically), which the pair sum (`pair_sum.py`) adds up per token; at a few tokens with that
 sum as its programs' tail (`moe_sum.last_sum`). `act` is the gate_up GEMM's output
-(`moe_gate_up.py`). Operands and layouts: `moe_gemm.py`; the tiles and the launch:
+(`gate_up.py`). Operands and layouts: `gemm.py`; the tiles and the launch:
 `fused_moe.fused_experts`.
 """
 

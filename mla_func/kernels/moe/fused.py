@@ -1,8 +1,8 @@
 """Fused MoE grouped GEMM in Triton (after vLLM's `fused_moe` Triton kernel and the DeepSeekMoE
 layer of arXiv:2401.06066 / arXiv:2405.04434), static-shape and free of host syncs.
 
-This module lays out the tiles and launches the kernels of `moe_gate_up.py`, `moe_down.py`
-and `moe_sum.py`.
+This module lays out the tiles and launches the kernels of `gate_up.py`, `down.py`
+and `pair_sum.py`.
 Pipeline (four launches, all sizes fixed by `tokens`, `topk`, the config table and the
 weights):
 1. `moe_align.align`: pairs sorted by expert, each expert's run padded to `block_m` rows

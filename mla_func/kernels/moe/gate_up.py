@@ -1,8 +1,8 @@
 """The fused MoE's first grouped GEMM (the expert SwiGLU of DeepSeekMoE, arXiv:2401.06066, as
 vLLM's `fused_moe` Triton kernel groups it): act = silu(x W_gate^T) * (x W_up^T) of each M-tile
 of an expert's rows (token rows gathered from their pairs) and N-tile of `moe_inter` (SiLU·up
-fused in the epilogue), stored to `act` in the M-tile's rows for the down GEMM (`moe_down.py`).
-Operands and layouts: `moe_gemm.py`; the tiles and the launch: `fused_moe.fused_experts`.
+fused in the epilogue), stored to `act` in the M-tile's rows for the down GEMM (`down.py`).
+Operands and layouts: `gemm.py`; the tiles and the launch: `fused_moe.fused_experts`.
 """
 
 from typing import no_type_check

@@ -1,4 +1,4 @@
-"""What the fused MoE's grouped GEMM kernels (`moe_gate_up.py`, `moe_down.py`) share: where an
+"""What the fused MoE's grouped GEMM kernels (`gate_up.py`, `down.py`) share: where an
 expert's weights start and the masks of a K step. `fused_moe.fused_experts` lays out their tiles
 and launches them.
 

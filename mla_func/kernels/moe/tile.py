@@ -1,5 +1,5 @@
 """The M-tile a grouped MoE GEMM program reads, in either layout of `fused_moe`: the aligned
-layout (moe_align.py: pairs sorted by expert, each expert's run padded to `block_m` rows, the
+layout (align.py: pairs sorted by expert, each expert's run padded to `block_m` rows, the
 shared experts' runs first) or the direct layout.
 
 The direct layout (`direct_tile`, at a few tokens) needs no alignment launch: M-tile

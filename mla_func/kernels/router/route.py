@@ -3,7 +3,7 @@
 Implements `ops.moe.route` (DeepSeek-V2 greedy / group_limited_greedy, DeepSeek-V3 noaux_tc;
 arXiv:2405.04434, arXiv:2412.19437) for any number of tokens, where the reference's six small
 kernels (fp32 cast, GEMM, softmax, topk, ...) cost far more than their arithmetic. The
-selection lives in `router_select.py`; this module owns the logits and the launch. At one to
+selection lives in `select.py`; this module owns the logits and the launch. At one to
 four rows (`KernelOptions.router_few_rows`, `kernels.plan.router_rows`) it launches
 `router/rows.py`'s kernel instead: one program an expert.
 
