@@ -16,7 +16,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from mla_func.kernels.plan import KernelOptions, default_options
+from mla_func.kernels.plan import KernelOptions, default_options, options_for
 from mla_func.staging import HostStaging
 from mla_func.state import SCRATCH_PAGE
 
@@ -109,11 +109,7 @@ def make_batch(
     `staging` (CUDA): the engine's pinned buffers for the copy (else one pinned per call).
     `kernels`: which implementation runs each op (default: the device's, with the attention
     `backend`)."""
-    if kernels is None:
-        kernels = default_options(device, backend)
-    elif kernels.attention != backend and backend != "torch":
-        raise BatchError(f"backend={backend!r} disagrees with kernels.attention="
-                         f"{kernels.attention!r}: pass one of them")
+    kernels = options_for(device, kernels, backend, error=BatchError)
     if not work:
         raise BatchError("a batch needs at least one sequence")
     tokens: list[int] = []

@@ -28,7 +28,7 @@ from mla_func.capture import ALWAYS, CapturePlan, CudaRequiredError, plan_captur
 from mla_func.capture.compile import compile_plan
 from mla_func.capture.dispatch import MODES, CompiledStep
 from mla_func.dims import VOCABULARY
-from mla_func.kernels.plan import KernelOptions, default_options, device_spec
+from mla_func.kernels.plan import KernelOptions, device_spec, options_for
 from mla_func.kernels.plan import plan_step as plan_kernels
 from mla_func.model import forward
 from mla_func.params import Params
@@ -81,16 +81,6 @@ def seqs_within_tokens(max_tokens: int | None, max_seqs: int | None) -> int | No
     return max_seqs
 
 
-def options_for(params: Params, kernels: KernelOptions | None, backend: str) -> KernelOptions:
-    """`kernels`, or the device's defaults with the attention `backend`."""
-    if kernels is None:
-        return default_options(params.device, backend)
-    if kernels.attention != backend and backend != "torch":
-        raise ValueError(f"backend={backend!r} disagrees with kernels.attention="
-                         f"{kernels.attention!r}: pass one of them")
-    return kernels
-
-
 def bucket_kernels(plan: CapturePlan, params: Params, kernels: KernelOptions, max_pages: int,
                    page_size: int) -> dict[str, dict]:
     """The options, and mode -> bucket size -> the kernels that bucket runs
@@ -116,7 +106,7 @@ def plan_step(params: Params, state: KVState, *, max_tokens: int | None = None,
     writes each new token to a slot and each sequence holds a page of its own, so no step has
     more tokens than the cache has slots, nor more sequences than pages (the scratch page is
     no one's); the plan's "state_bounds" says so."""
-    kernels = options_for(params, kernels, backend)
+    kernels = options_for(params.device, kernels, backend)
     max_pages = max_pages or state.num_pages - 1
     example = decode_batch(2, max_pages, state.page_size, params.device, kernels)
     seqs_within_tokens(max_tokens, max_seqs)  # the caller's sizes, checked as given
@@ -156,7 +146,7 @@ def compile_step(params: Params, state: KVState, *, mode: str, max_tokens: int |
     if not emulate and not torch.cuda.is_available():
         raise CudaRequiredError(f"mode {mode!r} captures CUDA graphs and needs a CUDA device; "
                                 "none is available (use mode='eager')")
-    kernels = options_for(params, kernels, backend)
+    kernels = options_for(params.device, kernels, backend)
     get_backend(kernels.attention, params.device)  # before planning: one that cannot run here
     max_pages = max_pages or state.num_pages - 1
     plan = plan_step(params, state, max_tokens=max_tokens, max_seqs=max_seqs,

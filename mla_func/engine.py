@@ -54,7 +54,7 @@ from mla_func.attention import get_backend
 from mla_func.batch import SeqWork, make_batch
 from mla_func.config import MLAConfig
 from mla_func.dims import TOKENS_MAX_CAPTURED
-from mla_func.kernels.plan import KernelOptions, default_options
+from mla_func.kernels.plan import KernelOptions, options_for
 from mla_func.params import Params
 from mla_func.progress import AUTO_PROGRESS_DELAY_S, Progress
 from mla_func.request import Launched, Request
@@ -135,11 +135,7 @@ class Engine:
             raise ValueError(f"cfg does not match params.cfg (fields that differ: "
                              f"{', '.join(differ)}): pass the config the params were built or "
                              "loaded with")
-        if kernels is None:
-            kernels = default_options(params.device, attention_backend)
-        elif attention_backend not in ("auto", kernels.attention):
-            raise ValueError(f"attention_backend={attention_backend!r} disagrees with "
-                             f"kernels.attention={kernels.attention!r}: pass one of them")
+        kernels = options_for(params.device, kernels, attention_backend, unset="auto")
         get_backend(kernels.attention, params.device)
         for name, value in (("page_size", page_size), ("max_batch_tokens", max_batch_tokens),
                             ("max_seqs", max_seqs), ("max_graph_tokens", max_graph_tokens)):

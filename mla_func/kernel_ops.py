@@ -30,8 +30,7 @@ from mla_func.kernels.linear import norm_linear as fused_norm_linear
 from mla_func.kernels.linear import proj_norm
 from mla_func.kernels.plan import KernelOptions
 from mla_func.kernels.router import route as fused_route
-from mla_func.moe import experts_add_norm as reference_experts_add_norm
-from mla_func.moe import moe_experts_add_norm_op
+from mla_func.moe import experts_add_norm as moe_experts_add_norm
 from mla_func.ops import moe as ref_moe
 from mla_func.ops.norm import rmsnorm
 from mla_func.params import MoE
@@ -89,8 +88,7 @@ def route(x: Rows, moe: MoE, cfg: MLAConfig, opts: KernelOptions, counters: Coun
           ) -> tuple[Float[Tensor, "tokens topk"], Int[Tensor, "tokens topk"]]:
     """(routing weights, expert ids) of each token (`ops.moe.route`'s numerics)."""
     if opts.fused:
-        return fused_route.route_fused(x, moe.router, moe.score_bias, cfg, counters, opts,
-                                       _call(fused_route.moe_route, opts))
+        return fused_route.route_fused(x, moe.router, moe.score_bias, cfg, counters, opts)
     return ref_moe.route(x, moe.router, moe.score_bias, cfg)
 
 
@@ -102,15 +100,9 @@ def experts_add_norm(
     """(h + experts(x), its norm): the routed and shared experts, the residual add and the
     next norm (in the experts' final reduction on the fused path). `defer_norm`: the norm's
     only reader is `norm_linear` (the module docstring)."""
-    if opts.experts == "triton":
-        s = moe.shared
-        shared = (None, None) if s is None else (s.gate_up, s.down)
-        return _call(moe_experts_add_norm_op, opts)(
-            x, weights, ids, moe.gate_up, moe.down, *shared, h, weight, eps, defer_norm,
-            counters, opts.moe_trigger)
-    h, y = reference_experts_add_norm(x, weights, ids, moe.gate_up, moe.down, moe.shared, h,
-                                      weight, eps, impl=opts.experts)
-    return h, y
+    return moe_experts_add_norm(x, weights, ids, moe.gate_up, moe.down, moe.shared, h, weight,
+                                eps, impl=opts.experts, defer_norm=defer_norm, counters=counters,
+                                trigger=opts.moe_trigger, direct=opts.eager_direct)
 
 
 @custom_op("mla_func::logits", mutates_args=())

@@ -31,7 +31,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.custom_op import custom_op
-from mla_func.kernels.launch.runtime import Runtime
+from mla_func.kernels.launch.runtime import call_counters
 from mla_func.kernels.moe.align import align_torch, max_blocks
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import experts_reference
@@ -56,7 +56,7 @@ def experts(
     if impl == "triton":
         s_gate_up, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
         return moe_experts_op(x, weights, ids, gate_up, down, s_gate_up, s_down,
-                              _counters(x, counters), True)
+                              call_counters(counters, x.device), True)
     if impl == "sorted_torch":
         out = sorted_torch(x, weights, ids, gate_up, down)
     elif impl == "reference":
@@ -82,24 +82,23 @@ def experts_add_norm(
     defer_norm: bool = False,
     counters: Int[Tensor, " counters"] | None = None,
     trigger: bool = True,
+    direct: bool = True,
 ) -> tuple[Float[Tensor, "tokens hidden"], Float[Tensor, "tokens hidden"]]:
     """(h, rmsnorm(h)) with h = residual + experts(...): the residual stream after the MoE and
     the next layer's input (`norm.add_rmsnorm`'s rounding: the MoE output, then h, in x's
-    dtype). `defer_norm`: the norm's only reader is `kernels.norm_linear.norm_linear`, so the
+    dtype). `defer_norm`: the norm's only reader is `kernels.linear.norm_linear`, so the
     Triton path may leave it unwritten where that op normalises h itself
     (`kernels.moe.fused.fused_experts`; the contract: `mla_func.kernel_ops`). `trigger`:
-    `KernelOptions.moe_trigger`."""
+    `KernelOptions.moe_trigger`; `direct`: an eager call of the Triton op runs its function
+    (else through the dispatcher, `KernelOptions.eager_direct`)."""
     if impl == "triton":
         s_gate_up, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
-        return moe_experts_add_norm_op(
+        op = moe_experts_add_norm_op if direct else moe_experts_add_norm_op.dispatch
+        return op(
             x, weights, ids, gate_up, down, s_gate_up, s_down, residual, norm_weight, eps,
-            defer_norm, _counters(x, counters), trigger)
+            defer_norm, call_counters(counters, x.device), trigger)
     h = residual + experts(x, weights, ids, gate_up, down, shared, impl)
     return h, rmsnorm(h, norm_weight, eps)
-
-
-def _counters(x: Tensor, counters: Tensor | None) -> Tensor:
-    return Runtime(x.device).counters if counters is None else counters
 
 
 # typing.Optional: the schema inference of older torch looks the annotation up in a table.

@@ -68,6 +68,24 @@ def test_options_are_plan_fields():
     assert P.default_options("cpu", "auto").attention == "torch"
 
 
+def test_options_and_a_backend_that_disagrees_are_refused():
+    """Options given with a backend other than theirs (and other than the call's default) are
+    refused, at every place that takes both: make_batch, Engine, compile_step."""
+    from mla_func.compile_step import plan_step as plan_capture_of
+
+    cfg = mf.MLAConfig.preset("tiny")
+    params = mf.init_params(cfg)
+    state = mf.init_state(cfg, num_pages=8, page_size=4)
+    triton = P.KernelOptions(attention="triton")
+    assert P.options_for("cpu", triton, "torch") is triton  # "torch": make_batch's default
+    with pytest.raises(mf.BatchError, match="backend='bogus' disagrees"):
+        mf.make_batch([mf.SeqWork([1], 0, [1])], 4, 2, backend="bogus", kernels=triton)
+    with pytest.raises(ValueError, match="backend='torch' disagrees"):
+        mf.Engine(cfg, params, num_pages=8, attention_backend="torch", kernels=triton)
+    with pytest.raises(ValueError, match="backend='bogus' disagrees"):
+        plan_capture_of(params, state, backend="bogus", kernels=triton)
+
+
 def test_the_kernels_decide_as_the_plan_says():
     """Each kernel's own guard calls the plan's predicate: for every row count the launch it
     picks is the plan's."""

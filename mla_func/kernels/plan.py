@@ -87,6 +87,19 @@ def default_options(device: torch.device | str, attention: str = "torch") -> Ker
                          experts="triton" if fused else "sorted_torch")
 
 
+def options_for(device: torch.device | str, kernels: KernelOptions | None, backend: str,
+                unset: str = "torch", error: type[ValueError] = ValueError) -> KernelOptions:
+    """The options a call runs with: `kernels`, or the device's defaults with the attention
+    `backend`. Both given, `backend` must be `kernels.attention` or the caller's default
+    (`unset`: not chosen); otherwise `error` says which."""
+    if kernels is None:
+        return default_options(device, backend)
+    if backend not in (unset, kernels.attention):
+        raise error(f"backend={backend!r} disagrees with kernels.attention="
+                    f"{kernels.attention!r}: pass one of them")
+    return kernels
+
+
 @dataclass(frozen=True)
 class DeviceSpec:
     """What the plan needs to know of a device."""

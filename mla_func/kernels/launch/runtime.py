@@ -89,6 +89,12 @@ class Runtime:
         return self._streams[index]
 
 
+def call_counters(counters: Tensor | None, device: torch.device) -> Tensor:
+    """`counters`, or, for a call outside a step (a test, a benchmark), those of a runtime of
+    the call's own on `device`."""
+    return Runtime(device).counters if counters is None else counters
+
+
 def op_counters(counters: Tensor, op: str) -> Tensor:
     """The slice of a runtime's counters that op `mla_func::<op>` owns (made once a tensor
     object: an eager step asks for it at every layer)."""

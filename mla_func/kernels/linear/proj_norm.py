@@ -30,7 +30,7 @@ from torch import Tensor
 from mla_func.custom_op import custom_op
 from mla_func.kernels.launch.counters import last_to_arrive
 from mla_func.kernels.launch.pdl import supported as pdl_supported
-from mla_func.kernels.launch.runtime import Runtime, op_counters
+from mla_func.kernels.launch.runtime import call_counters, op_counters
 from mla_func.kernels.linear.norm import add_rmsnorm, rms_scaled
 from mla_func.kernels.linear.small_linear import project_rows
 from mla_func.kernels.plan import PROJ_NORM_MAX_ROWS, proj_norm_rows
@@ -89,8 +89,7 @@ def launch(
     """(grid, arguments, keyword arguments, (h + o w^T, its norm) outputs) of the kernel (the
     sm90 compile test reads the same); `counters`: the state's (default: a runtime's own);
     `block_k`: input columns a step."""
-    if counters is None:
-        counters = Runtime(h.device).counters
+    counters = call_counters(counters, h.device)
     rows, n_in = o.shape
     n_out = w.shape[0]
     a = torch.empty(rows, n_out, dtype=h.dtype, device=h.device)

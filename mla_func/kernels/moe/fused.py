@@ -66,7 +66,7 @@ from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from mla_func.kernels.launch.pdl import supported as pdl_supported
-from mla_func.kernels.launch.runtime import Runtime, op_counters
+from mla_func.kernels.launch.runtime import Runtime, call_counters, op_counters
 from mla_func.kernels.linear.norm import add_rmsnorm
 from mla_func.kernels.moe.align import align, empty_layout
 from mla_func.kernels.moe.config import (
@@ -161,8 +161,7 @@ def fused_experts(
     programs let the launch after them start at once (`KernelOptions.moe_trigger`)."""
     tokens, topk = ids.shape
     n_routed, _, n_inter, n_hidden = gate_up.shape
-    if counters is None:
-        counters = Runtime(x.device).counters
+    counters = call_counters(counters, x.device)
     cfg = config or pick_config(tokens)
     fold = tokens <= FUSE_SHARED_MAX_TOKENS
     x, ids, weights = x.contiguous(), ids.contiguous(), weights.contiguous()

@@ -38,9 +38,8 @@ reference (`route`); every token count runs the kernel.
 """
 
 import functools
-from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, no_type_check
+from typing import no_type_check
 
 import torch
 import triton
@@ -52,7 +51,7 @@ from mla_func.config import MLAConfig
 from mla_func.custom_op import custom_op
 from mla_func.kernels.launch.counters import last_to_arrive
 from mla_func.kernels.launch.pdl import supported as pdl_supported
-from mla_func.kernels.launch.runtime import Runtime, op_counters
+from mla_func.kernels.launch.runtime import call_counters, op_counters
 from mla_func.kernels.plan import ROUTER_MAX_EXPERTS, KernelOptions, router_rows
 from mla_func.kernels.router import rows
 from mla_func.kernels.router.plan import LaunchConfig, group_block, launch_config
@@ -233,18 +232,17 @@ def route_fused(
     cfg: MLAConfig,
     counters: Int[Tensor, " counters"] | None = None,
     options: KernelOptions | None = None,
-    call: Callable[..., Any] | None = None,
 ) -> tuple[Float[Tensor, "tokens topk"], Int[Tensor, "tokens topk"]]:
     """`ops.moe.route` as one custom op (one Triton launch at up to ROUTER_MAX_EXPERTS
     experts). `counters`: the state's (default: a runtime of the call's own); `options`: the
-    router's launch options (default: `KernelOptions(fused=True)`'s); `call`: how to call the
-    op (default: `moe_route` itself)."""
-    if counters is None:
-        counters = Runtime(x.device).counters
+    router's launch options and whether an eager call skips the dispatcher (default:
+    `KernelOptions(fused=True)`'s)."""
+    counters = call_counters(counters, x.device)
     options = options or KernelOptions(fused=True)
     method = cfg.topk_method
     normalize = cfg.norm_topk_prob and (method == "noaux_tc" or cfg.model_type == "deepseek_v3")
-    return (call or moe_route)(
+    op = moe_route if options.eager_direct else moe_route.dispatch
+    return op(
         x, router, score_bias, counters, cfg.num_experts_per_tok, cfg.n_group or 1,
         cfg.topk_group or 1, method, normalize, float(cfg.routed_scaling_factor),
         options.router_early, options.router_preload, options.router_few_rows)
