@@ -33,12 +33,13 @@ from torch import Tensor
 from mla_func.custom_op import custom_op
 from mla_func.kernels.launch.runtime import call_counters
 from mla_func.kernels.moe.align import align_torch, max_blocks
+from mla_func.kernels.plan import EXPERTS_IMPLS
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import experts_reference
 from mla_func.ops.norm import rmsnorm
 from mla_func.params import DenseMLP
 
-IMPLS = ("reference", "sorted_torch", "triton")
+IMPLS = EXPERTS_IMPLS  # the implementations `KernelOptions.experts` names
 
 
 def experts(
