@@ -31,6 +31,8 @@ from mla_func.config import MLAConfig, read_config_json
 
 # Writing lives in checkpoint_write.py; re-exported so that one import serves both directions.
 from mla_func.dtypes import resolve_dtype
+from mla_func.parallel.group import SINGLE, TensorParallel, tensor_parallel
+from mla_func.parallel.shard import check_shardable
 from mla_func.params import Attention, DenseMLP, Layer, MoE, Params, yarn_inv_freq
 
 SCALE_SUFFIX = "_scale_inv"  # block-FP8: `<name>.weight_scale_inv` next to `<name>.weight`
@@ -141,13 +143,20 @@ class _Reader:
         if duplicated:
             raise CheckpointError(f"keys stored in more than one shard: {sorted(duplicated)}")
 
-    def get(self, key: str, device: torch.device, dtype: torch.dtype) -> Tensor:
-        t = self.where[key].get_tensor(key)
+    def get(self, key: str, device: torch.device, dtype: torch.dtype,
+            rows: slice | None = None, cols: slice | None = None) -> Tensor:
+        """The tensor `key` (its `rows`/`cols` only: nothing else is read), dequantised where
+        stored in block FP8, as `dtype` on `device`."""
+        whole = slice(None)
+        part = self.where[key].get_slice(key)
+        t = part[rows or whole] if cols is None else part[rows or whole, cols]
         if key in self.fp8:
-            scale = self.where[key + SCALE_SUFFIX].get_tensor(key + SCALE_SUFFIX).float()
-            (bo, bi), (rows, cols) = self.block, t.shape
-            scale = scale.repeat_interleave(bo, 0)[:rows].repeat_interleave(bi, 1)[:, :cols]
-            t = t.float() * scale
+            r0, c0 = (rows or whole).start or 0, (cols or whole).start or 0
+            (bo, bi), (n_rows, n_cols) = self.block, t.shape
+            blocks = self.where[key + SCALE_SUFFIX].get_slice(key + SCALE_SUFFIX)
+            scale = blocks[r0 // bo:-(-(r0 + n_rows) // bo), c0 // bi:-(-(c0 + n_cols) // bi)]
+            scale = scale.float().repeat_interleave(bo, 0)[r0 % bo:][:n_rows]
+            t = t.float() * scale.repeat_interleave(bi, 1)[:, c0 % bi:][:, :n_cols]
         return t.to(device=device, dtype=dtype)
 
 
@@ -212,7 +221,7 @@ def _disagreeing_fields(cfg: MLAConfig, wrong: dict[str, tuple[tuple, tuple]]) -
 
 def load_hf(
     directory: "str | Path", device: "str | torch.device" = "cpu",
-    dtype: "torch.dtype | str" = torch.float32,
+    dtype: "torch.dtype | str" = torch.float32, mesh: Any = None,
 ) -> tuple[MLAConfig, Params]:
     """Config and parameters of an HF DeepSeek-V2/V3 checkpoint directory (or its config.json,
     as `MLAConfig.from_hf` takes), each tensor cast to `dtype` on `device` (V3's
@@ -220,7 +229,9 @@ def load_hf(
     tensor, ConfigError for an absent or invalid config.json and CheckpointError for unreadable
     weights or weights that do not match the config (listing every bad key). A
     rope_interleave=False checkpoint comes back interleaved. `dtype`: a floating-point
-    torch.dtype or its name (`dtypes.DTYPES`)."""
+    torch.dtype or its name (`dtypes.DTYPES`). `mesh` (a 1-D DeviceMesh, ProcessGroup or
+    `parallel.TensorParallel`): this rank's shard only (`parallel.shard_params`' split), read
+    as slices of the files: no rank reads or holds the whole model."""
     dtype = resolve_dtype(dtype, "load_hf's dtype")
     directory, device = Path(directory), torch.device(device)
     if directory.name == "config.json" and directory.is_file():
@@ -228,8 +239,10 @@ def load_hf(
     elif directory.is_file():
         raise CheckpointError(f"{directory} is a file: load_hf takes a checkpoint directory "
                               "or its config.json")
+    tp = SINGLE if mesh is None else tensor_parallel(mesh)
     raw = read_config_json(directory)
     cfg = MLAConfig.from_hf(directory)
+    check_shardable(cfg, tp)
     mtp_layers = int(raw.get("num_nextn_predict_layers", raw.get("num_mtp_layers", 0)) or 0)
     with ExitStack() as stack:
         reader = _Reader(_weight_files(directory), stack, _fp8_block(raw))
@@ -242,36 +255,42 @@ def load_hf(
             reader.rope_perm = torch.stack((torch.arange(half), torch.arange(half) + half),
                                            dim=-1).flatten()
             cfg = cfg.with_(rope_interleave=True)
-        return cfg, _build(cfg, reader, device, dtype)
+        return cfg, _build(cfg, reader, device, dtype, tp)
 
 
-def _build(cfg: MLAConfig, reader: _Reader, device: torch.device, dtype: torch.dtype) -> Params:
-    c, heads = cfg, cfg.num_attention_heads
+def _build(cfg: MLAConfig, reader: _Reader, device: torch.device, dtype: torch.dtype,
+           tp: TensorParallel) -> Params:
+    c, heads = cfg, cfg.num_attention_heads // tp.size  # this rank's
 
-    def get(key: str) -> Tensor:
-        return reader.get(key, device, dtype)
+    def get(key: str, rows: slice | None = None, cols: slice | None = None) -> Tensor:
+        return reader.get(key, device, dtype, rows, cols)
 
-    def mlp(prefix: str, out: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        gate = get(prefix + "gate_proj.weight")
+    def mlp(prefix: str, out: Tensor | None = None, split: bool = False
+            ) -> tuple[Tensor, Tensor]:
+        """gate_up, down; `split`: this rank's share of the width (else all of it)."""
+        width = reader.shapes[prefix + "gate_proj.weight"][0]
+        inter = tp.part(width) if split else None
+        gate = get(prefix + "gate_proj.weight", inter)
         gate_up = out if out is not None else gate.new_empty((2, *gate.shape))
         gate_up[0].copy_(gate)
         del gate
-        gate_up[1].copy_(get(prefix + "up_proj.weight"))
-        return gate_up, get(prefix + "down_proj.weight")
+        gate_up[1].copy_(get(prefix + "up_proj.weight", inter))
+        return gate_up, get(prefix + "down_proj.weight", None, inter)
 
     def dense(prefix: str) -> DenseMLP:
-        return DenseMLP(*mlp(prefix))
+        return DenseMLP(*mlp(prefix, split=True))
 
     def moe(m: str) -> MoE:
-        e, inter, h = c.n_routed_experts, c.moe_intermediate_size, c.hidden_size
+        mine, inter, h = tp.part(c.n_routed_experts), c.moe_intermediate_size, c.hidden_size
+        e = mine.stop - mine.start
         if m + "experts.gate_up_proj" in reader.shapes:
-            gate_up = get(m + "experts.gate_up_proj").view(e, 2, inter, h)
-            down = get(m + "experts.down_proj")
+            gate_up = get(m + "experts.gate_up_proj", mine).view(e, 2, inter, h)
+            down = get(m + "experts.down_proj", mine)
         else:
             gate_up = torch.empty(e, 2, inter, h, device=device, dtype=dtype)
             down = torch.empty(e, h, inter, device=device, dtype=dtype)
             for j in range(e):
-                down[j].copy_(mlp(f"{m}experts.{j}.", gate_up[j])[1])
+                down[j].copy_(mlp(f"{m}experts.{mine.start + j}.", gate_up[j])[1])
         bias = m + "gate.e_score_correction_bias"
         return MoE(
             # In the model dtype, as HF holds it (route computes the scores in float32).
@@ -292,19 +311,25 @@ def _build(cfg: MLAConfig, reader: _Reader, device: torch.device, dtype: torch.d
         return w.flatten(0, 1)
 
     def attention(a: str) -> Attention:
-        nope, v = c.qk_nope_head_dim, c.v_head_dim
-        kv_b = get(a + "kv_b_proj.weight").view(heads, nope + v, c.kv_lora_rank)
+        nope, v, qk = c.qk_nope_head_dim, c.v_head_dim, c.qk_head_dim
+        mine = tp.part(c.num_attention_heads)  # this rank's heads' rows or columns
+
+        def per_head(width: int) -> slice:
+            return slice(mine.start * width, mine.stop * width)
+
+        kv_b = get(a + "kv_b_proj.weight", per_head(nope + v)).view(heads, nope + v, -1)
         lora = c.q_lora_rank is not None
-        q = get(a + "q_a_proj.weight") if lora else rope_rows(get(a + "q_proj.weight"), heads)
+        q = (get(a + "q_a_proj.weight") if lora
+             else rope_rows(get(a + "q_proj.weight", per_head(qk)), heads))
         kv_a = rope_rows(get(a + "kv_a_proj_with_mqa.weight"), 1)
         return Attention(
             kv_a_norm=get(a + "kv_a_layernorm.weight"),
             w_uk=kv_b[:, :nope].contiguous(), w_uv=kv_b[:, nope:].contiguous(),
             qkv_a_proj=torch.cat((q, kv_a)),
-            o_proj=get(a + "o_proj.weight").view(c.hidden_size, heads, v),
+            o_proj=get(a + "o_proj.weight", None, per_head(v)).view(c.hidden_size, heads, v),
             q_a_norm=get(a + "q_a_layernorm.weight") if lora else None,
-            q_b_proj=rope_rows(get(a + "q_b_proj.weight"), heads).view(
-                heads, c.qk_head_dim, -1) if lora else None)
+            q_b_proj=rope_rows(get(a + "q_b_proj.weight", per_head(qk)), heads).view(
+                heads, qk, -1) if lora else None)
 
     layers = []
     for i in range(c.num_hidden_layers):
@@ -313,11 +338,12 @@ def _build(cfg: MLAConfig, reader: _Reader, device: torch.device, dtype: torch.d
             input_norm=get(p + "input_layernorm.weight"), attn=attention(p + "self_attn."),
             post_attn_norm=get(p + "post_attention_layernorm.weight"),
             mlp=moe(p + "mlp.") if c.is_moe_layer(i) else dense(p + "mlp.")))
-    embed = get("model.embed_tokens.weight")
+    vocab = tp.part(c.vocab_size)
+    embed = get("model.embed_tokens.weight", vocab)
     return Params(
         cfg=c, embed=embed, layers=tuple(layers), norm=get("model.norm.weight"),
-        lm_head=embed if c.tie_word_embeddings else get("lm_head.weight"),
-        rope_inv_freq=yarn_inv_freq(c).to(device))
+        lm_head=embed if c.tie_word_embeddings else get("lm_head.weight", vocab),
+        rope_inv_freq=yarn_inv_freq(c).to(device), tp=tp)
 
 
 __all__ = ["CheckpointError", "INDEX_FILE", "expected_shapes", "hf_tensors", "load_hf", "save_hf"]

@@ -30,6 +30,7 @@ from mla_func.capture.dispatch import MODES, CompiledStep
 from mla_func.dims import VOCABULARY
 from mla_func.kernels.plan import KernelOptions, device_spec, options_for
 from mla_func.kernels.plan import plan_step as plan_kernels
+from mla_func.parallel.comm import COLLECTIVES
 from mla_func.model import forward
 from mla_func.params import Params
 from mla_func.state import SCRATCH_PAGE, KVState
@@ -94,7 +95,8 @@ def bucket_kernels(plan: CapturePlan, params: Params, kernels: KernelOptions, ma
         out[mode] = {str(n): plan_kernels(
             params.cfg, device, n, n if full else min(n, seqs_max), options=kernels,
             max_pages=max_pages, page_size=page_size, dtype=params.dtype,
-            max_query_len=1 if full else None).summary(options=False) for n in sizes}
+            max_query_len=1 if full else None, ranks=params.tp.size).summary(options=False)
+            for n in sizes}
     return out
 
 
@@ -125,6 +127,12 @@ def plan_step(params: Params, state: KVState, *, max_tokens: int | None = None,
     plan.meta["state_bounds"] = {"slots": slots, "pages": pages, "max_tokens": max_tokens,
                                  "max_seqs": max_seqs}
     plan.meta["kernels"] = bucket_kernels(plan, params, kernels, max_pages, state.page_size)
+    if params.tp.sharded:
+        plan.meta["tensor_parallel"] = {"rank": params.tp.rank, "ranks": params.tp.size}
+        # Inside the graphs, not splitting points: per segment (logits: at its split).
+        plan.meta["collectives"] = {
+            str(seg.index): counts for seg in plan.segments
+            if (counts := {op: n for op, n in seg.op_counts().items() if op in COLLECTIVES})}
     return plan
 
 

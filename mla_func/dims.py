@@ -25,6 +25,8 @@ class DimSpec:
     policy: str | None = None
 
 
+# On one device; a rank of a tensor-parallel group of n holds 1/n of the sharded axes
+# (`static_sizes`, `mla_func.parallel.shard`).
 STATIC_BINDINGS: dict[str, Callable[[MLAConfig], int]] = {
     "hidden": lambda c: c.hidden_size,
     "heads": lambda c: c.num_attention_heads,
@@ -37,10 +39,12 @@ STATIC_BINDINGS: dict[str, Callable[[MLAConfig], int]] = {
     "latent": lambda c: c.latent_dim,
     "qkv_a": lambda c: (c.q_lora_rank or c.num_attention_heads * c.qk_head_dim) + c.latent_dim,
     "experts": lambda c: c.n_routed_experts or 0,
+    "local_experts": lambda c: c.n_routed_experts or 0,
     "topk": lambda c: c.num_experts_per_tok or 0,
     "moe_inter": lambda c: c.moe_intermediate_size,
     "inter": lambda c: c.intermediate_size,
     "vocab": lambda c: c.vocab_size,
+    "local_vocab": lambda c: c.vocab_size,
     "layers": lambda c: c.num_hidden_layers,
 }
 
@@ -59,7 +63,7 @@ VOCABULARY: dict[str, DimSpec] = {
     "max_pages": DimSpec("max_pages", "capacity", "page-table width per sequence"),
     "counters": DimSpec("counters", "capacity", "the kernels' arrival-counter slots"),
     "hidden": DimSpec("hidden", "static", "model width (hidden_size)"),
-    "heads": DimSpec("heads", "static", "attention heads"),
+    "heads": DimSpec("heads", "static", "attention heads (this rank's: heads / ranks)"),
     "qk_nope": DimSpec("qk_nope", "static", "per-head query/key width without rope"),
     "qk_rope": DimSpec("qk_rope", "static", "per-head rope width (shared key part)"),
     "qk_head": DimSpec("qk_head", "static", "per-head query/key width: qk_nope + qk_rope"),
@@ -70,11 +74,15 @@ VOCABULARY: dict[str, DimSpec] = {
     "qkv_a": DimSpec("qkv_a", "static",
                      "rows of the fused input projection: the query's (heads x qk_head, or "
                      "q_lora) then latent"),
-    "experts": DimSpec("experts", "static", "routed experts"),
+    "experts": DimSpec("experts", "static", "routed experts (the router's, all of them)"),
+    "local_experts": DimSpec("local_experts", "static",
+                             "routed experts this rank holds (experts / ranks)"),
     "topk": DimSpec("topk", "static", "experts per token"),
     "moe_inter": DimSpec("moe_inter", "static", "expert MLP width"),
-    "inter": DimSpec("inter", "static", "dense MLP width"),
+    "inter": DimSpec("inter", "static", "dense MLP width (this rank's: inter / ranks)"),
     "vocab": DimSpec("vocab", "static", "vocabulary size"),
+    "local_vocab": DimSpec("local_vocab", "static",
+                           "vocabulary rows this rank holds (vocab / ranks)"),
     "layers": DimSpec("layers", "static", "decoder layers"),
 }
 
@@ -97,6 +105,16 @@ LOCAL_DIMS: dict[str, str] = {
 }
 
 
-def static_sizes(cfg: MLAConfig) -> dict[str, int]:
-    """Every static dim name bound to its size under `cfg`."""
-    return {name: bind(cfg) for name, bind in STATIC_BINDINGS.items()}
+# The axes a rank of a tensor-parallel group holds 1/ranks of (`mla_func.parallel.shard`).
+SHARDED_DIMS = ("heads", "inter", "local_experts", "local_vocab")
+
+
+def static_sizes(cfg: MLAConfig, ranks: int = 1) -> dict[str, int]:
+    """Every static dim name bound to its size under `cfg`, on one rank of `ranks` (the
+    sharded axes divided; `qkv_a` holds this rank's query rows)."""
+    sizes = {name: bind(cfg) for name, bind in STATIC_BINDINGS.items()}
+    for name in SHARDED_DIMS:
+        sizes[name] //= ranks
+    if not cfg.q_lora_rank:
+        sizes["qkv_a"] = sizes["heads"] * cfg.qk_head_dim + cfg.latent_dim
+    return sizes

@@ -34,6 +34,9 @@ Errors, all found on the host before any state changes:
 - `Engine.submit()` raises the same errors for that request only and leaves the engine as it
   was: a long-lived engine keeps serving the others.
 - A full cache is not an error: a request that fits an empty cache waits for pages.
+- Several ranks (`params.tp`): every rank runs an engine over the same requests; a rank
+  whose step differs from the others' raises `parallel.schedule.ScheduleError` on every rank
+  before the step's collectives launch.
 - Graph modes without CUDA raise the compiler's `CudaRequiredError` (a ValueError and a
   RuntimeError) before anything is allocated.
 
@@ -55,6 +58,8 @@ from mla_func.batch import SeqWork, make_batch
 from mla_func.config import MLAConfig
 from mla_func.dims import TOKENS_MAX_CAPTURED
 from mla_func.kernels.plan import KernelOptions, options_for
+from mla_func.parallel.group import is_main
+from mla_func.parallel.schedule import ScheduleCheck
 from mla_func.params import Params
 from mla_func.progress import AUTO_PROGRESS_DELAY_S, Progress
 from mla_func.request import Launched, Request
@@ -152,6 +157,11 @@ class Engine:
         self.eos = eos_ids(eos_token_id, cfg)
         self.return_logits = return_logits
         self.state: KVState = init_state(cfg, num_pages, page_size, params.device, params.dtype)
+        # Several ranks: the same schedule on each, checked before every step; one bar.
+        self._schedule_check = ScheduleCheck(params.tp) if params.tp.sharded else None
+        self._main = is_main(params.tp)
+        if not self._main:
+            progress = False
         # The scheduling budget may exceed the graphs' range: larger steps run eagerly, where a
         # graph would only add padding (dims.TOKENS_MAX_CAPTURED). A decode step holds a token
         # a sequence, so full graphs go up to that many sequences too.
@@ -222,6 +232,9 @@ class Engine:
     def _launch(self, work: list[tuple[Request, list[int]]], previous: "Launched | None"
                 ) -> Launched:
         alloc = self.state.allocator
+        if self._schedule_check is not None:
+            self._schedule_check.check(self.steps, [
+                v for req, chunk in work for v in (req.rid, req.cached, len(chunk), *chunk)])
         batch = make_batch(
             [SeqWork(chunk, req.cached, alloc.pages[req.rid]) for req, chunk in work],
             self.page_size, self.max_pages, self.params.device, staging=self._staging,
@@ -276,6 +289,7 @@ class Engine:
     def run(self, progress: bool | None = None) -> None:
         """Step until every submitted request has finished."""
         reqs = [r for r in self._requests.values() if r.status in ("waiting", "running")]
+        progress = progress if self._main else False
         bar = Progress(sum(r.max_new_tokens - len(r.tokens) for r in reqs), progress,
                        f"generate ({self.backend} attention)")
         try:

@@ -17,7 +17,7 @@ instead (status "error" and `errors[i]`) and serves the others.
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from jaxtyping import Float
@@ -27,6 +27,7 @@ from mla_func.config import MLAConfig
 from mla_func.dims import TOKENS_MAX_CAPTURED
 from mla_func.engine import MAX_BATCH_TOKENS, Engine
 from mla_func.kernels.plan import KernelOptions
+from mla_func.parallel.shard import on_mesh
 from mla_func.params import Params
 from mla_func.validation import (
     IntArray,
@@ -71,6 +72,7 @@ def generate(
     max_seqs: int = 64, eos_token_id: int | Sequence[int] | Literal["config"] | None = "config",
     progress: bool | None = None, on_error: str = "raise",
     max_graph_tokens: int = TOKENS_MAX_CAPTURED, kernels: KernelOptions | None = None,
+    mesh: Any = None,
 ) -> GenerateOutput:
     """Greedy generation for every prompt with continuous batching (see `mla_func.engine`).
 
@@ -80,7 +82,11 @@ def generate(
     longer than a couple of seconds; graph modes capture steps of up to `max_graph_tokens`
     tokens (and `max_batch_tokens`), larger ones run eagerly. `kernels`: which implementation
     runs each op (default: the device's, with `attention_backend`; "auto": "triton" on CUDA,
-    "torch" elsewhere, named in the progress line and in the result)."""
+    "torch" elsewhere, named in the progress line and in the result). `mesh`: a 1-D
+    DeviceMesh (or ProcessGroup) to run tensor parallel on, every rank calling `generate`
+    with the same arguments: whole `params` are sharded for it (`parallel.shard_params`);
+    params already sharded run on their own group (a `mesh` must then be theirs)."""
+    params = on_mesh(params, mesh)
     check_mode(mode, params)
     positive_int("max_new_tokens", max_new_tokens)
     positive_int("page_size", page_size)

@@ -7,6 +7,12 @@ for tracers), called directly when eager or through torch's dispatcher
 (`KernelOptions.eager_direct`). The kernels' shape-dependent choices (how many rows a
 few-row kernel takes, the MoE's tiles, the router's launch) come from `kernels.plan` too.
 
+Across ranks (`params.tp` sharded: `mla_func.parallel`), the ops that end a sub-layer take
+the group and sum the ranks' partial results before the residual add: `project_add_norm` (the
+attention's heads), `experts_add_norm` (this rank's experts and its share of the shared
+experts), `all_reduce` itself for the dense MLP; `embed` and `logits` work on vocabulary
+shards. On one device they are the single-device ops, unchanged.
+
 The deferred norm (one decode row, fused path): a layer's first projection takes both the
 normalised residual x and the residual h (`norm_linear`). Where
 `kernels.plan.norm_linear_normalises(rows, hidden)` it normalises h itself and never reads x,
@@ -30,10 +36,13 @@ from mla_func.kernels.linear import norm_linear as fused_norm_linear
 from mla_func.kernels.linear import proj_norm
 from mla_func.kernels.plan import KernelOptions
 from mla_func.kernels.router import route as fused_route
+from mla_func.moe import experts as moe_experts
 from mla_func.moe import experts_add_norm as moe_experts_add_norm
 from mla_func.ops import moe as ref_moe
 from mla_func.ops.norm import rmsnorm
 from mla_func.params import MoE
+from mla_func.parallel.comm import all_reduce, gather_cols
+from mla_func.parallel.group import SINGLE, TensorParallel
 
 Rows = Float[Tensor, "tokens hidden"]
 Counters = Int[Tensor, " counters"]
@@ -61,12 +70,28 @@ def add_norm(h: Rows, r: Rows, weight: Float[Tensor, " hidden"], eps: float,
     return h, rmsnorm(h, weight, eps)
 
 
+def embed(ids: Int[Tensor, " tokens"], table: Float[Tensor, "local_vocab hidden"],
+          tp: TensorParallel = SINGLE) -> Rows:
+    """The embedding rows of `ids`; each rank looks up the ids its vocabulary shard holds
+    (zeros elsewhere) and the sum over ranks makes every row whole."""
+    if not tp.sharded:
+        return table[ids]
+    local = ids - tp.rank * table.shape[0]
+    outside = (local < 0) | (local >= table.shape[0])
+    rows = table[local.masked_fill(outside, 0)].masked_fill(outside[:, None], 0)
+    return all_reduce(rows, tp)
+
+
 def project_add_norm(
     o: Float[Tensor, "tokens width_in"], w: Float[Tensor, "hidden width_in"], h: Rows,
     weight: Float[Tensor, " hidden"], eps: float, opts: KernelOptions, counters: Counters,
+    tp: TensorParallel = SINGLE,
 ) -> tuple[Rows, Rows]:
     """(h + o w^T, rmsnorm(h + o w^T) * weight): the attention's output projection, the
-    residual add and the FFN's input norm (one launch at a few rows: `kernels.plan`)."""
+    residual add and the FFN's input norm (one launch at a few rows: `kernels.plan`); o w^T
+    summed over the ranks' heads where sharded."""
+    if tp.sharded:
+        return add_norm(h, all_reduce(o @ w.T, tp), weight, eps, opts)
     if opts.fused:
         return _call(proj_norm.proj_add_rmsnorm, opts)(o, w, h, weight, eps, counters)
     return add_norm(h, o @ w.T, weight, eps, opts)
@@ -95,35 +120,49 @@ def route(x: Rows, moe: MoE, cfg: MLAConfig, opts: KernelOptions, counters: Coun
 def experts_add_norm(
     x: Rows, weights: Float[Tensor, "tokens topk"], ids: Int[Tensor, "tokens topk"], moe: MoE,
     h: Rows, weight: Float[Tensor, " hidden"], eps: float, opts: KernelOptions,
-    counters: Counters, defer_norm: bool,
+    counters: Counters, defer_norm: bool, tp: TensorParallel = SINGLE,
 ) -> tuple[Rows, Rows]:
     """(h + experts(x), its norm): the routed and shared experts, the residual add and the
     next norm (in the experts' final reduction on the fused path). `defer_norm`: the norm's
-    only reader is `norm_linear` (the module docstring)."""
+    only reader is `norm_linear` (the module docstring). Sharded: each rank sums its own
+    experts' pairs (`ids` are global) and its share of the shared experts, then the ranks'."""
+    if tp.sharded:
+        part = moe_experts(x, weights, ids, moe.gate_up, moe.down, moe.shared, opts.experts,
+                           counters, first_expert=tp.rank * moe.gate_up.shape[0])
+        return add_norm(h, all_reduce(part, tp), weight, eps, opts)
     return moe_experts_add_norm(x, weights, ids, moe.gate_up, moe.down, moe.shared, h, weight,
                                 eps, impl=opts.experts, defer_norm=defer_norm, counters=counters,
                                 trigger=opts.moe_trigger, direct=opts.eager_direct)
 
 
 @custom_op("mla_func::logits", mutates_args=())
-def _logits_op(x: Tensor, index: Tensor, lm_head: Tensor) -> Tensor:
+def _logits_op(x: Tensor, index: Tensor, lm_head: Tensor, group: str, ranks: int) -> Tensor:
     rows = x[index]
     if rows.is_cuda and rows.dtype in (torch.bfloat16, torch.float16):
         # cuBLAS stores its fp32 accumulator as is: no half-precision logits written, then
         # read and widened (at B=128 and a 102400-word vocabulary, 52 MB less traffic).
-        return torch.mm(rows, lm_head.T, out_dtype=torch.float32)
-    return (rows @ lm_head.T).float()
+        out = torch.mm(rows, lm_head.T, out_dtype=torch.float32)
+    else:
+        out = (rows @ lm_head.T).float()
+    return gather_cols(out, group, ranks) if ranks > 1 else out
 
 
 @_logits_op.register_fake
-def _(x, index, lm_head):
-    return x.new_empty(index.shape[0], lm_head.shape[0], dtype=torch.float32)
+def _(x, index, lm_head, group, ranks):
+    return x.new_empty(index.shape[0], lm_head.shape[0] * ranks, dtype=torch.float32)
 
 
-def logits(x: Rows, index: Int[Tensor, " seqs"], lm_head: Float[Tensor, "vocab hidden"],
-           opts: KernelOptions) -> Float[Tensor, "seqs vocab"]:
+def logits(x: Rows, index: Int[Tensor, " seqs"], lm_head: Float[Tensor, "local_vocab hidden"],
+           opts: KernelOptions, tp: TensorParallel = SINGLE) -> Float[Tensor, "seqs vocab"]:
     """float32 logits of the rows `index` of x (each sequence's last new token; on CUDA from
-    half-precision weights, the product's fp32 accumulator unrounded). One op (one node for
-    tracers) whose rows are the sequences, not the tokens: a caller that runs the step in
-    pieces padded to a token count can run it on the real sequences."""
-    return _call(_logits_op, opts)(x, index, lm_head)
+    half-precision weights, the product's fp32 accumulator unrounded), the ranks' vocabulary
+    shards gathered side by side. One op (one node for tracers) whose rows are the sequences,
+    not the tokens: a caller that runs the step in pieces padded to a token count can run it
+    on the real sequences."""
+    if tp.sharded:
+        tp.process_group()  # a clear error where the shards have no group
+    return _call(_logits_op, opts)(x, index, lm_head, tp.group, tp.size)
+
+
+__all__ = ["add_norm", "all_reduce", "embed", "experts_add_norm", "logits", "norm", "norm_linear",
+           "project_add_norm", "route"]

@@ -11,6 +11,11 @@ a layer's first projection takes the residual too (`norm_linear`), so that a fus
 normalise there (the deferred norm: `kernel_ops`). The attention is one custom op
 (`attention.attend`) that also applies the rope and the latent norm to the new rows; the
 logits of each sequence's last row are another (`kernel_ops.logits`).
+
+On several GPUs (`params.tp`, `mla_func.parallel`) each rank runs this same step on its
+shard: its heads, its experts, its share of the MLPs' width and of the vocabulary; the
+sub-layers' sums over ranks (`K.all_reduce`, and inside `project_add_norm` and
+`experts_add_norm`) come before each residual add.
 """
 
 from jaxtyping import Float
@@ -39,7 +44,7 @@ def project_qkv_a(
     q, kv = qkv.split((qkv.shape[1] - cfg.latent_dim, cfg.latent_dim), dim=1)
     if attn.q_b_proj is not None:
         q = K.norm(q, attn.q_a_norm, eps, opts) @ attn.q_b_proj.flatten(0, 1).T
-    return q.unflatten(-1, (cfg.num_attention_heads, cfg.qk_head_dim)), kv
+    return q.unflatten(-1, (-1, cfg.qk_head_dim)), kv  # this rank's heads
 
 
 def attention_weights(attn: Attention, params: Params) -> AttnWeights:
@@ -59,20 +64,21 @@ def layer_step(
 ) -> tuple[Rows, Rows]:
     """One decoder layer: (h, x) in, (h, rmsnorm(h) * next_norm) out, x being this layer's
     normalised input; `meta`: the step's metadata as the attention reads it."""
-    cfg, opts, eps = params.cfg, batch.kernels, params.cfg.rms_norm_eps
+    cfg, opts, eps, tp = params.cfg, batch.kernels, params.cfg.rms_norm_eps, params.tp
     attn = layer.attn
     q, kv = project_qkv_a(attn, x, h, layer.input_norm, cfg, opts)
     nope = cfg.qk_nope_head_dim
     o = attend(q[..., :nope], q[..., nope:], kv, state.cache, i,
                attention_weights(attn, params), meta, opts.attention, opts.eager_direct)
     h, x = K.project_add_norm(o.flatten(1, 2), attn.o_proj.flatten(1, 2), h,
-                              layer.post_attn_norm, eps, opts, state.counters)
+                              layer.post_attn_norm, eps, opts, state.counters, tp)
     mlp = layer.mlp
     if isinstance(mlp, MoE):
         weights, ids = K.route(x, mlp, cfg, opts, state.counters)
         return K.experts_add_norm(x, weights, ids, mlp, h, next_norm, eps, opts,
-                                  state.counters, defer_norm)
-    return K.add_norm(h, swiglu(x, mlp.gate_up, mlp.down), next_norm, eps, opts)
+                                  state.counters, defer_norm, tp)
+    return K.add_norm(h, K.all_reduce(swiglu(x, mlp.gate_up, mlp.down), tp), next_norm, eps,
+                      opts)
 
 
 def forward(
@@ -84,7 +90,7 @@ def forward(
         raise BatchError(f"the batch was laid out for cache pages of {batch.page_size} tokens; "
                          f"this state's pages hold {state.page_size}")
     layers, opts, meta = params.layers, batch.kernels, attention_meta(batch)
-    h = params.embed[batch.token_ids]
+    h = K.embed(batch.token_ids, params.embed, params.tp)
     x = K.norm(h, layers[0].input_norm, params.cfg.rms_norm_eps, opts)
     for i, layer in enumerate(layers):
         last = i + 1 == len(layers)
@@ -92,4 +98,4 @@ def forward(
         # it may be deferred); the last with the final norm, which the logits read.
         next_norm = params.norm if last else layers[i + 1].input_norm
         h, x = layer_step(layer, i, x, h, next_norm, not last, params, state, batch, meta)
-    return K.logits(x, batch.logits_index, params.lm_head, opts), state
+    return K.logits(x, batch.logits_index, params.lm_head, opts, params.tp), state

@@ -16,6 +16,7 @@ from torch import Tensor
 from mla_func.config import MLAConfig
 from mla_func.dims import static_sizes
 from mla_func.dtypes import resolve_dtype
+from mla_func.parallel.group import SINGLE, TensorParallel
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,9 @@ class MoE:
     router: Float[Tensor, "experts hidden"]
     # noaux_tc only: added to the scores for expert selection, not to the weights.
     score_bias: Float[Tensor, " experts"] | None
-    gate_up: Float[Tensor, "experts 2 moe_inter hidden"]
-    down: Float[Tensor, "experts hidden moe_inter"]
+    # This rank's experts (all of them on one device; `mla_func.parallel.shard`).
+    gate_up: Float[Tensor, "local_experts 2 moe_inter hidden"]
+    down: Float[Tensor, "local_experts hidden moe_inter"]
     shared: DenseMLP | None
 
 
@@ -72,13 +74,15 @@ class Layer:
 
 @dataclass(frozen=True)
 class Params:
-    cfg: MLAConfig  # static
-    embed: Float[Tensor, "vocab hidden"]
+    cfg: MLAConfig  # static: the whole model's
+    embed: Float[Tensor, "local_vocab hidden"]
     layers: tuple[Layer, ...]
     norm: Float[Tensor, " hidden"]
-    lm_head: Float[Tensor, "vocab hidden"]
+    lm_head: Float[Tensor, "local_vocab hidden"]
     # YaRN inverse frequencies, each repeated for its (even, odd) pair; always float32.
     rope_inv_freq: Float[Tensor, " qk_rope"]
+    # static: which shard of the model these are (`mla_func.parallel.shard_params`)
+    tp: TensorParallel = SINGLE
 
     @property
     def device(self) -> torch.device:

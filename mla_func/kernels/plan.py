@@ -175,6 +175,9 @@ class StepPlan:
     # "absorbed" | "mha" | "absorbed+mha" (decodes and prompts) | "per step" (host metadata)
     attention_form: str
     decode: DecodePlan | None  # pure decode steps on the triton backend
+    # Tensor parallel over `ranks` (1: one device): each sub-layer's partial sums meet in an
+    # all-reduce before the residual add, so o_proj and the MoE leave their norms to it.
+    ranks: int = 1
 
     def summary(self, options: bool = True) -> dict:
         """The plan as plain JSON values, one line a choice (plan.json); `options` False
@@ -200,12 +203,13 @@ def _label(choice: object) -> str:
 
 def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
               options: KernelOptions, max_pages: int, page_size: int,
-              dtype: torch.dtype = torch.bfloat16, max_query_len: int | None = 1
-              ) -> StepPlan:
+              dtype: torch.dtype = torch.bfloat16, max_query_len: int | None = 1,
+              ranks: int = 1) -> StepPlan:
     """The kernels a step of `tokens` tokens over `seqs` sequences runs (page tables
-    `max_pages` wide, pages of `page_size`, weights in `dtype`). `max_query_len`: the most new
-    tokens of one sequence, 1 for a decode step; None where each step's own decides (a
-    piecewise bucket: the attention runs between the graphs, from host metadata)."""
+    `max_pages` wide, pages of `page_size`, weights in `dtype`) on one rank of `ranks`.
+    `max_query_len`: the most new tokens of one sequence, 1 for a decode step; None where
+    each step's own decides (a piecewise bucket: the attention runs between the graphs, from
+    host metadata)."""
     fused, rows = options.fused, tokens
     qkv_a = o_proj = router = "gemm"
     router_launch = moe = None
@@ -213,7 +217,8 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
     if fused:
         qkv_a = ("norm_linear" if norm_linear_normalises(rows, cfg.hidden_size)
                  else "small_linear" if small_linear_rows(rows) else "gemm")
-        o_proj = "proj_norm" if proj_norm_rows(rows, cfg.hidden_size) else "gemm"
+        o_proj = ("proj_norm" if ranks == 1 and proj_norm_rows(rows, cfg.hidden_size)
+                  else "gemm")
     moe_layers = cfg.n_routed_experts and cfg.num_hidden_layers > cfg.first_k_dense_replace
     shared = "none"
     if moe_layers:
@@ -230,7 +235,8 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
             moe = pick_config(tokens)
             if cfg.n_shared_experts:
                 shared = "folded" if tokens <= FUSE_SHARED_MAX_TOKENS else "apart"
-            deferred = bool(moe.last_sum) and norm_linear_normalises(rows, cfg.hidden_size)
+            deferred = (ranks == 1 and bool(moe.last_sum)
+                        and norm_linear_normalises(rows, cfg.hidden_size))
         elif cfg.n_shared_experts:
             shared = "apart"
     if max_query_len is None:
@@ -242,10 +248,11 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
     decode = None
     if options.attention == "triton" and tokens == seqs and max_query_len == 1:
         decode = plan_decode(tokens, max_pages * page_size, device.sms,
-                             cfg.num_attention_heads, page_size=page_size, ws=device.sm90)
+                             cfg.num_attention_heads // ranks, page_size=page_size,
+                             ws=device.sm90)
     return StepPlan(tokens, seqs, options, device, qkv_a, o_proj, router, router_launch,
                     options.experts if moe_layers else "none", moe, shared, deferred, form,
-                    decode)
+                    decode, ranks)
 
 
 __all__ = ["DeviceSpec", "KernelOptions", "StepPlan", "default_options", "device_spec",

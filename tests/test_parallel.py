@@ -1,0 +1,128 @@
+"""Tensor parallel (attention by heads, experts spread over ranks, vocabulary shards) against
+one device, on the CPU with gloo: the sharding math, sharded loading, the same schedule on
+every rank, and the errors."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import mla_func as mf
+from mla_func.parallel.group import ParallelError, TensorParallel
+from mla_func.parallel.shard import shard_params
+from parallel_helpers import rank_group, run_ranks
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = mf.MLAConfig.preset("tiny")
+CONFIGS = {
+    "tiny": TINY,
+    "v3-qlora": TINY.with_(model_type="deepseek_v3", topk_method="noaux_tc", n_group=2,
+                           topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+                           q_lora_rank=24),
+}
+PROMPTS = [[5, 9, 200, 3, 17, 88, 41], [7, 7, 2], list(range(30, 52)), [250, 4]]
+NEW = 6
+KW = dict(page_size=4, max_batch_tokens=16, max_seqs=3, eos_token_id=None, return_logits=True)
+
+
+def _generate(rank: int, world: int, out: Path, names: tuple[str, ...]) -> None:
+    for name in names:
+        cfg = CONFIGS[name]
+        params = mf.init_params(cfg, seed=1)
+        got = mf.generate(cfg, params, PROMPTS, NEW, mesh=rank_group(), **KW)
+        torch.save({"tokens": got.tokens, "logits": got.logits}, out / f"{name}_{rank}.pt")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_tensor_parallel_matches_one_device(tmp_path, world):
+    """Greedy tokens on `world` ranks equal one device's exactly (float32; a mixed
+    continuous-batching workload: prefill chunks beside decodes), every rank the same; the
+    logits differ by the summation order only."""
+    names = tuple(CONFIGS)
+    run_ranks(world, _generate, tmp_path, tmp_path, names)
+    for name in names:
+        cfg = CONFIGS[name]
+        want = mf.generate(cfg, mf.init_params(cfg, seed=1), PROMPTS, NEW, **KW)
+        for rank in range(world):
+            got = torch.load(tmp_path / f"{name}_{rank}.pt")
+            assert got["tokens"] == want.tokens, (name, rank)
+            for a, b in zip(got["logits"], want.logits, strict=True):
+                torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)
+
+
+def _diverge(rank: int, world: int, out: Path) -> None:
+    from mla_func.parallel.schedule import ScheduleError
+
+    prompts = [p[:] for p in PROMPTS]
+    if rank == 1:
+        prompts[2][3] += 1  # one token differs on one rank
+    params = mf.init_params(TINY, seed=1)
+    try:
+        mf.generate(TINY, params, prompts, 3, mesh=rank_group(), **KW)
+    except ScheduleError as err:
+        (out / f"raised_{rank}").write_text(str(err))
+
+
+def test_divergent_schedule_raises_on_every_rank(tmp_path):
+    """A rank whose batch differs is caught before the step's collectives: every rank raises
+    ScheduleError naming the ranks' digests (no hang: run_ranks' timeout)."""
+    run_ranks(2, _diverge, tmp_path, tmp_path, timeout=120)
+    for rank in range(2):
+        text = (tmp_path / f"raised_{rank}").read_text()
+        assert "the ranks scheduled different steps" in text and "rank 1:" in text
+
+
+def test_shard_params_splits_and_checks():
+    cfg = CONFIGS["v3-qlora"]
+    params = mf.init_params(cfg, seed=2)
+    shards = [shard_params(params, TensorParallel(r, 2)) for r in range(2)]
+    a, b = (s.layers[1] for s in shards)
+    whole = params.layers[1]
+    assert torch.equal(torch.cat((a.attn.w_uk, b.attn.w_uk)), whole.attn.w_uk)
+    assert torch.equal(torch.cat((a.attn.o_proj, b.attn.o_proj), 1), whole.attn.o_proj)
+    assert torch.equal(torch.cat((a.mlp.gate_up, b.mlp.gate_up)), whole.mlp.gate_up)
+    assert torch.equal(a.mlp.router, whole.mlp.router)  # every rank routes every token
+    assert torch.equal(torch.cat((a.mlp.shared.down, b.mlp.shared.down), 1),
+                       whole.mlp.shared.down)
+    assert torch.equal(torch.cat([s.embed for s in shards]), params.embed)
+    assert shards[1].tp == TensorParallel(1, 2) and a.attn.q_b_proj.shape[0] == 2
+    odd = TINY.with_(n_routed_experts=6)
+    with pytest.raises(ParallelError, match=r"evenly: n_routed_experts = 6 not divisible by 4$"):
+        shard_params(mf.init_params(odd, device="meta"), TensorParallel(0, 4))
+    with pytest.raises(ParallelError, match="already rank 1's shard of 2"):
+        shard_params(shards[1], TensorParallel(0, 2))
+    with pytest.raises(ParallelError, match="no process group"):
+        mf.forward(shards[0], mf.init_state(cfg, 4, 4),
+                   mf.make_batch([mf.SeqWork([3, 4], 0, [1])], 4, 2))
+
+
+def test_load_hf_reads_this_ranks_slices(tmp_path):
+    """load_hf(mesh=...) on each of 2 ranks equals the slices of the whole parameters."""
+    from mla_func.checkpoint import load_hf, save_hf
+    from mla_func.params import tensor_leaves
+
+    for name, cfg in CONFIGS.items():
+        save_hf(cfg, mf.init_params(cfg, seed=4), tmp_path / name)
+        _, whole = load_hf(tmp_path / name)
+        for rank in range(2):
+            tp = TensorParallel(rank, 2)
+            _, mine = load_hf(tmp_path / name, mesh=tp)
+            want = dict(tensor_leaves(shard_params(whole, tp)))
+            got = dict(tensor_leaves(mine))
+            assert got.keys() == want.keys() and mine.tp == tp
+            for key, t in got.items():
+                assert torch.equal(t, want[key]), (name, rank, key)
+
+
+def test_torchrun_stops_every_rank_on_one_ranks_error(tmp_path):
+    """Under torchrun, a request error on rank 1 alone (its prompt holds an id outside the
+    vocabulary) ends the run with that message while rank 0 waits in the step's check."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(ROOT / "tests" / "parallel_helpers.py"), "bad-prompt-on-rank-1"],
+        capture_output=True, text=True, timeout=180, cwd=ROOT,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert proc.returncode != 0
+    assert "prompt 0: token id(s) [999] outside the vocabulary" in proc.stderr + proc.stdout
