@@ -68,7 +68,6 @@ def experts(
     module docstring); the sum is then over the pairs of the local experts only."""
     if impl not in IMPLS:
         raise ValueError(f"unknown experts impl {impl!r}; expected one of {IMPLS}")
-    check_local_experts(gate_up, down, first_expert)
     if impl == "triton":
         s_gate_up, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
         args = (x, weights, ids, gate_up, down, s_gate_up, s_down,
@@ -110,7 +109,6 @@ def experts_add_norm(
     `experts`; h is then residual + the rank's partial sum (a norm of the whole MoE's output
     needs the ranks' sum first: `experts`, the all-reduce, then the add and the norm)."""
     if impl == "triton":
-        check_local_experts(gate_up, down, first_expert)
         s_gate_up, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
         op = moe_experts_add_norm_op if direct else moe_experts_add_norm_op.dispatch
         args = (x, weights, ids, gate_up, down, s_gate_up, s_down, residual, norm_weight, eps,
@@ -180,6 +178,7 @@ def sorted_torch(
 ) -> Float[Tensor, "tokens hidden"]:
     """Sorted-by-expert MoE in torch: static shapes, weights gathered per M-tile.
     `first_expert`: as in `experts` (the pairs of other experts are in no tile)."""
+    check_local_experts(gate_up, down, first_expert)
     tokens, topk = ids.shape
     n_exp, pairs = gate_up.shape[0], ids.numel()
     # Tiles of ~pairs/experts rows keep the tile count (and weight gathers) near 2 x experts;

@@ -141,6 +141,17 @@ def _pair_key(ids_ptr, p, n_pairs, topk, n_routed, first_expert, PAIRS_PER_TOKEN
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _placed(k, p, n_pairs, LOCAL: tl.constexpr):
+    """Whether pair p (run key k) has a row: it is a pair and, LOCAL, a local expert's."""
+    if LOCAL:
+        placed = k >= 0  # -1: past the end or another rank's expert
+    else:
+        placed = p < n_pairs
+    return placed
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _tiles(block_expert_ptr, block_rows_ptr, counts, first, step, n_blocks, n_routed, n_shared,
            BLOCK_M: tl.constexpr, E_P2: tl.constexpr, BLOCK_CHUNK: tl.constexpr):
     """Run starts per key from the pair counts per key; writes the expert and real-row count
@@ -214,7 +225,7 @@ def _align_one_kernel(
         routed = (p < n_pairs) & (k >= n_shared)
         dest = tl.atomic_add(cursor_ptr + k, 1, mask=routed, sem="relaxed")
         dest = tl.where(routed, dest, k * per + p // PAIRS_PER_TOKEN)
-        tl.store(sorted_ptr + dest, p, mask=k >= 0)  # k < 0: past the end, or another rank's
+        tl.store(sorted_ptr + dest, p, mask=_placed(k, p, n_pairs, LOCAL))
 
 
 @triton.jit(do_not_specialize=["n_pairs", "first_expert"])
@@ -275,7 +286,7 @@ def _align_sliced_kernel(
     earlier = (k[:, None] == k[None, :]) & (s[None, :] < s[:, None])
     rank = tl.sum(earlier.to(tl.int32), axis=1)
     base = tl.sum(tl.where(k[:, None] == keys[None, :], (starts + before)[None, :], 0), axis=1)
-    tl.store(sorted_ptr + base + rank, p, mask=k >= 0)  # k < 0: past the end, or another rank's
+    tl.store(sorted_ptr + base + rank, p, mask=_placed(k, p, n_pairs, LOCAL))
 
 
 def empty_layout(

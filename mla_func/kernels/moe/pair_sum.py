@@ -41,9 +41,9 @@ def _pair_sum(buf_ptr, extra_ptr, ids_ptr, t, offs, ok, n_hidden, topk, n_routed
         at = buf_ptr + (t * PAIRS_PER_TOKEN + j) * n_hidden + offs
         row_ok = ok
         if LOCAL:  # another rank's pair: its row was never written
-            routed = j < topk
-            e = tl.load(ids_ptr + t * topk + j, mask=routed, other=first_expert)
-            row_ok = ok & ((e >= first_expert) & (e < first_expert + n_routed) | ~routed)
+            e = tl.load(ids_ptr + t * topk + j, mask=j < topk, other=first_expert)
+            mine = (e >= first_expert) & (e < first_expert + n_routed) | (j >= topk)
+            row_ok = tl.where(mine, ok, False)  # not `ok & mine`: the interpreter's is int32
         if FROM_L2:
             acc += tl.load(at, mask=row_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
         else:
