@@ -21,6 +21,15 @@ one launch fewer per layer; rows wider than `fused.ADD_NORM_MAX_WIDTH`, V3's, ta
 `norm.add_rmsnorm` launch after it), elsewhere as `h + out` and `ops.norm.rmsnorm`.
 The Triton ops receive the state's counters (`KVState.counters`; declared mutated): the
 `last_sum` path counts there, and the shared experts' side stream is that runtime's.
+
+Expert parallelism (`first_expert`, every implementation): `gate_up` and `down` are a rank's
+slice of the routed experts, the global ones first_expert .. first_expert + El - 1 (El their
+count, `ops.moe.local_experts`), `ids` the global ids of the replicated router, and `shared`
+the rank's tensor-parallel slice of the shared MLP (any width). The result is the rank's
+partial sum: its experts' pairs (the others add exactly zero and cost no GEMM work) plus its
+shared slice; the ranks' results add up to the whole MoE. None (the default) is today's
+single-GPU call: every id is a local expert's, and no range check is compiled in; pass 0 on
+rank 0 of a group of several, whose ids reach past its experts.
 """
 
 from typing import Optional
@@ -35,7 +44,7 @@ from mla_func.kernels.launch.runtime import call_counters
 from mla_func.kernels.moe.align import align_torch, max_blocks
 from mla_func.kernels.plan import EXPERTS_IMPLS
 from mla_func.ops.mlp import swiglu
-from mla_func.ops.moe import experts_reference
+from mla_func.ops.moe import check_local_experts, experts_reference
 from mla_func.ops.norm import rmsnorm
 from mla_func.params import DenseMLP
 
@@ -51,19 +60,23 @@ def experts(
     shared: DenseMLP | None = None,
     impl: str = "sorted_torch",
     counters: Int[Tensor, " counters"] | None = None,
+    first_expert: int | None = None,
 ) -> Float[Tensor, "tokens hidden"]:
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]), plus `shared(x)` when given.
-    `counters`: the state's, for the Triton ops (default: a runtime of the call's own)."""
+    `counters`: the state's, for the Triton ops (default: a runtime of the call's own).
+    `first_expert`: the global id of `gate_up`'s expert 0 under expert parallelism (the
+    module docstring); the sum is then over the pairs of the local experts only."""
+    if impl not in IMPLS:
+        raise ValueError(f"unknown experts impl {impl!r}; expected one of {IMPLS}")
     if impl == "triton":
         s_gate_up, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
-        return moe_experts_op(x, weights, ids, gate_up, down, s_gate_up, s_down,
-                              call_counters(counters, x.device), True)
+        args = (x, weights, ids, gate_up, down, s_gate_up, s_down,
+                call_counters(counters, x.device), True)
+        return moe_experts_op(*args, *_given(first_expert))
     if impl == "sorted_torch":
-        out = sorted_torch(x, weights, ids, gate_up, down)
-    elif impl == "reference":
-        out = experts_reference(x, weights, ids, gate_up, down)
+        out = sorted_torch(x, weights, ids, gate_up, down, first_expert)
     else:
-        raise ValueError(f"unknown experts impl {impl!r}; expected one of {IMPLS}")
+        out = experts_reference(x, weights, ids, gate_up, down, first_expert)
     if shared is not None:
         out = out + swiglu(x, shared.gate_up, shared.down)
     return out
@@ -84,6 +97,7 @@ def experts_add_norm(
     counters: Int[Tensor, " counters"] | None = None,
     trigger: bool = True,
     direct: bool = True,
+    first_expert: int | None = None,
 ) -> tuple[Float[Tensor, "tokens hidden"], Float[Tensor, "tokens hidden"]]:
     """(h, rmsnorm(h)) with h = residual + experts(...): the residual stream after the MoE and
     the next layer's input (`norm.add_rmsnorm`'s rounding: the MoE output, then h, in x's
@@ -91,15 +105,24 @@ def experts_add_norm(
     Triton path may leave it unwritten where that op normalises h itself
     (`kernels.moe.fused.fused_experts`; the contract: `mla_func.kernel_ops`). `trigger`:
     `KernelOptions.moe_trigger`; `direct`: an eager call of the Triton op runs its function
-    (else through the dispatcher, `KernelOptions.eager_direct`)."""
+    (else through the dispatcher, `KernelOptions.eager_direct`). `first_expert`: as in
+    `experts`; h is then residual + the rank's partial sum (a norm of the whole MoE's output
+    needs the ranks' sum first: `experts`, the all-reduce, then the add and the norm)."""
     if impl == "triton":
         s_gate_up, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
         op = moe_experts_add_norm_op if direct else moe_experts_add_norm_op.dispatch
-        return op(
-            x, weights, ids, gate_up, down, s_gate_up, s_down, residual, norm_weight, eps,
-            defer_norm, call_counters(counters, x.device), trigger)
-    h = residual + experts(x, weights, ids, gate_up, down, shared, impl)
+        args = (x, weights, ids, gate_up, down, s_gate_up, s_down, residual, norm_weight, eps,
+                defer_norm, call_counters(counters, x.device), trigger)
+        return op(*args, *_given(first_expert))
+    h = residual + experts(x, weights, ids, gate_up, down, shared, impl,
+                           first_expert=first_expert)
     return h, rmsnorm(h, norm_weight, eps)
+
+
+def _given(first_expert: int | None) -> tuple[int, ...]:
+    """The ops' trailing `first_expert`, left out at its default: a traced step's node reads
+    as it did before the argument (graphs/)."""
+    return () if first_expert is None else (first_expert,)
 
 
 # typing.Optional: the schema inference of older torch looks the annotation up in a table.
@@ -107,17 +130,19 @@ def experts_add_norm(
 def moe_experts_op(
     x: Tensor, weights: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor,
     shared_gate_up: Optional[Tensor], shared_down: Optional[Tensor],  # noqa: UP045
-    counters: Tensor, trigger: bool,
+    counters: Tensor, trigger: bool, first_expert: Optional[int] = None,  # noqa: UP045
 ) -> Tensor:
     # Imported here: the kernels module reads TRITON_INTERPRET when it is first imported.
     from mla_func.kernels.moe.fused import fused_experts
 
     return fused_experts(x, weights, ids, gate_up, down, shared_gate_up, shared_down,
-                         counters=counters, trigger=trigger)
+                         counters=counters, trigger=trigger, first_expert=first_expert)
 
 
 @moe_experts_op.register_fake
-def _(x, weights, ids, gate_up, down, shared_gate_up, shared_down, counters, trigger):
+def _(x, weights, ids, gate_up, down, shared_gate_up, shared_down, counters, trigger,
+      first_expert=None):
+    check_local_experts(gate_up, down, first_expert)
     return torch.empty_like(x)
 
 
@@ -126,18 +151,19 @@ def moe_experts_add_norm_op(
     x: Tensor, weights: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor,
     shared_gate_up: Optional[Tensor], shared_down: Optional[Tensor],  # noqa: UP045
     residual: Tensor, norm_weight: Tensor, eps: float, defer_norm: bool, counters: Tensor,
-    trigger: bool,
+    trigger: bool, first_expert: Optional[int] = None,  # noqa: UP045
 ) -> tuple[Tensor, Tensor]:
     from mla_func.kernels.moe.fused import fused_experts
 
     return fused_experts(x, weights, ids, gate_up, down, shared_gate_up, shared_down,
                          add_norm=(residual, norm_weight, eps), defer_norm=defer_norm,
-                         counters=counters, trigger=trigger)
+                         counters=counters, trigger=trigger, first_expert=first_expert)
 
 
 @moe_experts_add_norm_op.register_fake
 def _(x, weights, ids, gate_up, down, shared_gate_up, shared_down, residual, norm_weight, eps,
-      defer_norm, counters, trigger):
+      defer_norm, counters, trigger, first_expert=None):
+    check_local_experts(gate_up, down, first_expert)
     return torch.empty_like(x), torch.empty(
         x.shape, dtype=torch.promote_types(x.dtype, norm_weight.dtype), device=x.device)
 
@@ -148,14 +174,17 @@ def sorted_torch(
     ids: Int[Tensor, "tokens topk"],
     gate_up: Float[Tensor, "experts 2 moe_inter hidden"],
     down: Float[Tensor, "experts hidden moe_inter"],
+    first_expert: int | None = None,
 ) -> Float[Tensor, "tokens hidden"]:
-    """Sorted-by-expert MoE in torch: static shapes, weights gathered per M-tile."""
+    """Sorted-by-expert MoE in torch: static shapes, weights gathered per M-tile.
+    `first_expert`: as in `experts` (the pairs of other experts are in no tile)."""
+    check_local_experts(gate_up, down, first_expert)
     tokens, topk = ids.shape
     n_exp, pairs = gate_up.shape[0], ids.numel()
     # Tiles of ~pairs/experts rows keep the tile count (and weight gathers) near 2 x experts;
     # a fixed tile when tracing with a symbolic token count.
     block_m = 1 << ((pairs - 1) // n_exp).bit_length() if isinstance(pairs, int) else 16
-    sorted_pairs, block_expert, block_rows = align_torch(ids, n_exp, 0, block_m)
+    sorted_pairs, block_expert, block_rows = align_torch(ids, n_exp, 0, block_m, first_expert)
     n_blocks = max_blocks(pairs, n_exp, block_m)
     valid = torch.arange(block_m, device=x.device) < block_rows[:, None]
     # Indexing, not views: a symbolic tracer cannot prove the views' divisibility.

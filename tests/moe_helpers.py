@@ -7,7 +7,7 @@ import dataclasses
 import torch
 from test_router import TIE, _boundary_margin
 
-from mla_func.kernels.moe import fused as fused_moe
+from mla_func.kernels.moe import config as moe_config
 from mla_func.kernels.moe.align import align_torch
 from mla_func.kernels.moe.config import MoEConfig
 from mla_func.kernels.router.route import route_fused
@@ -26,7 +26,7 @@ def place_shared(monkeypatch, fold: bool | None) -> None:
     """Shared experts folded in (True) or run apart (False) at the tests' token counts, as
     `tokens <= FUSE_SHARED_MAX_TOKENS` places them at small and large ones; None: that rule."""
     if fold is not None:
-        monkeypatch.setattr(fused_moe, "FUSE_SHARED_MAX_TOKENS", 1 << 62 if fold else 0)
+        monkeypatch.setattr(moe_config, "FUSE_SHARED_MAX_TOKENS", 1 << 62 if fold else 0)
 
 
 def make(tokens, topk, n_exp, hidden, inter, shared, dtype=torch.float32, device="cpu",

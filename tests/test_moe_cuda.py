@@ -61,6 +61,16 @@ for fn, (bm, bn, bk, warps, stages), const in [
         (down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=True, LAST_SUM=True, HAS_EXTRA=False,
                                                 ADD_NORM=True, SUM_BLOCK=2048, TRIGGER=True,
                                                 **no_act, **no_tma)),
+        # Expert parallelism: the range checks of a rank's experts (direct, inline, the
+        # last-sum tail) compiled in.
+        (gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=True, PDL=True, LOCAL=True,
+                                                  **no_tma)),
+        (gate_up_kernel, (16, 32, 128, 4, 4), dict(DIRECT=False, PDL=True, INLINE=True,
+                                                  E_P2=128, P_BLOCK=256, LOCAL=True,
+                                                  **no_tma)),
+        (down_kernel, (16, 64, 128, 4, 4), dict(DIRECT=True, LAST_SUM=True, HAS_EXTRA=True,
+                                                ADD_NORM=True, SUM_BLOCK=2048, TRIGGER=True,
+                                                LOCAL=True, **no_act, **no_tma)),
         # The large-token configuration: expert weights (and act) through TMA descriptors,
         # whole tiles, or whole tiles that take their expert's tail (two accumulators).
         (gate_up_kernel, (128, 128, 64, 8, 4), dict(DIRECT=False, PDL=True, TMA=True)),
@@ -71,10 +81,10 @@ for fn, (bm, bn, bk, warps, stages), const in [
     const = dict(PAIRS_PER_TOKEN=8, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32",
                  EVEN_K=(1408 if fn is not gate_up_kernel else 2048) % bk == 0, **const)
     if fn is gate_up_kernel:
-        const = dict(INLINE=False, E_P2=2, P_BLOCK=1, MERGE_TAIL=False) | const
+        const = dict(INLINE=False, E_P2=2, P_BLOCK=1, MERGE_TAIL=False, LOCAL=False) | const
     if fn is down_kernel:
         const = dict(LAST_SUM=False, HAS_EXTRA=False, ADD_NORM=False, SUM_BLOCK=1,
-                     TRIGGER=False, MERGE_TAIL=False) | const
+                     TRIGGER=False, MERGE_TAIL=False, LOCAL=False) | const
     w_block = f"1, 2, {bn}, {bk}" if fn is gate_up_kernel else f"{bn}, {bk}"
     descs = dict(w_desc=f"tensordesc<bf16[{w_block}]>", act_desc=f"tensordesc<bf16[{bm}, {bk}]>",
                  act_tail_desc=f"tensordesc<bf16[{bm // 2}, {bk}]>")
@@ -90,9 +100,11 @@ for fn, (bm, bn, bk, warps, stages), const in [
     merged_down = fn is down_kernel and const["MERGE_TAIL"]
     assert spills <= (88 if merged_down and old_triton else 0), report
 from mla_func.kernels.moe.pair_sum import sum_kernel
-for add_norm, block in ((False, 1024), (True, 2048)):  # as fused_experts launches it
-    const = dict(PAIRS_PER_TOKEN=8, HAS_EXTRA=True, ADD_NORM=add_norm, BLOCK=block)
-    sig = {n: "constexpr" if n in const else "fp32" if n == "eps"
+for add_norm, block, local in ((False, 1024, False), (True, 2048, False), (False, 1024, True),
+                               (True, 2048, True)):  # as fused_experts launches it
+    const = dict(PAIRS_PER_TOKEN=8, HAS_EXTRA=True, ADD_NORM=add_norm, BLOCK=block,
+                 PDL=add_norm, LOCAL=local)
+    sig = {n: "constexpr" if n in const else "fp32" if n == "eps" else "*i64" if n == "ids_ptr"
            else "*bf16" if n.endswith("_ptr") else "i32" for n in sum_kernel.arg_names}
     kernel = triton.compile(
         triton.compiler.ASTSource(fn=sum_kernel, signature=sig, constexprs=const),

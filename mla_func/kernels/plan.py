@@ -24,8 +24,9 @@ import torch
 
 from mla_func.config import MLAConfig
 from mla_func.kernels.attention.decode_plan import DecodePlan, plan_decode
-from mla_func.kernels.moe.config import FUSE_SHARED_MAX_TOKENS, MoEConfig, pick_config
+from mla_func.kernels.moe.config import MoEConfig, fold_shared, pick_config
 from mla_func.kernels.router.plan import LaunchConfig, launch_config
+from mla_func.ops.moe import local_experts
 
 EXPERTS_IMPLS = ("reference", "sorted_torch", "triton")
 
@@ -206,10 +207,11 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
               dtype: torch.dtype = torch.bfloat16, max_query_len: int | None = 1,
               ranks: int = 1) -> StepPlan:
     """The kernels a step of `tokens` tokens over `seqs` sequences runs (page tables
-    `max_pages` wide, pages of `page_size`, weights in `dtype`) on one rank of `ranks`.
-    `max_query_len`: the most new tokens of one sequence, 1 for a decode step; None where
-    each step's own decides (a piecewise bucket: the attention runs between the graphs, from
-    host metadata)."""
+    `max_pages` wide, pages of `page_size`, weights in `dtype`) on one rank of `ranks`
+    (its heads, its routed experts and its slice of the shared MLP, whose width decides
+    whether it folds into the routed launches; the router stays whole). `max_query_len`: the
+    most new tokens of one sequence, 1 for a decode step; None where each step's own decides
+    (a piecewise bucket: the attention runs between the graphs, from host metadata)."""
     fused, rows = options.fused, tokens
     qkv_a = o_proj = router = "gemm"
     router_launch = moe = None
@@ -231,10 +233,16 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
             router_launch = launch_config(tokens, experts, cfg.hidden_size,
                                           (cfg.n_group or 1) if grouped else 1, half)
             router = "rows" if router_rows(tokens, options.router_few_rows) else "split"
+        local_experts(experts, ranks, 0)  # a clear error where the experts do not split
+        shared_width = (cfg.n_shared_experts or 0) * cfg.moe_intermediate_size
+        if shared_width % ranks:
+            raise ValueError(f"the shared experts' {shared_width} columns do not split evenly "
+                             f"over {ranks} ranks")
         if options.experts == "triton":
             moe = pick_config(tokens)
             if cfg.n_shared_experts:
-                shared = "folded" if tokens <= FUSE_SHARED_MAX_TOKENS else "apart"
+                fold = fold_shared(tokens, shared_width // ranks, cfg.moe_intermediate_size)
+                shared = "folded" if fold else "apart"
             deferred = (ranks == 1 and bool(moe.last_sum)
                         and norm_linear_normalises(rows, cfg.hidden_size))
         elif cfg.n_shared_experts:

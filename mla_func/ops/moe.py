@@ -9,6 +9,11 @@ Routing methods, all static-shape:
   unbiased scores of the chosen experts.
 Then optional normalisation (`norm_topk_prob`; HF's V2 code never normalises, and V2 checkpoints
 ship it off) and `routed_scaling_factor`.
+
+Expert parallelism: the routed experts are split evenly over the `tp` ranks of a group, rank r
+holding the global experts first_expert = r * El .. (r + 1) * El - 1 (`local_experts`). Every
+rank routes every token over all experts (global ids); its experts' op sums only the pairs of
+its own experts (`first_expert`), and a sum over the ranks adds the rest.
 """
 
 import torch
@@ -63,17 +68,42 @@ def _mask_groups(
     return scores.masked_fill(~mask.reshape(scores.shape), fill)
 
 
+def local_experts(n_experts: int, tp: int, rank: int) -> tuple[int, int]:
+    """(first_expert, El): rank `rank` of `tp` holds the global experts first_expert ..
+    first_expert + El - 1, El = n_experts / tp."""
+    if tp < 1 or not 0 <= rank < tp:
+        raise ValueError(f"rank {rank} of a group of {tp}: expected 0 <= rank < tp")
+    if n_experts % tp:
+        raise ValueError(f"{n_experts} routed experts do not split evenly over {tp} ranks")
+    return rank * (n_experts // tp), n_experts // tp
+
+
+def check_local_experts(gate_up: Tensor, down: Tensor, first_expert: int | None) -> None:
+    """A ValueError unless `gate_up` and `down` hold the same experts, and `first_expert`
+    (None: every expert) is a rank's first of an even split: a multiple of their count, >= 0."""
+    n = gate_up.shape[0]
+    if down.shape[0] != n:
+        raise ValueError(f"gate_up holds {n} experts and down {down.shape[0]}")
+    if first_expert is not None and (first_expert < 0 or first_expert % n):
+        raise ValueError(f"first_expert {first_expert} is not the first of {n} local experts "
+                         f"(an even split starts rank r at r * {n})")
+
+
 def experts_reference(
     x: Float[Tensor, "tokens hidden"],
     weights: Float[Tensor, "tokens topk"],
     ids: Int[Tensor, "tokens topk"],
     gate_up: Float[Tensor, "experts 2 moe_inter hidden"],
     down: Float[Tensor, "experts hidden moe_inter"],
+    first_expert: int | None = None,
 ) -> Float[Tensor, "tokens hidden"]:
-    """Every expert over every token, masked by the routing: exact, static, and slow."""
+    """Every expert over every token, masked by the routing: exact, static, and slow.
+    `first_expert`: the experts are the global ones first_expert.. (`ids` are global; the
+    pairs of other experts add nothing)."""
+    check_local_experts(gate_up, down, first_expert)
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for e in range(gate_up.shape[0]):
-        w = (weights * (ids == e)).sum(-1, keepdim=True)
+        w = (weights * (ids == e + (first_expert or 0))).sum(-1, keepdim=True)
         gate, up = (x @ gate_up[e].flatten(0, 1).T).chunk(2, dim=-1)
         out += w * ((F.silu(gate) * up) @ down[e].T).float()
     return out.to(x.dtype)

@@ -4,6 +4,13 @@ Picked per step's static token count, never autotuned at run time (graph capture
 and the thresholds are measured on V2-Lite (64 experts, top-6, 2 shared, hidden 2048,
 moe_inter 1408, bf16): with `scripts/bench_moe.py --sweep` on an H200 and an H100, and the
 1-8-token rows in whole-step graphs on an H100 (the comment above `CONFIGS` says which).
+
+Under expert parallelism (a rank holds El = experts / tp of the routed experts) the rows keep
+their keys: a rank's expert receives about tokens * topk / experts pairs at any tp, the rows
+per expert the tiles are sized for. The local count sets what depends on it in
+`fused.fused_experts` (the tile table's static bound `align.max_blocks`, the alignment's bins
+and its one-program bound), and the shared experts' slice, whose width is the shared MLP's / tp,
+folds in only where it is whole experts of moe_inter (`fold_shared`, `kernels.plan`).
 """
 
 from dataclasses import dataclass
@@ -101,3 +108,10 @@ FUSE_SHARED_MAX_TOKENS = 512
 
 def pick_config(tokens: int) -> MoEConfig:
     return next(cfg for bound, cfg in CONFIGS if tokens <= bound)
+
+
+def fold_shared(tokens: int, width: int, moe_inter: int) -> bool:
+    """Whether a shared MLP `width` wide rides in the routed launches at `tokens` tokens (as
+    width / moe_inter experts): up to FUSE_SHARED_MAX_TOKENS tokens, and only where the width is
+    a multiple of moe_inter (a tensor-parallel slice may not be: V3's 2048 at tp = 2)."""
+    return tokens <= FUSE_SHARED_MAX_TOKENS and width % moe_inter == 0

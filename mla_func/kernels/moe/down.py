@@ -121,26 +121,27 @@ def _down_rows(
     _store_pairs(out_ptr, y, pair, row_ok, offs_n, n_ok, n_hidden)
 
 
-@triton.jit(do_not_specialize=["n_tokens", "n_blocks"])
+@triton.jit(do_not_specialize=["n_tokens", "n_blocks", "first_expert"])
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def down_kernel(
     act_ptr, w_ptr, ws_ptr, act_desc, act_tail_desc, w_desc, out_ptr, weights_ptr, ids_ptr,
     sorted_ptr, block_expert_ptr, block_rows_ptr, n_tokens, n_blocks, topk, n_hidden, n_inter,
-    n_routed, stride_we, stride_wn, stride_se, stride_sn,
+    n_routed, first_expert, stride_we, stride_wn, stride_se, stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
     TMA: tl.constexpr,
     sum_ptr=None, extra_ptr=None, res_ptr=None, y_ptr=None, nw_ptr=None, counter_ptr=None,
     eps=0.0, LAST_SUM: tl.constexpr = False, HAS_EXTRA: tl.constexpr = False,
     ADD_NORM: tl.constexpr = False, SUM_BLOCK: tl.constexpr = 1, TRIGGER: tl.constexpr = False,
-    NORM: tl.constexpr = True, MERGE_TAIL: tl.constexpr = False,
+    NORM: tl.constexpr = True, MERGE_TAIL: tl.constexpr = False, LOCAL: tl.constexpr = False,
 ):
     """Each pair's weighted expert output to its own row of `out` ([pairs, hidden]); with
     MERGE_TAIL, M-tiles as in `gate_up_kernel` (`act_tail_desc`: TMA blocks of the tails'
     half tiles).
     LAST_SUM (direct layout): then `moe_sum.last_sum` into `sum_ptr` (+ extra, + the residual
     with ADD_NORM, and the norm into y unless NORM is off). TRIGGER (sm90): let the launch
-    after start at once (PDL; it waits for this one's end before it reads)."""
+    after start at once (PDL; it waits for this one's end before it reads). LOCAL (expert
+    parallelism): as in `gate_up_kernel`; a pair of another rank's expert gets no row here."""
     if TRIGGER:
         tl.extra.cuda.gdc_launch_dependents()
     if DIRECT:
@@ -168,7 +169,8 @@ def down_kernel(
                 BLOCK_K, EVEN_K, PRECISION, TMA)
     else:
         e, pair, row_ok = tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
-                                n_tokens, topk, n_routed, PAIRS_PER_TOKEN, BLOCK_M, DIRECT)
+                                n_tokens, topk, n_routed, first_expert, PAIRS_PER_TOKEN,
+                                BLOCK_M, DIRECT, LOCAL)
         if e >= 0:
             _down_rows(
                 act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr,
@@ -176,6 +178,7 @@ def down_kernel(
                 stride_we, stride_wn, stride_se, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N,
                 BLOCK_K, EVEN_K, PRECISION, TMA)
         if LAST_SUM:  # every M-tile's program arrives, the last of an N-tile sums it
-            last_sum(out_ptr, extra_ptr, sum_ptr, res_ptr, y_ptr, nw_ptr, counter_ptr, pid_n,
-                     tl.num_programs(0), tl.num_programs(1), n_tokens, n_hidden, eps,
-                     PAIRS_PER_TOKEN, HAS_EXTRA, ADD_NORM, BLOCK_N, SUM_BLOCK, NORM)
+            last_sum(out_ptr, extra_ptr, sum_ptr, res_ptr, y_ptr, nw_ptr, counter_ptr, ids_ptr,
+                     pid_n, tl.num_programs(0), tl.num_programs(1), n_tokens, n_hidden, eps,
+                     topk, n_routed, first_expert, PAIRS_PER_TOKEN, HAS_EXTRA, ADD_NORM,
+                     BLOCK_N, SUM_BLOCK, NORM, LOCAL)

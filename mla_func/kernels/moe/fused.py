@@ -51,6 +51,15 @@ and the join become graph edges. Their output is allocated on the current stream
 the caching allocator never hands out a block the side stream still uses: every tensor it reads or
 writes outlives the join (only its own temporaries live on it).
 
+Expert parallelism (`first_expert`): `ids` hold global expert ids and `gate_up`/`down` a
+rank's slice of the experts, the global ones first_expert .. first_expert + El - 1. A pair of
+another rank's expert is in no M-tile (the alignment leaves it out; a direct tile of it exits at
+once), so it costs no GEMM work and its row of the pair buffer is never written; the sum skips it
+by its id. Without `first_expert` (None) every id is a local expert's, and none of these checks
+is compiled into the kernels. The shared experts are the rank's slice of the shared MLP, whose
+width need not be a multiple of moe_inter (V3 at tp = 2: 1024 of 2048): such a slice runs apart
+(`moe_config.fold_shared`).
+
 Padding rows (tokens added to reach a capture bucket) are ordinary tokens here: their pairs are
 computed and discarded by the caller, never mixed into real tokens' rows, so they cannot change
 real results; they cost expert work: each padded token adds `topk` routed rows (and may pull in
@@ -69,18 +78,14 @@ from mla_func.kernels.launch.pdl import supported as pdl_supported
 from mla_func.kernels.launch.runtime import Runtime, call_counters, op_counters
 from mla_func.kernels.linear.norm import add_rmsnorm
 from mla_func.kernels.moe.align import align, empty_layout
-from mla_func.kernels.moe.config import (
-    DIRECT_BLOCK_M,
-    FUSE_SHARED_MAX_TOKENS,
-    MoEConfig,
-    pick_config,
-)
+from mla_func.kernels.moe.config import DIRECT_BLOCK_M, MoEConfig, fold_shared, pick_config
 from mla_func.kernels.moe.down import down_kernel
 from mla_func.kernels.moe.gate_up import gate_up_kernel
 from mla_func.kernels.moe.inline_align import MAX_PAIRS as INLINE_MAX_PAIRS
 from mla_func.kernels.moe.pair_sum import sum_kernel
 from mla_func.kernels.moe.swiglu import swiglu
 from mla_func.kernels.plan import norm_linear_normalises as normalises
+from mla_func.ops.moe import check_local_experts
 
 Rows = Float[Tensor, "tokens hidden"]
 
@@ -146,10 +151,11 @@ def fused_experts(
     defer_norm: bool = False,
     counters: Tensor | None = None,
     trigger: bool = True,
+    first_expert: int | None = None,
 ) -> Rows | tuple[Rows, Rows]:
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) (+ the shared MLP when given: folded
-    into the launches up to FUSE_SHARED_MAX_TOKENS tokens, else `kernels.swiglu.swiglu`
-    added in the sum).
+    into the launches where `moe_config.fold_shared`, else `kernels.swiglu.swiglu` added in
+    the sum).
     `config` (default `pick_config(tokens)`) picks the tiles and the path. `add_norm`
     (residual, weight, eps): return (residual + that, its RMSNorm) instead, as
     `norm.add_rmsnorm` would from the sum. `defer_norm`: the RMSNorm's only reader is
@@ -158,14 +164,16 @@ def fused_experts(
     `counters`: the state's (`KVState.counters`; the `last_sum` path counts arrivals there,
     and `shared_stream` runs on its runtime's side stream; default: a runtime of the call's
     own, for calls outside a step). `trigger`: the `last_sum`
-    programs let the launch after them start at once (`KernelOptions.moe_trigger`)."""
+    programs let the launch after them start at once (`KernelOptions.moe_trigger`).
+    `first_expert`: the experts are the global ones first_expert.. and `ids` global (the
+    module docstring); None: every id is a local expert's."""
     tokens, topk = ids.shape
     n_routed, _, n_inter, n_hidden = gate_up.shape
+    check_local_experts(gate_up, down, first_expert)
     counters = call_counters(counters, x.device)
     cfg = config or pick_config(tokens)
-    fold = tokens <= FUSE_SHARED_MAX_TOKENS
     x, ids, weights = x.contiguous(), ids.contiguous(), weights.contiguous()
-    apart = shared_gate_up is not None and (not fold or shared_down.shape[1] % n_inter)
+    apart = shared_gate_up is not None and not fold_shared(tokens, shared_down.shape[1], n_inter)
     shared = (shared_gate_up, shared_down) if apart else None
     if apart or shared_gate_up is None:
         s_gate_up, s_down, n_shared = gate_up, down, 0
@@ -176,6 +184,9 @@ def fused_experts(
         if w.stride(-1) != 1:
             raise ValueError("expert weights must be contiguous along their last axis")
     pairs_per_token = topk + n_shared
+    # Expert parallelism: the range check compiled in (LOCAL) and its first global id.
+    local, first = first_expert is not None, first_expert or 0
+    local_args = dict(ids_ptr=ids, topk=topk, n_routed=n_routed, first_expert=first, LOCAL=local)
     pdl = cfg.pdl and pdl_supported(x.device)
     if cfg.tma and (cfg.direct or n_shared):
         raise ValueError("MoEConfig.tma needs the aligned layout and the shared experts apart")
@@ -226,10 +237,10 @@ def fused_experts(
             if cfg.inline_align:  # the gate_up kernel writes the table (moe_inline_align)
                 layout = empty_layout(ids, n_routed, n_shared, bm)
             else:
-                layout = align(ids, n_routed, n_shared, bm, pdl)
+                layout = align(ids, n_routed, n_shared, bm, pdl, first_expert)
             n_tiles = layout[1].shape[0]
         tiles = (ids, *layout, tokens, n_tiles, topk)
-        common = dict(PAIRS_PER_TOKEN=pairs_per_token, BLOCK_M=bm,
+        common = dict(PAIRS_PER_TOKEN=pairs_per_token, BLOCK_M=bm, LOCAL=local,
                       PRECISION="ieee" if x.dtype == torch.float32 else "tf32")
 
         act = torch.empty(n_tiles * bm, n_inter, dtype=x.dtype, device=x.device)
@@ -237,7 +248,7 @@ def fused_experts(
         n_n = triton.cdiv(n_inter, bn)
         gate_up_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
             x, gate_up, s_gate_up, _desc(gate_up, [1, 2, bn, bk]) if cfg.tma else None, act,
-            *tiles, n_inter, n_hidden, n_routed, x.stride(0),
+            *tiles, n_inter, n_hidden, n_routed, first, x.stride(0),
             gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
             s_gate_up.stride(0), s_gate_up.stride(1), s_gate_up.stride(2),
             BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_hidden % bk == 0, DIRECT=cfg.direct, **common,
@@ -267,7 +278,7 @@ def fused_experts(
                 TRIGGER=pdl and trigger,
                 NORM=not (defer_norm and normalises(tokens, n_hidden)))
         down_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
-            act, down, s_down, *descs, buf, weights, *tiles, n_hidden, n_inter, n_routed,
+            act, down, s_down, *descs, buf, weights, *tiles, n_hidden, n_inter, n_routed, first,
             *strides, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0,
             DIRECT=cfg.direct, **common, TMA=cfg.tma, MERGE_TAIL=cfg.merge_tail,
             num_warps=warps, num_stages=stages, **tail)
@@ -283,15 +294,15 @@ def fused_experts(
         # `norm.add_rmsnorm`'s (the same block, 4 warps): the same bits.
         sum_kernel[(tokens, 1)](
             buf, buf if extra is None else extra, out, residual.contiguous(), y, weight,
-            n_hidden, eps, PAIRS_PER_TOKEN=pairs_per_token, HAS_EXTRA=extra is not None,
-            ADD_NORM=True, BLOCK=triton.next_power_of_2(n_hidden), PDL=pdl_supported(x.device),
-            num_warps=4)
+            n_hidden=n_hidden, eps=eps, PAIRS_PER_TOKEN=pairs_per_token,
+            HAS_EXTRA=extra is not None, ADD_NORM=True, BLOCK=triton.next_power_of_2(n_hidden),
+            PDL=pdl_supported(x.device), num_warps=4, **local_args)
     else:
         block = min(1024, triton.next_power_of_2(n_hidden))
         sum_kernel[(tokens, triton.cdiv(n_hidden, block))](
-            buf, buf if extra is None else extra, out, out, out, out, n_hidden, 0.0,
-            PAIRS_PER_TOKEN=pairs_per_token, HAS_EXTRA=extra is not None, ADD_NORM=False,
-            BLOCK=block, num_warps=4)
+            buf, buf if extra is None else extra, out, out, out, out, n_hidden=n_hidden,
+            eps=0.0, PAIRS_PER_TOKEN=pairs_per_token, HAS_EXTRA=extra is not None,
+            ADD_NORM=False, BLOCK=block, num_warps=4, **local_args)
     if y is not None:
         return out, y
     if add_norm is None:

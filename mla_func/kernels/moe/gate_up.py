@@ -103,21 +103,24 @@ def _gate_up_rows(
 
 # The token count only sizes the direct layout, the tile count only the last tile's tail: not
 # specialised, one compile serves every bucket.
-@triton.jit(do_not_specialize=["n_tokens", "n_blocks"])
+@triton.jit(do_not_specialize=["n_tokens", "n_blocks", "first_expert"])
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def gate_up_kernel(
     x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
-    block_rows_ptr, n_tokens, n_blocks, topk, n_inter, n_hidden, n_routed, stride_x,
-    stride_we, stride_wg, stride_wn, stride_se, stride_sg, stride_sn,
+    block_rows_ptr, n_tokens, n_blocks, topk, n_inter, n_hidden, n_routed, first_expert,
+    stride_x, stride_we, stride_wg, stride_wn, stride_se, stride_sg, stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr, TMA: tl.constexpr, INLINE: tl.constexpr = False,
     E_P2: tl.constexpr = 2, P_BLOCK: tl.constexpr = 1, MERGE_TAIL: tl.constexpr = False,
+    LOCAL: tl.constexpr = False,
 ):
     """INLINE (aligned layout, whole tiles): the routed tiles find themselves from `ids`
     (`moe_inline_align`) and the first N-tile's programs write the tile table. MERGE_TAIL
     (aligned layout, whole tiles, no shared experts): a program also takes its expert's tail
-    (`moe_tile.tail_tile`)."""
+    (`moe_tile.tail_tile`). LOCAL (expert parallelism): `ids` are global, the routed experts
+    are first_expert.. (`moe_tile.local_expert`); the table of the aligned layout holds local
+    ids already."""
     if DIRECT:
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -148,11 +151,12 @@ def gate_up_kernel(
         if INLINE:
             e, pair, row_ok = inline_tile(pid_m, pid_n, ids_ptr, sorted_ptr, block_expert_ptr,
                                           block_rows_ptr, n_tokens, topk, n_routed,
-                                          PAIRS_PER_TOKEN, BLOCK_M, E_P2, P_BLOCK)
+                                          first_expert, PAIRS_PER_TOKEN, BLOCK_M, E_P2,
+                                          P_BLOCK, LOCAL)
         else:
             e, pair, row_ok = tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr,
-                                   block_rows_ptr, n_tokens, topk, n_routed, PAIRS_PER_TOKEN,
-                                   BLOCK_M, DIRECT)
+                                   block_rows_ptr, n_tokens, topk, n_routed, first_expert,
+                                   PAIRS_PER_TOKEN, BLOCK_M, DIRECT, LOCAL)
         if e < 0:
             return
         _gate_up_rows(

@@ -15,7 +15,9 @@ the tile table (`sorted_pairs`, `block_expert`, `block_rows`, as `align` would) 
 GEMM, which launches after the gate_up kernel has ended.
 
 The shared experts' runs come first in the layout, read off the sizes (`moe_tile.shared_tile`),
-so `routed_tile` numbers the routed tiles from the end of the shared ones.
+so `routed_tile` numbers the routed tiles from the end of the shared ones. Under expert
+parallelism (`LOCAL`) the pairs of experts other ranks hold fall in the spare bin with the
+lanes past the end: no tile, no row of the table (`moe_tile.local_expert`).
 """
 
 from typing import no_type_check
@@ -23,7 +25,7 @@ from typing import no_type_check
 import triton
 import triton.language as tl
 
-from mla_func.kernels.moe.tile import shared_tile
+from mla_func.kernels.moe.tile import local_expert, shared_tile
 
 # Routed pairs (tokens x topk) a program holds at once: past this the selection's registers
 # grow out of reason (the table stops at 128 tokens: 768 pairs at V2-Lite's top-6).
@@ -32,8 +34,9 @@ MAX_PAIRS = 4096
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def routed_tile(q, ids_ptr, n_tokens, topk, n_routed, PAIRS_PER_TOKEN: tl.constexpr,
-                BLOCK_M: tl.constexpr, E_P2: tl.constexpr, P_BLOCK: tl.constexpr):
+def routed_tile(q, ids_ptr, n_tokens, topk, n_routed, first_expert,
+                PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, E_P2: tl.constexpr,
+                P_BLOCK: tl.constexpr, LOCAL: tl.constexpr):
     """(expert or -1, pair per row, real rows, real row count) of the q-th routed M-tile of the
     aligned layout, from `ids` alone, all routed pairs at once (P_BLOCK >= tokens * topk):
     one load, one histogram, one cumulative sum. E_P2 > n_routed (a power of two; bin
@@ -41,6 +44,9 @@ def routed_tile(q, ids_ptr, n_tokens, topk, n_routed, PAIRS_PER_TOKEN: tl.conste
     n_pairs = n_tokens * topk
     p = tl.arange(0, P_BLOCK)
     ids = tl.load(ids_ptr + p, mask=p < n_pairs, other=E_P2 - 1).to(tl.int32)
+    if LOCAL:  # another rank's expert: the spare bin, as the lanes past the end
+        ids = local_expert(ids, first_expert, n_routed, LOCAL)
+        ids = tl.where((ids >= 0) & (p < n_pairs), ids, E_P2 - 1)
     keys = tl.arange(0, E_P2)
     counts = tl.where(keys == E_P2 - 1, 0, tl.histogram(ids, E_P2))
     tiles = (counts + BLOCK_M - 1) // BLOCK_M
@@ -62,8 +68,9 @@ def routed_tile(q, ids_ptr, n_tokens, topk, n_routed, PAIRS_PER_TOKEN: tl.conste
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def inline_tile(pid_m, pid_n, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, n_tokens,
-                topk, n_routed, PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr,
-                E_P2: tl.constexpr, P_BLOCK: tl.constexpr):
+                topk, n_routed, first_expert, PAIRS_PER_TOKEN: tl.constexpr,
+                BLOCK_M: tl.constexpr, E_P2: tl.constexpr, P_BLOCK: tl.constexpr,
+                LOCAL: tl.constexpr):
     """(expert or -1, pair per row, real rows) of M-tile pid_m of the aligned layout, as
     `moe_tile.tile` reads it off the table: a shared tile off the sizes, a routed one found
     from `ids`; the programs of N-tile 0 store a routed tile's entries of the table."""
@@ -73,7 +80,8 @@ def inline_tile(pid_m, pid_n, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_
                                       BLOCK_M)
     else:
         e, pair, row_ok, rows = routed_tile(pid_m - shared_tiles, ids_ptr, n_tokens, topk,
-                                            n_routed, PAIRS_PER_TOKEN, BLOCK_M, E_P2, P_BLOCK)
+                                            n_routed, first_expert, PAIRS_PER_TOKEN, BLOCK_M,
+                                            E_P2, P_BLOCK, LOCAL)
         if pid_n == 0:
             tl.store(block_expert_ptr + pid_m, e)
             tl.store(block_rows_ptr + pid_m, rows)

@@ -10,12 +10,28 @@ read once per token (the shared experts stay one tile each).
 
 Pair `p = t * PAIRS_PER_TOKEN + j` is token t's j-th pair (routed j < topk, then the shared
 experts); every function returns (expert, pair per row, real rows) or a part of it.
+
+Expert parallelism (`LOCAL`): `ids` hold global expert ids and the launch's routed experts are
+the global ones first_expert .. first_expert + n_routed - 1 (`local_expert`); a direct tile of a
+pair routed elsewhere gets expert -1, as unused tiles of the aligned layout do (its programs
+exit; its pair's row is never written, and the pair sum never reads it).
 """
 
 from typing import no_type_check
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def local_expert(e, first_expert, n_routed, LOCAL: tl.constexpr):
+    """Global expert id(s) `e` as local ones, -1 where another rank holds the expert (LOCAL);
+    without LOCAL every id is local, unchanged."""
+    if LOCAL:
+        e = e - first_expert
+        e = tl.where((e >= 0) & (e < n_routed), e, -1)
+    return e
 
 
 @triton.jit
@@ -32,14 +48,15 @@ def shared_tile(q, n_tokens, topk, n_routed, PAIRS_PER_TOKEN: tl.constexpr,
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def direct_tile(q, ids_ptr, n_tokens, topk, n_routed, PAIRS_PER_TOKEN: tl.constexpr,
-                BLOCK_M: tl.constexpr):
+def direct_tile(q, ids_ptr, n_tokens, topk, n_routed, first_expert,
+                PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, LOCAL: tl.constexpr):
     """(expert, pair per row, real rows) of M-tile `q` of the direct layout (docstring)."""
     rows = tl.arange(0, BLOCK_M)
     n_pairs = n_tokens * topk
     routed = q < n_pairs
     t = q // topk
     e = tl.load(ids_ptr + q, mask=routed, other=0).to(tl.int32)  # no ids read for shared
+    e = local_expert(e, first_expert, n_routed, LOCAL)
     e = tl.where(routed, e, n_routed + q - n_pairs)
     one = t * PAIRS_PER_TOKEN + q - t * topk
     pair = tl.where(routed, one + rows * 0, rows * PAIRS_PER_TOKEN + topk + q - n_pairs)
@@ -50,14 +67,15 @@ def direct_tile(q, ids_ptr, n_tokens, topk, n_routed, PAIRS_PER_TOKEN: tl.conste
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr, n_tokens, topk, n_routed,
-         PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, DIRECT: tl.constexpr):
+         first_expert, PAIRS_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr,
+         DIRECT: tl.constexpr, LOCAL: tl.constexpr):
     """(expert, pair per row, real rows) of M-tile `pid_m` of either layout, as `fused_moe`'s
     GEMMs read it. The tile's activations live in rows pid_m * BLOCK_M.. of `act` in both
     layouts: affine rows keep the down GEMM's A loads cheap (gathered rows cost it ~100
     registers on sm90)."""
     if DIRECT:
-        e, pair, row_ok = direct_tile(pid_m, ids_ptr, n_tokens, topk, n_routed,
-                                      PAIRS_PER_TOKEN, BLOCK_M)
+        e, pair, row_ok = direct_tile(pid_m, ids_ptr, n_tokens, topk, n_routed, first_expert,
+                                      PAIRS_PER_TOKEN, BLOCK_M, LOCAL)
     elif is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN, BLOCK_M, DIRECT):
         e, pair, row_ok = shared_tile(pid_m, n_tokens, topk, n_routed, PAIRS_PER_TOKEN, BLOCK_M)
     else:
