@@ -1,4 +1,5 @@
-"""Benchmarks (GPU): `python -m scripts.bench step|kernels|moe|capture|all [--out DIR] [OPTIONS]`.
+"""Benchmarks (GPU): `python -m scripts.bench step|kernels|moe|capture|all [--out DIR] [OPTIONS]`,
+and tensor parallel against one GPU: `torchrun --nproc-per-node N -m scripts.bench tp`.
 
 Every subcommand measures the copy-bandwidth and matmul ceilings in the same run, prints a
 table last and writes bench_<name>.json per benchmark (and the step plot) under --out.
@@ -23,7 +24,7 @@ import sys
 from pathlib import Path
 
 BENCHMARKS = {"step": ["step"], "kernels": ["kernels"], "moe": ["moe"], "capture": ["capture"],
-              "all": ["kernels", "moe", "capture", "step"]}
+              "tp": ["tp"], "all": ["kernels", "moe", "capture", "step"]}
 _NEGATIVE = re.compile(r"^-\d+$|^-\d*\.\d+$")  # a value, not an option, as argparse reads it
 
 
@@ -109,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for name, bench_argv in routed.items():
         result = run_one(name, bench_argv, out)
-        (out / f"bench_{name}.json").write_text(json.dumps(result, indent=1, default=str))
+        if result != {}:  # {}: a rank of `bench tp` other than 0 (rank 0 writes)
+            (out / f"bench_{name}.json").write_text(json.dumps(result, indent=1, default=str))
     return 0
 
 

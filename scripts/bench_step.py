@@ -55,7 +55,8 @@ def step_floor(params: mf.Params, distinct: list[int], batch: int, ctx: int,
     kv_bytes = batch * (ctx + 1) * cfg.latent_dim * cfg.num_hidden_layers * elem
     total_bytes = weights * elem + kv_bytes
     # Absorbed attention: per head, per key: 2*(kv_lora+rope) + 2*kv_lora FLOPs.
-    attn_flops = (batch * (ctx + 1) * cfg.num_attention_heads * cfg.num_hidden_layers
+    heads = params.layers[0].attn.w_uk.shape[0]  # this rank's
+    attn_flops = (batch * (ctx + 1) * heads * cfg.num_hidden_layers
                   * 2 * (cfg.latent_dim + cfg.kv_lora_rank))
     flops = 2 * batch * flops_w + attn_flops
     t_bytes = total_bytes / (ceil["copy_gbs"] * 1e9) * 1e3
@@ -88,15 +89,18 @@ def decode_batch(state: mf.KVState, batch: int, ctx: int, backend: str, seed: in
 
 def count_distinct_experts(params, state, batch) -> list[int]:
     """Run one eager step and record how many distinct experts each MoE layer touched (the
-    model calls `kernel_ops.experts_add_norm` once a MoE layer, looked up at call time)."""
+    model calls `kernel_ops.experts_add_norm` once a MoE layer, looked up at call time); of
+    sharded params, how many of this rank's experts."""
     import mla_func.kernel_ops as ops
 
     seen: list[int] = []
     inner = ops.experts_add_norm
 
-    def spy(x, weights, ids, *rest, **kw):
-        seen.append(int(ids.unique().numel()))
-        return inner(x, weights, ids, *rest, **kw)
+    def spy(x, weights, ids, moe, *rest, **kw):
+        local = moe.gate_up.shape[0]
+        mine = ids - params.tp.rank * local
+        seen.append(int(mine[(mine >= 0) & (mine < local)].unique().numel()))
+        return inner(x, weights, ids, moe, *rest, **kw)
 
     ops.experts_add_norm = spy
     try:

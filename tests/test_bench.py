@@ -421,3 +421,15 @@ def test_profile_generate_timeline_accounts_for_every_step(capsys):
           "--timeline"])
     out = capsys.readouterr().out
     assert "steps by kind" in out and "decode, eager" in out
+
+
+def test_bench_tp_options_and_its_launch_check(monkeypatch):
+    """`bench tp` takes its own options through bench.py, and run alone outside torchrun it
+    says how to launch it before any GPU work."""
+    import scripts.bench_tp as bench_tp
+
+    args, routed = parse(["tp", "--batches", "1", "8", "--skip-generate", "--out", "x"])
+    assert args.what == "tp" and routed == {"tp": ["--batches", "1", "8", "--skip-generate"]}
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit, match="torchrun --nproc-per-node 2 -m scripts.bench tp"):
+        bench_tp.run(["--skip-generate"])

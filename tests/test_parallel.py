@@ -28,11 +28,18 @@ KW = dict(page_size=4, max_batch_tokens=16, max_seqs=3, eos_token_id=None, retur
 
 
 def _generate(rank: int, world: int, out: Path, names: tuple[str, ...]) -> None:
+    from mla_func.compile_step import plan_step
+
     for name in names:
         cfg = CONFIGS[name]
         params = mf.init_params(cfg, seed=1)
         got = mf.generate(cfg, params, PROMPTS, NEW, mesh=rank_group(), **KW)
         torch.save({"tokens": got.tokens, "logits": got.logits}, out / f"{name}_{rank}.pt")
+    if rank == 0:  # the capture plan of a shard
+        shard = shard_params(mf.init_params(TINY, device="meta"), rank_group())
+        plan = plan_step(shard, mf.init_state(TINY, 8, 4, device="meta"), max_tokens=8)
+        dims = {k: d.size for k, d in plan.signature.dims.items()}
+        torch.save({"meta": plan.meta, "dims": dims}, out / "plan.pt")
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -50,6 +57,16 @@ def test_tensor_parallel_matches_one_device(tmp_path, world):
             assert got["tokens"] == want.tokens, (name, rank)
             for a, b in zip(got["logits"], want.logits, strict=True):
                 torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)
+    plan = torch.load(tmp_path / "plan.pt")
+    assert plan["meta"]["tensor_parallel"] == {"rank": 0, "ranks": world}
+    sizes = plan["dims"]
+    assert (sizes["heads"], sizes["local_experts"], sizes["local_vocab"]) == (
+        4 // world, 8 // world, 256 // world)
+    assert sizes["experts"] == 8  # the router sees every expert
+    # Two all-reduces a layer and the embedding's, inside the segments (not split points).
+    counts = plan["meta"]["collectives"]
+    assert sum(c["mla_func::all_reduce"] for c in counts.values()) == 2 * 3 + 1
+    assert all(b["ranks"] == world for b in plan["meta"]["kernels"]["piecewise"].values())
 
 
 def _diverge(rank: int, world: int, out: Path) -> None:

@@ -10,6 +10,7 @@ the name, not the group object). The group comes from a 1-D `DeviceMesh`
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -92,6 +93,9 @@ def init_from_env(device: str = "auto") -> tuple[TensorParallel, torch.device]:
         torch.cuda.set_device(dev)
     from torch.distributed.device_mesh import init_device_mesh
 
+    if not dist.is_initialized():  # a step may wait long for a rank that captures graphs
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo",
+                                timeout=timedelta(minutes=30))
     mesh = init_device_mesh(dev.type, (world,), mesh_dim_names=("tp",))
     return tensor_parallel(mesh), dev
 

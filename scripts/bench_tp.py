@@ -1,0 +1,164 @@
+"""Tensor parallel against one GPU, in one run:
+`torchrun --nproc-per-node N -m scripts.bench tp [--out DIR] [OPTIONS]`.
+
+In one process group of N GPUs: first the captured all-reduce alone (one graph of 16
+all-reduces per size, every rank replaying); then rank 0 alone runs the one-GPU model (the
+whole parameters: decode steps in full graphs, then `generate`) while the other ranks wait;
+then every rank runs its shard (the same steps, the same `generate` workload). Random bf16
+weights of the preset, the same seed on every rank. Rank 0 prints the tables and returns the
+JSON; the floor of a sharded step is this rank's bytes (its weights touched by the step and
+the whole latent cache) at the copy bandwidth measured here, and the collectives' time beside
+it is the measured all-reduce times the step's count (two a layer, one for the embedding).
+"""
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+
+import mla_func as mf
+from mla_func.parallel.comm import all_reduce
+from mla_func.parallel.group import init_from_env
+from mla_func.parallel.shard import shard_params
+from scripts.bench_common import capture_graph, cuda_time_ms, measure_ceilings, print_table
+from scripts.bench_common import pipelined_ms
+from scripts.bench_step import count_distinct_experts, decode_batch, step_floor
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="v2-lite")
+    p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 128])
+    p.add_argument("--allreduce-rows", type=int, nargs="+", default=[1, 8, 32, 128])
+    p.add_argument("--hidden", type=int, nargs="+", default=[2048, 7168])
+    p.add_argument("--gen-requests", type=int, default=128)
+    p.add_argument("--gen-prompt", type=int, default=512)
+    p.add_argument("--gen-new", type=int, default=256)
+    p.add_argument("--skip-generate", action="store_true")
+    p.add_argument("--page-size", type=int, default=16)
+
+
+def bench_all_reduce(tp, rows: list[int], widths: list[int], per_graph: int = 16) -> list[dict]:
+    """Microseconds of one captured `comm.all_reduce` of [rows, width] bf16 as the step calls
+    it (its copy of the input, then NCCL's all-reduce): a graph of `per_graph` in a chain,
+    replayed on every rank at once."""
+    out = []
+    for width in widths:
+        for n in rows:
+            x = torch.randn(n, width, device="cuda", dtype=torch.bfloat16)
+
+            def chain(x: torch.Tensor = x) -> torch.Tensor:
+                y = x
+                for _ in range(per_graph):
+                    y = all_reduce(y, tp)
+                return y
+
+            graph = capture_graph(chain)
+            dist.barrier()
+            ms = cuda_time_ms(graph.replay, warmup=5, reps=50)
+            out.append({"hidden": width, "rows": n, "all_reduce_us": ms / per_graph * 1e3})
+    return out
+
+
+def bench_model(cfg, params, args, ceil, label: str) -> tuple[list[dict], dict]:
+    """Decode steps in full graphs (back to back and one at a time) at each batch, ctx
+    `args.ctx`; the capture's seconds and pool."""
+    from mla_func.compile_step import compile_step
+
+    biggest = max(args.batches)
+    pages_each = -(-(args.ctx + 1) // args.page_size)
+    state = mf.init_state(cfg, biggest * pages_each + 2, args.page_size, device="cuda",
+                          dtype=torch.bfloat16)
+    step = compile_step(params, state, mode="full", max_seqs=biggest, max_pages=pages_each,
+                        backend="triton", progress=False)
+    capture = {"what": label, "capture_s": step.report["capture_seconds"],
+               "pool_gib": step.report["graph_pool_bytes"] / 2**30}
+    rows = []
+    for b in args.batches:
+        batch = decode_batch(state, b, args.ctx, "triton", seed=b, max_pages=pages_each,
+                             vocab=cfg.vocab_size)
+        distinct = count_distinct_experts(params, state, batch)
+        floor = step_floor(params, distinct, b, args.ctx, ceil)
+        rows.append({"what": label, "batch": b, "ctx": args.ctx,
+                     "floor_ms": floor["floor_ms"],
+                     "full_ms": cuda_time_ms(lambda bb=batch: step(state, bb)),
+                     "full_pipelined_ms": pipelined_ms(lambda bb=batch: step(state, bb))})
+    del step, state
+    torch.cuda.empty_cache()
+    return rows, capture
+
+
+def bench_generate(cfg, params, args, label: str) -> dict:
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(2, cfg.vocab_size, (args.gen_requests, args.gen_prompt),
+                            generator=g).tolist()
+    kw = dict(mode="full_and_piecewise", attention_backend="triton", eos_token_id=None,
+              page_size=args.page_size, max_seqs=args.gen_requests, progress=False)
+    mf.generate(cfg, params, prompts, 2, **kw)  # warm-up: Triton's first compiles
+    torch.cuda.synchronize()
+    out = mf.generate(cfg, params, prompts, args.gen_new, **kw)
+    new = sum(len(t) for t in out.tokens)
+    return {"what": label, "out_tok_s": new / out.wall_time_s, "loop_s": out.wall_time_s,
+            "setup_s": out.setup_time_s, "steps": out.steps}
+
+
+def run(argv: list[str]) -> dict:
+    p = argparse.ArgumentParser(prog="bench tp")
+    add_args(p)
+    args = p.parse_args(argv)
+    tp, device = init_from_env("cuda")
+    if not tp.sharded:
+        raise SystemExit("bench tp runs under torchrun with 2 or more processes: "
+                         "torchrun --nproc-per-node 2 -m scripts.bench tp")
+    main = tp.rank == 0
+    ceil = measure_ceilings()
+    result: dict = {"gpu": torch.cuda.get_device_name(), "ranks": tp.size, "ceilings": ceil,
+                    "all_reduce": bench_all_reduce(tp, args.allreduce_rows, args.hidden)}
+    cfg = mf.MLAConfig.preset(args.preset)
+    whole = mf.init_params(cfg, seed=0, device=device, dtype=torch.bfloat16)
+    one = "tp=1 (rank 0 alone)"
+    decode, captures, gens = [], [], []
+    if main:
+        t0 = time.perf_counter()
+        rows, cap = bench_model(cfg, whole, args, ceil, one)
+        decode += rows
+        captures.append(cap)
+        if not args.skip_generate:
+            gens.append(bench_generate(cfg, whole, args, one))
+        print(f"one GPU measured in {time.perf_counter() - t0:.0f} s", flush=True)
+    dist.barrier()
+    params = shard_params(whole, tp)
+    del whole
+    torch.cuda.empty_cache()
+    label = f"tp={tp.size}"
+    rows, cap = bench_model(cfg, params, args, ceil, label)
+    decode += rows
+    captures.append({**cap, "rank": tp.rank})
+    if not args.skip_generate:
+        gens.append(bench_generate(cfg, params, args, label))
+    allcaps = [None] * tp.size
+    dist.all_gather_object(allcaps, captures[-1])
+    result.update(decode=decode, capture=captures[:1] + allcaps if main else [], generate=gens)
+    if main:
+        reduce_us = {(r["hidden"], r["rows"]): r["all_reduce_us"] for r in result["all_reduce"]}
+        for row in decode:
+            if row["what"] == label:
+                us = reduce_us.get((cfg.hidden_size, row["batch"]))
+                n = 2 * cfg.num_hidden_layers + 1
+                row["collectives_ms"] = None if us is None else n * us / 1e3
+        base = {r["batch"]: r for r in decode if r["what"] == one}
+        for row in decode:
+            row["vs_tp1"] = row["full_pipelined_ms"] / base[row["batch"]]["full_pipelined_ms"]
+        print_table(result["all_reduce"], ["hidden", "rows", "all_reduce_us"],
+                    "captured all-reduce (us)")
+        print_table(decode, ["what", "batch", "ctx", "floor_ms", "collectives_ms", "full_ms",
+                             "full_pipelined_ms", "vs_tp1"], "decode step (ms)")
+        print_table(result["capture"][1:], ["rank", "capture_s", "pool_gib"], "capture")
+        if gens:
+            print_table(gens, list(gens[0]), "generate")
+    dist.barrier()
+    return result if main else {}
+
+
+__all__ = ["add_args", "run"]
