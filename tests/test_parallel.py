@@ -69,6 +69,32 @@ def test_tensor_parallel_matches_one_device(tmp_path, world):
     assert all(b["ranks"] == world for b in plan["meta"]["kernels"]["piecewise"].values())
 
 
+def _fused(rank: int, world: int, out: Path) -> None:
+    from mla_func.kernels.plan import KernelOptions
+
+    cfg = CONFIGS["v3-qlora"]
+    fused = KernelOptions(fused=True, experts="triton")
+    got = mf.generate(cfg, mf.init_params(cfg, seed=1), PROMPTS, NEW, mesh=rank_group(),
+                      kernels=fused, **KW)
+    torch.save({"tokens": got.tokens, "logits": got.logits}, out / f"fused_{rank}.pt")
+
+
+def test_tensor_parallel_fused_kernels_match_one_device(tmp_path):
+    """The Triton kernels (norms, router, the experts of one rank with its slice of the
+    shared expert apart) on 2 ranks against one device's, in the interpreter."""
+    from mla_func.kernels.plan import KernelOptions
+
+    run_ranks(2, _fused, tmp_path, tmp_path)
+    cfg = CONFIGS["v3-qlora"]
+    want = mf.generate(cfg, mf.init_params(cfg, seed=1), PROMPTS, NEW,
+                       kernels=KernelOptions(fused=True, experts="triton"), **KW)
+    for rank in range(2):
+        got = torch.load(tmp_path / f"fused_{rank}.pt")
+        assert got["tokens"] == want.tokens, rank
+        for a, b in zip(got["logits"], want.logits, strict=True):
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)
+
+
 def _diverge(rank: int, world: int, out: Path) -> None:
     from mla_func.parallel.schedule import ScheduleError
 
