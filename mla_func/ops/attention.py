@@ -134,5 +134,6 @@ def attend_mha(
             mask = _key_mask(positions[rows], kv.shape[0])
             # In place: the [chunk, heads, keys] scores are this form's largest buffers.
             probs = scores.mul_(scale).masked_fill_(~mask[:, None, :], float("-inf")).softmax(-1)
+            del scores  # freed before the value product copies `probs` and `v` head-major
             out[rows] = torch.einsum("ths,shv->thv", probs, v)
     return out.to(q_nope.dtype)
