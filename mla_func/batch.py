@@ -20,7 +20,8 @@ from mla_func.kernels.plan import KernelOptions, default_options, options_for
 from mla_func.staging import HostStaging
 from mla_func.state import SCRATCH_PAGE
 
-__all__ = ["HOST_FIELDS", "Batch", "BatchError", "KernelOptions", "SeqWork", "make_batch"]
+__all__ = ["HOST_FIELDS", "Batch", "BatchError", "KernelOptions", "SeqWork", "check_vocab",
+           "make_batch"]
 
 HOST_FIELDS = ("num_tokens", "num_seqs", "num_decodes", "max_seq_len", "max_query_len")
 
@@ -95,6 +96,39 @@ class BatchError(ValueError):
     """A step's inputs that cannot be run."""
 
 
+def token_id_error(ids: Sequence[int], seqs: Sequence[int], positions: Sequence[int],
+                   vocab_size: int | None) -> BatchError | None:
+    """The error naming the first id of `ids` (sequence `seqs[i]`, position `positions[i]`)
+    outside [0, vocab_size), or, the vocabulary unknown, negative or past the batch's int32
+    ids; None when every id is in range. Two C loops (min, max) when all are."""
+    bound = vocab_size if vocab_size is not None else 2**31
+    if not ids or (min(ids) >= 0 and max(ids) < bound):
+        return None
+    bad = [i for i, t in enumerate(ids) if not 0 <= t < bound]
+    k, more = bad[0], f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+    where = f"token id {ids[k]} (sequence {seqs[k]}, position {positions[k]})"
+    if vocab_size is not None:
+        return BatchError(f"{where} is outside the vocabulary [0, {vocab_size}){more}")
+    if ids[k] < 0:
+        return BatchError(f"{where} is negative{more}: ids index the vocabulary [0, vocab_size)")
+    return BatchError(f"{where} does not fit the batch's int32 token ids{more}")
+
+
+def check_vocab(batch: Batch, vocab_size: int) -> None:
+    """A BatchError naming the first token id outside [0, vocab_size), checked where reading
+    the ids costs no device sync: a batch on the CPU, run eagerly (not traced or compiled). A
+    batch for a GPU is checked when it is made (`make_batch(vocab_size=...)`), and the engine
+    checks each prompt when it is submitted."""
+    ids = batch.token_ids
+    if type(ids) is not Tensor or ids.device.type != "cpu" or torch.compiler.is_compiling():
+        return
+    low, high = torch.aminmax(ids)
+    if low >= 0 and high < vocab_size:
+        return
+    raise token_id_error(ids.tolist(), batch.token_seq.tolist(), batch.positions.tolist(),
+                         vocab_size)
+
+
 def make_batch(
     work: Sequence[SeqWork],
     page_size: int,
@@ -105,7 +139,9 @@ def make_batch(
     staging: HostStaging | None = None,
     kernels: KernelOptions | None = None,
 ) -> Batch:
-    """Flatten per-sequence work (decodes first) into a Batch; checks token ids on the host.
+    """Flatten per-sequence work (decodes first) into a Batch; checks token ids on the host:
+    each in [0, vocab_size) (given; else >= 0 and an int32), a BatchError naming the first that
+    is not, its sequence and position.
     `staging` (CUDA): the engine's pinned buffers for the copy (else one pinned per call).
     `kernels`: which implementation runs each op (default: the device's, with the attention
     `backend`)."""
@@ -130,11 +166,6 @@ def make_batch(
             seen_prefill = True
             if n == 1 and w.start > 0:
                 raise BatchError(f"decode sequence {i} comes after a prefill: decodes go first")
-        if vocab_size is not None:
-            bad = [t for t in w.token_ids if not 0 <= int(t) < vocab_size]
-            if bad:
-                raise BatchError(f"sequence {i}: token id(s) {bad[:5]} outside the vocabulary "
-                                 f"[0, {vocab_size})")
         total = w.start + n
         if -(-total // page_size) > len(w.pages):
             raise BatchError(f"sequence {i}: {total} tokens need more than {len(w.pages)} pages")
@@ -152,6 +183,9 @@ def make_batch(
         qlens.append(n)
         seq_lens.append(total)
         last.append(len(tokens) - 1)
+    error = token_id_error(tokens, token_seq, positions, vocab_size)
+    if error is not None:
+        raise error
     host = torch.tensor([len(tokens), len(work), decodes, max(seq_lens), max(qlens)],
                         dtype=torch.int64)
     # One host tensor and one copy for every device field: a transfer per field costs ~20 us

@@ -140,7 +140,8 @@ class Engine:
             raise ValueError(f"cfg does not match params.cfg (fields that differ: "
                              f"{', '.join(differ)}): pass the config the params were built or "
                              "loaded with")
-        kernels = options_for(params.device, kernels, attention_backend, unset="auto")
+        kernels = options_for(params.device, kernels, attention_backend, unset="auto",
+                              dtype=params.dtype)  # float32 on CUDA: the reference ops
         get_backend(kernels.attention, params.device)
         for name, value in (("page_size", page_size), ("max_batch_tokens", max_batch_tokens),
                             ("max_seqs", max_seqs), ("max_graph_tokens", max_graph_tokens)):

@@ -81,11 +81,12 @@ def generate(
     id or a sequence of ids replaces them; progress None shows a bar only on runs
     longer than a couple of seconds; graph modes capture steps of up to `max_graph_tokens`
     tokens (and `max_batch_tokens`), larger ones run eagerly. `kernels`: which implementation
-    runs each op (default: the device's, with `attention_backend`; "auto": "triton" on CUDA,
-    "torch" elsewhere, named in the progress line and in the result). `mesh`: a 1-D
-    DeviceMesh (or ProcessGroup) to run tensor parallel on, every rank calling `generate`
-    with the same arguments: whole `params` are sharded for it (`parallel.shard_params`);
-    params already sharded run on their own group (a `mesh` must then be theirs)."""
+    runs each op (default: the device's for the weights' dtype, with `attention_backend`;
+    "auto": "triton" on CUDA, "torch" elsewhere and for float32 weights, which run the
+    reference ops; named in the progress line and in the result). `mesh`: a 1-D DeviceMesh
+    (or ProcessGroup) to run tensor parallel on, every rank calling `generate` with the same
+    arguments: whole `params` are sharded for it (`parallel.shard_params`); params already
+    sharded run on their own group (a `mesh` must then be theirs)."""
     params = on_mesh(params, mesh)
     check_mode(mode, params)
     positive_int("max_new_tokens", max_new_tokens)

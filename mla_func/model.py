@@ -23,7 +23,7 @@ from torch import Tensor
 
 import mla_func.kernel_ops as K
 from mla_func.attention import attend
-from mla_func.batch import Batch, BatchError, KernelOptions
+from mla_func.batch import Batch, BatchError, KernelOptions, check_vocab
 from mla_func.config import MLAConfig
 from mla_func.ops.attention_args import AttnMeta, AttnWeights
 from mla_func.ops.mlp import swiglu
@@ -89,6 +89,7 @@ def forward(
     if batch.page_size != state.page_size:  # slots and page ids would address other rows
         raise BatchError(f"the batch was laid out for cache pages of {batch.page_size} tokens; "
                          f"this state's pages hold {state.page_size}")
+    check_vocab(batch, params.cfg.vocab_size)  # a CPU batch's ids (a GPU's: make_batch's)
     layers, opts, meta = params.layers, batch.kernels, attention_meta(batch)
     h = K.embed(batch.token_ids, params.embed, params.tp)
     x = K.norm(h, layers[0].input_norm, params.cfg.rms_norm_eps, opts)

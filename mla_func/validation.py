@@ -9,13 +9,11 @@ vocabulary, with a message that names the problem). This module owns:
 - `check_prompt`: a prompt (list, sequence, 1-D integer tensor or numpy array) as a list of
   ints, or one of those errors;
 - the argument checks `positive_int`, `check_mode` (known mode; graph modes need CUDA) and
-  `seq_limit` (the most tokens one sequence can ever hold, and what sets it), and
-  `int_at_least`, the same bound as an argparse type for the scripts' command lines.
+  `seq_limit` (the most tokens one sequence can ever hold, and what sets it).
 `mla_func.engine` calls these and re-exports the public names.
 """
 
-import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from numbers import Integral
 from typing import Protocol, runtime_checkable
 
@@ -50,19 +48,6 @@ def positive_int(name: str, value: object, least: int = 1) -> int:
         why = " (page 0 is scratch)" if name == "num_pages" else ""
         raise ValueError(f"{name} must be an int >= {least}{why}, got {value!r}")
     return value
-
-
-def int_at_least(least: int, why: str = "") -> Callable[[str], int]:
-    """An argparse `type`: the text as an int >= `least`, else an error argparse prints with
-    the flag's name (`why` is appended to it)."""
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be at least {least}{why}, got {value}")
-        return value
-
-    parse.__name__ = f"integer >= {least}"  # how argparse names the type in its errors
-    return parse
 
 
 def check_mode(mode: str, params: Params) -> None:

@@ -10,23 +10,15 @@ docs/PERF.md by hand.
 import argparse
 import math
 import sys
+from typing import TYPE_CHECKING
 
-import torch
+from scripts import bench_args
 
-import mla_func as mf
-from scripts.bench_common import cuda_time_ms, print_table
+if TYPE_CHECKING:  # imported once the command line is read (`--help` at once)
+    import mla_func as mf
 
 
-def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="v2-lite")
-    p.add_argument("--backend", default="triton")
-    p.add_argument("--batches", default="1,8,32,128")
-    p.add_argument("--prefill", default="16,64,256,1024,4096")
-    p.add_argument("--ctx", type=int, default=512)
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--max-tokens", type=int, default=None)
-    p.add_argument("--max-seqs", type=int, default=None)
-    p.add_argument("--reps", type=int, default=20)
+add_args = bench_args.capture  # its options (bench.py reads them without torch)
 
 
 def _parse(args) -> argparse.Namespace:
@@ -37,9 +29,13 @@ def _parse(args) -> argparse.Namespace:
     return p.parse_args(args or [])
 
 
-def _batch(state: mf.KVState, lengths: list[tuple[int, int]], max_pages: int, backend: str,
-           vocab: int) -> mf.Batch:
+def _batch(state: "mf.KVState", lengths: list[tuple[int, int]], max_pages: int, backend: str,
+           vocab: int) -> "mf.Batch":
     """(cached, new) tokens per sequence; pages from a fresh allocation."""
+    import torch
+
+    import mla_func as mf
+
     alloc = state.allocator
     for seq in list(alloc.pages):
         alloc.release(seq)
@@ -53,11 +49,15 @@ def _batch(state: mf.KVState, lengths: list[tuple[int, int]], max_pages: int, ba
 
 
 def run(args=None) -> list[dict]:
+    a = _parse(args)
+    import torch
+
+    import mla_func as mf
     from mla_func.capture.buckets import pad_to
     from mla_func.capture.plan import leaves_of
     from mla_func.compile_step import compile_step
+    from scripts.bench_common import cuda_time_ms, print_table
 
-    a = _parse(args)
     cfg = mf.MLAConfig.preset(a.preset)
     batches = [int(x) for x in a.batches.split(",") if x]
     prefill = [int(x) for x in a.prefill.split(",") if x]
@@ -76,7 +76,7 @@ def run(args=None) -> list[dict]:
         "static_buffers_mib": rep["static_buffer_bytes"] / 2**20, "downgrade": rep["downgrade"],
     }]
 
-    def timed(batch: mf.Batch, kinds: list[str]) -> dict:
+    def timed(batch: "mf.Batch", kinds: list[str]) -> dict:
         full_args = step._merge((state, batch))
         chosen, size = step.choose(full_args)
         out = {"dispatch": chosen, "bucket": size}

@@ -27,6 +27,21 @@ import math
 import time
 from dataclasses import replace
 
+try:  # `python -m scripts.bench kernels` / `python -m scripts.bench_kernels`
+    from scripts.bench_args import kernels as add_args
+except ImportError:  # `python scripts/bench_kernels.py`
+    from bench_args import kernels as add_args
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_args(p)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":  # --help and a mistyped option answer before torch is imported
+    parse_args()
+
 import torch
 
 from mla_func.kernels.attention.absorbed import attend_absorbed
@@ -54,27 +69,6 @@ bench_us, ceilings, decode_inputs = timing.bench_us, timing.ceilings, timing.dec
 floors, plan_label, time_plan = timing.floors, timing.plan_label, timing.time_plan
 
 REF_MAX_KEYS = 128 * 1024  # B * ctx above this: no torch reference (fp32 gather too big)
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_args(p)
-    return p.parse_args(argv)
-
-
-def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--heads", type=int, nargs="+", default=[16, 128])
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 128])
-    p.add_argument("--ctx", type=int, nargs="+", default=[1024, 4096, 16384])
-    p.add_argument("--page", type=int, nargs="+", default=[1, 64])
-    p.add_argument("--prompt", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
-    p.add_argument("--quick", action="store_true", help="H 16/128, B 1/128, ctx 1024/4096")
-    p.add_argument("--sweep", action="store_true", help="also tune decode plans")
-    p.add_argument("--sweep-only", action="store_true", help="only the decode plan sweep")
-    p.add_argument("--sweep-seconds", type=float, default=210.0,
-                   help="time limit of the descent over all sweep cases (compiles included)")
-    p.add_argument("--no-ref", action="store_true", help="skip the torch reference")
-
 
 
 def _args(p: dict) -> tuple:

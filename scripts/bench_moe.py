@@ -39,6 +39,21 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+try:  # `python -m scripts.bench moe` / `python -m scripts.bench_moe`
+    from scripts.bench_args import moe as add_args
+except ImportError:  # `python scripts/bench_moe.py`
+    from bench_args import moe as add_args
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    add_args(p)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":  # --help and a mistyped option answer before torch is imported
+    parse_args()
+
 import torch
 import torch.nn.functional as F
 
@@ -52,7 +67,6 @@ from mla_func.moe import experts
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import route
 from mla_func.params import DenseMLP
-from mla_func.validation import int_at_least
 
 try:  # `python -m scripts.bench moe` / `python -m scripts.bench_moe`
     from scripts import bench_common as common
@@ -71,18 +85,6 @@ class Layer:
     down: torch.Tensor
     shared_gate_up: torch.Tensor
     shared_down: torch.Tensor
-
-
-def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tokens", type=int_at_least(1), nargs="+",
-                   default=[1, 8, 32, 128, 512, 4096])
-    p.add_argument("--layers", type=int_at_least(1), default=4,
-                   help="distinct weight sets per graph")
-    p.add_argument("--preset", default="v2-lite")
-    p.add_argument("--sweep", action="store_true", help="try tile configs per token count")
-    p.add_argument("--rounds", type=int_at_least(1), default=5,
-                   help="timing rounds of the layer's forms, in alternating order (the median "
-                        "and the rounds' spread are reported)")
 
 
 def make_layers(cfg: MLAConfig, n: int) -> list[Layer]:
@@ -220,12 +222,7 @@ def align_rows(t: int, cfg: MLAConfig) -> list[dict]:
 
 
 def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
-    if isinstance(argv, argparse.Namespace):
-        args = argv
-    else:
-        p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-        add_args(p)
-        args = p.parse_args(argv)
+    args = argv if isinstance(argv, argparse.Namespace) else parse_args(argv)
     if not torch.cuda.is_available():  # after the options: --help and their errors work anywhere
         raise SystemExit("bench_moe needs a CUDA GPU; none is available")
     torch.manual_seed(0)

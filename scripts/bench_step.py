@@ -20,6 +20,7 @@ import torch
 
 import mla_func as mf
 from mla_func.params import DenseMLP, MoE
+from scripts import bench_args
 from scripts.bench_common import cuda_time_ms, measure_ceilings, pipelined_ms, print_table
 from scripts.bench_hf import bench_hf, bench_hf_compile
 
@@ -319,23 +320,4 @@ def summarize(result: dict) -> None:
         print_table([result["generate"]], list(result["generate"]), "generate")
 
 
-def add_arguments(p) -> None:
-    p.add_argument("--parts", nargs="+", default=["hf", "decode", "prefill", "generate"])
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128])
-    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096])
-    p.add_argument("--prefill-tokens", type=int, nargs="+",
-                   default=[128, 512, 1024, 2048, 4096, 8192])
-    p.add_argument("--prefill-rounds", type=int, default=4,
-                   help="alternating eager/piecewise timings per prompt length (medians kept)")
-    p.add_argument("--hf-ctx", type=int, default=1024)
-    p.add_argument("--hf-compile-batches", type=int, nargs="+", default=[1])
-    p.add_argument("--page-size", type=int, default=64)
-    p.add_argument("--max-tokens", type=int, default=None,
-                   help="largest piecewise bucket (default: the compiler's, "
-                        "dims.TOKENS_MAX_CAPTURED)")
-    p.add_argument("--gen-batch-tokens", type=int, default=8192,
-                   help="generate: the engine's max_batch_tokens")
-    p.add_argument("--backend", default="triton")
-    p.add_argument("--gen-requests", type=int, default=128)
-    p.add_argument("--gen-prompt", type=int, default=512)
-    p.add_argument("--gen-new", type=int, default=256)
+add_arguments = bench_args.step  # its options (bench.py reads them without torch)

@@ -17,13 +17,10 @@ import os
 import sys
 import time
 
-import torch
-
-import mla_func as mf
-from mla_func.capture.artifacts import save_plan
-from mla_func.compile_step import plan_step
-from mla_func.dtypes import DTYPES
-from mla_func.validation import int_at_least
+try:  # `python -m scripts.capture`, and the tests
+    from scripts.cli import DTYPE_NAMES, cli_words, int_at_least
+except ImportError:  # `python scripts/capture.py`: this folder is on the path
+    from cli import DTYPE_NAMES, cli_words, int_at_least
 
 # Cache geometry of the plans in graphs/ (capacity dims are part of a plan).
 GEOMETRY = {"tiny": (64, 4, 8), "v2-lite": (4096, 16, 256), "v3": (4096, 16, 256)}
@@ -33,6 +30,9 @@ GPU_ARTIFACTS = {"capture_report.json": "capture_report.prev.json", "graph.dot":
 
 def build_plan(preset: str, backend: str = "torch", max_tokens: int | None = None,
                max_seqs: int | None = None):
+    import mla_func as mf
+    from mla_func.compile_step import plan_step
+
     cfg = mf.MLAConfig.preset(preset)
     num_pages, page_size, max_pages = GEOMETRY[preset]
     params = mf.init_params(cfg, device="meta")
@@ -45,6 +45,8 @@ def build_plan(preset: str, backend: str = "torch", max_tokens: int | None = Non
 
 
 def _time(fn, reps: int = 5) -> float:
+    import torch
+
     fn()
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -55,8 +57,10 @@ def _time(fn, reps: int = 5) -> float:
 
 
 def gpu_report(args, out: str) -> dict:
+    import mla_func as mf
     from mla_func.capture.capture import dump_graph
     from mla_func.compile_step import compile_step, decode_batch
+    from mla_func.dtypes import DTYPES
     from mla_func.kernels.plan import default_options
 
     cfg = mf.MLAConfig.preset(args.preset)
@@ -127,7 +131,7 @@ def move_aside(out: str) -> list[str]:
     return moved
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="tiny", choices=sorted(GEOMETRY))
     p.add_argument("--out", default=None, help="default: out/PRESET")
@@ -138,17 +142,27 @@ def main(argv: list[str] | None = None) -> int:
                    help="largest piecewise bucket (default: dims.TOKENS_MAX_CAPTURED, 2560)")
     p.add_argument("--max-seqs", type=_positive, default=None,
                    help="largest full bucket, at most --max-tokens (default: 512 or less)")
-    p.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    p.add_argument("--dtype", default="bf16", choices=DTYPE_NAMES)
     p.add_argument("--check", default=None, type=_sizes,
                    help="GPU: buckets to compare with eager (comma-separated; default "
                         "1,8,32,128,512)")
     p.add_argument("--plan-only", action="store_true")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)  # --help and a mistyped option end here, before torch's import
     # Not graphs/PRESET: that is the golden plan, which trying flags must not rewrite.
     out = args.out or os.path.join("out", args.preset)
     problem = out_problem(out)
     if problem:  # before the plan is built (seconds to a minute)
         p.error(f"argument --out: {problem}")
+    import torch
+
+    import mla_func as mf
+    from mla_func.capture.artifacts import save_plan
+
     try:  # the package's input errors (CaptureError, ConfigError) are ValueError subclasses
         start = time.perf_counter()
         layers = mf.MLAConfig.preset(args.preset).num_hidden_layers
@@ -172,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.join(out, "capture_report.json"), "w") as f:
             json.dump(report, f, indent=1)
     except (ValueError, OSError, torch.OutOfMemoryError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {cli_words(str(err), p)}", file=sys.stderr)
         return 2
     print(json.dumps({k: report[k] for k in ("capture_seconds", "graph_pool_bytes", "graphs")}))
     return 0

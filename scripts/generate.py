@@ -11,30 +11,19 @@ Usage:
 """
 
 import argparse
-import re
 import sys
 import time
 
-import torch
+try:  # `python -m scripts.generate`, and the tests
+    from scripts.cli import DTYPE_NAMES, MODES, PRESET_NAMES, cli_words, device_name, int_at_least
+except ImportError:  # `python scripts/generate.py`: this folder is on the path
+    from cli import DTYPE_NAMES, MODES, PRESET_NAMES, cli_words, device_name, int_at_least
 
-from mla_func.dtypes import DTYPES
-from mla_func.memory import available_bytes, human
-from mla_func.validation import int_at_least
-
-MODES = ("eager", "piecewise", "full", "full_and_piecewise")
-
-
-def _device(text: str) -> str:
-    try:
-        device = torch.device(text)
-    except RuntimeError as err:
-        raise argparse.ArgumentTypeError(str(err)) from err
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError("no CUDA device is available (use --device cpu)")
-    return text
+SHOW_TOKENS = 12  # tokens a printed prompt shows before it counts the rest
+RENAME = {"attention_backend": "backend"}  # package argument -> this script's option
 
 
-def param_bytes(cfg, dtype: torch.dtype) -> int:
+def param_bytes(cfg, dtype) -> int:
     """Bytes of `cfg`'s parameters in `dtype`, counted on the meta device (nothing allocated)."""
     import mla_func as mf
     from mla_func.params import tensor_leaves
@@ -43,32 +32,34 @@ def param_bytes(cfg, dtype: torch.dtype) -> int:
     return sum(t.numel() * t.element_size() for _, t in tensor_leaves(params))
 
 
-def check_memory(cfg, dtype: torch.dtype, device: str) -> None:
-    """ValueError if `cfg`'s weights in `dtype` need more than `device` has available: on a
-    CPU, V2-Lite's float32 random weights are 58 GiB and V3's 2.5 TiB, and the allocator (or
-    the OOM killer) would fail only after minutes of filling memory."""
-    need, free = param_bytes(cfg, dtype), available_bytes(device)
+def check_memory(cfg, dtype, device: str) -> None:
+    """ValueError if `cfg`'s weights in `dtype` (a torch.dtype) need more than `device` has
+    available: on a CPU, V2-Lite's float32 random weights are 58 GiB and V3's 2.5 TiB, and the
+    allocator (or the OOM killer) would fail only after minutes of filling memory."""
+    from mla_func import memory
+
+    need, free = param_bytes(cfg, dtype), memory.available_bytes(device)
     if free is not None and need > free:
-        raise ValueError(f"the weights need {human(need)} ({str(dtype)[6:]}) but {device} has "
-                         f"{human(free)} available; use a smaller preset, another device or "
-                         "a narrower dtype")
+        raise ValueError(f"the weights need {memory.human(need)} ({str(dtype)[6:]}) but "
+                         f"{device} has {memory.human(free)} available; use a smaller preset, "
+                         "another device or a narrower dtype")
 
 
 def _out_of_memory(err: RuntimeError) -> bool:
     """Whether `err` is an allocation failure (CUDA's OutOfMemoryError, or the CPU allocator's
     RuntimeError), which the user fixes with smaller sizes, not a bug to show a traceback of."""
+    import torch
+
     text = str(err)
     return isinstance(err, torch.OutOfMemoryError) or any(
         words in text for words in ("not enough memory", "can't allocate memory",
                                     "you tried to allocate"))
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from mla_func.engine import MAX_BATCH_TOKENS
-
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     src = ap.add_mutually_exclusive_group()
-    src.add_argument("--preset", default=None, choices=("tiny", "v2-lite", "v3"),
+    src.add_argument("--preset", default=None, choices=PRESET_NAMES,
                      help="random weights (default: tiny)")
     src.add_argument("--checkpoint", default=None, help="HF checkpoint directory (load_hf)")
     ap.add_argument("--prompts", type=int_at_least(1), default=4, help="number of prompts")
@@ -76,15 +67,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-new-tokens", type=int_at_least(1), default=8)
     ap.add_argument("--mode", default="eager", choices=MODES)
     ap.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"),
-                    help="attention backend (auto: triton on CUDA, torch on the CPU)")
-    ap.add_argument("--device", type=_device,
-                    default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default=None, choices=list(DTYPES),
+                    help="attention backend (auto: triton on CUDA with bf16/fp16 weights, "
+                         "else torch)")
+    ap.add_argument("--device", type=device_name, default=None,
+                    help="cpu, cuda or cuda:N (default: cuda if there is one, else cpu)")
+    ap.add_argument("--dtype", default=None, choices=DTYPE_NAMES,
                     help="default: bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--page-size", type=int_at_least(1), default=16)
-    ap.add_argument("--max-batch-tokens", type=int_at_least(1), default=MAX_BATCH_TOKENS,
-                    help="tokens per step (default: %(default)s)")
+    ap.add_argument("--max-batch-tokens", type=int_at_least(1), default=None,
+                    help="tokens per step (default: the engine's, engine.MAX_BATCH_TOKENS)")
     ap.add_argument("--max-seqs", type=int_at_least(1), default=64)
     ap.add_argument("--max-graph-tokens", type=int_at_least(1), default=None,
                     help="graph modes: steps of more tokens run eagerly (default: the "
@@ -92,11 +84,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-eos", action="store_true", help="ignore eos: always generate M tokens")
     ap.add_argument("--show", type=int_at_least(0), default=3,
                     help="prompts whose tokens are printed")
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line: `--help` and a mistyped option end before torch is imported; a CUDA
+    device asked for where there is none ends right after."""
+    ap = parser()
     args = ap.parse_args(argv)
+    import torch
+
+    from mla_func.engine import MAX_BATCH_TOKENS
+
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error("argument --device: no CUDA device is available (use --device cpu)")
     if args.preset is None and args.checkpoint is None:
         args.preset = "tiny"
     if args.dtype is None:
-        args.dtype = "bfloat16" if torch.device(args.device).type == "cuda" else "float32"
+        args.dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
+    args.max_batch_tokens = args.max_batch_tokens or MAX_BATCH_TOKENS
     return args
 
 
@@ -104,6 +112,7 @@ def load(args: argparse.Namespace):
     """(config, parameters) of the checkpoint or preset, refused (ValueError) before anything
     is allocated if the weights would not fit in the device's available memory."""
     import mla_func as mf
+    from mla_func.dtypes import DTYPES
 
     dtype = DTYPES[args.dtype]
     if args.checkpoint:
@@ -115,9 +124,11 @@ def load(args: argparse.Namespace):
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
     import mla_func as mf
 
-    args = parse_args(argv)
     t0 = time.perf_counter()
     try:  # what the user can get wrong (checkpoint, sizes, backend) ends in one line, exit 2
         cfg, params = load(args)
@@ -139,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         warm_s = time.perf_counter() - t1
         out = mf.generate(cfg, params, prompts.tolist(), args.max_new_tokens, **kw)
     except ValueError as err:  # the package's input errors are ValueError subclasses
-        print(f"error: {cli_words(str(err))}", file=sys.stderr)
+        print(f"error: {cli_words(str(err), parser(), RENAME)}", file=sys.stderr)
         return 2
     except RuntimeError as err:
         if not _out_of_memory(err):
@@ -159,20 +170,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  prompt {i} [{out.status[i]}]: {tokens}"
               + (f" ... ({more} more)" if more > 0 else ""))
     return 0
-
-
-SHOW_TOKENS = 12  # tokens a printed prompt shows before it counts the rest
-
-
-def cli_words(message: str) -> str:
-    """The package's messages name arguments as Python does (`mode='eager'`); on the command
-    line they are this script's options (`--mode eager`)."""
-    return re.sub(r"\b(mode|attention_backend|dtype|page_size|max_seqs|max_batch_tokens)="
-                  r"'?([\w.-]+)'?",
-                  lambda m: f"--{OPTION_OF.get(m[1], m[1]).replace('_', '-')} {m[2]}", message)
-
-
-OPTION_OF = {"attention_backend": "backend"}  # package argument -> this script's option
 
 
 if __name__ == "__main__":

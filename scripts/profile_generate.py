@@ -21,12 +21,12 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from scripts.cli import MODES, PRESET_NAMES, cli_words, device_name, int_at_least
 
-import mla_func as mf
-from mla_func.validation import int_at_least
+if TYPE_CHECKING:  # imported after the command line is read (`--help` at once)
+    import mla_func as mf
 
 
 def kind_of(row: dict[str, Any]) -> str:
@@ -39,6 +39,8 @@ def kind_of(row: dict[str, Any]) -> str:
 
 def timed_steps(step: Callable[..., Any], log: list[dict[str, Any]]) -> Callable[..., Any]:
     """`step` recording each call in `log` (CUDA events only on CUDA: nothing syncs)."""
+    import torch
+
     choose = getattr(step, "choose", None)  # a compiled step names the path it will take
 
     def timed(state, batch):
@@ -82,24 +84,13 @@ def summary(log: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 _positive = int_at_least(1)
+RENAME = {"attention_backend": "backend"}  # package argument -> this script's option
 
 
-def _device(text: str) -> str:
-    try:
-        torch.device(text)
-    except RuntimeError as err:
-        raise argparse.ArgumentTypeError(str(err)) from err
-    return text
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from mla_func.engine import MAX_BATCH_TOKENS
-    from mla_func.presets import PRESETS
-    from mla_func.validation import MODES
-
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="v2-lite", choices=sorted(PRESETS))
-    p.add_argument("--device", default="cuda", type=_device)
+    p.add_argument("--preset", default="v2-lite", choices=PRESET_NAMES)
+    p.add_argument("--device", default="cuda", type=device_name)
     p.add_argument("--mode", default="full_and_piecewise", choices=MODES)
     p.add_argument("--backend", default=None, choices=("torch", "triton"),
                    help="default: triton on CUDA, else torch")
@@ -107,25 +98,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt", type=_positive, default=512)
     p.add_argument("--new", type=_positive, default=256)
     p.add_argument("--page-size", type=_positive, default=64)
-    p.add_argument("--max-batch-tokens", type=_positive, default=MAX_BATCH_TOKENS,
-                   help="tokens per step (default: the engine's, %(default)s)")
+    p.add_argument("--max-batch-tokens", type=_positive, default=None,
+                   help="tokens per step (default: the engine's, engine.MAX_BATCH_TOKENS)")
     p.add_argument("--max-seq-len", type=_positive, default=None,
                    help="the engine's (page-table width); default prompt + new - 1, as "
                         "generate() sizes it")
     p.add_argument("--timeline", action="store_true", help="each step's GPU time by kind")
     p.add_argument("--top", type=_positive, default=25)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = parser()
     args = p.parse_args(argv)
     need = args.prompt + args.new - 1  # the last new token is never written to the cache
     if args.max_seq_len is not None and args.max_seq_len < need:
         p.error(f"argument --max-seq-len: {args.max_seq_len} is less than --prompt + --new - 1 "
                 f"= {need}, the cache positions of each request")
+    from mla_func.engine import MAX_BATCH_TOKENS  # after the command line: torch's import
+
+    args.max_batch_tokens = args.max_batch_tokens or MAX_BATCH_TOKENS
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    import mla_func as mf
     from scripts.generate import check_memory
 
-    args = parse_args(argv)
     cuda = torch.device(args.device).type == "cuda"
     needs = [f"--{k} {v}" for k, v, yes in (("device", args.device, cuda),
                                             ("mode", args.mode, args.mode != "eager")) if yes]
@@ -146,14 +148,16 @@ def main(argv: list[str] | None = None) -> int:
                            max_seq_len=args.max_seq_len or args.prompt + args.new - 1)
         measure(engine, cfg, args, cuda)
     except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {cli_words(str(err), parser(), RENAME)}", file=sys.stderr)
         return 2
     return 0
 
 
-def measure(engine: mf.Engine, cfg: mf.MLAConfig, args: argparse.Namespace,
+def measure(engine: "mf.Engine", cfg: "mf.MLAConfig", args: argparse.Namespace,
             cuda: bool) -> None:
     """A warm-up run of the workload, then the measured one; prints what it found."""
+    import torch
+
     from scripts.bench_common import print_table
 
     prompts = torch.randint(2, cfg.vocab_size, (args.requests, args.prompt)).tolist()

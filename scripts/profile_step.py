@@ -11,17 +11,13 @@ import argparse
 import math
 import sys
 
-import torch
-
-import mla_func as mf
-from mla_func.validation import int_at_least
-from scripts.bench_common import cuda_time_ms, graph_time_ms, print_table
-from scripts.bench_step import count_distinct_experts, decode_batch, step_floor
+from scripts.cli import int_at_least
 
 
 def profile(step, top: int = 25) -> list[dict]:
     """Kernels of one call of `step` (an eager forward, or a graph replay: its kernels are
     listed one by one too), by total device time."""
+    import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -55,10 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--page-size", type=_positive, default=64)
     p.add_argument("--backend", default="triton", choices=("torch", "triton"))
     p.add_argument("--graph", action="store_true", help="also list the kernels of a replay")
-    args = p.parse_args(argv)
+    args = p.parse_args(argv)  # --help and a mistyped option end here, before torch's import
+    import torch
+
     if not torch.cuda.is_available():  # before any work (ceilings, 30 GB of weights)
         raise SystemExit("profile_step needs a CUDA GPU; none is available")
-    from scripts.bench_common import measure_ceilings
+    import mla_func as mf
+    from scripts.bench_common import cuda_time_ms, graph_time_ms, measure_ceilings, print_table
+    from scripts.bench_step import count_distinct_experts, decode_batch, step_floor
 
     ceil = measure_ceilings()
     cfg = mf.MLAConfig.preset("v2-lite")

@@ -99,8 +99,12 @@ def test_one_token_prompt_is_a_prefill():
     ([], {}, "at least one sequence"),
     ([mf.SeqWork([], 0, [1])], {}, "no new tokens"),
     ([mf.SeqWork([1, 2], 0, [1]), mf.SeqWork([3], 4, [2, 3])], {}, "decodes go first"),
-    ([mf.SeqWork([1, 16], 0, [1])], {"vocab_size": 16}, r"token id\(s\) \[16\]"),
-    ([mf.SeqWork([-1], 0, [1])], {"vocab_size": 16}, "outside the vocabulary"),
+    ([mf.SeqWork([1, 16], 0, [1])], {"vocab_size": 16},
+     r"token id 16 \(sequence 0, position 1\) is outside the vocabulary \[0, 16\)$"),
+    ([mf.SeqWork([2], 5, [1, 2]), mf.SeqWork([3, -1, 40, 3], 2, [3, 4])], {"vocab_size": 16},
+     r"token id -1 \(sequence 1, position 3\) is outside .* \[0, 16\) \(and 1 more\)$"),
+    ([mf.SeqWork([3, -1], 0, [1])], {}, r"token id -1 \(sequence 0, position 1\) is negative"),
+    ([mf.SeqWork([2**31], 0, [1])], {}, "token id 2147483648 .* does not fit .* int32"),
     ([mf.SeqWork([1] * 5, 0, [1])], {}, "5 tokens need more than 1 pages"),
     ([mf.SeqWork([1], 0, [1, 2, 3, 4])], {}, "max_pages is 3"),
     ([mf.SeqWork([1], 0, [0])], {}, "scratch page"),
@@ -111,6 +115,24 @@ def test_make_batch_errors(work, kw, words):
     with pytest.raises(mf.BatchError, match=words):
         mf.make_batch(work, page_size=4, max_pages=3, **kw)
     assert issubclass(mf.BatchError, ValueError)
+
+
+def test_forward_names_a_token_id_outside_the_vocabulary():
+    """A CPU batch made without `vocab_size`: forward names the id, its sequence and position
+    and the vocabulary before the embedding's IndexError (and before any cache write)."""
+    cfg = mf.MLAConfig.preset("tiny")
+    params = mf.init_params(cfg)
+    state = mf.init_state(cfg, num_pages=8, page_size=4)
+    state.cache.normal_()
+    before = state.cache.clone()
+    work = [mf.SeqWork([5], 3, [1]), mf.SeqWork([5, 6, cfg.vocab_size + 7], 0, [2])]
+    batch = mf.make_batch(work, page_size=4, max_pages=2)
+    words = (r"token id 263 \(sequence 1, position 2\) is outside the vocabulary \[0, 256\)")
+    with pytest.raises(mf.BatchError, match=words):
+        mf.forward(params, state, batch)
+    assert torch.equal(state.cache, before)
+    ok = mf.make_batch([mf.SeqWork([5], 3, [1]), mf.SeqWork([5, 6, 255], 0, [2])], 4, 2)
+    assert mf.forward(params, state, ok)[0].shape == (2, cfg.vocab_size)
 
 
 @pytest.mark.cuda

@@ -96,7 +96,9 @@ def test_capture_more_seqs_than_tokens_is_one_line(tmp_path, capsys):
     assert main(["--plan-only", "--out", str(tmp_path), "--max-tokens", "8",
                  "--max-seqs", "9"]) == 2
     err = capsys.readouterr().err
-    assert one_line_error(err) and "max_seqs=9 is more than max_tokens=8" in err
+    # In the command line's words, not the package's (`max_seqs=9`).
+    assert one_line_error(err) and "--max-seqs 9 is more than --max-tokens 8" in err
+    assert "pass --max-seqs <= --max-tokens" in err
     assert sorted(os.listdir(tmp_path)) == sorted(GPU_ARTIFACTS)
 
 
@@ -183,13 +185,13 @@ def test_profile_generate_without_cuda_fails_before_any_work(argv, words, monkey
 
 
 def test_profile_generate_input_errors_are_one_line(monkeypatch, capsys):
-    import scripts.generate
+    from mla_func import memory
     from scripts.profile_generate import main
 
     assert main([*CPU_PROFILE, "--prompt", "5000", "--new", "1"]) == 2  # tiny: 4096 positions
     err = capsys.readouterr().err
     assert one_line_error(err) and "prompt of 5000 tokens" in err
-    monkeypatch.setattr(scripts.generate, "available_bytes", lambda device: 1024)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1024)
     monkeypatch.setattr(mf, "init_params", guard_meta(mf.init_params))
     assert main(CPU_PROFILE) == 2
     err = capsys.readouterr().err
@@ -233,8 +235,9 @@ def guard_meta(init_params):
 
 
 def test_generate_estimates_parameter_bytes_without_allocating():
+    from mla_func.memory import available_bytes
     from mla_func.params import tensor_leaves
-    from scripts.generate import available_bytes, param_bytes
+    from scripts.generate import param_bytes
 
     cfg = mf.MLAConfig.preset("tiny")
     real = mf.init_params(cfg, dtype=torch.bfloat16)
@@ -251,12 +254,13 @@ def test_generate_estimates_parameter_bytes_without_allocating():
 def test_generate_refuses_weights_larger_than_memory(preset, dtype, free, monkeypatch, capsys):
     """Refused before anything is allocated (the guard makes a real allocation fail the test
     instead of filling this machine's memory), naming both sizes."""
-    import scripts.generate
+    from mla_func import memory
+    from mla_func.dtypes import DTYPES
     from mla_func.memory import human
-    from scripts.generate import DTYPES, main, param_bytes
+    from scripts.generate import main, param_bytes
 
     need = human(param_bytes(mf.MLAConfig.preset(preset), DTYPES[dtype]))
-    monkeypatch.setattr(scripts.generate, "available_bytes", lambda device: free)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: free)
     monkeypatch.setattr(mf, "init_params", guard_meta(mf.init_params))
     assert main(["--preset", preset, "--device", "cpu", "--dtype", dtype]) == 2
     err = capsys.readouterr().err

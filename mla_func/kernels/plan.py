@@ -39,6 +39,10 @@ ROUTER_ROWS_MAX = 4  # the router's one-program-an-expert form
 ROUTER_MAX_EXPERTS = 256  # the fused router's widest expert block; more route in torch
 # A step holding a sequence with this many new tokens runs its prompts in the MHA form.
 MHA_MIN_QUERY = 64
+# The weights' dtypes the fused kernels and the triton attention backend are tuned for: their
+# tiles are sized for 2-byte operands, and float32 doubles their shared memory (a V3-shaped
+# float32 step asked a kernel for 409,624 bytes of it; an H100 has 232,448).
+KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)
@@ -75,26 +79,31 @@ class KernelOptions:
                              "normalises with the fused kernels' numerics)")
 
 
-def default_options(device: torch.device | str, attention: str = "torch") -> KernelOptions:
+def default_options(device: torch.device | str, attention: str = "torch",
+                    dtype: torch.dtype | None = None) -> KernelOptions:
     """The options a device runs by default: the fused kernels on CUDA, and on `meta` (so
     that planning and shape checks there see the ops a GPU runs); the torch reference
     elsewhere. `attention` "auto": the fastest backend the device runs ("triton" on CUDA,
-    "torch" elsewhere)."""
+    "torch" elsewhere). `dtype`, the weights' where the caller knows it: on CUDA, weights in
+    another dtype than KERNEL_DTYPES (float32) run the torch reference ops, and "auto" is the
+    torch backend (the kernels' tiles are sized for bf16/fp16)."""
     device = torch.device(device)
+    half = dtype is None or dtype in KERNEL_DTYPES
     if attention == "auto":
-        attention = "triton" if device.type == "cuda" else "torch"
-    fused = device.type in ("cuda", "meta")
+        attention = "triton" if device.type == "cuda" and half else "torch"
+    fused = device.type == "meta" or (device.type == "cuda" and half)
     return KernelOptions(attention=attention, fused=fused,
                          experts="triton" if fused else "sorted_torch")
 
 
 def options_for(device: torch.device | str, kernels: KernelOptions | None, backend: str,
-                unset: str = "torch", error: type[ValueError] = ValueError) -> KernelOptions:
-    """The options a call runs with: `kernels`, or the device's defaults with the attention
-    `backend`. Both given, `backend` must be `kernels.attention` or the caller's default
-    (`unset`: not chosen); otherwise `error` says which."""
+                unset: str = "torch", error: type[ValueError] = ValueError,
+                dtype: torch.dtype | None = None) -> KernelOptions:
+    """The options a call runs with: `kernels`, or the device's defaults for weights in
+    `dtype` with the attention `backend`. Both given, `backend` must be `kernels.attention`
+    or the caller's default (`unset`: not chosen); otherwise `error` says which."""
     if kernels is None:
-        return default_options(device, backend)
+        return default_options(device, backend, dtype)
     if backend not in (unset, kernels.attention):
         raise error(f"backend={backend!r} disagrees with kernels.attention="
                     f"{kernels.attention!r}: pass one of them")
@@ -263,5 +272,5 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
                     decode, ranks)
 
 
-__all__ = ["DeviceSpec", "KernelOptions", "StepPlan", "default_options", "device_spec",
-           "plan_step"]
+__all__ = ["KERNEL_DTYPES", "DeviceSpec", "KernelOptions", "StepPlan", "default_options",
+           "device_spec", "options_for", "plan_step"]

@@ -7,9 +7,12 @@ Two forms of the same function:
 - MHA: expand k_nope = c_kv . W_UK^T and v = c_kv . W_UV^T per sequence, then ordinary causal
   attention with head dims (qk_nope + qk_rope, v_head): fewer FLOPs for long prompts.
 Token t of sequence s sees keys 0..positions[t] of s. Padded tokens (slot -1) see key 0 of their
-sequence and their output is ignored. Static shapes; memory is bounded by processing tokens in
-chunks of `chunk` rows.
+sequence and their output is ignored. Memory is bounded by processing tokens in chunks of
+`chunk` rows; the MHA form expands one sequence's keys at a time, so that its memory grows
+linearly with the prompt.
 """
+
+import itertools
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -88,6 +91,16 @@ def attend_absorbed(
     return torch.einsum("thc,hvc->thv", o_lat, w_uv.float()).to(q_nope.dtype)
 
 
+def sequence_runs(token_seq: Int[Tensor, " tokens"]) -> list[tuple[int, int, int]]:
+    """(sequence, first row, rows) of each run of consecutive rows that belong to one sequence
+    (a step's rows come sequence by sequence). Read on the host: free on the CPU, one small
+    copy on a GPU."""
+    seqs, counts = torch.unique_consecutive(token_seq, return_counts=True)
+    seqs, counts = torch.stack((seqs.long(), counts.long())).tolist()
+    starts = [0, *itertools.accumulate(counts)][:-1]
+    return list(zip(seqs, starts, counts, strict=True))
+
+
 def attend_mha(
     q_nope: Float[Tensor, "tokens heads qk_nope"],
     q_pe: Float[Tensor, "tokens heads qk_rope"],
@@ -100,19 +113,27 @@ def attend_mha(
     scale: float,
     chunk: int = 256,
 ) -> Float[Tensor, "tokens heads v_head"]:
+    """The MHA form, one sequence at a time: its keys and values expanded once (not once per
+    query row), then its rows `chunk` at a time against them. Memory grows linearly with the
+    prompt: [keys, heads, qk_nope + v_head] for the expanded sequence and [chunk, heads, keys]
+    for the scores. The rows' sequences are read on the host (`sequence_runs`): this form runs
+    eagerly (a step holding a long prompt), never inside a graph."""
     kv_lora = w_uk.shape[-1]
-    kv_all = gather_sequences(cache, page_table).float()
-    # Expanded keys and values per sequence (not per token): the MHA form's whole point.
-    k_nope = torch.einsum("bsc,hnc->bshn", kv_all[..., :kv_lora], w_uk.float())
-    k_pe = kv_all[..., kv_lora:]
-    v = torch.einsum("bsc,hvc->bshv", kv_all[..., :kv_lora], w_uv.float())
-    outs = []
-    for lo in range(0, q_nope.shape[0], chunk):
-        rows = slice(lo, lo + chunk)
-        seq = token_seq[rows].long()
-        scores = torch.einsum("thn,tshn->ths", q_nope[rows].float(), k_nope[seq])
-        scores += torch.einsum("thr,tsr->ths", q_pe[rows].float(), k_pe[seq])
-        mask = _key_mask(positions[rows], kv_all.shape[1])
-        probs = (scores * scale).masked_fill(~mask[:, None, :], float("-inf")).softmax(-1)
-        outs.append(torch.einsum("ths,tshv->thv", probs, v[seq]))
-    return torch.cat(outs).to(q_nope.dtype)
+    w_uk, w_uv = w_uk.float(), w_uv.float()
+    out = torch.empty(*q_nope.shape[:2], w_uv.shape[1], device=q_nope.device)
+    for seq, first, count in sequence_runs(token_seq):
+        kv = cache[page_table[seq].long()].flatten(0, 1).float()
+        # Expanded keys and values of this sequence: the MHA form's whole point.
+        k_nope = torch.einsum("sc,hnc->shn", kv[:, :kv_lora], w_uk)
+        k_pe = kv[:, kv_lora:]
+        v = torch.einsum("sc,hvc->shv", kv[:, :kv_lora], w_uv)
+        for lo in range(first, first + count, chunk):
+            rows = slice(lo, min(lo + chunk, first + count))
+            scores = torch.einsum("thn,shn->ths", q_nope[rows].float(), k_nope)
+            scores += torch.einsum("thr,sr->ths", q_pe[rows].float(), k_pe)
+            mask = _key_mask(positions[rows], kv.shape[0])
+            # In place: the [chunk, heads, keys] scores are this form's largest buffers.
+            probs = scores.mul_(scale).masked_fill_(~mask[:, None, :], float("-inf")).softmax(-1)
+            del scores  # freed before the value product copies `probs` and `v` head-major
+            out[rows] = torch.einsum("ths,shv->thv", probs, v)
+    return out.to(q_nope.dtype)

@@ -10,11 +10,13 @@ workspace is this object's, allocated once per shape and reused. One `TritonMLA`
 state's runtime (`Runtime.resource`), so two engines never share a workspace. When every row
 runs absorbed, the prologue (rope, latent norm) and the cache write share one launch with the
 query absorption (absorb.py); otherwise the prologue kernel (rope.py) and the cache write run
-first, each on its own.
+first, each on its own. The kernels are tuned for bf16/fp16 operands (`plan.KERNEL_DTYPES`);
+float32 runs where its tiles fit, and where they do not the call ends in one line that says so.
 """
 
 from jaxtyping import Float
 from torch import Tensor
+from triton.runtime.errors import OutOfResources
 
 from mla_func.kernels.attention.absorb import NewRows
 from mla_func.kernels.attention.absorbed import attend_absorbed
@@ -22,7 +24,7 @@ from mla_func.kernels.attention.cache_write import write_cache
 from mla_func.kernels.attention.decode import DecodeWorkspace
 from mla_func.kernels.attention.prefill import mha_prefill
 from mla_func.kernels.attention.rope import mla_prologue
-from mla_func.kernels.plan import attention_form
+from mla_func.kernels.plan import KERNEL_DTYPES, attention_form
 from mla_func.ops.attention_args import AttnMeta, AttnWeights
 from mla_func.state import LatentCache
 
@@ -35,7 +37,21 @@ class TritonMLA:
         self.workspace = DecodeWorkspace()
         self.prefill_shrunk: set[int] = set()
 
-    def run(
+    def run(self, q_nope: Tensor, *args, **kwargs) -> Tensor:
+        """`attend` (the backend entry point); a ValueError, not Triton's traceback, where a
+        kernel's tile does not fit the GPU at an operand dtype the kernels are not tuned for."""
+        try:
+            return self.attend(q_nope, *args, **kwargs)
+        except OutOfResources as err:
+            if q_nope.dtype in KERNEL_DTYPES:
+                raise
+            raise ValueError(
+                f"the triton attention kernels ran out of GPU {err.name} ({err.required} "
+                f"needed, {err.limit} there) with {str(q_nope.dtype)[6:]} weights; they are "
+                "tuned for bf16/fp16: load the weights in bfloat16 or float16, or use "
+                "attention_backend='torch'") from None
+
+    def attend(
         self,
         q_nope: Float[Tensor, "tokens heads qk_nope"],
         q_pe: Float[Tensor, "tokens heads qk_rope"],

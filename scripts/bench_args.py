@@ -1,0 +1,84 @@
+"""The benchmarks' options, one function a benchmark, importing nothing but the standard library.
+
+`python -m scripts.bench WHAT` (bench.py) routes each option to the benchmarks that define it
+and checks every value before any GPU work; it reads the options here rather than from the
+benchmarks' modules, which import torch and Triton, so that `--help` and a mistyped option
+answer at once. Each benchmark takes its options from here too (`bench_kernels.add_args` is
+`kernels`), and so does its standalone command line (`python -m scripts.bench_kernels`).
+"""
+
+import argparse
+from collections.abc import Callable
+
+try:  # `python -m scripts....`
+    from scripts.cli import int_at_least
+except ImportError:  # `python scripts/bench_kernels.py`: this folder is on the path
+    from cli import int_at_least
+
+
+def step(p: argparse.ArgumentParser) -> None:
+    """bench_step: decode/prefill step times, HF, generate."""
+    p.add_argument("--parts", nargs="+", default=["hf", "decode", "prefill", "generate"])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128])
+    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096])
+    p.add_argument("--prefill-tokens", type=int, nargs="+",
+                   default=[128, 512, 1024, 2048, 4096, 8192])
+    p.add_argument("--prefill-rounds", type=int, default=4,
+                   help="alternating eager/piecewise timings per prompt length (medians kept)")
+    p.add_argument("--hf-ctx", type=int, default=1024)
+    p.add_argument("--hf-compile-batches", type=int, nargs="+", default=[1])
+    p.add_argument("--page-size", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="largest piecewise bucket (default: the compiler's, "
+                        "dims.TOKENS_MAX_CAPTURED)")
+    p.add_argument("--gen-batch-tokens", type=int, default=8192,
+                   help="generate: the engine's max_batch_tokens")
+    p.add_argument("--backend", default="triton")
+    p.add_argument("--gen-requests", type=int, default=128)
+    p.add_argument("--gen-prompt", type=int, default=512)
+    p.add_argument("--gen-new", type=int, default=256)
+
+
+def kernels(p: argparse.ArgumentParser) -> None:
+    """bench_kernels: the MLA attention kernels."""
+    p.add_argument("--heads", type=int, nargs="+", default=[16, 128])
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 128])
+    p.add_argument("--ctx", type=int, nargs="+", default=[1024, 4096, 16384])
+    p.add_argument("--page", type=int, nargs="+", default=[1, 64])
+    p.add_argument("--prompt", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    p.add_argument("--quick", action="store_true", help="H 16/128, B 1/128, ctx 1024/4096")
+    p.add_argument("--sweep", action="store_true", help="also tune decode plans")
+    p.add_argument("--sweep-only", action="store_true", help="only the decode plan sweep")
+    p.add_argument("--sweep-seconds", type=float, default=210.0,
+                   help="time limit of the descent over all sweep cases (compiles included)")
+    p.add_argument("--no-ref", action="store_true", help="skip the torch reference")
+
+
+def moe(p: argparse.ArgumentParser) -> None:
+    """bench_moe: one MoE layer."""
+    p.add_argument("--tokens", type=int_at_least(1), nargs="+",
+                   default=[1, 8, 32, 128, 512, 4096])
+    p.add_argument("--layers", type=int_at_least(1), default=4,
+                   help="distinct weight sets per graph")
+    p.add_argument("--preset", default="v2-lite")
+    p.add_argument("--sweep", action="store_true", help="try tile configs per token count")
+    p.add_argument("--rounds", type=int_at_least(1), default=5,
+                   help="timing rounds of the layer's forms, in alternating order (the median "
+                        "and the rounds' spread are reported)")
+
+
+def capture(p: argparse.ArgumentParser) -> None:
+    """bench_capture: one compile_step, then its graphs against eager."""
+    p.add_argument("--preset", default="v2-lite")
+    p.add_argument("--backend", default="triton")
+    p.add_argument("--batches", default="1,8,32,128")
+    p.add_argument("--prefill", default="16,64,256,1024,4096")
+    p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument("--max-seqs", type=int, default=None)
+    p.add_argument("--reps", type=int, default=20)
+
+
+OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+    "step": step, "kernels": kernels, "moe": moe, "capture": capture}
