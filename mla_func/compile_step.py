@@ -30,8 +30,8 @@ from mla_func.capture.dispatch import MODES, CompiledStep
 from mla_func.dims import VOCABULARY
 from mla_func.kernels.plan import KernelOptions, device_spec, options_for
 from mla_func.kernels.plan import plan_step as plan_kernels
-from mla_func.parallel.comm import COLLECTIVES
 from mla_func.model import forward
+from mla_func.parallel.comm import COLLECTIVES
 from mla_func.params import Params
 from mla_func.state import SCRATCH_PAGE, KVState
 from mla_func.validation import positive_int

@@ -40,9 +40,9 @@ from mla_func.moe import experts as moe_experts
 from mla_func.moe import experts_add_norm as moe_experts_add_norm
 from mla_func.ops import moe as ref_moe
 from mla_func.ops.norm import rmsnorm
-from mla_func.params import MoE
 from mla_func.parallel.comm import all_reduce, gather_cols
 from mla_func.parallel.group import SINGLE, TensorParallel
+from mla_func.params import MoE
 
 Rows = Float[Tensor, "tokens hidden"]
 Counters = Int[Tensor, " counters"]

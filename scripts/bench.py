@@ -5,7 +5,7 @@ Every subcommand measures the copy-bandwidth and matmul ceilings in the same run
 table last and writes bench_<name>.json per benchmark (and the step plot) under --out.
 
 Options. `--out` is this script's own. Every other option goes, with its values unchanged, to
-the benchmark that defines it (bench_args.py: step, kernels, moe, capture), in that
+the benchmark that defines it (bench_args.py: step, kernels, moe, capture, tp), in that
 benchmark's syntax: `bench step --batches
 1 8` but `bench capture --batches 1,8`. `all` runs kernels, moe, capture and step, and gives
 each option to every one of them that defines it (`--tokens` to moe alone, `--backend` to

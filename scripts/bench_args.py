@@ -80,5 +80,19 @@ def capture(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", type=int, default=20)
 
 
+def tp(p: argparse.ArgumentParser) -> None:
+    """bench_tp (under torchrun): tensor parallel against one GPU."""
+    p.add_argument("--preset", default="v2-lite")
+    p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 128])
+    p.add_argument("--allreduce-rows", type=int, nargs="+", default=[1, 8, 32, 128])
+    p.add_argument("--hidden", type=int, nargs="+", default=[2048, 7168])
+    p.add_argument("--gen-requests", type=int, default=128)
+    p.add_argument("--gen-prompt", type=int, default=512)
+    p.add_argument("--gen-new", type=int, default=256)
+    p.add_argument("--skip-generate", action="store_true")
+    p.add_argument("--page-size", type=int, default=16)
+
+
 OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
-    "step": step, "kernels": kernels, "moe": moe, "capture": capture}
+    "step": step, "kernels": kernels, "moe": moe, "capture": capture, "tp": tp}

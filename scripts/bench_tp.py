@@ -21,22 +21,17 @@ import mla_func as mf
 from mla_func.parallel.comm import all_reduce
 from mla_func.parallel.group import init_from_env
 from mla_func.parallel.shard import shard_params
-from scripts.bench_common import capture_graph, cuda_time_ms, measure_ceilings, print_table
-from scripts.bench_common import pipelined_ms
+from scripts.bench_args import tp as tp_options
+from scripts.bench_common import (
+    capture_graph,
+    cuda_time_ms,
+    measure_ceilings,
+    pipelined_ms,
+    print_table,
+)
 from scripts.bench_step import count_distinct_experts, decode_batch, step_floor
 
-
-def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="v2-lite")
-    p.add_argument("--ctx", type=int, default=512)
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 128])
-    p.add_argument("--allreduce-rows", type=int, nargs="+", default=[1, 8, 32, 128])
-    p.add_argument("--hidden", type=int, nargs="+", default=[2048, 7168])
-    p.add_argument("--gen-requests", type=int, default=128)
-    p.add_argument("--gen-prompt", type=int, default=512)
-    p.add_argument("--gen-new", type=int, default=256)
-    p.add_argument("--skip-generate", action="store_true")
-    p.add_argument("--page-size", type=int, default=16)
+add_args = tp_options  # the options: scripts/bench_args.py
 
 
 def bench_all_reduce(tp, rows: list[int], widths: list[int], per_graph: int = 16) -> list[dict]:
@@ -82,8 +77,8 @@ def bench_model(cfg, params, args, ceil, label: str) -> tuple[list[dict], dict]:
         floor = step_floor(params, distinct, b, args.ctx, ceil)
         rows.append({"what": label, "batch": b, "ctx": args.ctx,
                      "floor_ms": floor["floor_ms"],
-                     "full_ms": cuda_time_ms(lambda bb=batch: step(state, bb)),
-                     "full_pipelined_ms": pipelined_ms(lambda bb=batch: step(state, bb))})
+                     "full_ms": cuda_time_ms(lambda bb=batch, f=step, s=state: f(s, bb)),
+                     "full_pipelined_ms": pipelined_ms(lambda bb=batch, f=step, s=state: f(s, bb))})
     del step, state
     torch.cuda.empty_cache()
     return rows, capture

@@ -29,13 +29,15 @@ GPU_ARTIFACTS = {"capture_report.json": "capture_report.prev.json", "graph.dot":
 
 
 def build_plan(preset: str, backend: str = "torch", max_tokens: int | None = None,
-               max_seqs: int | None = None):
+               max_seqs: int | None = None, tp=None):
+    """The preset's capture plan (on one rank of `tp`: its shard's)."""
     import mla_func as mf
     from mla_func.compile_step import plan_step
+    from mla_func.parallel.shard import on_mesh
 
     cfg = mf.MLAConfig.preset(preset)
     num_pages, page_size, max_pages = GEOMETRY[preset]
-    params = mf.init_params(cfg, device="meta")
+    params = on_mesh(mf.init_params(cfg, device="meta"), tp)
     state = mf.init_state(cfg, num_pages=num_pages, page_size=page_size, device="meta")
     plan = plan_step(params, state, max_tokens=max_tokens, max_seqs=max_seqs,
                      max_pages=max_pages, backend=backend)
@@ -56,17 +58,20 @@ def _time(fn, reps: int = 5) -> float:
     return (time.perf_counter() - start) / reps * 1e3
 
 
-def gpu_report(args, out: str) -> dict:
+def gpu_report(args, out: str, tp=None) -> dict:
+    """Capture on the GPU, check the buckets against eager, time both (on one rank of `tp`,
+    every rank running the same steps; rank 0 writes the graph dump)."""
     import mla_func as mf
     from mla_func.capture.capture import dump_graph
     from mla_func.compile_step import compile_step, decode_batch
     from mla_func.dtypes import DTYPES
     from mla_func.kernels.plan import default_options
+    from mla_func.parallel.shard import on_mesh
 
     cfg = mf.MLAConfig.preset(args.preset)
     num_pages, page_size, max_pages = GEOMETRY[args.preset]
     dtype = DTYPES[args.dtype]
-    params = mf.init_params(cfg, seed=0, device="cuda", dtype=dtype)
+    params = on_mesh(mf.init_params(cfg, seed=0, device="cuda", dtype=dtype), tp)
     state = mf.init_state(cfg, num_pages, page_size, device="cuda", dtype=dtype)
     step = compile_step(params, state, mode=args.mode, max_tokens=args.max_tokens,
                         max_seqs=args.max_seqs, max_pages=max_pages, backend=args.backend)
@@ -89,7 +94,7 @@ def gpu_report(args, out: str) -> dict:
                                          step.run(k, s, full_args(b))), 4),
                 "max_abs_diff": float((eager_out - graph_out).abs().max()),
             })
-    if step.piecewise:
+    if step.piecewise and (tp is None or tp.rank == 0):
         size = min(step.piecewise)
         report["dot"] = dump_graph(step, size, os.path.join(out, "graph.dot"))
     return report
@@ -147,6 +152,9 @@ def parser() -> argparse.ArgumentParser:
                    help="GPU: buckets to compare with eager (comma-separated; default "
                         "1,8,32,128,512)")
     p.add_argument("--plan-only", action="store_true")
+    p.add_argument("--tp", type=_positive, default=1,
+                   help="tensor parallel over N processes: torchrun --nproc-per-node N "
+                        "scripts/capture.py --tp N (artifacts from rank 0)")
     return p
 
 
@@ -162,16 +170,28 @@ def main(argv: list[str] | None = None) -> int:
 
     import mla_func as mf
     from mla_func.capture.artifacts import save_plan
+    from mla_func.parallel.group import SINGLE, init_from_env
 
+    tp = SINGLE
+    if args.tp > 1:
+        tp, _ = init_from_env("cuda" if torch.cuda.is_available() else "cpu")
+        if tp.size != args.tp:
+            p.error(f"argument --tp: {args.tp} but {tp.size} processes; run "
+                    f"torchrun --nproc-per-node {args.tp} scripts/capture.py --tp {args.tp}")
+    say = print if tp.rank == 0 else (lambda *a, **k: None)  # one rank writes and prints
     try:  # the package's input errors (CaptureError, ConfigError) are ValueError subclasses
         start = time.perf_counter()
         layers = mf.MLAConfig.preset(args.preset).num_hidden_layers
-        print(f"planning {args.preset} ({layers} layers: traced on the meta device, a few "
-              f"seconds to a minute) ...", flush=True)
-        plan = build_plan(args.preset, args.backend, args.max_tokens, args.max_seqs)
+        say(f"planning {args.preset} ({layers} layers: traced on the meta device, a few "
+            f"seconds to a minute) ...", flush=True)
+        plan = build_plan(args.preset, args.backend, args.max_tokens, args.max_seqs, tp)
+        if tp.rank:  # every rank plans and captures alike; rank 0 writes
+            if not args.plan_only and torch.cuda.is_available():
+                gpu_report(args, out, tp)
+            return 0
         paths = save_plan(plan, out)
-        print(f"plan: {len(plan.segments)} segments ({plan.num_distinct} distinct), "
-              f"{len(plan.ops)} splitting ops, {time.perf_counter() - start:.1f} s -> {paths[0]}")
+        say(f"plan: {len(plan.segments)} segments ({plan.num_distinct} distinct), "
+            f"{len(plan.ops)} splitting ops, {time.perf_counter() - start:.1f} s -> {paths[0]}")
         moved = move_aside(out)
         if moved:
             print(f"moved the previous run's {', '.join(moved)} aside to "
@@ -182,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                       + (", --check not run)" if args.check else ")"), file=sys.stderr)
             return 0
         args.check = args.check or [1, 8, 32, 128, 512]
-        report = gpu_report(args, out)
+        report = gpu_report(args, out, tp)
         with open(os.path.join(out, "capture_report.json"), "w") as f:
             json.dump(report, f, indent=1)
     except (ValueError, OSError, torch.OutOfMemoryError) as err:

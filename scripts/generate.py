@@ -11,6 +11,7 @@ Usage:
 """
 
 import argparse
+import os
 import sys
 import time
 
@@ -32,13 +33,15 @@ def param_bytes(cfg, dtype) -> int:
     return sum(t.numel() * t.element_size() for _, t in tensor_leaves(params))
 
 
-def check_memory(cfg, dtype, device: str) -> None:
-    """ValueError if `cfg`'s weights in `dtype` (a torch.dtype) need more than `device` has
-    available: on a CPU, V2-Lite's float32 random weights are 58 GiB and V3's 2.5 TiB, and the
-    allocator (or the OOM killer) would fail only after minutes of filling memory."""
+def check_memory(cfg, dtype, device: str, tp=None) -> None:
+    """ValueError if `cfg`'s weights in `dtype` (a torch.dtype; one rank's share on `tp`) need
+    more than `device` has available: on a CPU, V2-Lite's float32 random weights are 58 GiB
+    and V3's 2.5 TiB, and the allocator (or the OOM killer) would fail only after minutes of
+    filling memory."""
     from mla_func import memory
 
-    need, free = param_bytes(cfg, dtype), memory.available_bytes(device)
+    need = param_bytes(cfg, dtype) // (tp.size if tp is not None else 1)
+    free = memory.available_bytes(device)
     if free is not None and need > free:
         raise ValueError(f"the weights need {memory.human(need)} ({str(dtype)[6:]}) but "
                          f"{device} has {memory.human(free)} available; use a smaller preset, "
@@ -84,6 +87,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-eos", action="store_true", help="ignore eos: always generate M tokens")
     ap.add_argument("--show", type=int_at_least(0), default=3,
                     help="prompts whose tokens are printed")
+    ap.add_argument("--tp", type=int_at_least(1), default=1,
+                    help="tensor parallel over N processes, one a GPU: torchrun "
+                         "--nproc-per-node N scripts/generate.py --tp N (rank 0 prints)")
     return ap
 
 
@@ -96,6 +102,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     from mla_func.engine import MAX_BATCH_TOKENS
 
+    if args.tp > 1 and int(os.environ.get("WORLD_SIZE", 1)) != args.tp:
+        ap.error(f"argument --tp: {args.tp} processes, {os.environ.get('WORLD_SIZE', 1)} "
+                 f"started; run torchrun --nproc-per-node {args.tp} scripts/generate.py "
+                 f"--tp {args.tp} ...")
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     elif args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -108,19 +118,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def load(args: argparse.Namespace):
-    """(config, parameters) of the checkpoint or preset, refused (ValueError) before anything
-    is allocated if the weights would not fit in the device's available memory."""
+def load(args: argparse.Namespace, tp=None):
+    """(config, parameters) of the checkpoint or preset (this rank's shard on `tp`: read as
+    slices of a checkpoint; random weights drawn whole, then sharded), refused (ValueError)
+    before anything is allocated if the weights would not fit in the device's available
+    memory."""
     import mla_func as mf
     from mla_func.dtypes import DTYPES
+    from mla_func.parallel.shard import on_mesh
 
     dtype = DTYPES[args.dtype]
     if args.checkpoint:
-        check_memory(mf.MLAConfig.from_hf(args.checkpoint), dtype, args.device)
-        return mf.load_hf(args.checkpoint, device=args.device, dtype=dtype)
+        check_memory(mf.MLAConfig.from_hf(args.checkpoint), dtype, args.device, tp)
+        return mf.load_hf(args.checkpoint, device=args.device, dtype=dtype, mesh=tp)
     cfg = mf.MLAConfig.preset(args.preset)
     check_memory(cfg, dtype, args.device)
-    return cfg, mf.init_params(cfg, seed=args.seed, device=args.device, dtype=dtype)
+    whole = mf.init_params(cfg, seed=args.seed, device=args.device, dtype=dtype)
+    return cfg, on_mesh(whole, tp)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,10 +142,16 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import mla_func as mf
+    from mla_func.parallel.group import SINGLE, init_from_env
 
+    tp = SINGLE
+    if args.tp > 1:
+        tp, device = init_from_env(args.device.split(":")[0])
+        args.device = str(device)
+    say = print if tp.rank == 0 else (lambda *a, **k: None)  # rank 0 prints the results
     t0 = time.perf_counter()
     try:  # what the user can get wrong (checkpoint, sizes, backend) ends in one line, exit 2
-        cfg, params = load(args)
+        cfg, params = load(args, tp if tp.sharded else None)
         load_s = time.perf_counter() - t0
         gen = torch.Generator().manual_seed(args.seed)
         # Random ids away from the special tokens at the start of the vocabulary.
@@ -150,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         warm_s = time.perf_counter() - t1
         out = mf.generate(cfg, params, prompts.tolist(), args.max_new_tokens, **kw)
     except ValueError as err:  # the package's input errors are ValueError subclasses
-        print(f"error: {cli_words(str(err), parser(), RENAME)}", file=sys.stderr)
+        where = f"rank {tp.rank}: " if tp.sharded else ""  # every rank's error is shown
+        print(f"error: {where}{cli_words(str(err), parser(), RENAME)}", file=sys.stderr)
         return 2
     except RuntimeError as err:
         if not _out_of_memory(err):
@@ -158,17 +179,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: out of memory: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 2
     source = args.checkpoint or f"preset {args.preset} (random weights)"
-    print(f"{source}: {args.prompts} prompts x {args.prompt_len} tokens, max_new_tokens "
-          f"{args.max_new_tokens}, mode {args.mode}, {out.attention_backend} attention, "
-          f"{args.device} {args.dtype}; weights ready in {load_s:.1f} s, warm-up (first call: "
-          f"kernel compiles) {warm_s:.1f} s, engine (cache, graphs) in {out.setup_time_s:.1f} s")
-    print(f"throughput: {out.tokens_per_s:.1f} output tokens/s, warm ({out.output_tokens} "
-          f"tokens, {out.prompt_tokens} prompt tokens, {out.steps} steps, "
-          f"{out.wall_time_s:.2f} s)")
+    ranks = f", tp {tp.size}" if tp.sharded else ""
+    say(f"{source}: {args.prompts} prompts x {args.prompt_len} tokens, max_new_tokens "
+        f"{args.max_new_tokens}, mode {args.mode}, {out.attention_backend} attention, "
+        f"{args.device} {args.dtype}{ranks}; weights ready in {load_s:.1f} s, warm-up (first "
+        f"call: kernel compiles) {warm_s:.1f} s, engine (cache, graphs) in "
+        f"{out.setup_time_s:.1f} s")
+    say(f"throughput: {out.tokens_per_s:.1f} output tokens/s, warm ({out.output_tokens} "
+        f"tokens, {out.prompt_tokens} prompt tokens, {out.steps} steps, "
+        f"{out.wall_time_s:.2f} s)")
     for i in range(min(args.show, len(out.tokens))):
         tokens, more = out.tokens[i][:SHOW_TOKENS], len(out.tokens[i]) - SHOW_TOKENS
-        print(f"  prompt {i} [{out.status[i]}]: {tokens}"
-              + (f" ... ({more} more)" if more > 0 else ""))
+        say(f"  prompt {i} [{out.status[i]}]: {tokens}"
+            + (f" ... ({more} more)" if more > 0 else ""))
     return 0
 
 

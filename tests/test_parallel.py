@@ -2,17 +2,19 @@
 one device, on the CPU with gloo: the sharding math, sharded loading, the same schedule on
 every rank, and the errors."""
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from parallel_helpers import rank_group, run_ranks
 
 import mla_func as mf
 from mla_func.parallel.group import ParallelError, TensorParallel
 from mla_func.parallel.shard import shard_params
-from parallel_helpers import rank_group, run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = mf.MLAConfig.preset("tiny")
@@ -166,6 +168,37 @@ def test_torchrun_stops_every_rank_on_one_ranks_error(tmp_path):
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          str(ROOT / "tests" / "parallel_helpers.py"), "bad-prompt-on-rank-1"],
         capture_output=True, text=True, timeout=180, cwd=ROOT,
-        env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert proc.returncode != 0
     assert "prompt 0: token id(s) [999] outside the vocabulary" in proc.stderr + proc.stdout
+
+
+def _torchrun(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         *args], capture_output=True, text=True, timeout=240, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+
+
+def test_scripts_under_torchrun(tmp_path):
+    """`torchrun --nproc-per-node 2 scripts/generate.py --tp 2` prints once (rank 0) the
+    tokens one process prints; `capture.py --tp 2` writes a shard's plan once; `--tp 2`
+    without torchrun says how to launch it."""
+    argv = ["scripts/generate.py", "--preset", "tiny", "--prompts", "3", "--max-new-tokens", "5"]
+    one = subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120, check=True).stdout
+    two = _torchrun(*argv, "--tp", "2")
+    assert two.returncode == 0, two.stderr
+    prompts = [line for line in two.stdout.splitlines() if line.startswith("  prompt")]
+    assert len(prompts) == 3 and prompts == [
+        line for line in one.splitlines() if line.startswith("  prompt")]
+    assert two.stdout.count("throughput:") == 1 and ", tp 2;" in two.stdout
+    cap = _torchrun("scripts/capture.py", "--preset", "tiny", "--tp", "2", "--plan-only",
+                    "--out", str(tmp_path / "plan"))
+    assert cap.returncode == 0, cap.stderr
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert plan["tensor_parallel"] == {"rank": 0, "ranks": 2} and cap.stdout.count("plan:") == 1
+    alone = subprocess.run([sys.executable, *argv, "--tp", "2"], capture_output=True, text=True,
+                           cwd=ROOT, timeout=60)
+    assert alone.returncode == 2
+    assert "run torchrun --nproc-per-node 2 scripts/generate.py --tp 2" in alone.stderr

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from parallel_helpers import rank_group, run_ranks
 
 import mla_func as mf
-from parallel_helpers import rank_group, run_ranks
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")]
@@ -26,14 +26,18 @@ def _agreeing(a: mf.GenerateOutput, b: mf.GenerateOutput) -> list[tuple[torch.Te
     """(a's, b's) logits of each position both runs reached with the same tokens so far."""
     pairs = []
     for ta, tb, la, lb in zip(a.tokens, b.tokens, a.logits, b.logits, strict=True):
-        n = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), len(ta))
+        n = next((i for i, (x, y) in enumerate(zip(ta, tb, strict=True)) if x != y), len(ta))
         pairs += [(la[i], lb[i]) for i in range(min(n + 1, len(ta)))]
     return pairs
 
 
 def rel_err(a: mf.GenerateOutput, b: mf.GenerateOutput) -> float:
     """The largest ||a - b|| / ||b|| over the positions both runs reached alike."""
-    return max(float((x - y).norm() / y.norm()) for x, y in _agreeing(a, b))
+    return max(errors(a, b))
+
+
+def errors(a: mf.GenerateOutput, b: mf.GenerateOutput) -> list[float]:
+    return sorted(float((x - y).norm() / y.norm()) for x, y in _agreeing(a, b))
 
 
 def _compare(rank: int, world: int, out: Path, preset: str, layers: int, fp32: bool) -> None:
@@ -46,6 +50,11 @@ def _compare(rank: int, world: int, out: Path, preset: str, layers: int, fp32: b
             ref = mf.generate(cfg, mf.init_params(cfg, seed=0, device="cuda"), PROMPTS, NEW,
                               **{**KW, "attention_backend": "torch"})
             report["bf16_vs_fp32"] = rel_err(one, ref)
+        # Two one-GPU bf16 runs that differ in the attention's kernels only: the noise of
+        # bf16 sums where no float32 copy fits beside the weights.
+        other = mf.generate(cfg, whole, PROMPTS, NEW, **{**KW, "attention_backend": "torch"})
+        report["bf16_backends"] = rel_err(other, one)
+        report["bf16_backends_all"] = errors(other, one)
     runs = {m: mf.generate(cfg, whole, PROMPTS, NEW, mode=m, mesh=rank_group(), **KW)
             for m in MODES}
     eager = runs["eager"]
@@ -54,6 +63,7 @@ def _compare(rank: int, world: int, out: Path, preset: str, layers: int, fp32: b
         assert all(torch.equal(x, y) for x, y in zip(got.logits, eager.logits, strict=True)), m
     if rank == 0:
         report["tp2_vs_tp1"] = rel_err(eager, one)
+        report["tp2_vs_tp1_all"] = errors(eager, one)
         report["tokens_equal"] = eager.tokens == one.tokens
         (out / "report.json").write_text(json.dumps(report))
 
@@ -69,8 +79,9 @@ def test_tp2_v2_lite_shape_matches_one_gpu(tmp_path):
 
 def test_tp2_v3_shape_matches_one_gpu(tmp_path):
     """V3's shape (128 heads, 64 a rank; 256 experts, 128 a rank; noaux_tc routing; q_lora),
-    4 layers (3 dense, 1 MoE): tp = 2 against one GPU in bf16, graphs bitwise equal."""
+    4 layers (3 dense, 1 MoE): tp = 2 against one GPU in bf16 (beside two one-GPU bf16 runs
+    that differ in the attention's kernels), graphs bitwise equal."""
     run_ranks(2, _compare, tmp_path, tmp_path, "v3", 4, False, device="cuda", timeout=600)
     report = json.loads((tmp_path / "report.json").read_text())
     print("tp error", report)
-    assert report["tp2_vs_tp1"] < 2e-2, report
+    assert report["tp2_vs_tp1"] <= 2 * report["bf16_backends"], report

@@ -16,7 +16,6 @@ from torch import Tensor
 from mla_func.custom_op import custom_op
 from mla_func.parallel.group import TensorParallel
 
-
 # The step's collective ops, as the capture plan names them.
 COLLECTIVES = ("mla_func::all_reduce",)
 

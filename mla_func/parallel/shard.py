@@ -25,8 +25,8 @@ import torch
 from torch import Tensor
 
 from mla_func.config import MLAConfig
-from mla_func.params import Attention, DenseMLP, Layer, MoE, Params
 from mla_func.parallel.group import ParallelError, TensorParallel, tensor_parallel
+from mla_func.params import Attention, DenseMLP, Layer, MoE, Params
 
 
 def check_shardable(cfg: MLAConfig, tp: TensorParallel) -> None:
