@@ -32,6 +32,7 @@ from mla_func.kernels.plan import KernelOptions, device_spec, options_for
 from mla_func.kernels.plan import plan_step as plan_kernels
 from mla_func.model import forward
 from mla_func.parallel.comm import COLLECTIVES
+from mla_func.parallel.comm import prepare as prepare_collectives
 from mla_func.params import Params
 from mla_func.state import SCRATCH_PAGE, KVState
 from mla_func.validation import positive_int
@@ -159,6 +160,8 @@ def compile_step(params: Params, state: KVState, *, mode: str, max_tokens: int |
     max_pages = max_pages or state.num_pages - 1
     plan = plan_step(params, state, max_tokens=max_tokens, max_seqs=max_seqs,
                      max_pages=max_pages, kernels=kernels)
+    # Several GPUs: the one-shot all-reduce's buffer, exchanged before anything is captured.
+    prepare_collectives(params.tp, kernels, state.counters, params.dtype)
     example = decode_batch(2, max_pages, state.page_size, params.device, kernels)
     worst = min(max_pages, state.num_pages - 1) * state.page_size
 

@@ -71,7 +71,7 @@ def add_norm(h: Rows, r: Rows, weight: Float[Tensor, " hidden"], eps: float,
 
 
 def embed(ids: Int[Tensor, " tokens"], table: Float[Tensor, "local_vocab hidden"],
-          tp: TensorParallel = SINGLE) -> Rows:
+          tp: TensorParallel, opts: KernelOptions, counters: Counters) -> Rows:
     """The embedding rows of `ids`; each rank looks up the ids its vocabulary shard holds
     (zeros elsewhere) and the sum over ranks makes every row whole."""
     if not tp.sharded:
@@ -79,7 +79,7 @@ def embed(ids: Int[Tensor, " tokens"], table: Float[Tensor, "local_vocab hidden"
     local = ids - tp.rank * table.shape[0]
     outside = (local < 0) | (local >= table.shape[0])
     rows = table[local.masked_fill(outside, 0)].masked_fill(outside[:, None], 0)
-    return all_reduce(rows, tp)
+    return all_reduce(rows, tp, opts, counters)
 
 
 def project_add_norm(
@@ -91,7 +91,7 @@ def project_add_norm(
     residual add and the FFN's input norm (one launch at a few rows: `kernels.plan`); o w^T
     summed over the ranks' heads where sharded."""
     if tp.sharded:
-        return add_norm(h, all_reduce(o @ w.T, tp), weight, eps, opts)
+        return add_norm(h, all_reduce(o @ w.T, tp, opts, counters), weight, eps, opts)
     if opts.fused:
         return _call(proj_norm.proj_add_rmsnorm, opts)(o, w, h, weight, eps, counters)
     return add_norm(h, o @ w.T, weight, eps, opts)
@@ -129,7 +129,7 @@ def experts_add_norm(
     if tp.sharded:
         part = moe_experts(x, weights, ids, moe.gate_up, moe.down, moe.shared, opts.experts,
                            counters, first_expert=tp.rank * moe.gate_up.shape[0])
-        return add_norm(h, all_reduce(part, tp), weight, eps, opts)
+        return add_norm(h, all_reduce(part, tp, opts, counters), weight, eps, opts)
     return moe_experts_add_norm(x, weights, ids, moe.gate_up, moe.down, moe.shared, h, weight,
                                 eps, impl=opts.experts, defer_norm=defer_norm, counters=counters,
                                 trigger=opts.moe_trigger, direct=opts.eager_direct)

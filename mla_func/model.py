@@ -77,8 +77,8 @@ def layer_step(
         weights, ids = K.route(x, mlp, cfg, opts, state.counters)
         return K.experts_add_norm(x, weights, ids, mlp, h, next_norm, eps, opts,
                                   state.counters, defer_norm, tp)
-    return K.add_norm(h, K.all_reduce(swiglu(x, mlp.gate_up, mlp.down), tp), next_norm, eps,
-                      opts)
+    y = K.all_reduce(swiglu(x, mlp.gate_up, mlp.down), tp, opts, state.counters)
+    return K.add_norm(h, y, next_norm, eps, opts)
 
 
 def forward(
@@ -91,7 +91,7 @@ def forward(
                          f"this state's pages hold {state.page_size}")
     check_vocab(batch, params.cfg.vocab_size)  # a CPU batch's ids (a GPU's: make_batch's)
     layers, opts, meta = params.layers, batch.kernels, attention_meta(batch)
-    h = K.embed(batch.token_ids, params.embed, params.tp)
+    h = K.embed(batch.token_ids, params.embed, params.tp, opts, state.counters)
     x = K.norm(h, layers[0].input_norm, params.cfg.rms_norm_eps, opts)
     for i, layer in enumerate(layers):
         last = i + 1 == len(layers)

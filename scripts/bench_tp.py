@@ -8,17 +8,22 @@ then every rank runs its shard (the same steps, the same `generate` workload). R
 weights of the preset, the same seed on every rank. Rank 0 prints the tables and returns the
 JSON; the floor of a sharded step is this rank's bytes (its weights touched by the step and
 the whole latent cache) at the copy bandwidth measured here, and the collectives' time beside
-it is the measured all-reduce times the step's count (two a layer, one for the embedding).
+it is the measured one-shot all-reduce times the step's count (two a layer, one for the
+embedding). The sharded step runs twice: the plan's forms (one-shot up to
+`kernels.plan.ONE_SHOT_MAX_BYTES`), and NCCL only.
 """
 
 import argparse
 import time
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 
 import mla_func as mf
-from mla_func.parallel.comm import all_reduce
+from mla_func.kernels.launch.runtime import Runtime
+from mla_func.kernels.plan import KernelOptions, default_options
+from mla_func.parallel.comm import all_reduce, prepare
 from mla_func.parallel.group import init_from_env
 from mla_func.parallel.shard import shard_params
 from scripts.bench_args import tp as tp_options
@@ -36,37 +41,45 @@ add_args = tp_options  # the options: scripts/bench_args.py
 
 def bench_all_reduce(tp, rows: list[int], widths: list[int], per_graph: int = 16) -> list[dict]:
     """Microseconds of one captured `comm.all_reduce` of [rows, width] bf16 as the step calls
-    it (its copy of the input, then NCCL's all-reduce): a graph of `per_graph` in a chain,
-    replayed on every rank at once."""
+    it, in each form (one-shot symmetric memory; NCCL, after a copy of the input): a graph of
+    `per_graph` in a chain, replayed on every rank at once."""
+    runtime = Runtime(torch.device("cuda", torch.cuda.current_device()))
     out = []
     for width in widths:
         for n in rows:
             x = torch.randn(n, width, device="cuda", dtype=torch.bfloat16)
+            row = {"hidden": width, "rows": n}
+            for name, one_shot in (("one_shot", True), ("nccl", False)):
+                opts = KernelOptions(one_shot=one_shot)
+                prepare(tp, opts, runtime.counters, x.dtype)
 
-            def chain(x: torch.Tensor = x) -> torch.Tensor:
-                y = x
-                for _ in range(per_graph):
-                    y = all_reduce(y, tp)
-                return y
+                def chain(x: torch.Tensor = x, opts: KernelOptions = opts) -> torch.Tensor:
+                    y = x
+                    for _ in range(per_graph):
+                        y = all_reduce(y, tp, opts, runtime.counters)
+                    return y
 
-            graph = capture_graph(chain)
-            dist.barrier()
-            ms = cuda_time_ms(graph.replay, warmup=5, reps=50)
-            out.append({"hidden": width, "rows": n, "all_reduce_us": ms / per_graph * 1e3})
+                graph = capture_graph(chain)
+                dist.barrier()
+                ms = cuda_time_ms(graph.replay, warmup=5, reps=50)
+                row[f"{name}_us"] = ms / per_graph * 1e3
+            out.append(row)
     return out
 
 
-def bench_model(cfg, params, args, ceil, label: str) -> tuple[list[dict], dict]:
+def bench_model(cfg, params, args, ceil, label: str, one_shot: bool = True
+                ) -> tuple[list[dict], dict]:
     """Decode steps in full graphs (back to back and one at a time) at each batch, ctx
-    `args.ctx`; the capture's seconds and pool."""
+    `args.ctx`; the capture's seconds and pool. `one_shot`: the sums' form (`KernelOptions`)."""
     from mla_func.compile_step import compile_step
 
     biggest = max(args.batches)
     pages_each = -(-(args.ctx + 1) // args.page_size)
     state = mf.init_state(cfg, biggest * pages_each + 2, args.page_size, device="cuda",
                           dtype=torch.bfloat16)
+    kernels = replace(default_options("cuda", "triton"), one_shot=one_shot)
     step = compile_step(params, state, mode="full", max_seqs=biggest, max_pages=pages_each,
-                        backend="triton", progress=False)
+                        kernels=kernels, progress=False)
     capture = {"what": label, "capture_s": step.report["capture_seconds"],
                "pool_gib": step.report["graph_pool_bytes"] / 2**30}
     rows = []
@@ -129,6 +142,7 @@ def run(argv: list[str]) -> dict:
     label = f"tp={tp.size}"
     rows, cap = bench_model(cfg, params, args, ceil, label)
     decode += rows
+    decode += bench_model(cfg, params, args, ceil, f"tp={tp.size}, nccl only", False)[0]
     captures.append({**cap, "rank": tp.rank})
     if not args.skip_generate:
         gens.append(bench_generate(cfg, params, args, label))
@@ -136,16 +150,16 @@ def run(argv: list[str]) -> dict:
     dist.all_gather_object(allcaps, captures[-1])
     result.update(decode=decode, capture=captures[:1] + allcaps if main else [], generate=gens)
     if main:
-        reduce_us = {(r["hidden"], r["rows"]): r["all_reduce_us"] for r in result["all_reduce"]}
+        reduce_us = {(r["hidden"], r["rows"]): r for r in result["all_reduce"]}
         for row in decode:
             if row["what"] == label:
-                us = reduce_us.get((cfg.hidden_size, row["batch"]))
+                us = reduce_us.get((cfg.hidden_size, row["batch"]), {}).get("one_shot_us")
                 n = 2 * cfg.num_hidden_layers + 1
                 row["collectives_ms"] = None if us is None else n * us / 1e3
         base = {r["batch"]: r for r in decode if r["what"] == one}
         for row in decode:
             row["vs_tp1"] = row["full_pipelined_ms"] / base[row["batch"]]["full_pipelined_ms"]
-        print_table(result["all_reduce"], ["hidden", "rows", "all_reduce_us"],
+        print_table(result["all_reduce"], ["hidden", "rows", "one_shot_us", "nccl_us"],
                     "captured all-reduce (us)")
         print_table(decode, ["what", "batch", "ctx", "floor_ms", "collectives_ms", "full_ms",
                              "full_pipelined_ms", "vs_tp1"], "decode step (ms)")

@@ -39,6 +39,10 @@ ROUTER_ROWS_MAX = 4  # the router's one-program-an-expert form
 ROUTER_MAX_EXPERTS = 256  # the fused router's widest expert block; more route in torch
 # A step holding a sequence with this many new tokens runs its prompts in the MHA form.
 MHA_MIN_QUERY = 64
+# Several GPUs: an all-reduce of up to this many bytes (128 rows of V3's 7168, bf16: decode
+# steps) runs PyTorch's one-shot symmetric-memory kernel (copy in, every rank's buffer read
+# over NVLink, one launch) instead of NCCL's (docs/PERF.md).
+ONE_SHOT_MAX_BYTES = 128 * 7168 * 2
 # The weights' dtypes the fused kernels and the triton attention backend are tuned for: their
 # tiles are sized for 2-byte operands, and float32 doubles their shared memory (a V3-shaped
 # float32 step asked a kernel for 409,624 bytes of it; an H100 has 232,448).
@@ -58,7 +62,8 @@ class KernelOptions:
     `router_few_rows`: up to ROUTER_ROWS_MAX rows the router runs one program an expert.
     `moe_trigger`: the MoE's last programs let the next projection start (PDL).
     `mha_min_query`: a step holding a sequence of this many new tokens runs its prompts in
-    the MHA form."""
+    the MHA form. `one_shot`: on several GPUs, sums of up to ONE_SHOT_MAX_BYTES run as one
+    symmetric-memory launch (`all_reduce_form`), else NCCL's all-reduce."""
 
     attention: str = "torch"
     fused: bool = False
@@ -69,6 +74,7 @@ class KernelOptions:
     router_few_rows: bool = True
     moe_trigger: bool = True
     mha_min_query: int = MHA_MIN_QUERY
+    one_shot: bool = True
 
     def __post_init__(self) -> None:
         if self.experts not in EXPERTS_IMPLS:
@@ -161,6 +167,11 @@ def router_rows(tokens: int, few_rows: bool) -> bool:
     return few_rows and 0 < tokens <= ROUTER_ROWS_MAX
 
 
+def all_reduce_form(nbytes: int, cuda: bool, one_shot: bool = True) -> str:
+    """'one_shot' (symmetric memory) for small sums on CUDA, else 'nccl' (or gloo's)."""
+    return "one_shot" if one_shot and cuda and nbytes <= ONE_SHOT_MAX_BYTES else "nccl"
+
+
 def attention_form(max_query_len: int, mha_min_query: int = MHA_MIN_QUERY) -> str:
     """'mha' when a sequence brings `mha_min_query` new tokens or more, else 'absorbed'."""
     return "mha" if max_query_len >= mha_min_query else "absorbed"
@@ -188,6 +199,7 @@ class StepPlan:
     # Tensor parallel over `ranks` (1: one device): each sub-layer's partial sums meet in an
     # all-reduce before the residual add, so o_proj and the MoE leave their norms to it.
     ranks: int = 1
+    all_reduce: str = "none"  # "one_shot" | "nccl" (ranks > 1)
 
     def summary(self, options: bool = True) -> dict:
         """The plan as plain JSON values, one line a choice (plan.json); `options` False
@@ -267,9 +279,11 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
         decode = plan_decode(tokens, max_pages * page_size, device.sms,
                              cfg.num_attention_heads // ranks, page_size=page_size,
                              ws=device.sm90)
+    reduce = "none" if ranks == 1 else all_reduce_form(
+        tokens * cfg.hidden_size * dtype.itemsize, device.type == "cuda", options.one_shot)
     return StepPlan(tokens, seqs, options, device, qkv_a, o_proj, router, router_launch,
                     options.experts if moe_layers else "none", moe, shared, deferred, form,
-                    decode, ranks)
+                    decode, ranks, reduce)
 
 
 __all__ = ["KERNEL_DTYPES", "DeviceSpec", "KernelOptions", "StepPlan", "default_options",

@@ -1,19 +1,26 @@
 """The step's collectives, as custom ops: one node each for tracers, inside captured graphs.
 
-`all_reduce(x, tp)` sums x over the ranks of `tp` (NCCL on CUDA, gloo on the CPU; NCCL's
-launches are capturable, so these ops live inside piecewise segments and full decode graphs
-and are not splitting points). `all_gather_cols` lays the ranks' column blocks side by side
-(the logits' vocabulary shards). Every rank receives the same bits: the collectives reduce
-in one order for all (NCCL's ring and tree, gloo's ring), so greedy choices agree across
-ranks. On one device (`tp.sharded` False) both are the identity and launch nothing.
+`all_reduce(x, tp, opts, counters)` sums x over the ranks of `tp`. Its form is the plan's
+(`kernels.plan.all_reduce_form`, from x's bytes): decode-sized sums on CUDA run PyTorch's
+one-shot symmetric-memory all-reduce (`symm_mem::one_shot_all_reduce_copy_out`: x copied into
+this rank's buffer, every rank's buffer read over NVLink and summed, one launch; no NVLink
+multicast), the rest NCCL's all-reduce (gloo's on the CPU). Both are capturable, so these ops
+live inside piecewise segments and full decode graphs and are not splitting points. The
+symmetric buffer belongs to the state's runtime (`Runtime.resource`): made collectively by
+`prepare` before any graph is captured. `gather_cols` lays the ranks' column blocks side by
+side (the logits' vocabulary shards). Every rank receives the same bits: both forms add the
+ranks in one order for all, so greedy choices agree across ranks. On one device
+(`tp.sharded` False) the ops are the identity and launch nothing.
 """
 
 import torch
 import torch.distributed as dist
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.custom_op import custom_op
+from mla_func.kernels.launch.runtime import Runtime
+from mla_func.kernels.plan import ONE_SHOT_MAX_BYTES, KernelOptions, all_reduce_form
 from mla_func.parallel.group import TensorParallel
 
 # The step's collective ops, as the capture plan names them.
@@ -26,25 +33,60 @@ def _group(name: str):
     return _resolve_process_group(name)
 
 
+def _symmetric_buffer(runtime: Runtime, group: str, dtype: torch.dtype) -> Tensor:
+    """This runtime's symmetric buffer of `dtype` for `group` (ONE_SHOT_MAX_BYTES), made and
+    exchanged with the other ranks at the first call: every rank must call it together, and
+    not while a graph is being captured (`prepare` makes it before)."""
+    def make() -> Tensor:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("the one-shot all-reduce's symmetric buffer is made while a "
+                               "graph is captured: call parallel.comm.prepare first")
+        import torch.distributed._symmetric_memory as symm_mem
+
+        buf = symm_mem.empty(ONE_SHOT_MAX_BYTES // dtype.itemsize, dtype=dtype,
+                             device=runtime.device)
+        symm_mem.rendezvous(buf, group)
+        return buf
+
+    return runtime.resource(f"symm_mem:{group}:{dtype}", make)
+
+
 @custom_op("mla_func::all_reduce", mutates_args=())
-def _all_reduce(x: Tensor, group: str) -> Tensor:
+def _all_reduce(x: Tensor, counters: Tensor, group: str, one_shot: bool) -> Tensor:
+    if all_reduce_form(x.numel() * x.element_size(), x.is_cuda, one_shot) == "one_shot":
+        buf = _symmetric_buffer(Runtime.of(counters), group, x.dtype)
+        out = torch.empty_like(x)
+        local = x.contiguous()
+        torch.ops.symm_mem.one_shot_all_reduce_copy_out(
+            buf[:local.numel()], local.view(-1), "sum", group, out.view(-1))
+        return out
     out = x.clone()
     dist.all_reduce(out, group=_group(group))
     return out
 
 
 @_all_reduce.register_fake
-def _(x, group):
+def _(x, counters, group, one_shot):
     return torch.empty_like(x)
 
 
-def all_reduce(x: Float[Tensor, "*rows width"], tp: TensorParallel
-               ) -> Float[Tensor, "*rows width"]:
-    """The sum of x over the ranks of `tp` (x itself on one device)."""
+def all_reduce(x: Float[Tensor, "*rows width"], tp: TensorParallel, opts: KernelOptions,
+               counters: Int[Tensor, " counters"]) -> Float[Tensor, "*rows width"]:
+    """The sum of x over the ranks of `tp` (x itself on one device); `counters`: the
+    state's, whose runtime holds the symmetric buffer."""
     if not tp.sharded:
         return x
     tp.process_group()  # a clear error where the shards have no group
-    return _all_reduce(x, tp.group)
+    return _all_reduce(x, counters, tp.group, opts.one_shot)
+
+
+def prepare(tp: TensorParallel, opts: KernelOptions, counters: Tensor,
+            dtype: torch.dtype) -> None:
+    """Make the one-shot form's symmetric buffer of the runtime owning `counters` (every rank
+    together; before a graph is captured). Nothing to do on one device, on the CPU or with
+    `opts.one_shot` off."""
+    if tp.sharded and counters.is_cuda and opts.one_shot:
+        _symmetric_buffer(Runtime.of(counters), tp.group, dtype)
 
 
 def gather_cols(local: Tensor, group: str, ranks: int) -> Tensor:
@@ -63,4 +105,4 @@ def gather_cols(local: Tensor, group: str, ranks: int) -> Tensor:
     return blocks.permute(1, 0, 2).reshape(rows, ranks * cols)
 
 
-__all__ = ["COLLECTIVES", "all_reduce", "gather_cols"]
+__all__ = ["COLLECTIVES", "all_reduce", "gather_cols", "prepare"]
