@@ -70,9 +70,8 @@ def experts(
         raise ValueError(f"unknown experts impl {impl!r}; expected one of {IMPLS}")
     if impl == "triton":
         s_gate_up, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
-        args = (x, weights, ids, gate_up, down, s_gate_up, s_down,
-                call_counters(counters, x.device), True)
-        return moe_experts_op(*args, *_given(first_expert))
+        return moe_experts_op(x, weights, ids, gate_up, down, s_gate_up, s_down,
+                              call_counters(counters, x.device), True, *_given(first_expert))
     if impl == "sorted_torch":
         out = sorted_torch(x, weights, ids, gate_up, down, first_expert)
     else:
@@ -111,9 +110,9 @@ def experts_add_norm(
     if impl == "triton":
         s_gate_up, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
         op = moe_experts_add_norm_op if direct else moe_experts_add_norm_op.dispatch
-        args = (x, weights, ids, gate_up, down, s_gate_up, s_down, residual, norm_weight, eps,
-                defer_norm, call_counters(counters, x.device), trigger)
-        return op(*args, *_given(first_expert))
+        return op(
+            x, weights, ids, gate_up, down, s_gate_up, s_down, residual, norm_weight, eps,
+            defer_norm, call_counters(counters, x.device), trigger, *_given(first_expert))
     h = residual + experts(x, weights, ids, gate_up, down, shared, impl,
                            first_expert=first_expert)
     return h, rmsnorm(h, norm_weight, eps)

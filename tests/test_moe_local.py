@@ -170,7 +170,7 @@ def test_add_norm_paths_of_a_rank(cfg, shared, wide, tp, nan_empty, monkeypatch)
     close(ranks_sum(run, gu, dn, mlp, tp, finite), want_h, 1e-5)
 
 
-@pytest.mark.parametrize("tokens,shared,block_m", [(5, 2, 4), (40, 1, 16), (300, 0, 16)])
+@pytest.mark.parametrize("tokens,shared,block_m", [(5, 2, 4), (40, 1, 16), (120, 0, 16)])
 @pytest.mark.parametrize("routing", ["random", "noaux_tc", "one_rank"])
 @pytest.mark.parametrize("form", ["one", "sliced"])
 @pytest.mark.interpret
@@ -262,3 +262,61 @@ def test_a_bad_range_is_a_clear_error():
                                    (N_EXP, 2, -1, "rank -1 of a group of 2")):
         with pytest.raises(ValueError, match=match):
             local_experts(n_exp, tp, rank)
+
+
+@pytest.mark.interpret
+def test_a_rank_traces_with_symbolic_tokens():
+    """A rank's experts export with a dynamic token count (static shapes: the layout's bounds
+    are the local count's), the op's node carrying first_expert; the default call's node
+    leaves it out (a traced step reads as before: graphs/)."""
+    x, w, ids, gu, dn, mlp = make(9, TOPK, N_EXP, 32, 16, 1)
+    first, g, d, s = rank_slice(gu, dn, mlp, 4, 2)
+    tokens = torch.export.Dim("tokens", min=2, max=1024)
+
+    class Part(torch.nn.Module):
+        def __init__(self, impl, first):
+            super().__init__()
+            self.impl, self.first = impl, first
+
+        def forward(self, x, w, ids):
+            return experts(x, w, ids, g, d, s, impl=self.impl, first_expert=self.first)
+
+    want = experts(x, w, ids, g, d, s, impl="reference", first_expert=first)
+    for impl in ("sorted_torch", "triton"):
+        ep = torch.export.export(Part(impl, first), (x, w, ids),
+                                 dynamic_shapes=({0: tokens},) * 3)
+        close(ep.module()(x, w, ids), want, 1e-5)
+    ops = [n for n in ep.graph.nodes if n.target is torch.ops.mla_func.moe_experts.default]
+    assert len(ops) == 1 and ops[0].args[-1] == first
+    ep = torch.export.export(Part("triton", None), (x, w, ids))
+    ops = [n for n in ep.graph.nodes if n.target is torch.ops.mla_func.moe_experts.default]
+    assert len(ops) == 1 and len(ops[0].args) == 9  # first_expert left at its default
+
+
+@pytest.mark.parametrize("preset,tp,tokens,shared", [
+    ("v2-lite", 1, 1, "folded"), ("v2-lite", 2, 1, "folded"),  # 2 x 1408 wide: one expert a rank
+    ("v2-lite", 4, 1, "apart"),                                # 704 of 1408
+    ("v2-lite", 2, 600, "apart"),                              # past FUSE_SHARED_MAX_TOKENS
+    ("v3", 1, 1, "folded"), ("v3", 2, 1, "apart"), ("v3", 8, 8, "apart")])  # 1024, 256 of 2048
+def test_plan_places_a_rank_s_shared_slice(preset, tp, tokens, shared):
+    """The plan's shared-experts placement is the kernels' rule at a rank's slice width."""
+    from mla_func.kernels import plan as P
+
+    opts = P.KernelOptions(attention="triton", fused=True, experts="triton")
+    h100 = P.DeviceSpec("cuda", 132, (9, 0))
+    p = P.plan_step(MLAConfig.preset(preset), h100, tokens, tokens, options=opts,
+                    max_pages=8, page_size=16, tp=tp)
+    assert p.shared_experts == shared and p.moe is not None
+
+
+def test_plan_refuses_an_uneven_split():
+    from mla_func.kernels import plan as P
+
+    opts = P.KernelOptions(attention="triton", fused=True, experts="triton")
+    h100 = P.DeviceSpec("cuda", 132, (9, 0))
+    v2 = MLAConfig.preset("v2-lite")
+    with pytest.raises(ValueError, match="64 routed experts do not split evenly over 3"):
+        P.plan_step(v2, h100, 1, 1, options=opts, max_pages=8, page_size=16, tp=3)
+    odd = v2.with_(moe_intermediate_size=1410)  # 2 x 1410 shared columns over 8 ranks
+    with pytest.raises(ValueError, match="2820 columns do not split evenly over 8"):
+        P.plan_step(odd, h100, 1, 1, options=opts, max_pages=8, page_size=16, tp=8)
