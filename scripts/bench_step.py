@@ -70,7 +70,8 @@ def step_floor(params: mf.Params, distinct: list[int], batch: int, ctx: int,
 
 
 def decode_batch(state: mf.KVState, batch: int, ctx: int, backend: str, seed: int,
-                 max_pages: int | None = None, vocab: int = 100000) -> mf.Batch:
+                 max_pages: int | None = None, vocab: int = 100000,
+                 kernels: "mf.KernelOptions | None" = None) -> mf.Batch:
     """`batch` sequences with `ctx` cached tokens each (pages taken from the allocator), page
     tables `max_pages` wide (a compiled step needs the width it was captured with); each
     sequence's new token is random below `vocab`."""
@@ -84,6 +85,9 @@ def decode_batch(state: mf.KVState, batch: int, ctx: int, backend: str, seed: in
         tok = int(torch.randint(0, vocab, (1,), generator=g))
         work.append(mf.SeqWork([tok], ctx, pages))
     max_pages = max_pages or math.ceil((max(ctx, 1) + 1) / state.page_size)
+    if kernels is not None:  # the options a compiled step was traced with
+        return mf.make_batch(work, state.page_size, max_pages, device=state.cache.device,
+                             kernels=kernels)
     return mf.make_batch(work, state.page_size, max_pages, device=state.cache.device,
                          backend=backend)
 

@@ -85,7 +85,7 @@ def bench_model(cfg, params, args, ceil, label: str, one_shot: bool = True
     rows = []
     for b in args.batches:
         batch = decode_batch(state, b, args.ctx, "triton", seed=b, max_pages=pages_each,
-                             vocab=cfg.vocab_size)
+                             vocab=cfg.vocab_size, kernels=kernels)
         distinct = count_distinct_experts(params, state, batch)
         floor = step_floor(params, distinct, b, args.ctx, ceil)
         rows.append({"what": label, "batch": b, "ctx": args.ctx,

@@ -305,7 +305,7 @@ def test_plan_places_a_rank_s_shared_slice(preset, tp, tokens, shared):
     opts = P.KernelOptions(attention="triton", fused=True, experts="triton")
     h100 = P.DeviceSpec("cuda", 132, (9, 0))
     p = P.plan_step(MLAConfig.preset(preset), h100, tokens, tokens, options=opts,
-                    max_pages=8, page_size=16, tp=tp)
+                    max_pages=8, page_size=16, ranks=tp)
     assert p.shared_experts == shared and p.moe is not None
 
 
@@ -316,7 +316,7 @@ def test_plan_refuses_an_uneven_split():
     h100 = P.DeviceSpec("cuda", 132, (9, 0))
     v2 = MLAConfig.preset("v2-lite")
     with pytest.raises(ValueError, match="64 routed experts do not split evenly over 3"):
-        P.plan_step(v2, h100, 1, 1, options=opts, max_pages=8, page_size=16, tp=3)
+        P.plan_step(v2, h100, 1, 1, options=opts, max_pages=8, page_size=16, ranks=3)
     odd = v2.with_(moe_intermediate_size=1410)  # 2 x 1410 shared columns over 8 ranks
     with pytest.raises(ValueError, match="2820 columns do not split evenly over 8"):
-        P.plan_step(odd, h100, 1, 1, options=opts, max_pages=8, page_size=16, tp=8)
+        P.plan_step(odd, h100, 1, 1, options=opts, max_pages=8, page_size=16, ranks=8)
