@@ -9,6 +9,8 @@ this face, so it may import any of them.
 from mla_func.batch import Batch, BatchError, KernelOptions, SeqWork, make_batch
 from mla_func.config import ConfigError, MLAConfig
 from mla_func.model import forward
+from mla_func.parallel.group import TensorParallel
+from mla_func.parallel.shard import shard_params
 from mla_func.params import Params, init_params
 from mla_func.state import CacheFullError, KVState, PageAllocator, init_state
 
@@ -37,6 +39,6 @@ def __getattr__(name: str):
 __all__ = [
     "Batch", "BatchError", "CacheFullError", "ConfigError", "EmptyPromptError", "Engine",
     "GenerateOutput", "KVState", "KernelOptions", "MLAConfig", "PageAllocator", "Params",
-    "PromptTooLongError", "RequestError", "SeqWork", "TokenIdError", "forward", "generate",
-    "init_params", "init_state", "load_hf", "make_batch",
+    "PromptTooLongError", "RequestError", "SeqWork", "TensorParallel", "TokenIdError", "forward",
+    "generate", "init_params", "init_state", "load_hf", "make_batch", "shard_params",
 ]
