@@ -46,8 +46,8 @@ def check_shardable(cfg: MLAConfig, tp: TensorParallel) -> None:
 
 
 def _copy(t: Tensor) -> Tensor:
-    # A copy, so that the whole tensor can be freed once every shard is taken.
-    return t.contiguous().clone()
+    # A contiguous copy, so that the whole tensor can be freed once every shard is taken.
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def shard_attention(a: Attention, cfg: MLAConfig, tp: TensorParallel) -> Attention:
