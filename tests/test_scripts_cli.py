@@ -275,7 +275,7 @@ def test_generate_refuses_weights_larger_than_memory(preset, dtype, free, monkey
 def test_generate_out_of_memory_is_one_line(error, monkeypatch, capsys):
     import scripts.generate
 
-    def fail(args):
+    def fail(args, tp=None):
         raise error
 
     monkeypatch.setattr(scripts.generate, "load", fail)
@@ -287,7 +287,7 @@ def test_generate_out_of_memory_is_one_line(error, monkeypatch, capsys):
 def test_generate_other_runtime_errors_keep_their_traceback(monkeypatch):
     import scripts.generate
 
-    def fail(args):
+    def fail(args, tp=None):
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(scripts.generate, "load", fail)
