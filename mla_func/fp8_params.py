@@ -79,8 +79,13 @@ def weight_precisions(params: Params) -> dict[str, str]:
 
 def is_fp8(params: Params) -> bool:
     """Whether any projection is block FP8."""
-    found = []
-    map_projections(params, lambda w, _: found.append(isinstance(w, Fp8Weight)) or w)
+    found: list[bool] = []
+
+    def note(w: Weight, _: str) -> Weight:
+        found.append(isinstance(w, Fp8Weight))
+        return w
+
+    map_projections(params, note)
     return any(found)
 
 

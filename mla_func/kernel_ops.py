@@ -94,8 +94,8 @@ def linear(x: Float[Tensor, "tokens width_in"], w: Float[Tensor, "*rows width_in
 
 
 def project_add_norm(
-    o: Float[Tensor, "tokens width_in"], w: Float[Tensor, "hidden heads v_head"] | Fp8Weight, h: Rows,
-    weight: Float[Tensor, " hidden"], eps: float, opts: KernelOptions, counters: Counters,
+    o: Float[Tensor, "tokens width_in"], w: Float[Tensor, "hidden heads v_head"] | Fp8Weight,
+    h: Rows, weight: Float[Tensor, " hidden"], eps: float, opts: KernelOptions, counters: Counters,
     tp: TensorParallel = SINGLE,
 ) -> tuple[Rows, Rows]:
     """(h + o w^T, rmsnorm(h + o w^T) * weight): the attention's output projection, the
@@ -177,5 +177,5 @@ def logits(x: Rows, index: Int[Tensor, " seqs"], lm_head: Float[Tensor, "local_v
     return _call(_logits_op, opts)(x, index, lm_head, tp.group, tp.size)
 
 
-__all__ = ["add_norm", "all_reduce", "dense", "embed", "experts_add_norm", "linear", "logits", "norm",
-           "norm_linear", "project_add_norm", "route"]
+__all__ = ["add_norm", "all_reduce", "dense", "embed", "experts_add_norm", "linear", "logits",
+           "norm", "norm_linear", "project_add_norm", "route"]
