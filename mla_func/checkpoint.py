@@ -20,7 +20,7 @@ import math
 import re
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -158,7 +158,7 @@ def _disagreeing_fields(cfg: MLAConfig, wrong: dict[str, tuple[tuple, tuple]]) -
 def load_hf(
     directory: "str | Path", device: "str | torch.device" = "cpu",
     dtype: "torch.dtype | str" = torch.float32, mesh: Any = None,
-    weights: Literal["bf16", "fp8"] = "bf16",
+    weights: str = "bf16",
 ) -> tuple[MLAConfig, Params]:
     """Config and parameters of an HF DeepSeek-V2/V3 checkpoint directory (or its config.json,
     as `MLAConfig.from_hf` takes), each tensor cast to `dtype` on `device` (V3's
