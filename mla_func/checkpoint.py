@@ -5,7 +5,8 @@ original one tensor per expert projection (`mlp.experts.{e}.gate_proj.weight`, w
 ships and what transformers' `save_pretrained` writes) and transformers 5's fused in-memory one
 (`mlp.experts.gate_up_proj` [experts, 2*moe_inter, hidden], `mlp.experts.down_proj`). Weights may
 be one file or sharded (`model.safetensors.index.json`), and block-FP8 with `weight_scale_inv`
-(DeepSeek-V3's release format; dequantised on load). V3's multi-token-prediction layers
+(DeepSeek-V3's release format): dequantised on load, or kept in FP8 (`weights="fp8"`,
+`checkpoint_fp8`). Reading the files is `checkpoint_read`'s. V3's multi-token-prediction layers
 (indices num_hidden_layers .. +num_nextn_predict_layers) are skipped: inference does not use them.
 
 Every key is checked against the config before a single tensor is read, and every problem
@@ -15,7 +16,6 @@ result, memory holds about one checkpoint tensor. The layout we map into is para
 `kv_b_proj` is split once into the absorbed per-head W_UK / W_UV (arXiv:2405.04434, 2.1.2).
 """
 
-import json
 import math
 import re
 from contextlib import ExitStack
@@ -23,19 +23,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
-from mla_func.checkpoint_write import INDEX_FILE, CheckpointError, hf_tensors, save_hf
-from mla_func.config import MLAConfig, read_config_json
+from mla_func.checkpoint_fp8 import attention_fields, experts_fields, mlp_fields
+from mla_func.checkpoint_read import SCALE_SUFFIX, Reader, fp8_block, weight_files
 
 # Writing lives in checkpoint_write.py; re-exported so that one import serves both directions.
+from mla_func.checkpoint_write import INDEX_FILE, CheckpointError, hf_tensors, save_hf
+from mla_func.config import MLAConfig, read_config_json
 from mla_func.dtypes import resolve_dtype
 from mla_func.parallel.group import SINGLE, TensorParallel, tensor_parallel
 from mla_func.parallel.shard import check_shardable
 from mla_func.params import Attention, DenseMLP, Layer, MoE, Params, yarn_inv_freq
 
-SCALE_SUFFIX = "_scale_inv"  # block-FP8: `<name>.weight_scale_inv` next to `<name>.weight`
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
@@ -85,23 +85,6 @@ def expected_shapes(cfg: MLAConfig, fused_layers: frozenset[int] = frozenset()
     return out
 
 
-def _weight_files(directory: Path) -> list[Path]:
-    index = directory / INDEX_FILE
-    if index.is_file():
-        try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise CheckpointError(f"{index} is not a safetensors index ({e!r})") from e
-        absent = [n for n in names if not (directory / n).is_file()]
-        if absent:
-            raise CheckpointError(f"{index} names shard(s) that do not exist: {absent}")
-        return [directory / n for n in names]
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"no *.safetensors weights in {directory}")
-    return files
-
-
 def _ignored(key: str, cfg: MLAConfig, mtp_layers: int) -> bool:
     """Keys a checkpoint may carry that inference does not use."""
     match = _LAYER.match(key)
@@ -113,54 +96,7 @@ def _ignored(key: str, cfg: MLAConfig, mtp_layers: int) -> bool:
     return key == "lm_head.weight" and cfg.tie_word_embeddings
 
 
-def _fp8_block(raw: dict[str, Any]) -> tuple[int, int]:
-    block = (raw.get("quantization_config") or {}).get("weight_block_size") or (128, 128)
-    return int(block[0]), int(block[1])
-
-
-class _Reader:
-    """Open shards, key -> (handle, shape); reads and converts one tensor at a time."""
-
-    def __init__(self, files: list[Path], stack: ExitStack, block: tuple[int, int]) -> None:
-        self.where: dict[str, Any] = {}
-        self.shapes: dict[str, tuple[int, ...]] = {}
-        self.dtypes: dict[str, str] = {}  # safetensors names: "BF16", "F8_E4M3", ...
-        self.fp8: set[str] = set()
-        self.block = block
-        self.rope_perm: Tensor | None = None  # set for rope_interleave=False checkpoints
-        duplicated = []
-        for path in files:
-            try:
-                handle = stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
-            except SafetensorError as e:  # truncated or not safetensors: a format error only
-                raise CheckpointError(f"{path} is not a readable safetensors file: {e}") from e
-            for key in handle.keys():
-                if key in self.where:
-                    duplicated.append(key)
-                self.where[key] = handle
-                info = handle.get_slice(key)
-                self.shapes[key], self.dtypes[key] = tuple(info.get_shape()), info.get_dtype()
-        if duplicated:
-            raise CheckpointError(f"keys stored in more than one shard: {sorted(duplicated)}")
-
-    def get(self, key: str, device: torch.device, dtype: torch.dtype,
-            rows: slice | None = None, cols: slice | None = None) -> Tensor:
-        """The tensor `key` (its `rows`/`cols` only: nothing else is read), dequantised where
-        stored in block FP8, as `dtype` on `device`."""
-        whole = slice(None)
-        part = self.where[key].get_slice(key)
-        t = part[rows or whole] if cols is None else part[rows or whole, cols]
-        if key in self.fp8:
-            r0, c0 = (rows or whole).start or 0, (cols or whole).start or 0
-            (bo, bi), (n_rows, n_cols) = self.block, t.shape
-            blocks = self.where[key + SCALE_SUFFIX].get_slice(key + SCALE_SUFFIX)
-            scale = blocks[r0 // bo:-(-(r0 + n_rows) // bo), c0 // bi:-(-(c0 + n_cols) // bi)]
-            scale = scale.float().repeat_interleave(bo, 0)[r0 % bo:][:n_rows]
-            t = t.float() * scale.repeat_interleave(bi, 1)[:, c0 % bi:][:, :n_cols]
-        return t.to(device=device, dtype=dtype)
-
-
-def _check(cfg: MLAConfig, reader: _Reader, mtp_layers: int, where: Path) -> None:
+def _check(cfg: MLAConfig, reader: Reader, mtp_layers: int, where: Path) -> None:
     fused = frozenset(i for i in range(cfg.num_hidden_layers)
                       if f"model.layers.{i}.mlp.experts.gate_up_proj" in reader.shapes)
     expected = expected_shapes(cfg, fused)
@@ -222,6 +158,7 @@ def _disagreeing_fields(cfg: MLAConfig, wrong: dict[str, tuple[tuple, tuple]]) -
 def load_hf(
     directory: "str | Path", device: "str | torch.device" = "cpu",
     dtype: "torch.dtype | str" = torch.float32, mesh: Any = None,
+    weights: str = "bf16",
 ) -> tuple[MLAConfig, Params]:
     """Config and parameters of an HF DeepSeek-V2/V3 checkpoint directory (or its config.json,
     as `MLAConfig.from_hf` takes), each tensor cast to `dtype` on `device` (V3's
@@ -231,7 +168,13 @@ def load_hf(
     rope_interleave=False checkpoint comes back interleaved. `dtype`: a floating-point
     torch.dtype or its name (`dtypes.DTYPES`). `mesh` (a 1-D DeviceMesh, ProcessGroup or
     `parallel.TensorParallel`): this rank's shard only (`parallel.shard_params`' split), read
-    as slices of the files: no rank reads or holds the whole model."""
+    as slices of the files: no rank reads or holds the whole model. `weights`: "bf16" (the
+    default) gives every weight in `dtype`, block-FP8 ones dequantised; "fp8" keeps the
+    projections (all but the router, the embedding and lm_head) in block FP8 as stored, scales
+    and all (`fp8.Fp8Weight`, `checkpoint_fp8`; a matrix stored in a float dtype is quantized
+    on the checkpoint's block grid, 128 x 128 without a quantization_config)."""
+    if weights not in ("bf16", "fp8"):
+        raise ValueError(f"load_hf's weights must be 'bf16' or 'fp8'; got {weights!r}")
     dtype = resolve_dtype(dtype, "load_hf's dtype")
     directory, device = Path(directory), torch.device(device)
     if directory.name == "config.json" and directory.is_file():
@@ -245,7 +188,7 @@ def load_hf(
     check_shardable(cfg, tp)
     mtp_layers = int(raw.get("num_nextn_predict_layers", raw.get("num_mtp_layers", 0)) or 0)
     with ExitStack() as stack:
-        reader = _Reader(_weight_files(directory), stack, _fp8_block(raw))
+        reader = Reader(weight_files(directory), stack, fp8_block(raw))
         _check(cfg, reader, mtp_layers, directory)
         if not cfg.rope_interleave:
             # HF's rope_interleave=False rotates pairs (i, i + qk_rope/2); we rotate (2i, 2i+1).
@@ -255,11 +198,12 @@ def load_hf(
             reader.rope_perm = torch.stack((torch.arange(half), torch.arange(half) + half),
                                            dim=-1).flatten()
             cfg = cfg.with_(rope_interleave=True)
-        return cfg, _build(cfg, reader, device, dtype, tp)
+        return cfg, _build(cfg, reader, device, dtype, tp, weights == "fp8")
 
 
-def _build(cfg: MLAConfig, reader: _Reader, device: torch.device, dtype: torch.dtype,
-           tp: TensorParallel) -> Params:
+def _build(cfg: MLAConfig, reader: Reader, device: torch.device, dtype: torch.dtype,
+           tp: TensorParallel, fp8: bool = False) -> Params:
+    """Params from `reader`; `fp8`: the projections in block FP8 (`checkpoint_fp8`)."""
     c, heads = cfg, cfg.num_attention_heads // tp.size  # this rank's
 
     def get(key: str, rows: slice | None = None, cols: slice | None = None) -> Tensor:
@@ -278,12 +222,19 @@ def _build(cfg: MLAConfig, reader: _Reader, device: torch.device, dtype: torch.d
         return gate_up, get(prefix + "down_proj.weight", None, inter)
 
     def dense(prefix: str) -> DenseMLP:
+        if fp8:
+            return DenseMLP(*mlp_fields(reader, prefix, tp, device))
         return DenseMLP(*mlp(prefix, split=True))
 
     def moe(m: str) -> MoE:
         mine, inter, h = tp.part(c.n_routed_experts), c.moe_intermediate_size, c.hidden_size
         e = mine.stop - mine.start
-        if m + "experts.gate_up_proj" in reader.shapes:
+        if fp8:
+            if m + "experts.gate_up_proj" in reader.shapes:
+                raise CheckpointError(f"{m}experts: weights='fp8' reads DeepSeek's per-expert "
+                                      "naming, not transformers' fused expert tensors")
+            gate_up, down = experts_fields(reader, m, c, tp, device)
+        elif m + "experts.gate_up_proj" in reader.shapes:
             gate_up = get(m + "experts.gate_up_proj", mine).view(e, 2, inter, h)
             down = get(m + "experts.down_proj", mine)
         else:
@@ -311,6 +262,13 @@ def _build(cfg: MLAConfig, reader: _Reader, device: torch.device, dtype: torch.d
         return w.flatten(0, 1)
 
     def attention(a: str) -> Attention:
+        lora = c.q_lora_rank is not None
+        return Attention(
+            kv_a_norm=get(a + "kv_a_layernorm.weight"),
+            q_a_norm=get(a + "q_a_layernorm.weight") if lora else None,
+            **(attention_fields(reader, a, c, tp, device) if fp8 else projections(a)))
+
+    def projections(a: str) -> dict[str, Tensor | None]:
         nope, v, qk = c.qk_nope_head_dim, c.v_head_dim, c.qk_head_dim
         mine = tp.part(c.num_attention_heads)  # this rank's heads' rows or columns
 
@@ -322,12 +280,10 @@ def _build(cfg: MLAConfig, reader: _Reader, device: torch.device, dtype: torch.d
         q = (get(a + "q_a_proj.weight") if lora
              else rope_rows(get(a + "q_proj.weight", per_head(qk)), heads))
         kv_a = rope_rows(get(a + "kv_a_proj_with_mqa.weight"), 1)
-        return Attention(
-            kv_a_norm=get(a + "kv_a_layernorm.weight"),
+        return dict(
             w_uk=kv_b[:, :nope].contiguous(), w_uv=kv_b[:, nope:].contiguous(),
             qkv_a_proj=torch.cat((q, kv_a)),
             o_proj=get(a + "o_proj.weight", None, per_head(v)).view(c.hidden_size, heads, v),
-            q_a_norm=get(a + "q_a_layernorm.weight") if lora else None,
             q_b_proj=rope_rows(get(a + "q_b_proj.weight", per_head(qk)), heads).view(
                 heads, qk, -1) if lora else None)
 

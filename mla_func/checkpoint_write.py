@@ -1,6 +1,8 @@
 """HF checkpoint writing: `(MLAConfig, Params)` -> config.json + safetensors, in DeepSeek's
 original per-expert naming (what the hub ships and `checkpoint.load_hf` reads back), optionally
-sharded with `model.safetensors.index.json`. Tensors are streamed one at a time.
+sharded with `model.safetensors.index.json`. Tensors are streamed one at a time. Block-FP8
+params (`fp8.Fp8Weight`) are written in DeepSeek-V3's layout: e4m3 matrices, each with its
+`weight_scale_inv` (one float32 scale per block), and `quantization_config` in config.json.
 
 Saving over a checkpoint replaces it: everything is written into a temporary directory beside
 the target first, so a failure part way leaves the old checkpoint as it was; only then are the
@@ -23,6 +25,8 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from mla_func.config import MLAConfig
+from mla_func.fp8 import FP8, Fp8Weight, Weight, expand_scales, unpack
+from mla_func.fp8_params import is_fp8, map_projections
 from mla_func.params import DenseMLP, Params, split_qkv_a
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -85,6 +89,47 @@ def hf_tensors(params: Params) -> Iterator[tuple[str, Tensor]]:
         yield "lm_head.weight", params.lm_head
 
 
+def fp8_block(params: Params) -> int:
+    """The block a block-FP8 checkpoint of `params` is written with: the least common multiple
+    of the weights' grids (those are the checkpoint block or, where params' layout cuts a
+    block, a divisor of it)."""
+    sizes: list[int] = []
+
+    def note(w: Weight, _: str) -> Weight:
+        if isinstance(w, Fp8Weight):
+            sizes.extend(w.block)
+        return w
+
+    map_projections(params, note)
+    return math.lcm(*sizes)
+
+
+def hf_fp8_tensors(params: Params, block: int) -> Iterator[tuple[str, Tensor]]:
+    """`hf_tensors` of block-FP8 params: each FP8 matrix in e4m3, then its `_scale_inv`
+    (`block` x `block` blocks); params' layout is cut back into DeepSeek's exactly, as
+    `checkpoint_fp8` cut it (memory: the per-element scales of every FP8 weight, float32)."""
+
+    def part(index: int):
+        def fn(w: Weight, _: str) -> Weight:
+            return unpack(w)[index] if isinstance(w, Fp8Weight) else w
+        return fn
+
+    data, scales = map_projections(params, part(0)), map_projections(params, part(1))
+    for (name, d), (_, full) in zip(hf_tensors(data), hf_tensors(scales), strict=True):
+        yield name, d
+        if d.dtype == FP8:
+            yield name + "_scale_inv", _block_scales(name, full, block)
+
+
+def _block_scales(name: str, full: Tensor, block: int) -> Tensor:
+    """One scale per block x block block of per-element scales that hold one per block."""
+    picked = full[::block, ::block]
+    if not torch.equal(expand_scales(picked[None], (block, block), *full.shape)[0], full):
+        raise CheckpointError(f"{name}: its FP8 scales differ inside a {block} x {block} "
+                              "block, which DeepSeek's layout cannot hold")
+    return picked.contiguous()
+
+
 def save_hf(cfg: MLAConfig, params: Params, directory: "str | Path",
             max_shard_bytes: int | None = None) -> None:
     """Write config.json and safetensors weights in DeepSeek's per-expert naming (what the hub
@@ -116,6 +161,12 @@ def save_hf(cfg: MLAConfig, params: Params, directory: "str | Path",
 def _write(cfg: MLAConfig, params: Params, directory: Path, max_shard_bytes: int | None) -> None:
     hf = cfg.to_hf_dict()
     hf["dtype"] = str(params.dtype).removeprefix("torch.")
+    tensors = hf_tensors(params)
+    if is_fp8(params):
+        block = fp8_block(params)
+        hf["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3",
+                                     "quant_method": "fp8", "weight_block_size": [block, block]}
+        tensors = hf_fp8_tensors(params, block)
     (directory / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
     # Each shard is written once full (bounded memory) and renamed for the final count.
     limit = math.inf if max_shard_bytes is None else max_shard_bytes
@@ -128,7 +179,7 @@ def _write(cfg: MLAConfig, params: Params, directory: Path, max_shard_bytes: int
         parts.append(list(shard))
         shard.clear()
 
-    for name, t in hf_tensors(params):
+    for name, t in tensors:
         nbytes = t.numel() * t.element_size()
         if shard and size + nbytes > limit:
             flush()

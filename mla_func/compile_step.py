@@ -10,7 +10,8 @@ the projection would run on up to 512 rows whatever the real sequence count (at 
 102400-word vocabulary, 215 GFLOP at 512 rows); as a splitting op it runs on the real
 sequences, and its result is the step's output, with no static buffer. It records, per
 bucket, the kernels that bucket runs (`kernels.plan.plan_step`) in the plan's metadata
-(`plan.json`'s "kernels"). It also builds the
+(`plan.json`'s "kernels"), and each kind of weight's precision ("weights":
+`fp8_params.weight_precisions`, e.g. "fp8 e4m3, block 128"). It also builds the
 capture-time batches of full decode graphs: per `seqs` bucket, one new token per sequence,
 every page-table entry on the scratch page, slot -1 (no cache write), seq_len the worst case
 the page table allows (never zero-length dummies), host metadata with those sizes. The
@@ -28,6 +29,7 @@ from mla_func.capture import ALWAYS, CapturePlan, CudaRequiredError, plan_captur
 from mla_func.capture.compile import compile_plan
 from mla_func.capture.dispatch import MODES, CompiledStep
 from mla_func.dims import VOCABULARY
+from mla_func.fp8_params import weight_precisions
 from mla_func.kernels.plan import KernelOptions, device_spec, options_for
 from mla_func.kernels.plan import plan_step as plan_kernels
 from mla_func.model import forward
@@ -128,6 +130,7 @@ def plan_step(params: Params, state: KVState, *, max_tokens: int | None = None,
     plan.meta["state_bounds"] = {"slots": slots, "pages": pages, "max_tokens": max_tokens,
                                  "max_seqs": max_seqs}
     plan.meta["kernels"] = bucket_kernels(plan, params, kernels, max_pages, state.page_size)
+    plan.meta["weights"] = weight_precisions(params)
     if params.tp.sharded:
         plan.meta["tensor_parallel"] = {"rank": params.tp.rank, "ranks": params.tp.size}
         # Inside the graphs, not splitting points: per segment (logits: at its split).

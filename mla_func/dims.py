@@ -12,7 +12,7 @@ from typing import Literal
 
 from mla_func.config import MLAConfig
 
-Kind = Literal["static", "dynamic", "capacity"]
+Kind = Literal["static", "dynamic", "capacity", "weight"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,15 @@ VOCABULARY: dict[str, DimSpec] = {
     "local_vocab": DimSpec("local_vocab", "static",
                            "vocabulary rows this rank holds (vocab / ranks)"),
     "layers": DimSpec("layers", "static", "decoder layers"),
+    # A block-FP8 weight's layout (`fp8.Fp8Weight`): each weight binds its own sizes.
+    "stack": DimSpec("stack", "weight", "matrices of one weight that share its layout "
+                     "(experts, gate/up, heads)"),
+    "width_out": DimSpec("width_out", "weight",
+                         "a projection's output width (a linear layer's out_features)"),
+    "width_in": DimSpec("width_in", "weight",
+                        "a projection's input width (a linear layer's in_features)"),
+    "blocks_out": DimSpec("blocks_out", "weight", "a block-FP8 weight's scales along width_out"),
+    "blocks_in": DimSpec("blocks_in", "weight", "a block-FP8 weight's scales along width_in"),
 }
 
 DYNAMIC_DIMS: tuple[str, ...] = tuple(n for n, s in VOCABULARY.items() if s.kind == "dynamic")
@@ -94,8 +103,6 @@ DYNAMIC_DIMS: tuple[str, ...] = tuple(n for n, s in VOCABULARY.items() if s.kind
 # a vocabulary name cannot creep in.
 LOCAL_DIMS: dict[str, str] = {
     "width": "the last axis of a helper generic over it (a norm's: hidden, kv_lora or q_lora)",
-    "width_in": "a projection's input width (a linear layer's in_features)",
-    "width_out": "a projection's output width (a linear layer's out_features)",
     "rows": "leading axes a helper treats alike (*rows)",
     "pairs": "token-expert pairs of a MoE step: tokens x (topk + shared experts)",
     "aligned": "rows of the MoE's aligned layout: each expert's pairs padded to its M-tiles",

@@ -13,6 +13,10 @@ attention's heads), `experts_add_norm` (this rank's experts and its share of the
 experts), `all_reduce` itself for the dense MLP; `embed` and `logits` work on vocabulary
 shards. On one device they are the single-device ops, unchanged.
 
+Weights: a projection's weight may be block FP8 (`fp8.Fp8Weight`); the ops taking one read it
+through `fp8.dense`, dequantised to the activations' dtype on the fly (both paths: no FP8 GEMM
+kernel runs yet, and CPU matmuls take no float8).
+
 The deferred norm (one decode row, fused path): a layer's first projection takes both the
 normalised residual x and the residual h (`norm_linear`). Where
 `kernels.plan.norm_linear_normalises(rows, hidden)` it normalises h itself and never reads x,
@@ -31,6 +35,7 @@ from torch import Tensor
 
 from mla_func.config import MLAConfig
 from mla_func.custom_op import EagerOp, custom_op
+from mla_func.fp8 import Fp8Weight, dense
 from mla_func.kernels.linear import norm as fused_norm
 from mla_func.kernels.linear import norm_linear as fused_norm_linear
 from mla_func.kernels.linear import proj_norm
@@ -82,14 +87,21 @@ def embed(ids: Int[Tensor, " tokens"], table: Float[Tensor, "local_vocab hidden"
     return all_reduce(rows, tp, opts, counters)
 
 
+def linear(x: Float[Tensor, "tokens width_in"], w: Float[Tensor, "*rows width_in"] | Fp8Weight
+           ) -> Float[Tensor, "tokens width_out"]:
+    """x w^T, the weight's leading axes flattened into its output rows."""
+    return x @ dense(w, x.dtype).flatten(0, -2).T
+
+
 def project_add_norm(
-    o: Float[Tensor, "tokens width_in"], w: Float[Tensor, "hidden width_in"], h: Rows,
-    weight: Float[Tensor, " hidden"], eps: float, opts: KernelOptions, counters: Counters,
+    o: Float[Tensor, "tokens width_in"], w: Float[Tensor, "hidden heads v_head"] | Fp8Weight,
+    h: Rows, weight: Float[Tensor, " hidden"], eps: float, opts: KernelOptions, counters: Counters,
     tp: TensorParallel = SINGLE,
 ) -> tuple[Rows, Rows]:
     """(h + o w^T, rmsnorm(h + o w^T) * weight): the attention's output projection, the
     residual add and the FFN's input norm (one launch at a few rows: `kernels.plan`); o w^T
-    summed over the ranks' heads where sharded."""
+    summed over the ranks' heads where sharded (o: the heads' outputs side by side)."""
+    w = dense(w, o.dtype).flatten(1)
     if tp.sharded:
         return add_norm(h, all_reduce(o @ w.T, tp, opts, counters), weight, eps, opts)
     if opts.fused:
@@ -99,11 +111,12 @@ def project_add_norm(
 
 def norm_linear(
     x: Float[Tensor, "tokens width_in"], h: Float[Tensor, "tokens width_in"],
-    weight: Float[Tensor, " width_in"], eps: float, w: Float[Tensor, "width_out width_in"],
-    opts: KernelOptions,
+    weight: Float[Tensor, " width_in"], eps: float,
+    w: Float[Tensor, "width_out width_in"] | Fp8Weight, opts: KernelOptions,
 ) -> Float[Tensor, "tokens width_out"]:
     """x w^T, x being rmsnorm(h) * weight (which a deferred norm left unwritten: the module
     docstring)."""
+    w = dense(w, x.dtype)
     if opts.fused:
         return _call(fused_norm_linear.norm_linear, opts)(x, h, weight, eps, w)
     return x @ w.T
@@ -164,5 +177,5 @@ def logits(x: Rows, index: Int[Tensor, " seqs"], lm_head: Float[Tensor, "local_v
     return _call(_logits_op, opts)(x, index, lm_head, tp.group, tp.size)
 
 
-__all__ = ["add_norm", "all_reduce", "embed", "experts_add_norm", "logits", "norm", "norm_linear",
-           "project_add_norm", "route"]
+__all__ = ["add_norm", "all_reduce", "dense", "embed", "experts_add_norm", "linear", "logits",
+           "norm", "norm_linear", "project_add_norm", "route"]

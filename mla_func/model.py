@@ -43,14 +43,16 @@ def project_qkv_a(
     qkv = K.norm_linear(x, h, input_norm, eps, attn.qkv_a_proj, opts)
     q, kv = qkv.split((qkv.shape[1] - cfg.latent_dim, cfg.latent_dim), dim=1)
     if attn.q_b_proj is not None:
-        q = K.norm(q, attn.q_a_norm, eps, opts) @ attn.q_b_proj.flatten(0, 1).T
+        q = K.linear(K.norm(q, attn.q_a_norm, eps, opts), attn.q_b_proj)
     return q.unflatten(-1, (-1, cfg.qk_head_dim)), kv  # this rank's heads
 
 
 def attention_weights(attn: Attention, params: Params) -> AttnWeights:
-    cfg = params.cfg
-    return AttnWeights(attn.kv_a_norm, params.rope_inv_freq, attn.w_uk, attn.w_uv,
-                       cfg.softmax_scale, rope_attention_factor(cfg), cfg.rms_norm_eps)
+    """The attention op's weights; W_UK and W_UV in the activations' dtype (`K.dense`)."""
+    cfg, dtype = params.cfg, params.dtype
+    return AttnWeights(attn.kv_a_norm, params.rope_inv_freq, K.dense(attn.w_uk, dtype),
+                       K.dense(attn.w_uv, dtype), cfg.softmax_scale, rope_attention_factor(cfg),
+                       cfg.rms_norm_eps)
 
 
 def attention_meta(batch: Batch) -> AttnMeta:
@@ -70,7 +72,7 @@ def layer_step(
     nope = cfg.qk_nope_head_dim
     o = attend(q[..., :nope], q[..., nope:], kv, state.cache, i,
                attention_weights(attn, params), meta, opts.attention, opts.eager_direct)
-    h, x = K.project_add_norm(o.flatten(1, 2), attn.o_proj.flatten(1, 2), h,
+    h, x = K.project_add_norm(o.flatten(1, 2), attn.o_proj, h,
                               layer.post_attn_norm, eps, opts, state.counters, tp)
     mlp = layer.mlp
     if isinstance(mlp, MoE):

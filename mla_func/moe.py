@@ -9,6 +9,9 @@ Implementations, all static-shape and free of host syncs (nothing waits on the d
   gathered. Its tile is sized so that tiles ~ 2 x experts: cheap for the tiny preset on CPU.
 - `"reference"`: `ops.moe.experts_reference` (every expert over every token, masked).
 
+Block-FP8 weights (`fp8.Fp8Weight`, the routed experts' or the shared ones') are dequantised
+to x's dtype on the fly, for every implementation.
+
 Passing `shared` (the shared-experts MLP) adds it to the result: the Triton op computes it
 inside the same launches at small token counts (as extra experts every token routes to), else
 with `swiglu` whose sum rides in the final reduction; the other paths add `swiglu`.
@@ -40,6 +43,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.custom_op import custom_op
+from mla_func.fp8 import Fp8Weight, Weight, dense
 from mla_func.kernels.launch.runtime import call_counters
 from mla_func.kernels.moe.align import align_torch, max_blocks
 from mla_func.kernels.plan import EXPERTS_IMPLS
@@ -51,12 +55,21 @@ from mla_func.params import DenseMLP
 IMPLS = EXPERTS_IMPLS  # the implementations `KernelOptions.experts` names
 
 
+def _dense_weights(x: Tensor, gate_up: Weight, down: Weight, shared: DenseMLP | None
+                   ) -> tuple[Tensor, Tensor, DenseMLP | None]:
+    """The experts' weights in x's dtype: block-FP8 ones dequantised on the fly (every
+    implementation: no FP8 grouped GEMM runs yet)."""
+    if shared is not None:
+        shared = DenseMLP(dense(shared.gate_up, x.dtype), dense(shared.down, x.dtype))
+    return dense(gate_up, x.dtype), dense(down, x.dtype), shared
+
+
 def experts(
     x: Float[Tensor, "tokens hidden"],
     weights: Float[Tensor, "tokens topk"],
     ids: Int[Tensor, "tokens topk"],
-    gate_up: Float[Tensor, "experts 2 moe_inter hidden"],
-    down: Float[Tensor, "experts hidden moe_inter"],
+    gate_up: Float[Tensor, "experts 2 moe_inter hidden"] | Fp8Weight,
+    down: Float[Tensor, "experts hidden moe_inter"] | Fp8Weight,
     shared: DenseMLP | None = None,
     impl: str = "sorted_torch",
     counters: Int[Tensor, " counters"] | None = None,
@@ -68,6 +81,7 @@ def experts(
     module docstring); the sum is then over the pairs of the local experts only."""
     if impl not in IMPLS:
         raise ValueError(f"unknown experts impl {impl!r}; expected one of {IMPLS}")
+    gate_up, down, shared = _dense_weights(x, gate_up, down, shared)
     if impl == "triton":
         s_gate_up, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
         return moe_experts_op(x, weights, ids, gate_up, down, s_gate_up, s_down,
@@ -85,8 +99,8 @@ def experts_add_norm(
     x: Float[Tensor, "tokens hidden"],
     weights: Float[Tensor, "tokens topk"],
     ids: Int[Tensor, "tokens topk"],
-    gate_up: Float[Tensor, "experts 2 moe_inter hidden"],
-    down: Float[Tensor, "experts hidden moe_inter"],
+    gate_up: Float[Tensor, "experts 2 moe_inter hidden"] | Fp8Weight,
+    down: Float[Tensor, "experts hidden moe_inter"] | Fp8Weight,
     shared: DenseMLP | None,
     residual: Float[Tensor, "tokens hidden"],
     norm_weight: Float[Tensor, " hidden"],
@@ -107,6 +121,7 @@ def experts_add_norm(
     (else through the dispatcher, `KernelOptions.eager_direct`). `first_expert`: as in
     `experts`; h is then residual + the rank's partial sum (a norm of the whole MoE's output
     needs the ranks' sum first: `experts`, the all-reduce, then the add and the norm)."""
+    gate_up, down, shared = _dense_weights(x, gate_up, down, shared)
     if impl == "triton":
         s_gate_up, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
         op = moe_experts_add_norm_op if direct else moe_experts_add_norm_op.dispatch

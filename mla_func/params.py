@@ -4,6 +4,11 @@ Layout follows the math of DeepSeek-V2 (arXiv:2405.04434) section 2.1: `kv_b_pro
 split and per head as W_UK (`heads qk_nope kv_lora`) and W_UV (`heads v_head kv_lora`), the
 "absorbed" weights, so the decode path multiplies queries into the latent space and never
 expands keys or values. Checkpoint loading lives in `checkpoint.py`.
+
+A projection's weight (every one but the router and lm_head) may instead be block FP8
+(`fp8.Fp8Weight`: DeepSeek-V3's format, `quantize.quantize_fp8` or `load_hf(weights="fp8")`);
+the ops read weights through `fp8.dense`. Norms, the router, the score bias, the embedding
+and lm_head stay in the float dtype.
 """
 
 from dataclasses import dataclass, fields
@@ -16,6 +21,7 @@ from torch import Tensor
 from mla_func.config import MLAConfig
 from mla_func.dims import static_sizes
 from mla_func.dtypes import resolve_dtype
+from mla_func.fp8 import Fp8Weight
 from mla_func.parallel.group import SINGLE, TensorParallel
 
 
@@ -26,13 +32,13 @@ class Attention:
     launch, one read of x). `split_qkv_a` gives the two parts back."""
 
     kv_a_norm: Float[Tensor, " kv_lora"]
-    w_uk: Float[Tensor, "heads qk_nope kv_lora"]
-    w_uv: Float[Tensor, "heads v_head kv_lora"]
-    qkv_a_proj: Float[Tensor, "qkv_a hidden"]
-    o_proj: Float[Tensor, "hidden heads v_head"]
+    w_uk: Float[Tensor, "heads qk_nope kv_lora"] | Fp8Weight
+    w_uv: Float[Tensor, "heads v_head kv_lora"] | Fp8Weight
+    qkv_a_proj: Float[Tensor, "qkv_a hidden"] | Fp8Weight
+    o_proj: Float[Tensor, "hidden heads v_head"] | Fp8Weight
     # With q_lora: the query part of qkv_a_proj is q_a_proj, then q_a_norm and q_b_proj.
     q_a_norm: Float[Tensor, " q_lora"] | None
-    q_b_proj: Float[Tensor, "heads qk_head q_lora"] | None
+    q_b_proj: Float[Tensor, "heads qk_head q_lora"] | Fp8Weight | None
 
 
 def split_qkv_a(attn: Attention, cfg: MLAConfig
@@ -47,8 +53,8 @@ def split_qkv_a(attn: Attention, cfg: MLAConfig
 class DenseMLP:
     """SwiGLU: down(silu(gate x) * up x); gate and up stacked on the leading axis."""
 
-    gate_up: Float[Tensor, "2 inter hidden"]
-    down: Float[Tensor, "hidden inter"]
+    gate_up: Float[Tensor, "2 inter hidden"] | Fp8Weight
+    down: Float[Tensor, "hidden inter"] | Fp8Weight
 
 
 @dataclass(frozen=True)
@@ -59,8 +65,8 @@ class MoE:
     # noaux_tc only: added to the scores for expert selection, not to the weights.
     score_bias: Float[Tensor, " experts"] | None
     # This rank's experts (all of them on one device; `mla_func.parallel.shard`).
-    gate_up: Float[Tensor, "local_experts 2 moe_inter hidden"]
-    down: Float[Tensor, "local_experts hidden moe_inter"]
+    gate_up: Float[Tensor, "local_experts 2 moe_inter hidden"] | Fp8Weight
+    down: Float[Tensor, "local_experts hidden moe_inter"] | Fp8Weight
     shared: DenseMLP | None
 
 

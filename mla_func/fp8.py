@@ -1,0 +1,130 @@
+"""Block-scaled FP8 weights: the typed leaf (`Fp8Weight`) and its tensor-level math.
+
+DeepSeek-V3 (arXiv:2412.19437, 3.3) ships its linear layers in e4m3 with one float32 scale per
+128 x 128 block (`weight_scale_inv`: the real weight is `data * scale`). A weight here is the
+matrix a GEMM sees, `[stack, width_out, width_in]` (a leading `stack` of matrices that share a
+layout: experts, gate/up, heads), with `scales[s, i, j]` the scale of rows
+`i * block[0] ..` and columns `j * block[1] ..` of matrix s (the last block of an axis may be
+partial: shapes need not divide the block). `shape` is the float weight's shape in the params
+layout (`params.py`), a reshape of the matrices: `dequantize` gives exactly that tensor.
+
+The grid `block` may be finer than the checkpoint's 128 where params' layout cuts a 128-block
+(a head boundary inside a block, a tensor-parallel slice): the finer grid repeats the coarse
+scale, so it is exact. `pack` builds a weight from data and per-element scales on the finest
+grid that still holds one scale per block. Matmuls read weights through `dense`, the accessor
+the reference ops use (CPU matmuls do not take float8).
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Float8e4m3fn, Float32
+from torch import Tensor
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # the largest finite e4m3 value
+
+
+@dataclass(frozen=True)
+class Fp8Weight:
+    data: Float8e4m3fn[Tensor, "stack width_out width_in"]
+    scales: Float32[Tensor, "stack blocks_out blocks_in"]
+    block: tuple[int, int]  # static: rows and columns a scale covers
+    shape: tuple[int, ...]  # static: the float weight's shape (params' layout)
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    def to(self, device: "str | torch.device") -> "Fp8Weight":
+        return Fp8Weight(self.data.to(device), self.scales.to(device), self.block, self.shape)
+
+    def describe(self) -> str:
+        """The precision, as plans record it: "fp8 e4m3, block 128" (or "block 64x128")."""
+        rows, cols = self.block
+        return f"fp8 e4m3, block {rows if rows == cols else f'{rows}x{cols}'}"
+
+
+def expand_scales(scales: Float32[Tensor, "stack blocks_out blocks_in"], block: tuple[int, int],
+                  rows: int, cols: int) -> Float32[Tensor, "stack width_out width_in"]:
+    """One scale per element: each block's scale repeated over it, cropped to rows x cols."""
+    full = scales.repeat_interleave(block[0], 1).repeat_interleave(block[1], 2)
+    return full[:, :rows, :cols]
+
+
+def quantize_matrix(w: Float[Tensor, "stack width_out width_in"], block: tuple[int, int]
+                    ) -> tuple[Float8e4m3fn[Tensor, "stack width_out width_in"],
+                               Float32[Tensor, "stack blocks_out blocks_in"]]:
+    """(data, scales): each block scaled so that its largest |value| is e4m3's largest
+    (DeepSeek's scale: amax / 448; an all-zero block gets scale 1)."""
+    stack, rows, cols = w.shape
+    bo, bi = block
+    n_o, n_i = math.ceil(rows / bo), math.ceil(cols / bi)
+    padded = w.new_zeros(stack, n_o * bo, n_i * bi, dtype=torch.float32)
+    padded[:, :rows, :cols] = w.float()
+    amax = padded.view(stack, n_o, bo, n_i, bi).abs().amax(dim=(2, 4))
+    scales = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    full = expand_scales(scales, block, rows, cols)
+    data = (w.float() / full).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return data, scales
+
+
+def quantize(w: Tensor, block: int = 128, stack: int = 0, out: int = 1) -> Fp8Weight:
+    """`w` in block FP8 on its own grid: its first `stack` axes are the stack, the next `out`
+    its rows, the rest its columns."""
+    lead, rows = w.shape[:stack], w.shape[stack:stack + out]
+    matrices = w.reshape(math.prod(lead), math.prod(rows), -1)
+    data, scales = quantize_matrix(matrices, (block, block))
+    return Fp8Weight(data, scales, (block, block), tuple(w.shape))
+
+
+def dequantize(w: Fp8Weight, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The float weight `w` stands for, in params' layout (`w.shape`), as `dtype`."""
+    _, rows, cols = w.data.shape
+    full = expand_scales(w.scales, w.block, rows, cols)
+    return (w.data.float() * full).to(dtype).reshape(w.shape)
+
+
+def dense(w: "Tensor | Fp8Weight", dtype: torch.dtype) -> Tensor:
+    """The weight as a tensor a matmul takes: a float weight as it is, an FP8 one
+    dequantised to `dtype` (the activations')."""
+    return dequantize(w, dtype) if isinstance(w, Fp8Weight) else w
+
+
+def _uniform_step(full: Tensor, axis: int, limit: int) -> int:
+    """The largest divisor of `limit` such that `full` is constant over each aligned run of
+    that many indices along `axis`."""
+    size = full.shape[axis]
+    for step in sorted((d for d in range(1, limit + 1) if limit % d == 0), reverse=True):
+        if step == 1 or full.device.type == "meta":
+            return step
+        pick = torch.arange(size, device=full.device) // step * step
+        if torch.equal(full.index_select(axis, pick), full):
+            return step
+    return 1
+
+
+def pack(data: Tensor, full: Tensor, grid: tuple[int, int], shape: tuple[int, ...]
+         ) -> Fp8Weight:
+    """An Fp8Weight of e4m3 `data` and its per-element scales `full` ([..., rows, cols], the
+    leading axes the stack), on the coarsest grid that divides `grid` and still gives each
+    block one scale (exact: nothing is rescaled)."""
+    rows, cols = data.shape[-2:]
+    data, full = data.reshape(-1, rows, cols), full.reshape(-1, rows, cols)
+    block = (_uniform_step(full, 1, grid[0]), _uniform_step(full, 2, grid[1]))
+    scales = full[:, ::block[0], ::block[1]].contiguous().float()
+    return Fp8Weight(data.contiguous(), scales, block, tuple(shape))
+
+
+def unpack(w: Fp8Weight) -> tuple[Tensor, Tensor]:
+    """(data, per-element scales), both in params' layout (`w.shape`): `pack`'s inverse."""
+    _, rows, cols = w.data.shape
+    full = expand_scales(w.scales, w.block, rows, cols)
+    return w.data.reshape(w.shape), full.reshape(w.shape)
+
+
+Weight = Tensor | Fp8Weight  # a projection's weight: float, or block FP8
+
+__all__ = ["FP8", "FP8_MAX", "Fp8Weight", "Weight", "dense", "dequantize", "expand_scales",
+           "pack", "quantize", "quantize_matrix", "unpack"]

@@ -1,0 +1,95 @@
+"""fp8.py, quantize.py, fp8_params.py: block-FP8 weights in the params pytree, quantized and
+dequantized, read by the reference ops, and planned by the capture compiler on `meta`."""
+
+import pytest
+import torch
+from hf_helpers import Runner
+
+import mla_func as mf
+from mla_func.compile_step import plan_step
+from mla_func.fp8 import FP8, FP8_MAX, Fp8Weight, dequantize, expand_scales, quantize
+from mla_func.fp8_params import weight_precisions
+from mla_func.params import tensor_leaves
+from mla_func.quantize import dequantize as dequantize_params
+from mla_func.quantize import quantize_fp8
+
+TINY = mf.MLAConfig.preset("tiny")
+V3ISH = TINY.with_(model_type="deepseek_v3", topk_method="noaux_tc", n_group=2, topk_group=1,
+                   norm_topk_prob=True, routed_scaling_factor=2.5, q_lora_rank=24)
+CONFIGS = pytest.mark.parametrize("cfg", [TINY, V3ISH], ids=["v2", "v3-noaux-qlora"])
+
+
+def test_quantize_blocks_shapes_not_divisible_by_the_block():
+    w = torch.randn(3, 50, 70)
+    w[1, 32:, 64:] = 0  # an all-zero (partial) block
+    q = quantize(w, block=32, stack=1)
+    assert q.data.dtype == FP8 and q.data.shape == (3, 50, 70) and q.shape == (3, 50, 70)
+    assert q.scales.dtype == torch.float32 and q.scales.shape == (3, 2, 3) and q.block == (32, 32)
+    assert q.scales[1, 1, 2] == 1  # zero block: scale 1, data 0
+    # Each block's largest |value| is e4m3's largest, and its scale is amax / 448.
+    block = w[2, 32:, 32:64]
+    assert q.scales[2, 1, 1] == block.abs().max() / FP8_MAX
+    assert q.data[2, 32:, 32:64].float().abs().max() == FP8_MAX
+    back = dequantize(q)
+    assert back.shape == w.shape
+    # e4m3 keeps 3 mantissa bits (half an ulp: 2^-4 relative), subnormals below 2^-6
+    # spaced 2^-9 (in units of the block's scale).
+    scale = expand_scales(q.scales, q.block, 50, 70)
+    assert ((back - w).abs() <= w.abs() / 16 + scale * 2**-10).all()
+    # No stack, two axes of rows: one matrix [5 x 10, 64].
+    assert quantize(torch.randn(5, 10, 64), 16, 0, 2).scales.shape == (1, 4, 4)
+
+
+@CONFIGS
+def test_quantize_fp8_params(cfg):
+    params = mf.init_params(cfg, dtype=torch.bfloat16)
+    q = quantize_fp8(params, block=64)
+    moe, attn = q.layers[-1].mlp, q.layers[-1].attn
+    for w in (attn.qkv_a_proj, attn.w_uk, attn.w_uv, attn.o_proj, moe.gate_up, moe.down,
+              moe.shared.gate_up, q.layers[0].mlp.down):
+        assert isinstance(w, Fp8Weight)
+    assert (attn.q_b_proj is None) == (cfg.q_lora_rank is None)
+    # The router, score bias, norms, embedding and lm_head are the same tensors.
+    assert moe.router is params.layers[-1].mlp.router and q.embed is params.embed
+    assert moe.score_bias is params.layers[-1].mlp.score_bias and q.norm is params.norm
+    # Grids: the checkpoint block where params' layout keeps DeepSeek's blocks whole, a
+    # divisor where it cuts them (q rows, per head W_UK / W_UV).
+    assert moe.gate_up.block == (64, 64) and moe.gate_up.data.shape[0] == 2 * 8
+    assert attn.w_uk.block == (16, 64) and attn.w_uk.data.shape[0] == cfg.num_attention_heads
+    precisions = weight_precisions(q)
+    assert precisions["experts.down"] == "fp8 e4m3, block 64"
+    assert precisions["attn.w_uk"] == "fp8 e4m3, block 16x64"
+    assert precisions["router"] == precisions["lm_head"] == "bfloat16"
+    back = dequantize_params(q)
+    assert back.layers[-1].mlp.gate_up.dtype == torch.bfloat16
+    for (name, a), (_, b) in zip(tensor_leaves(params), tensor_leaves(back), strict=True):
+        torch.testing.assert_close(b.float(), a.float(), rtol=0.07, atol=0.03, msg=name)
+    with pytest.raises(ValueError, match="already block FP8"):
+        quantize_fp8(q)
+
+
+@CONFIGS
+def test_fp8_model_equals_its_dequantized_model(cfg):
+    """The reference ops dequantise FP8 weights on the fly: the same logits, bit for bit, as
+    the float model of the dequantised weights, over a prefill and decodes."""
+    fp8 = quantize_fp8(mf.init_params(cfg, seed=1), block=32)
+    runners = Runner(fp8), Runner(dequantize_params(fp8))
+    work = [(0, [3, 4, 5, 6, 7]), (1, [9, 8])]
+    for _ in range(3):
+        a, b = (r.step(work) for r in runners)
+        for s in a:
+            assert torch.equal(a[s], b[s])
+        work = [(s, [int(a[s].argmax())]) for s in a]
+
+
+def test_capture_plans_an_fp8_step_on_meta():
+    params = quantize_fp8(mf.init_params(V3ISH, device="meta", dtype=torch.bfloat16))
+    state = mf.init_state(V3ISH, 64, 16, device="meta", dtype=torch.bfloat16)
+    plan = plan_step(params, state, max_tokens=64, max_seqs=8)
+    assert plan.meta["weights"]["experts.gate_up"] == "fp8 e4m3, block 128"
+    assert plan.meta["weights"]["embed"] == "bfloat16"
+    leaves = {leaf.path: leaf for leaf in plan.signature.leaves}
+    w = leaves["params.layers.2.mlp.gate_up.data"]
+    assert w.dtype == FP8 and w.dims == ("stack", "width_out", "width_in")
+    assert leaves["params.layers.2.mlp.gate_up.scales"].dims == ("stack", "blocks_out",
+                                                                 "blocks_in")
