@@ -61,8 +61,12 @@ CASES = [(1, 2, "noaux_tc"), (1, 1, "random"), (3, 0, "random"), (3, 1, "one_ran
          (150, 0, "random")]
 
 
-@pytest.mark.parametrize("tokens,shared,routing", CASES)
-@pytest.mark.parametrize("tp", [2, 4])
+# Every case on 2 ranks; on 4 the cases up to 9 tokens (150 tokens repeat the 2-rank paths
+# with more interpreter time).
+RANKED = [(2, *c) for c in CASES] + [(4, *c) for c in CASES if c[0] <= 9]
+
+
+@pytest.mark.parametrize("tp,tokens,shared,routing", RANKED)
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.interpret
 def test_ranks_add_up_to_the_whole(impl, tp, tokens, shared, routing, nan_empty):
@@ -116,8 +120,8 @@ PATHS = {
 }
 
 
-@pytest.mark.parametrize("path", list(PATHS))
-@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("path,tp", [(p, 2) for p in PATHS] + [
+    (p, 4) for p in ("direct", "direct_last", "inline", "aligned_sliced")])
 # TMA reads `act`'s padding rows (NaN here) into rows the store masks off.
 @pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
 @pytest.mark.interpret
