@@ -92,15 +92,20 @@ def sizes_at(plan: CapturePlan, size: int) -> dict[str, int]:
     return {n: min(size, dims[n].max_size or size) for n in plan.traced.symbols}
 
 
-def bind_leaves(td: TreeDef, obj: Any, out: list[torch.Tensor], path: str) -> None:
+def bind_leaves(td: TreeDef, obj: Any, out: list[torch.Tensor], path: str,
+                identity: bool = True) -> None:
     """Collect `obj`'s tensor leaves in `td`'s order; BindingError naming the first field
-    whose structure or static value differs from the traced one."""
+    whose structure or static value differs from the traced one. `identity`: a static object
+    without value equality (an allocator) must be the traced one itself; else one of its
+    type will do (a program that baked in no such object)."""
     if td.kind == "leaf":
         if not isinstance(obj, torch.Tensor):
             raise BindingError(f"`{path}` is not a tensor")
         out.append(obj)
     elif td.kind == "const":
-        if not (obj is td.obj or (type(obj) is type(td.obj) and obj == td.obj)):
+        same_type = type(obj) is type(td.obj)
+        by_type = same_type and not identity and type(obj).__eq__ is object.__eq__
+        if not (obj is td.obj or by_type or (same_type and obj == td.obj)):
             raise BindingError(
                 f"static field `{path}` differs from the traced one ({obj!r}): a compiled "
                 "step is bound to one state and to the static fields it was traced with")
@@ -108,13 +113,13 @@ def bind_leaves(td: TreeDef, obj: Any, out: list[torch.Tensor], path: str) -> No
         if not isinstance(obj, (tuple, list)) or len(obj) != len(td.children):
             raise BindingError(f"`{path}` differs in structure from the traced one")
         for (name, c), item in zip(td.children, obj, strict=True):
-            bind_leaves(c, item, out, f"{path}.{name}")
+            bind_leaves(c, item, out, f"{path}.{name}", identity)
     else:
         if type(obj) is not type(td.obj):
             raise BindingError(f"`{path}` is a {type(obj).__name__}, traced with "
                                f"{type(td.obj).__name__}")
         for name, c in td.children:
-            bind_leaves(c, getattr(obj, name), out, f"{path}.{name}")
+            bind_leaves(c, getattr(obj, name), out, f"{path}.{name}", identity)
 
 
 def leaves_of(plan: CapturePlan, args: Sequence[Any],

@@ -7,7 +7,7 @@ device plan a large model without its memory. Custom ops with a fake implementat
 splitting ops) stay one node, mutations in place (no functionalization: the graph writes the
 caller's buffers, as eager does).
 
-jaxtyping runtime checks are switched off while tracing (see `_no_runtime_checks`).
+jaxtyping runtime checks are switched off while tracing (see `no_runtime_checks`).
 Data-dependent control flow or host syncs raise during tracing (`GuardOnDataDependentSymNode`):
 we turn them into a `CaptureError` with the user's line. A dynamic dim that the code pins to a
 constant, or a shape assumption that fails with every dynamic dim at a probe size (here) or at
@@ -36,7 +36,7 @@ from mla_func.capture.errors import (
     user_frame_of_exception,
 )
 from mla_func.capture.signature import Signature
-from mla_func.capture.tree import TreeDef, flatten_output, object_paths, unflatten
+from mla_func.capture.tree import TreeDef, flat_call
 
 _PRIMES = (61, 59, 53, 47, 43, 41, 37, 31, 29, 23, 19, 17, 13, 11, 7, 5, 3, 2)
 
@@ -125,7 +125,7 @@ class _LastCall(TorchFunctionMode):
 
 
 @contextmanager
-def _no_runtime_checks():
+def no_runtime_checks():
     """jaxtyping's runtime checks off while tracing: they do not specialise symbolic sizes,
     but their `.shape` reads add `sym_size` nodes wherever the checks run, so a plan would
     depend on whether checks are on (pytest turns them on). The annotations were already read
@@ -248,21 +248,11 @@ def trace(fn: Callable[..., Any], sig: Signature, args: Sequence[Any],
     mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=False)
     hints = choose_hints(sig)
     fakes, symbols = _fake_leaves(sig, mode, env, hints)
-    out_def: list[TreeDef] = []
-
-    def flat_fn(*leaves: torch.Tensor) -> list[torch.Tensor]:
-        it = iter(leaves)
-        rebuilt = tuple(unflatten(td, it) for td in sig.treedefs)
-        inputs: dict[int, tuple] = {}
-        for i, obj in enumerate(rebuilt):
-            inputs.update(object_paths(obj, i))
-        out_leaves, td = flatten_output(fn(*rebuilt, *args[len(rebuilt):]), inputs)
-        out_def.append(td)
-        return out_leaves
+    flat_fn, out_def = flat_call(fn, sig.treedefs, args[len(sig.treedefs):])
 
     last = _LastCall()
     try:
-        with last, _no_runtime_checks():
+        with last, no_runtime_checks():
             gm = make_fx(flat_fn, tracing_mode="symbolic")(*fakes)
     except _data_dependent_errors() as exc:
         op = last.sync or last.name
