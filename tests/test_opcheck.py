@@ -58,7 +58,7 @@ def _model_calls(backend: str) -> dict[str, tuple]:
     decode = mf.make_batch([mf.SeqWork([8], 5, a), mf.SeqWork([6], 3, b)], 4, 2, DEVICE,
                            kernels=opts)
     with torch.no_grad(), _Record() as rec:
-        mf.forward(params, state, prefill)
+        _, state = mf.forward(params, state, prefill)
         mf.forward(params, state, decode)
     return rec.calls
 

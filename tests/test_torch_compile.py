@@ -19,6 +19,7 @@ import torch
 
 import mla_func as mf
 from mla_func.capture.interop import mark_dynamic
+from mla_func.donation import ConsumedError
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -55,12 +56,16 @@ def compiled_equals_eager(cfg, params, device="cpu", dtype=torch.float32, tol=1e
                               device, backend="auto")
         if i == 0:
             mark_dynamic(mf.forward, params, compiled_state, batch)
+            spent = compiled_state
         with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=i > 0):
             got, out = step(params, compiled_state, batch)
-            want, _ = mf.forward(params, eager_state, batch)
-        assert out is compiled_state
+            want, eager_state = mf.forward(params, eager_state, batch)
+        assert out is not compiled_state and out.cache is compiled_state.cache  # donated
+        compiled_state = out
         torch.testing.assert_close(got, want, rtol=tol, atol=tol)
         torch.testing.assert_close(compiled_state.cache, eager_state.cache, rtol=tol, atol=tol)
+    with pytest.raises(ConsumedError):  # a consumed state, under the compiled step too
+        step(params, spent, batch)
 
 
 def _tiny():

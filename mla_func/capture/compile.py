@@ -71,7 +71,8 @@ def compile_plan(
     progress: bool = True,
     emulate: bool = False,
 ) -> CompiledStep:
-    """Capture `fn` over `args` (the arguments at `bound` are fixed; the step takes the rest).
+    """Capture `fn` over `args` (the arguments at `bound` are fixed; the step takes the rest;
+    a donating `fn` is captured as the function it wraps, its donation enforced per call).
     full_when(*all_args) -> bool: may this call use a full graph; full_example(size) -> the
     non-bound arguments of a capture-time call whose dynamic dims all equal `size`.
     emulate: run the whole capture/dispatch machinery without CUDA graphs (CPU tests)."""
@@ -118,7 +119,7 @@ def compile_plan(
             step.piecewise = capture_piecewise(plan, leaves, step.buffers, pool,
                                                sizes["piecewise"], warmups, bar, emulate)
         if use_full:
-            step.full = capture_full(plan, fn, step.bound, leaves, step.buffers, pool,
+            step.full = capture_full(plan, step.fn, step.bound, leaves, step.buffers, pool,
                                      sizes["full"], full_example, warmups, bar, emulate)
     sync()
     step.report = {

@@ -20,6 +20,7 @@ excepted: torch specialises those and compiles again).
 A consumer of the signature stage, like artifacts.py of the plan: no stage imports it.
 """
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,7 @@ from mla_func.capture.plan import bind_leaves
 from mla_func.capture.signature import Signature, analyze
 from mla_func.capture.trace import no_runtime_checks
 from mla_func.capture.tree import TreeDef, flat_call, unflatten
+from mla_func.donation import check_live, consume, pure
 
 # One `torch.export.Dim` (or None: static) per axis of one leaf.
 LeafShapes = dict[int, Any] | None
@@ -87,21 +89,30 @@ class _Flat(torch.nn.Module):
 @dataclass(frozen=True, eq=False)
 class Exported:
     """An exported program and the structures around it: called with the original
-    arguments, it returns the original output structure (an argument object the function
-    returned as is comes back as the caller's own)."""
+    arguments, it returns the original output structure, its donated arguments consumed as
+    the function's own calls consume them (`mla_func.donation`: a new handle in place of
+    each)."""
 
     program: Any  # torch.export.ExportedProgram
     signature: Signature
     out_treedef: TreeDef
     dims: tuple[str, ...]  # the dynamic dims the program holds symbolic
 
-    def module(self) -> torch.nn.Module:
-        """The program as a module of the flat leaves (`torch.export`'s `module()`)."""
+    @functools.cached_property
+    def _module(self) -> torch.nn.Module:
         return self.program.module()
 
+    def module(self) -> torch.nn.Module:
+        """The program as a module of the flat leaves (`torch.export`'s `module()`, made
+        once)."""
+        return self._module
+
     def __call__(self, *args: Any) -> Any:
+        donated = [args[i] for i in self.signature.donated]
+        for i, obj in zip(self.signature.donated, donated, strict=True):
+            check_live(obj, self.signature.arg_names[i])
         outs = self.module()(*leaves(self.signature, args))
-        return unflatten(self.out_treedef, iter(outs), args)
+        return consume(unflatten(self.out_treedef, iter(outs), args), donated)
 
 
 def export(fn: Callable[..., Any], *args: Any, dims: Mapping[str, Any] | None = None,
@@ -112,7 +123,7 @@ def export(fn: Callable[..., Any], *args: Any, dims: Mapping[str, Any] | None = 
     sig = signature_of(fn, args, dims, max_sizes)
     flat = leaves(sig, args)
     symbolic = export_dims(sig, sig.dynamic_sizes(flat))
-    flat_fn, out_defs = flat_call(fn, sig.treedefs)
+    flat_fn, out_defs = flat_call(pure(fn), sig.treedefs)
     with no_runtime_checks():
         program = torch.export.export(_Flat(flat_fn), tuple(flat),
                                       dynamic_shapes=(dynamic_shapes(sig, symbolic),),

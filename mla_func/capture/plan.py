@@ -30,6 +30,7 @@ from mla_func.capture.split import (
 from mla_func.capture.trace import Traced, trace
 from mla_func.capture.tree import TreeDef
 from mla_func.capture.validate import validate
+from mla_func.donation import pure
 
 # vLLM's graph-support levels, generic: how much of a splitting op a CUDA graph may hold.
 NEVER, UNIFORM_SINGLE_TOKEN_DECODE, UNIFORM_BATCH, ALWAYS = 0, 1, 2, 3
@@ -174,7 +175,7 @@ def plan_capture(
     sig = analyze(fn, example_args, dims, max_sizes)
     if not sig.dynamic:
         raise CaptureError("no dynamic dims in the signature: nothing to bucket")
-    traced = trace(fn, sig, example_args)
+    traced = trace(pure(fn), sig, example_args)  # donation is enforced around the graphs
     if splitting_ops is None:
         splitting_ops = dict.fromkeys(default_splitting_ops(traced.gm))
     elif not isinstance(splitting_ops, Mapping):

@@ -38,6 +38,14 @@ from mla_func.capture.errors import (
 from mla_func.capture.signature import Signature
 from mla_func.capture.tree import TreeDef, flat_call
 
+WRITES_CONSTANT = ("writes a tensor the function closes over or a global one: every warm-up, "
+                   "capture and replay would write it again (pass it in as a donated argument, "
+                   "or write a copy)")
+# Tensor methods that write their tensor (besides the `name_` in-place methods).
+_WRITING_DUNDERS = {f"Tensor.__i{op}__" for op in (
+    "add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor",
+    "lshift", "rshift")} | {"Tensor.__setitem__"}
+
 _PRIMES = (61, 59, 53, 47, 43, 41, 37, 31, 29, 23, 19, 17, 13, 11, 7, 5, 3, 2)
 
 _HOST_SYNC = {
@@ -106,7 +114,11 @@ class _LastCall(TorchFunctionMode):
         from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
         name = getattr(func, "__qualname__", None) or getattr(func, "__name__", str(func))
-        name = name.replace("TensorBase.", "Tensor.")
+        name = name.replace("TensorBase.", "Tensor.").replace("_VariableFunctionsClass.",
+                                                              "torch.")
+        if _writes_real_tensor(func, name, args, kwargs or {}):
+            # Refused before it runs: tracing runs the ops of real (constant) tensors.
+            raise CaptureError(WRITES_CONSTANT, op=name, where=_caller())
         if not name.endswith("__get__"):  # property reads (shape, dtype) name no op
             self.name = name
             if name in _HOST_SYNC:
@@ -122,6 +134,27 @@ class _LastCall(TorchFunctionMode):
                 node.meta.setdefault("user_frame", where)
                 node = node.next
         return out
+
+
+def _writes_real_tensor(func: Any, name: str, args: tuple, kwargs: dict) -> bool:
+    """Whether a call writes a real tensor (every argument is fake while tracing: a real one
+    is a global or closed-over tensor): an in-place method on it, it as `out=`, or it as an
+    argument an op's schema says it writes."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def real(t: object) -> bool:
+        return isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor)
+
+    in_place = name.startswith("Tensor.") and (
+        (name.endswith("_") and not name.endswith("__")) or name in _WRITING_DUNDERS)
+    if (in_place and bool(args) and real(args[0])) or real(kwargs.get("out")):
+        return True
+    schema = getattr(func, "_schema", None)
+    for i, a in enumerate(schema.arguments if schema is not None else ()):
+        if a.alias_info is not None and a.alias_info.is_write:
+            if real(args[i] if i < len(args) else kwargs.get(a.name)):
+                return True
+    return False
 
 
 @contextmanager
