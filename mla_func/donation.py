@@ -63,12 +63,15 @@ def check_live(obj: Any, what: str) -> None:
 
 def hand_over(obj: T) -> T:
     """Mark `obj` consumed; a new handle of the same buffers (a shallow copy) in its place."""
-    new = copy.copy(obj)
-    try:
-        object.__setattr__(obj, _CONSUMED, True)
-    except AttributeError as exc:
+    if not hasattr(obj, "__dict__"):
         raise TypeError(f"a donated {type(obj).__name__} takes no attributes: donate an object "
-                        "that does (a dataclass)") from exc
+                        "that does (a dataclass)")
+    if hasattr(obj, "__copy__"):
+        new = copy.copy(obj)
+    else:  # copy.copy's result, without its reduce protocol: a sixth of its host time
+        new = type(obj).__new__(type(obj))
+        new.__dict__.update(obj.__dict__)
+    object.__setattr__(obj, _CONSUMED, True)
     return new
 
 
