@@ -1,12 +1,14 @@
-"""Benchmarks (GPU): `python -m scripts.bench step|kernels|moe|capture|all [--out DIR] [OPTIONS]`.
+"""Benchmarks (GPU): `python -m scripts.bench step|kernels|moe|capture|segments|all [--out DIR]
+[OPTIONS]`.
 
 Every subcommand measures the copy-bandwidth and matmul ceilings in the same run, prints a
 table last and writes bench_<name>.json per benchmark (and the step plot) under --out.
 
 Options. `--out` is this script's own. Every other option goes, with its values unchanged, to
 the benchmark that defines it (bench_step.add_arguments, bench_kernels.add_args,
-bench_moe.add_args, bench_capture.add_args), in that benchmark's syntax: `bench step --batches
-1 8` but `bench capture --batches 1,8`. `all` runs kernels, moe, capture and step, and gives
+bench_moe.add_args, bench_capture.add_args, bench_segments.add_args), in that benchmark's
+syntax: `bench step --batches 1 8` but `bench capture --batches 1,8`. `all` runs kernels, moe,
+capture and step (not segments: Inductor compiles every segment, minutes), and gives
 each option to every one of them that defines it (`--tokens` to moe alone, `--backend` to
 capture and step), where it must then be valid for each. An option that no benchmark of the
 subcommand defines is an error naming it, as is a value a benchmark's parser refuses; both are
@@ -22,13 +24,15 @@ import re
 import sys
 from pathlib import Path
 
+# `all` leaves out segments (Inductor's compilation of every segment: minutes).
 BENCHMARKS = {"step": ["step"], "kernels": ["kernels"], "moe": ["moe"], "capture": ["capture"],
-              "all": ["kernels", "moe", "capture", "step"]}
+              "segments": ["segments"], "all": ["kernels", "moe", "capture", "step"]}
 _NEGATIVE = re.compile(r"^-\d+$|^-\d*\.\d+$")  # a value, not an option, as argparse reads it
 
 
 def benchmark_parser(name: str) -> argparse.ArgumentParser:
-    """The options of benchmark `name` (step, kernels, moe or capture), exact names only."""
+    """The options of benchmark `name` (step, kernels, moe, capture or segments), exact names
+    only."""
     p = argparse.ArgumentParser(prog=f"bench {name}", allow_abbrev=False)
     module = importlib.import_module(f"scripts.bench_{name}")
     (module.add_arguments if name == "step" else module.add_args)(p)
