@@ -84,7 +84,8 @@ def _v2_lite(mode: str):
     the Triton attention; "reduce-overhead" replays it as CUDA graphs."""
     cfg = dataclasses.replace(mf.MLAConfig.preset("v2-lite"), num_hidden_layers=4)
     params = mf.init_params(cfg, seed=7, device="cuda", dtype=torch.bfloat16)
-    compiled_equals_eager(cfg, params, "cuda", torch.bfloat16, tol=2e-2, mode=mode)
+    # bf16: Inductor keeps the glue's intermediates in float32 where eager rounds them.
+    compiled_equals_eager(cfg, params, "cuda", torch.bfloat16, tol=5e-2, mode=mode)
 
 
 CASES = {"tiny": _tiny, "q_lora": _q_lora,
