@@ -141,7 +141,7 @@ def test_ops_declare_the_state_they_write():
     So by name: an op handed a state tensor (the cache, the counters) declares it written."""
     for name in sorted(_registered()):
         ns, op = name.split("::")
-        schema = getattr(torch.ops, ns).__getattr__(op).default._schema
+        schema = getattr(getattr(torch.ops, ns), op).default._schema
         for a in schema.arguments:
             if a.name in ("cache", "counters"):
                 assert a.alias_info is not None and a.alias_info.is_write, (name, a.name)
