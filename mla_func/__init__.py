@@ -2,12 +2,13 @@
 
 This module is the package's face and owns nothing else: it re-exports the public API
 (MLAConfig, init_params, load_hf, forward, generate; plus the state and batch types the step
-function takes, and the engine's names). Package modules import the concrete modules, never
-this face, so it may import any of them.
+function takes, the error of a consumed state, and the engine's names). Package modules import
+the concrete modules, never this face, so it may import any of them.
 """
 
 from mla_func.batch import Batch, BatchError, KernelOptions, SeqWork, make_batch
 from mla_func.config import ConfigError, MLAConfig
+from mla_func.donation import ConsumedError
 from mla_func.model import forward
 from mla_func.parallel.group import TensorParallel
 from mla_func.parallel.shard import shard_params
@@ -37,7 +38,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "Batch", "BatchError", "CacheFullError", "ConfigError", "EmptyPromptError", "Engine",
+    "Batch", "BatchError", "CacheFullError", "ConfigError", "ConsumedError", "EmptyPromptError",
+    "Engine",
     "GenerateOutput", "KVState", "KernelOptions", "MLAConfig", "PageAllocator", "Params",
     "PromptTooLongError", "RequestError", "SeqWork", "TensorParallel", "TokenIdError", "forward",
     "generate", "init_params", "init_state", "load_hf", "make_batch", "shard_params",

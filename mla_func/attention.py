@@ -147,7 +147,9 @@ def mla_attention(
 ) -> Tensor:
     w, m = from_flat((kv_norm, inv_freq, w_uk, w_uv, scale, rope_scale, eps, slot_mapping,
                       token_seq, positions, page_table, seq_lens, host, mha_min_query))
-    return get_backend(backend).run(q_nope, q_pe, kv, cache, layer, w, m)
+    # Contiguous, as the fake implementation says (the reference's einsum leaves the heads
+    # outermost in memory): a compiler that trusts the fake's strides (Inductor) reads it so.
+    return get_backend(backend).run(q_nope, q_pe, kv, cache, layer, w, m).contiguous()
 
 
 @mla_attention.register_fake

@@ -143,14 +143,17 @@ def plan_step(params: Params, state: KVState, *, max_tokens: int | None = None,
 def compile_step(params: Params, state: KVState, *, mode: str, max_tokens: int | None = None,
                  max_seqs: int | None = None, max_pages: int | None = None,
                  backend: str = "torch", progress: bool = True, warmups: int = 1,
-                 emulate: bool = False, kernels: KernelOptions | None = None) -> CompiledStep:
+                 emulate: bool = False, kernels: KernelOptions | None = None,
+                 segments: str = "plain") -> CompiledStep:
     """A step `(state, batch) -> (logits, state)` running `forward` in `mode` ("eager",
     "piecewise", "full", "full_and_piecewise"). Batches must use `max_pages` columns of page
     table (default: every page of the cache but the scratch one) and `kernels` (default: the
     device's, with the attention `backend`). Piecewise
     graphs cover 1..`max_tokens` tokens (default `dims.TOKENS_MAX_CAPTURED`, 2560: past it a
     graph saves nothing and its padding costs); larger steps run eagerly. `emulate`
-    runs the capture/dispatch machinery without CUDA graphs (CPU tests of padding/dispatch)."""
+    runs the capture/dispatch machinery without CUDA graphs (CPU tests of padding/dispatch).
+    `segments` "inductor": each piecewise segment compiled by Inductor before capture
+    (`capture.segments`; full graphs run the step as it is)."""
     if mode == "eager":  # nothing to trace: the step is `forward` itself
         return CompiledStep(forward, None, "eager", "eager", {0: params})
     if mode not in MODES:
@@ -177,4 +180,4 @@ def compile_step(params: Params, state: KVState, *, mode: str, max_tokens: int |
 
     return compile_plan(plan, forward, (params, state, example), mode=mode, bound=(0,),
                         full_when=full_when, full_example=full_example, warmups=warmups,
-                        progress=progress, emulate=emulate)
+                        progress=progress, emulate=emulate, segments=segments)

@@ -26,9 +26,11 @@ from torch import Tensor
 
 def _tracing(args: Iterable[Any]) -> bool:
     """Whether a call with `args` is being traced (or faked), not run."""
-    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
-        return True
+    # Dynamo first: it folds `is_compiling()` to True, and cannot trace the mode-stack
+    # queries below (each would break the graph at every op call).
     if torch.compiler.is_compiling():
+        return True
+    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
         return True
     for a in args:
         if isinstance(a, Tensor):

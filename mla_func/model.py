@@ -18,6 +18,8 @@ sub-layers' sums over ranks (`K.all_reduce`, and inside `project_add_norm` and
 `experts_add_norm`) come before each residual add.
 """
 
+from typing import Annotated
+
 from jaxtyping import Float
 from torch import Tensor
 
@@ -25,6 +27,7 @@ import mla_func.kernel_ops as K
 from mla_func.attention import attend
 from mla_func.batch import Batch, BatchError, KernelOptions, check_vocab
 from mla_func.config import MLAConfig
+from mla_func.donation import Donated, donating
 from mla_func.ops.attention_args import AttnMeta, AttnWeights
 from mla_func.ops.mlp import swiglu
 from mla_func.params import Attention, Layer, MoE, Params, rope_attention_factor
@@ -83,11 +86,13 @@ def layer_step(
     return K.add_norm(h, y, next_norm, eps, opts)
 
 
+@donating
 def forward(
-    params: Params, state: KVState, batch: Batch
+    params: Params, state: Annotated[KVState, Donated], batch: Batch
 ) -> tuple[Float[Tensor, "seqs vocab"], KVState]:
-    """One step over a mixed batch. Consumes `state`: the returned state is the same buffers,
-    with this step's tokens written. Logits (float32) are for each sequence's last new token."""
+    """One step over a mixed batch. Consumes `state` (`donation`): the returned state is the
+    same buffers, with this step's tokens written, and the one passed is spent. Logits
+    (float32) are for each sequence's last new token."""
     if batch.page_size != state.page_size:  # slots and page ids would address other rows
         raise BatchError(f"the batch was laid out for cache pages of {batch.page_size} tokens; "
                          f"this state's pages hold {state.page_size}")

@@ -197,7 +197,9 @@ def sorted_torch(
     n_exp, pairs = gate_up.shape[0], ids.numel()
     # Tiles of ~pairs/experts rows keep the tile count (and weight gathers) near 2 x experts;
     # a fixed tile when tracing with a symbolic token count.
-    block_m = 1 << ((pairs - 1) // n_exp).bit_length() if isinstance(pairs, int) else 16
+    # (dynamo sees an int where the token count is dynamic: a fixed tile there too).
+    eager = isinstance(pairs, int) and not torch.compiler.is_compiling()
+    block_m = 1 << ((pairs - 1) // n_exp).bit_length() if eager else 16
     sorted_pairs, block_expert, block_rows = align_torch(ids, n_exp, 0, block_m, first_expert)
     n_blocks = max_blocks(pairs, n_exp, block_m)
     valid = torch.arange(block_m, device=x.device) < block_rows[:, None]

@@ -5,8 +5,10 @@ The cache stores only [c_kv, k_pe] per token per layer (DeepSeek-V2, arXiv:2405.
 no sequence owns: rows added to pad a batch to a fixed size point their page tables at it, so
 they never read or write a live page. The host-side `PageAllocator` hands out the other pages.
 
-`forward` consumes the state (like JAX buffer donation): the cache is written in place so that
-its address stays fixed from step to step, and the returned state holds the same buffer.
+`forward` consumes the state (like JAX buffer donation; `mla_func.donation`): the cache is
+written in place so that its address stays fixed from step to step, and the returned state is a
+new handle of the same buffers. The state passed is spent: passing it again raises
+`ConsumedError` (a host-side flag, no device work).
 
 A state also owns its kernels' runtime (`kernels.launch.runtime.Runtime`): the arrival
 counters (`counters`, a tensor the counting ops receive and declare mutated, zero between

@@ -80,6 +80,21 @@ def capture(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", type=int, default=20)
 
 
+def segments(p: argparse.ArgumentParser) -> None:
+    """bench_segments: Inductor-compiled piecewise segments against plain ones."""
+    p.add_argument("--preset", default="v2-lite")
+    p.add_argument("--backend", default="triton")
+    p.add_argument("--segments", default="plain,inductor")
+    p.add_argument("--batches", default="1,8,32,128")
+    p.add_argument("--prefill", default="16,64,256,1024")
+    p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--page-size", type=int, default=16)
+    # Inductor compiles a segment once for every bucket, but capture time grows with them.
+    p.add_argument("--max-tokens", type=int, default=1024)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=3)
+
+
 def tp(p: argparse.ArgumentParser) -> None:
     """bench_tp (under torchrun): tensor parallel against one GPU."""
     p.add_argument("--preset", default="v2-lite")
@@ -95,4 +110,5 @@ def tp(p: argparse.ArgumentParser) -> None:
 
 
 OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
-    "step": step, "kernels": kernels, "moe": moe, "capture": capture, "tp": tp}
+    "step": step, "kernels": kernels, "moe": moe, "capture": capture, "segments": segments,
+    "tp": tp}

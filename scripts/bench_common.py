@@ -9,10 +9,24 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
+
+
+class StateChain:
+    """Steps on one state, each passed the state the one before returned (a step consumes the
+    state it is given: `mla_func.donation`): `chain(step, batch)` runs `step(state, batch)`
+    and returns its logits; `chain.state` is the live state."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def __call__(self, step: Callable[..., tuple], batch: Any) -> Any:
+        logits, self.state = step(self.state, batch)
+        return logits
 
 
 def cuda_time_ms(fn: Callable[[], object], warmup: int = 3, reps: int = 20) -> float:

@@ -21,7 +21,13 @@ import torch
 import mla_func as mf
 from mla_func.params import DenseMLP, MoE
 from scripts import bench_args
-from scripts.bench_common import cuda_time_ms, measure_ceilings, pipelined_ms, print_table
+from scripts.bench_common import (
+    StateChain,
+    cuda_time_ms,
+    measure_ceilings,
+    pipelined_ms,
+    print_table,
+)
 from scripts.bench_hf import bench_hf, bench_hf_compile
 
 
@@ -92,10 +98,10 @@ def decode_batch(state: mf.KVState, batch: int, ctx: int, backend: str, seed: in
                          backend=backend)
 
 
-def count_distinct_experts(params, state, batch) -> list[int]:
-    """Run one eager step and record how many distinct experts each MoE layer touched (the
-    model calls `kernel_ops.experts_add_norm` once a MoE layer, looked up at call time); of
-    sharded params, how many of this rank's experts."""
+def count_distinct_experts(params, chain: StateChain, batch) -> list[int]:
+    """Run one eager step (on `chain`'s state) and record how many distinct experts each MoE
+    layer touched (the model calls `kernel_ops.experts_add_norm` once a MoE layer, looked up
+    at call time); of sharded params, how many of this rank's experts."""
     import mla_func.kernel_ops as ops
 
     seen: list[int] = []
@@ -109,7 +115,7 @@ def count_distinct_experts(params, state, batch) -> list[int]:
 
     ops.experts_add_norm = spy
     try:
-        mf.forward(params, state, batch)
+        chain(lambda s, b: mf.forward(params, s, b), batch)
     finally:
         ops.experts_add_norm = inner
     moe_layers = sum(isinstance(layer.mlp, MoE) for layer in params.layers)
@@ -118,30 +124,30 @@ def count_distinct_experts(params, state, batch) -> list[int]:
     return seen
 
 
-def bench_decode(params, state, ceil, args) -> list[dict]:
+def bench_decode(params, chain: StateChain, ceil, args) -> list[dict]:
     from mla_func.compile_step import compile_step
 
     steps = {"eager": lambda s, b: mf.forward(params, s, b)}
     for mode in ("piecewise", "full"):
         t0 = time.perf_counter()
-        steps[mode] = compile_step(params, state, mode=mode, max_tokens=args.max_tokens,
+        steps[mode] = compile_step(params, chain.state, mode=mode, max_tokens=args.max_tokens,
                                    max_seqs=max(args.batches + [8]), max_pages=args.max_pages,
                                    backend=args.backend, progress=False)
         print(f"compiled {mode} in {time.perf_counter() - t0:.1f} s", flush=True)
     rows = []
     for ctx in args.contexts:
         for bsz in args.batches:
-            batch = decode_batch(state, bsz, ctx, args.backend, seed=bsz * 7 + ctx,
+            batch = decode_batch(chain.state, bsz, ctx, args.backend, seed=bsz * 7 + ctx,
                                  max_pages=args.max_pages)
-            distinct = count_distinct_experts(params, state, batch)
+            distinct = count_distinct_experts(params, chain, batch)
             row = {"ctx": ctx, "batch": bsz, **step_floor(params, distinct, bsz, ctx, ceil),
                    "distinct_experts": sum(distinct) / max(len(distinct), 1)}
             for mode, step in steps.items():
-                row[f"{mode}_ms"] = cuda_time_ms(lambda f=step, b=batch: f(state, b), reps=20)
+                row[f"{mode}_ms"] = cuda_time_ms(lambda f=step, b=batch: chain(f, b), reps=20)
             row["best_over_floor"] = min(row[f"{m}_ms"] for m in steps) / row["floor_ms"]
             # Full steps back to back (the host's work hidden behind the GPU's, as in
             # `generate`); the columns above sync after each step.
-            row["full_pipelined_ms"] = pipelined_ms(lambda b=batch: steps["full"](state, b))
+            row["full_pipelined_ms"] = pipelined_ms(lambda b=batch: chain(steps["full"], b))
             row["pipelined_over_floor"] = row["full_pipelined_ms"] / row["floor_ms"]
             if "floor_read_ms" in row:
                 row["pipelined_over_read_floor"] = (row["full_pipelined_ms"]
@@ -151,9 +157,10 @@ def bench_decode(params, state, ceil, args) -> list[dict]:
     return rows
 
 
-def bench_prefill(params, state, args) -> list[dict]:
+def bench_prefill(params, chain: StateChain, args) -> list[dict]:
     from mla_func.compile_step import compile_step
 
+    state = chain.state  # for its allocator and geometry; the steps run on chain's
     piecewise = compile_step(params, state, mode="piecewise", max_tokens=args.max_tokens,
                              max_seqs=max(args.batches + [8]), max_pages=args.max_pages,
                              backend=args.backend, progress=False)
@@ -166,8 +173,8 @@ def bench_prefill(params, state, args) -> list[dict]:
         toks = torch.randint(0, 100000, (n,)).tolist()
         batch = mf.make_batch([mf.SeqWork(toks, 0, pages)], state.page_size, args.max_pages,
                               device=state.cache.device, backend=args.backend)
-        steps = {"eager": lambda b=batch: mf.forward(params, state, b),
-                 "piecewise": lambda b=batch: piecewise(state, b)}
+        steps = {"eager": lambda b=batch: chain(lambda s, b: mf.forward(params, s, b), b),
+                 "piecewise": lambda b=batch: chain(piecewise, b)}
         # Rounds in alternating order: a 4096-token step is GPU-bound, where eager and
         # piecewise differ by less than the drift of one timing after the other (clocks, heat).
         rounds: dict[str, list[float]] = {"eager": [], "piecewise": []}
@@ -191,14 +198,14 @@ def generate_ctx(args) -> int:
     return args.gen_prompt + args.gen_new // 2
 
 
-def generate_floor(params, state, ceil, args) -> dict[str, float]:
+def generate_floor(params, chain: StateChain, ceil, args) -> dict[str, float]:
     """The floor of one of `generate`'s decode steps: all `gen_requests` sequences at their mean
     context (`generate_ctx`), the distinct experts counted on one eager step of that batch
     (random tokens). Its ceiling is gen_requests tokens per floor."""
     ctx = generate_ctx(args)
-    batch = decode_batch(state, args.gen_requests, ctx, args.backend, seed=ctx,
+    batch = decode_batch(chain.state, args.gen_requests, ctx, args.backend, seed=ctx,
                          max_pages=args.max_pages, vocab=params.cfg.vocab_size)
-    distinct = count_distinct_experts(params, state, batch)
+    distinct = count_distinct_experts(params, chain, batch)
     return {"ctx": ctx, **step_floor(params, distinct, args.gen_requests, ctx, ceil)}
 
 
@@ -286,8 +293,10 @@ def run(args) -> dict:
         * pages_per_seq + 2
     state = mf.init_state(cfg, num_pages, args.page_size, device="cuda", dtype=torch.bfloat16)
     state.cache.normal_()
+    chain = StateChain(state)  # each step consumes the state: the chain passes it on
+    del state
     if "decode" in args.parts:
-        rows = bench_decode(params, state, ceil, args)
+        rows = bench_decode(params, chain, ceil, args)
         for r in rows:
             hf = [h for h in result.get("hf", []) if h["batch"] == r["batch"]
                   and h["ctx"] == r["ctx"]]
@@ -296,10 +305,10 @@ def run(args) -> dict:
         result["decode"] = rows
         plot(rows, out / "decode_step.png", gpu)
     if "prefill" in args.parts:
-        result["prefill"] = bench_prefill(params, state, args)
+        result["prefill"] = bench_prefill(params, chain, args)
     if generate:  # measured here: the engine below allocates its own cache
-        gen_floor = generate_floor(params, state, ceil, args)
-    del state
+        gen_floor = generate_floor(params, chain, ceil, args)
+    del chain
     gc.collect()
     torch.cuda.empty_cache()
     if generate:

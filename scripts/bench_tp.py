@@ -28,6 +28,7 @@ from mla_func.parallel.group import init_from_env
 from mla_func.parallel.shard import shard_params
 from scripts.bench_args import tp as tp_options
 from scripts.bench_common import (
+    StateChain,
     capture_graph,
     cuda_time_ms,
     measure_ceilings,
@@ -82,17 +83,18 @@ def bench_model(cfg, params, args, ceil, label: str, one_shot: bool = True
                         kernels=kernels, progress=False)
     capture = {"what": label, "capture_s": step.report["capture_seconds"],
                "pool_gib": step.report["graph_pool_bytes"] / 2**30}
+    chain = StateChain(state)  # each step consumes the state: the chain passes it on
     rows = []
     for b in args.batches:
-        batch = decode_batch(state, b, args.ctx, "triton", seed=b, max_pages=pages_each,
+        batch = decode_batch(chain.state, b, args.ctx, "triton", seed=b, max_pages=pages_each,
                              vocab=cfg.vocab_size, kernels=kernels)
-        distinct = count_distinct_experts(params, state, batch)
+        distinct = count_distinct_experts(params, chain, batch)
         floor = step_floor(params, distinct, b, args.ctx, ceil)
         rows.append({"what": label, "batch": b, "ctx": args.ctx,
                      "floor_ms": floor["floor_ms"],
-                     "full_ms": cuda_time_ms(lambda bb=batch, f=step, s=state: f(s, bb)),
-                     "full_pipelined_ms": pipelined_ms(lambda bb=batch, f=step, s=state: f(s, bb))})
-    del step, state
+                     "full_ms": cuda_time_ms(lambda bb=batch, f=step, c=chain: c(f, bb)),
+                     "full_pipelined_ms": pipelined_ms(lambda bb=batch, f=step, c=chain: c(f, bb))})
+    del step, state, chain
     torch.cuda.empty_cache()
     return rows, capture
 

@@ -57,7 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():  # before any work (ceilings, 30 GB of weights)
         raise SystemExit("profile_step needs a CUDA GPU; none is available")
     import mla_func as mf
-    from scripts.bench_common import cuda_time_ms, graph_time_ms, measure_ceilings, print_table
+    from scripts.bench_common import (
+        StateChain,
+        cuda_time_ms,
+        graph_time_ms,
+        measure_ceilings,
+        print_table,
+    )
     from scripts.bench_step import count_distinct_experts, decode_batch, step_floor
 
     ceil = measure_ceilings()
@@ -66,22 +72,27 @@ def main(argv: list[str] | None = None) -> int:
     pages = max(args.batch) * math.ceil((args.ctx + 1) / args.page_size) + 2
     state = mf.init_state(cfg, pages, args.page_size, device="cuda", dtype=torch.bfloat16)
     state.cache.normal_()
+    chain = StateChain(state)  # each step consumes the state: the chain passes it on
+
+    def step(batch):
+        return chain(lambda s, b: mf.forward(params, s, b), batch)
+
     summary = []
     for bsz in args.batch:
-        batch = decode_batch(state, bsz, args.ctx, args.backend, seed=bsz)
-        floor = step_floor(params, count_distinct_experts(params, state, batch), bsz, args.ctx,
+        batch = decode_batch(chain.state, bsz, args.ctx, args.backend, seed=bsz)
+        floor = step_floor(params, count_distinct_experts(params, chain, batch), bsz, args.ctx,
                            ceil)
-        eager = cuda_time_ms(lambda b=batch: mf.forward(params, state, b))
-        graph = graph_time_ms(lambda b=batch: mf.forward(params, state, b))
+        eager = cuda_time_ms(lambda b=batch: step(b))
+        graph = graph_time_ms(lambda b=batch: step(b))
         summary.append({"batch": bsz, "ctx": args.ctx, "floor_ms": floor["floor_ms"],
                         "eager_ms": eager, "graph_ms": graph,
                         "graph_over_floor": graph / floor["floor_ms"]})
-        print_table(profile(lambda b=batch: mf.forward(params, state, b)),
+        print_table(profile(lambda b=batch: step(b)),
                     ["kernel", "count", "us"], f"B={bsz} ctx={args.ctx} kernels (eager, one step)")
         if args.graph:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                mf.forward(params, state, batch)
+                step(batch)
             print_table(profile(graph.replay), ["kernel", "count", "us"],
                         f"B={bsz} ctx={args.ctx} kernels (one whole-step graph replay)")
     print_table(summary, list(summary[0]), f"decode step, {torch.cuda.get_device_name()}")

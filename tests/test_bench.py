@@ -279,13 +279,16 @@ def test_distinct_experts_counts_every_moe_layer():
     import mla_func as mf
     from mla_func.params import MoE
     from mla_func.state import init_state
+    from scripts.bench_common import StateChain
     from scripts.bench_step import count_distinct_experts
 
     cfg = mf.MLAConfig.preset("tiny")
     params = mf.init_params(cfg, seed=0)
     state = init_state(cfg, num_pages=8, page_size=4)
     batch = mf.make_batch([mf.SeqWork([3, 4, 5], 0, [1])], 4, 4)
-    seen = count_distinct_experts(params, state, batch)
+    chain = StateChain(state)
+    seen = count_distinct_experts(params, chain, batch)
+    assert chain.state is not state and chain.state.cache is state.cache  # passed on
     assert len(seen) == sum(isinstance(layer.mlp, MoE) for layer in params.layers) > 0
     assert all(1 <= n <= cfg.n_routed_experts for n in seen)
 
@@ -296,6 +299,7 @@ def test_generate_floor_is_one_step_of_every_request_at_the_mean_context():
 
     import mla_func as mf
     from mla_func.state import init_state
+    from scripts.bench_common import StateChain
     from scripts.bench_step import generate_floor
 
     cfg = mf.MLAConfig.preset("tiny")
@@ -303,7 +307,7 @@ def test_generate_floor_is_one_step_of_every_request_at_the_mean_context():
     state = init_state(cfg, num_pages=32, page_size=4)
     args = Namespace(gen_prompt=9, gen_new=6, gen_requests=3, backend="torch", max_pages=4)
     ceil = {"copy_gbs": 1.0, "matmul_tflops": 1e-3}
-    got = generate_floor(params, state, ceil, args)
+    got = generate_floor(params, StateChain(state), ceil, args)
     assert got["ctx"] == 12
     kv = 3 * 13 * cfg.latent_dim * cfg.num_hidden_layers * params.embed.element_size()
     assert got["bytes_gb"] * 1e9 > kv + params.lm_head.numel() * params.embed.element_size()

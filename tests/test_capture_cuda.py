@@ -9,6 +9,7 @@ not bitwise. Eager fallback (beyond the captured ranges) must be bitwise equal.
 """
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -31,16 +32,19 @@ def setup():
     state.cache.normal_()  # stale values everywhere: padded rows must not read live pages
     step = compile_step(params, state, mode="full_and_piecewise", max_tokens=64, max_seqs=16,
                         max_pages=MAX_PAGES, progress=False)
-    return cfg, params, state, step
+    return cfg, params, SimpleNamespace(state=state), step  # the live state: each step's
 
 
-def _check(params, state, step, work, kind, backend="torch"):
+def _check(params, live, step, work, kind, backend="torch"):
+    """One step of `work` against eager on a copy of the cache; `live.state`: the state the
+    step consumes, replaced by the one it returns."""
+    state = live.state
     batch = mf.make_batch(work, PAGE, MAX_PAGES, device="cuda", backend=backend)
     assert step.choose(step._merge((state, batch)))[0] == kind
     twin = dataclasses.replace(state, cache=state.cache.clone())
     want, _ = mf.forward(params, twin, batch)
-    got, out_state = step(state, batch)
-    assert out_state is state
+    got, live.state = step(state, batch)
+    assert live.state is not state and live.state.cache is state.cache
     if kind == "eager":
         # The same function on the same batch: bitwise.
         assert torch.equal(got, want) and torch.equal(state.cache[:, 1:], twin.cache[:, 1:])
@@ -57,41 +61,42 @@ def _pages(n_seqs, length, first=1):
 
 
 def test_every_piecewise_bucket(setup):
-    cfg, params, state, step = setup
+    cfg, params, live, step = setup
     for size in step.plan.buckets["piecewise"]:
         for tokens in sorted({size, max(1, size - 1)}):
             pages = _pages(1, tokens)
             ids = torch.randint(cfg.vocab_size, (tokens,)).tolist()
-            _check(params, state, step, [mf.SeqWork(ids, 0, pages[0])], "piecewise")
+            _check(params, live, step, [mf.SeqWork(ids, 0, pages[0])], "piecewise")
 
 
 def test_every_full_bucket(setup):
-    cfg, params, state, step = setup
+    cfg, params, live, step = setup
     for size in step.plan.buckets["full"]:
         for seqs in sorted({size, max(1, size - 1)}):
             pages = _pages(seqs, 9)
             work = [mf.SeqWork([int(torch.randint(cfg.vocab_size, ()))], 8, p) for p in pages]
-            _check(params, state, step, work, "full")
+            _check(params, live, step, work, "full")
 
 
 def test_mixed_batch_and_above_largest_bucket(setup):
-    cfg, params, state, step = setup
+    cfg, params, live, step = setup
     pages = _pages(4, 40)
     mixed = [mf.SeqWork([1], 11, pages[0]), mf.SeqWork([2], 30, pages[1]),
              mf.SeqWork(list(range(9)), 5, pages[2]), mf.SeqWork(list(range(17)), 0, pages[3])]
-    _check(params, state, step, mixed, "piecewise")
+    _check(params, live, step, mixed, "piecewise")
     big = [mf.SeqWork(list(range(40)), 0, pages[0]), mf.SeqWork(list(range(30)), 0, pages[1])]
-    _check(params, state, step, big, "eager")  # 70 tokens > 64
+    _check(params, live, step, big, "eager")  # 70 tokens > 64
     many = [mf.SeqWork([3], 2, p) for p in _pages(20, 3, first=100)]
-    _check(params, state, step, many, "eager")  # 20 sequences > max_seqs 16: no graph holds them
+    _check(params, live, step, many, "eager")  # 20 sequences > max_seqs 16: no graph holds them
     fewer = [mf.SeqWork([3], 2, p) for p in _pages(12, 3, first=100)]
     fewer.append(mf.SeqWork(list(range(9)), 0, _pages(1, 9, first=200)[0]))
-    _check(params, state, step, fewer, "piecewise")  # 21 tokens, 13 sequences: piecewise
+    _check(params, live, step, fewer, "piecewise")  # 21 tokens, 13 sequences: piecewise
 
 
 def test_decode_loop_reuses_state(setup):
     """Repeated replays with growing sequence lengths, new pages, changing batch sizes."""
-    cfg, params, state, step = setup
+    cfg, params, live, step = setup
+    state = live.state
     twin = dataclasses.replace(state, cache=state.cache.clone())
     lens, caps = [5, 9, 2], [30, 20, 40]  # seq 1 stops early: the batch shrinks
     pages = _pages(3, 64, first=120)
@@ -103,15 +108,16 @@ def test_decode_loop_reuses_state(setup):
             for i in alive:
                 lens[i] += 1
         batch = mf.make_batch(work, PAGE, MAX_PAGES, device="cuda")
-        want, _ = mf.forward(params, twin, batch)
-        got, _ = step(state, batch)
+        want, twin = mf.forward(params, twin, batch)
+        got, state = step(state, batch)
         torch.testing.assert_close(got, want, **TOL)
+    live.state = state
     torch.testing.assert_close(state.cache[:, 1:], twin.cache[:, 1:], **TOL)
     assert step.counts["full"] > 10 and step.counts["piecewise"] >= 1
 
 
 def test_capture_report_and_bound_state(setup):
-    cfg, params, state, step = setup
+    cfg, params, live, step = setup
     report = step.report
     assert report["graphs"] == (len(step.plan.buckets["piecewise"]) * len(step.plan.segments)
                                 + len(step.plan.buckets["full"]))
@@ -144,32 +150,32 @@ def mode_setup(request):
     state.cache.normal_()
     step = compile_step(params, state, mode=mode, max_tokens=16, max_seqs=8,
                         max_pages=MAX_PAGES, backend=backend, progress=False)
-    return cfg, params, state, step, mode, backend
+    return cfg, params, SimpleNamespace(state=state), step, mode, backend
 
 
 def test_every_bucket_of_each_mode_and_backend(mode_setup):
     """Every bucket of the mode's graphs against eager; what the mode leaves out runs eagerly
     (a prefill in `full`, a decode past the full range), bitwise equal."""
-    cfg, params, state, step, mode, backend = mode_setup
+    cfg, params, live, step, mode, backend = mode_setup
     g = torch.Generator().manual_seed(7)
     has_piecewise, has_full = mode != "full", mode != "piecewise"
     assert bool(step.piecewise) == has_piecewise and bool(step.full) == has_full
     for size in step.plan.buckets["piecewise"] if has_piecewise else ():
         for tokens in sorted({size, max(1, size - 1)}):
             ids = torch.randint(cfg.vocab_size, (tokens,), generator=g).tolist()
-            _check(params, state, step, [mf.SeqWork(ids, 0, _pages(1, tokens)[0])],
+            _check(params, live, step, [mf.SeqWork(ids, 0, _pages(1, tokens)[0])],
                    "piecewise", backend)
     for size in step.plan.buckets["full"] if has_full else ():
         for seqs in sorted({size, max(1, size - 1)}):
             work = [mf.SeqWork([int(torch.randint(cfg.vocab_size, (), generator=g))], 8, p)
                     for p in _pages(seqs, 9)]
-            _check(params, state, step, work, "full", backend)
+            _check(params, live, step, work, "full", backend)
     decode = [mf.SeqWork([5], 8, p) for p in _pages(4, 9)]
-    _check(params, state, step, decode, "full" if has_full else "piecewise", backend)
+    _check(params, live, step, decode, "full" if has_full else "piecewise", backend)
     prompt = [mf.SeqWork(list(range(6)), 0, _pages(1, 6, first=150)[0])]
-    _check(params, state, step, prompt, "piecewise" if has_piecewise else "eager", backend)
+    _check(params, live, step, prompt, "piecewise" if has_piecewise else "eager", backend)
     big = [mf.SeqWork(list(range(20)), 0, _pages(1, 20, first=160)[0])]
-    _check(params, state, step, big, "eager", backend)  # 20 tokens > 16
+    _check(params, live, step, big, "eager", backend)  # 20 tokens > 16
 
 
 @pytest.mark.parametrize("max_tokens, max_seqs", [(16, 1), (2, 2)])
@@ -184,13 +190,14 @@ def test_smallest_ranges_capture(max_tokens, max_seqs):
     state.cache.normal_()
     step = compile_step(params, state, mode="full_and_piecewise", max_tokens=max_tokens,
                         max_seqs=max_seqs, max_pages=MAX_PAGES, progress=False)
+    live = SimpleNamespace(state=state)
     for size in step.plan.buckets["piecewise"]:
-        _check(params, state, step,
+        _check(params, live, step,
                [mf.SeqWork(list(range(3, 3 + size)), 0, _pages(1, size, first=180)[0])],
                "piecewise")
     for size in step.plan.buckets["full"]:
         work = [mf.SeqWork([4], 8, p) for p in _pages(size, 9, first=190)]
-        _check(params, state, step, work, "full")
+        _check(params, live, step, work, "full")
 
 
 def test_non_leading_dynamic_axis_graph():

@@ -1,6 +1,7 @@
 """CPU tests of the capture compiler: dim table, tracing errors, split, emulated dispatch."""
 
 from dataclasses import dataclass, field
+from typing import Annotated
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import mla_func as mf
 from mla_func.capture import CaptureError, SignatureError, plan_capture
 from mla_func.capture.artifacts import plan_json
 from mla_func.dims import TOKENS_MAX_CAPTURED, DimSpec
+from mla_func.donation import Donated
 
 VOCAB = {
     "tokens": DimSpec("tokens", "dynamic", "", 64, "bounded"),
@@ -168,7 +170,8 @@ class Acc:
     buf: Float[Tensor, " 1"]
 
 
-def f_split(a: Acc, b: WithHost) -> tuple[Float[Tensor, "tokens hidden"], Acc]:
+def f_split(a: Annotated[Acc, Donated], b: WithHost
+            ) -> tuple[Float[Tensor, "tokens hidden"], Acc]:
     h = b.x.relu()
     h = accumulate(h, a.buf, b.host) + 1
     h = accumulate(h.tanh(), a.buf, b.host)
@@ -316,8 +319,9 @@ def test_emulated_dispatch_matches_eager():
         batch = mf.make_batch(work, 4, 8)
         assert step.choose(step._merge((state, batch)))[0] == kind
         logits, out_state = step(state, batch)
-        want, _ = mf.forward(params, ref, batch)
-        assert out_state is state
+        want, ref = mf.forward(params, ref, batch)
+        assert out_state is not state and out_state.cache is state.cache  # a new handle
+        state = out_state
         torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
         # Live pages equal; padded rows touched only the scratch page 0.
         torch.testing.assert_close(state.cache[:, 1:], ref.cache[:, 1:], rtol=1e-5, atol=1e-5)
@@ -352,7 +356,7 @@ def test_dispatch_copy_plans_repad_and_stay_bounded(monkeypatch):
         batch = mf.make_batch(work, 4, 4)
         assert step.choose(step._merge((state, batch))) == ("piecewise", 8)
         shapes_before = dict(step.real_shapes)
-        logits, _ = step(state, batch)
+        logits, state = step(state, batch)
         want, _ = mf.forward(params, ref, mf.make_batch(work, 4, 4))
         torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
         assert 1 <= len(step.fill_plans) <= 2
@@ -583,11 +587,10 @@ def test_full_graphs_stay_within_max_tokens():
     ref = mf.init_state(cfg, num_pages=32, page_size=4)
     g = torch.Generator().manual_seed(5)
     pages = [state.allocator.reserve(i, 3) for i in range(4)]
-    for s in (state, ref):  # the same prompts in both caches, eagerly
-        prompt = [mf.SeqWork(torch.randint(0, cfg.vocab_size, (2,), generator=g).tolist(), 0,
-                             p) for p in pages]
-        g = torch.Generator().manual_seed(5)
-        mf.forward(params, s, mf.make_batch(prompt, 4, 4))
+    prompt = [mf.SeqWork(torch.randint(0, cfg.vocab_size, (2,), generator=g).tolist(), 0, p)
+              for p in pages]
+    _, state = mf.forward(params, state, mf.make_batch(prompt, 4, 4))  # the same prompts in
+    _, ref = mf.forward(params, ref, mf.make_batch(prompt, 4, 4))  # both caches, eagerly
     batch = mf.make_batch([mf.SeqWork([7 + i], 2, p) for i, p in enumerate(pages)], 4, 4)
     assert step.choose(step._merge((state, batch))) == ("full", 4)
     logits, _ = step(state, batch)
@@ -621,7 +624,7 @@ def test_smallest_ranges_compile_and_match_eager(max_tokens, max_seqs):
     for work, kind in steps:
         batch = mf.make_batch(work, 4, 4)
         assert step.choose(step._merge((state, batch)))[0] == kind, work
-        logits, _ = step(state, batch)
-        want, _ = mf.forward(params, ref, batch)
+        logits, state = step(state, batch)
+        want, ref = mf.forward(params, ref, batch)
         torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(state.cache[:, 1:], ref.cache[:, 1:], rtol=1e-5, atol=1e-5)

@@ -109,10 +109,10 @@ def test_the_model_gives_the_same_bits_through_the_dispatcher_or_not(monkeypatch
         opts = KernelOptions(fused=True, eager_direct=direct)
         state = mf.init_state(cfg, num_pages=16, page_size=4)
         pages = state.allocator.reserve(0, 10)
-        first, _ = mf.forward(params, state, mf.make_batch(
+        first, state = mf.forward(params, state, mf.make_batch(
             [mf.SeqWork(prompt.tolist(), 0, pages)], 4, 4, kernels=opts))
-        then, _ = mf.forward(params, state, mf.make_batch([mf.SeqWork([7], 9, pages)], 4, 4,
-                                                          kernels=opts))
+        then, state = mf.forward(params, state, mf.make_batch([mf.SeqWork([7], 9, pages)], 4,
+                                                              4, kernels=opts))
         outs.append((first, then, state.cache.clone()))
         assert bool(calls) == (not direct), calls
         calls.clear()

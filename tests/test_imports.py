@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 
 # The capture compiler's stages in order: each may import only stages before it.
-CAPTURE_LINE = ("signature", "trace", "split", "validate", "plan", "capture", "dispatch",
-                "compile", "artifacts")
+CAPTURE_LINE = ("signature", "trace", "split", "purity", "validate", "plan", "segments",
+                "capture", "dispatch", "compile", "artifacts", "interop")
 # Utilities any stage may import; they import no stage.
 CAPTURE_LEAVES = ("buckets", "errors", "tree")
 

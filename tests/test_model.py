@@ -38,7 +38,7 @@ def test_mixed_batch_rows_equal_separate_runs(tiny):
     a, b = _prompt(9, 1), _prompt(4, 2)
     state = mf.init_state(cfg, num_pages=32, page_size=4)
     pa, pb = state.allocator.reserve(0, 10), state.allocator.reserve(1, 4)
-    mf.forward(params, state, mf.make_batch([mf.SeqWork(a, 0, pa)], 4, 8))
+    _, state = mf.forward(params, state, mf.make_batch([mf.SeqWork(a, 0, pa)], 4, 8))
     # a decodes while b prefills, in one step.
     mixed = mf.make_batch([mf.SeqWork([7], 9, pa), mf.SeqWork(b, 0, pb)], 4, 8)
     assert mixed.num_decodes == 1 and not mixed.is_pure_decode
@@ -106,8 +106,8 @@ def _decode_after(cfg, params, prompt, kernels=None):
     """The logits of one decode row (token 9) after `prompt`'s prefill, on a fresh cache."""
     state = mf.init_state(cfg, num_pages=16, page_size=4)
     pages = state.allocator.reserve(0, len(prompt) + 1)
-    mf.forward(params, state, mf.make_batch([mf.SeqWork(prompt, 0, pages)], 4, 4,
-                                            kernels=kernels))
+    _, state = mf.forward(params, state, mf.make_batch([mf.SeqWork(prompt, 0, pages)], 4, 4,
+                                                       kernels=kernels))
     batch = mf.make_batch([mf.SeqWork([9], len(prompt), pages)], 4, 4, kernels=kernels)
     return mf.forward(params, state, batch)[0]
 

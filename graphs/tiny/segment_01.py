@@ -22,7 +22,7 @@ Outputs:
 import torch
 
 def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9):
-    # mla_func/model.py:75 in layer_step: h, x = K.project_add_norm(o.flatten(1, 2), attn.o_proj, h,
+    # mla_func/model.py:78 in layer_step: h, x = K.project_add_norm(o.flatten(1, 2), attn.o_proj, h,
     view_default = torch.ops.aten.view.default(in_0, [in_1, 64])
     # mla_func/kernel_ops.py:104 in project_add_norm: w = dense(w, o.dtype).flatten(1)
     view_default_1 = torch.ops.aten.view.default(in_2, [64, 64])
@@ -49,13 +49,13 @@ def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9):
     getitem_5 = add_rmsnorm_default[1]
     # mla_func/kernel_ops.py:121 in norm_linear: return _call(fused_norm_linear.norm_linear, opts)(x, h, weight, eps, w)
     norm_linear_default = torch.ops.mla_func.norm_linear.default(getitem_5, getitem_4, in_8, 1e-06, in_9)
-    # mla_func/model.py:44 in project_qkv_a: q, kv = qkv.split((qkv.shape[1] - cfg.latent_dim, cfg.latent_dim), dim=1)
+    # mla_func/model.py:47 in project_qkv_a: q, kv = qkv.split((qkv.shape[1] - cfg.latent_dim, cfg.latent_dim), dim=1)
     split_with_sizes_default = torch.ops.aten.split_with_sizes.default(norm_linear_default, [96, 40], 1)
     getitem_6 = split_with_sizes_default[0]
     getitem_7 = split_with_sizes_default[1]
-    # mla_func/model.py:47 in project_qkv_a: return q.unflatten(-1, (-1, cfg.qk_head_dim)), kv  # this rank's heads
+    # mla_func/model.py:50 in project_qkv_a: return q.unflatten(-1, (-1, cfg.qk_head_dim)), kv  # this rank's heads
     view_default_3 = torch.ops.aten.view.default(getitem_6, [in_1, 4, 24])
-    # mla_func/model.py:73 in layer_step: o = attend(q[..., :nope], q[..., nope:], kv, state.cache, i,
+    # mla_func/model.py:76 in layer_step: o = attend(q[..., :nope], q[..., nope:], kv, state.cache, i,
     slice_tensor = torch.ops.aten.slice.Tensor(view_default_3, 2, 0, 16)
     slice_tensor_1 = torch.ops.aten.slice.Tensor(view_default_3, 2, 16, 9223372036854775807)
     return (getitem_4, getitem_7, slice_tensor, slice_tensor_1)

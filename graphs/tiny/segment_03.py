@@ -21,7 +21,7 @@ Outputs:
 import torch
 
 def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in_10, in_11):
-    # mla_func/model.py:75 in layer_step: h, x = K.project_add_norm(o.flatten(1, 2), attn.o_proj, h,
+    # mla_func/model.py:78 in layer_step: h, x = K.project_add_norm(o.flatten(1, 2), attn.o_proj, h,
     view_default = torch.ops.aten.view.default(in_0, [in_1, 64])
     # mla_func/kernel_ops.py:104 in project_add_norm: w = dense(w, o.dtype).flatten(1)
     view_default_1 = torch.ops.aten.view.default(in_2, [64, 64])

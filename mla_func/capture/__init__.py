@@ -14,8 +14,10 @@ Its modules form one line, each importing only those before it: signature (dim t
 trace (make_fx symbolic) -> split -> validate -> plan (plan_capture; the plan's sizes at a
 bucket, the leaves of call arguments) -> capture (CUDA graphs) -> dispatch (CompiledStep) ->
 compile (compile_plan, wiring capture and dispatch). artifacts (plan.json, segments) consumes
-a plan and nothing in the line imports it. buckets, errors and tree (flattening dataclasses)
-are utilities any of them may import. This package face re-exports the public names.
+a plan and nothing in the line imports it; interop (the dim table as torch.export Dims and
+dynamo marks: `export`, `mark_dynamic`) consumes a signature. buckets, errors and tree
+(flattening dataclasses) are utilities any of them may import. This package face re-exports
+the public names.
 """
 
 from mla_func.capture.artifacts import save_plan

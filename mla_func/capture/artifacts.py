@@ -125,6 +125,7 @@ def plan_json(plan: CapturePlan) -> dict:
         "leaves": {leaf.path: " ".join(leaf.dims) for leaf in sig.leaves},
         "padding": {leaf.path: leaf.pad for leaf in sig.leaves if leaf.dynamic},
         "host_leaves": [leaf.path for leaf in sig.leaves if leaf.host],
+        "donated": [sig.arg_names[i] for i in sig.donated],
         "shape_assumptions": list(plan.traced.assumptions),
         "splitting_ops": [
             {"index": op.index, "op": op.name, "after_segment": op.index,

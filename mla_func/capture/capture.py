@@ -237,7 +237,10 @@ def release_after(plan: CapturePlan) -> dict[fx.Node, int]:
 
 def capture_piecewise(plan: CapturePlan, leaves: Sequence[torch.Tensor], buf: Buffers,
                       pool: Any, sizes: Sequence[int], warmups: int, progress: Progress,
-                      emulate: bool = False) -> dict[int, PiecewiseBucket]:
+                      emulate: bool = False,
+                      runners: Sequence[Callable[..., Any]] | None = None
+                      ) -> dict[int, PiecewiseBucket]:
+    """`runners`: what runs each segment (`segments.segment_runners`; default its module)."""
     needed = {a for op in plan.ops for a in op.node.all_input_nodes}
     needed |= set(plan.output_node().all_input_nodes)
     last_read = release_after(plan)
@@ -253,7 +256,8 @@ def capture_piecewise(plan: CapturePlan, leaves: Sequence[torch.Tensor], buf: Bu
                 continue
             inputs = segment_inputs(plan, seg.index, size, leaves, buf, produced)
             try:
-                g, outs = run_captured(seg.module, inputs, pool, warmups, emulate)
+                run = seg.module if runners is None else runners[seg.index]
+                g, outs = run_captured(run, inputs, pool, warmups, emulate)
             except Exception as exc:
                 raise CaptureError(f"capturing segment {seg.index} (segment_"
                                    f"{plan.distinct[seg.index]:02d}.py) at bucket {size} failed: "

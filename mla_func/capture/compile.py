@@ -1,7 +1,8 @@
 """`compile_plan`: a plan + real arguments -> a `CompiledStep` (captures on CUDA).
 
 Modes (vLLM's names): `eager` (no graphs), `piecewise` (segment graphs over the piecewise
-buckets, splitting ops eager), `full` (whole-function graphs over the full buckets for the steps
+buckets, splitting ops eager; each segment as traced, or compiled by Inductor first:
+`segments`), `full` (whole-function graphs over the full buckets for the steps
 `full_when` accepts, eager otherwise), `full_and_piecewise` (both). Full graphs need every
 splitting op to declare at least `full_level` graph support; otherwise the mode is downgraded to
 `piecewise` and the reason is warned, logged and kept on the step (`step.downgrade`).
@@ -30,6 +31,7 @@ from mla_func.capture.plan import (
     CapturePlan,
     leaves_of,
 )
+from mla_func.capture.segments import segment_runners
 
 log = logging.getLogger("mla_func.capture")
 
@@ -70,12 +72,17 @@ def compile_plan(
     warmups: int = 1,
     progress: bool = True,
     emulate: bool = False,
+    segments: str = "plain",
 ) -> CompiledStep:
-    """Capture `fn` over `args` (the arguments at `bound` are fixed; the step takes the rest).
+    """Capture `fn` over `args` (the arguments at `bound` are fixed; the step takes the rest;
+    a donating `fn` is captured as the function it wraps, its donation enforced per call).
     full_when(*all_args) -> bool: may this call use a full graph; full_example(size) -> the
     non-bound arguments of a capture-time call whose dynamic dims all equal `size`.
-    emulate: run the whole capture/dispatch machinery without CUDA graphs (CPU tests)."""
+    emulate: run the whole capture/dispatch machinery without CUDA graphs (CPU tests).
+    segments: what runs each piecewise segment, "plain" (its traced module) or "inductor"
+    (compiled by Inductor before capture: `segments.py`)."""
     effective, downgrade = resolve_mode(plan, mode, full_level)
+    runners = segment_runners(plan, segments)  # refuses an unknown kind before any work
     step = CompiledStep(fn, plan, effective, mode, {i: args[i] for i in bound},
                         downgrade=downgrade, full_when=full_when)
     if mode == "eager":
@@ -116,13 +123,14 @@ def compile_plan(
     with frozen_gc(), torch.no_grad():
         if use_piecewise:
             step.piecewise = capture_piecewise(plan, leaves, step.buffers, pool,
-                                               sizes["piecewise"], warmups, bar, emulate)
+                                               sizes["piecewise"], warmups, bar, emulate,
+                                               runners)
         if use_full:
-            step.full = capture_full(plan, fn, step.bound, leaves, step.buffers, pool,
+            step.full = capture_full(plan, step.fn, step.bound, leaves, step.buffers, pool,
                                      sizes["full"], full_example, warmups, bar, emulate)
     sync()
     step.report = {
-        "mode": effective, "requested_mode": mode, "downgrade": downgrade,
+        "mode": effective, "requested_mode": mode, "downgrade": downgrade, "segments": segments,
         "capture_seconds": round(time.perf_counter() - start, 3),
         "graph_pool_bytes": reserved() - before,
         "static_buffer_bytes": sum(b.numel() * b.element_size() for b in

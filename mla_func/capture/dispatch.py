@@ -16,8 +16,14 @@ A compiled step is bound to the tensors its graphs read by address: the bound ar
 Calling it with other such tensors raises `BindingError`. Outputs are copied out of the graph
 pool (their memory is reused by the next replay); a splitting op's result that only the
 function's output reads (no buffer, no copy) is returned as the op made it.
+
+Donated arguments (`mla_func.donation`) are enforced around every call, whatever runs it: an
+argument a call consumed raises `ConsumedError`, and the call hands back a new handle in its
+place. The step runs the function itself (`donation.pure`), never a donating wrapper of it.
+`run` (benchmarks forcing a kind) leaves donation to its caller.
 """
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +36,7 @@ from mla_func.capture.capture import Buffers, FullBucket, PiecewiseBucket, narro
 from mla_func.capture.errors import BindingError
 from mla_func.capture.plan import CapturePlan, bind_leaves, leaves_of, sizes_at
 from mla_func.capture.tree import unflatten
+from mla_func.donation import check_live, consume, donated_params, pure
 
 MODES = ("eager", "piecewise", "full", "full_and_piecewise")
 # `_fill`'s copy plans kept per step (one per bucket and input shapes; cleared when full).
@@ -63,9 +70,23 @@ class CompiledStep:
     real_shapes: dict[tuple, list[int]] = field(default_factory=dict, repr=False)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("eager", "piecewise", "full"), 0))
+    # The donated arguments' positions among all arguments, and the parameters' names.
+    donated: tuple[int, ...] = field(default=(), init=False)
+    names: list[str] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.donated = donated_params(self.fn)
+        self.fn = pure(self.fn)
+        self.names = list(inspect.signature(self.fn).parameters)
 
     def __call__(self, *args: Any) -> Any:
         full_args = self._merge(args)
+        donated = [full_args[i] for i in self.donated]
+        for i, obj in zip(self.donated, donated, strict=True):
+            check_live(obj, self.names[i])
+        return consume(self._call(full_args), donated)
+
+    def _call(self, full_args: list[Any]) -> Any:
         if self.mode == "eager":
             self.counts["eager"] += 1
             return self.fn(*full_args)

@@ -30,6 +30,7 @@ from mla_func.capture.split import (
 from mla_func.capture.trace import Traced, trace
 from mla_func.capture.tree import TreeDef
 from mla_func.capture.validate import validate
+from mla_func.donation import pure
 
 # vLLM's graph-support levels, generic: how much of a splitting op a CUDA graph may hold.
 NEVER, UNIFORM_SINGLE_TOKEN_DECODE, UNIFORM_BATCH, ALWAYS = 0, 1, 2, 3
@@ -92,15 +93,20 @@ def sizes_at(plan: CapturePlan, size: int) -> dict[str, int]:
     return {n: min(size, dims[n].max_size or size) for n in plan.traced.symbols}
 
 
-def bind_leaves(td: TreeDef, obj: Any, out: list[torch.Tensor], path: str) -> None:
+def bind_leaves(td: TreeDef, obj: Any, out: list[torch.Tensor], path: str,
+                identity: bool = True) -> None:
     """Collect `obj`'s tensor leaves in `td`'s order; BindingError naming the first field
-    whose structure or static value differs from the traced one."""
+    whose structure or static value differs from the traced one. `identity`: a static object
+    without value equality (an allocator) must be the traced one itself; else one of its
+    type will do (a program that baked in no such object)."""
     if td.kind == "leaf":
         if not isinstance(obj, torch.Tensor):
             raise BindingError(f"`{path}` is not a tensor")
         out.append(obj)
     elif td.kind == "const":
-        if not (obj is td.obj or (type(obj) is type(td.obj) and obj == td.obj)):
+        same_type = type(obj) is type(td.obj)
+        by_type = same_type and not identity and type(obj).__eq__ is object.__eq__
+        if not (obj is td.obj or by_type or (same_type and obj == td.obj)):
             raise BindingError(
                 f"static field `{path}` differs from the traced one ({obj!r}): a compiled "
                 "step is bound to one state and to the static fields it was traced with")
@@ -108,13 +114,13 @@ def bind_leaves(td: TreeDef, obj: Any, out: list[torch.Tensor], path: str) -> No
         if not isinstance(obj, (tuple, list)) or len(obj) != len(td.children):
             raise BindingError(f"`{path}` differs in structure from the traced one")
         for (name, c), item in zip(td.children, obj, strict=True):
-            bind_leaves(c, item, out, f"{path}.{name}")
+            bind_leaves(c, item, out, f"{path}.{name}", identity)
     else:
         if type(obj) is not type(td.obj):
             raise BindingError(f"`{path}` is a {type(obj).__name__}, traced with "
                                f"{type(td.obj).__name__}")
         for name, c in td.children:
-            bind_leaves(c, getattr(obj, name), out, f"{path}.{name}")
+            bind_leaves(c, getattr(obj, name), out, f"{path}.{name}", identity)
 
 
 def leaves_of(plan: CapturePlan, args: Sequence[Any],
@@ -169,7 +175,7 @@ def plan_capture(
     sig = analyze(fn, example_args, dims, max_sizes)
     if not sig.dynamic:
         raise CaptureError("no dynamic dims in the signature: nothing to bucket")
-    traced = trace(fn, sig, example_args)
+    traced = trace(pure(fn), sig, example_args)  # donation is enforced around the graphs
     if splitting_ops is None:
         splitting_ops = dict.fromkeys(default_splitting_ops(traced.gm))
     elif not isinstance(splitting_ops, Mapping):

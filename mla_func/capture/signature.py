@@ -5,7 +5,9 @@ its name from the annotation and its kind from the vocabulary (static / capacity
 example's size, per dataclass instance as jaxtyping binds them; dynamic: a range 1..max and a
 bucket policy, one size across all arguments). Unknown names, conflicting bindings, unnamed
 axes: a `SignatureError` naming the argument path and the axis. No axis is assumed to be "the
-token axis": dynamic axes are found wherever the annotation puts them.
+token axis": dynamic axes are found wherever the annotation puts them. Arguments annotated
+`Annotated[..., Donated]` (`mla_func.donation`) are donated: the function may write their
+tensors in place (`purity`), and a compiled step consumes them per call.
 """
 
 import functools
@@ -19,6 +21,7 @@ import torch
 
 from mla_func.capture.errors import SignatureError
 from mla_func.capture.tree import TreeDef, flatten
+from mla_func.donation import donated_params
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class LeafSpec:
     dynamic: tuple[tuple[int, str], ...]  # (axis, dim name) of each dynamic axis
     pad: Any  # field metadata "pad": the value of padded rows
     host: bool  # field metadata "host": never padded, always passed live
+    donated: bool = False  # a leaf of a donated argument: the function may write it
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class Signature:
     treedefs: tuple[TreeDef, ...]
     leaves: tuple[LeafSpec, ...]
     dims: Mapping[str, DimEntry]
+    donated: tuple[int, ...] = ()  # the donated arguments' positions
 
     @property
     def dynamic(self) -> tuple[str, ...]:
@@ -112,6 +117,7 @@ def analyze(
     for name in max_sizes:
         if name not in vocabulary or vocabulary[name].kind != "dynamic":
             raise SignatureError(f"max size given for {name!r}, which is not a dynamic dim")
+    donated = tuple(i for i in donated_params(fn) if i < len(args))
     dims: dict[str, DimEntry] = {}
     seen_dynamic: dict[str, tuple[int, str]] = {}
     scoped: dict[tuple[str, str], tuple[int, str]] = {}
@@ -162,10 +168,10 @@ def analyze(
                 index=len(leaves), path=path, arg=arg_index, shape=tuple(tensor.shape),
                 stride=tuple(tensor.stride()), dtype=tensor.dtype, device=tensor.device,
                 dims=names, dynamic=tuple(dynamic), pad=meta.get("pad"),
-                host=bool(meta.get("host", False)),
+                host=bool(meta.get("host", False)), donated=arg_index in donated,
             ))
     for leaf in leaves:
         if leaf.host and leaf.dynamic:
             raise SignatureError(f"`{leaf.path}` is a host tensor with dynamic axes: host "
                                  "tensors are passed live and never padded")
-    return Signature(tuple(params[: len(args)]), tuple(treedefs), tuple(leaves), dims)
+    return Signature(tuple(params[: len(args)]), tuple(treedefs), tuple(leaves), dims, donated)

@@ -7,7 +7,7 @@ device plan a large model without its memory. Custom ops with a fake implementat
 splitting ops) stay one node, mutations in place (no functionalization: the graph writes the
 caller's buffers, as eager does).
 
-jaxtyping runtime checks are switched off while tracing (see `_no_runtime_checks`).
+jaxtyping runtime checks are switched off while tracing (see `no_runtime_checks`).
 Data-dependent control flow or host syncs raise during tracing (`GuardOnDataDependentSymNode`):
 we turn them into a `CaptureError` with the user's line. A dynamic dim that the code pins to a
 constant, or a shape assumption that fails with every dynamic dim at a probe size (here) or at
@@ -36,7 +36,15 @@ from mla_func.capture.errors import (
     user_frame_of_exception,
 )
 from mla_func.capture.signature import Signature
-from mla_func.capture.tree import TreeDef, flatten_output, object_paths, unflatten
+from mla_func.capture.tree import TreeDef, flat_call
+
+WRITES_CONSTANT = ("writes a tensor the function closes over or a global one: every warm-up, "
+                   "capture and replay would write it again (pass it in as a donated argument, "
+                   "or write a copy)")
+# Tensor methods that write their tensor (besides the `name_` in-place methods).
+_WRITING_DUNDERS = {f"Tensor.__i{op}__" for op in (
+    "add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor",
+    "lshift", "rshift")} | {"Tensor.__setitem__"}
 
 _PRIMES = (61, 59, 53, 47, 43, 41, 37, 31, 29, 23, 19, 17, 13, 11, 7, 5, 3, 2)
 
@@ -106,7 +114,11 @@ class _LastCall(TorchFunctionMode):
         from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
         name = getattr(func, "__qualname__", None) or getattr(func, "__name__", str(func))
-        name = name.replace("TensorBase.", "Tensor.")
+        name = name.replace("TensorBase.", "Tensor.").replace("_VariableFunctionsClass.",
+                                                              "torch.")
+        if _writes_real_tensor(func, name, args, kwargs or {}):
+            # Refused before it runs: tracing runs the ops of real (constant) tensors.
+            raise CaptureError(WRITES_CONSTANT, op=name, where=_caller())
         if not name.endswith("__get__"):  # property reads (shape, dtype) name no op
             self.name = name
             if name in _HOST_SYNC:
@@ -124,8 +136,29 @@ class _LastCall(TorchFunctionMode):
         return out
 
 
+def _writes_real_tensor(func: Any, name: str, args: tuple, kwargs: dict) -> bool:
+    """Whether a call writes a real tensor (every argument is fake while tracing: a real one
+    is a global or closed-over tensor): an in-place method on it, it as `out=`, or it as an
+    argument an op's schema says it writes."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def real(t: object) -> bool:
+        return isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor)
+
+    in_place = name.startswith("Tensor.") and (
+        (name.endswith("_") and not name.endswith("__")) or name in _WRITING_DUNDERS)
+    if (in_place and bool(args) and real(args[0])) or real(kwargs.get("out")):
+        return True
+    schema = getattr(func, "_schema", None)
+    for i, a in enumerate(schema.arguments if schema is not None else ()):
+        if a.alias_info is not None and a.alias_info.is_write:
+            if real(args[i] if i < len(args) else kwargs.get(a.name)):
+                return True
+    return False
+
+
 @contextmanager
-def _no_runtime_checks():
+def no_runtime_checks():
     """jaxtyping's runtime checks off while tracing: they do not specialise symbolic sizes,
     but their `.shape` reads add `sym_size` nodes wherever the checks run, so a plan would
     depend on whether checks are on (pytest turns them on). The annotations were already read
@@ -248,21 +281,11 @@ def trace(fn: Callable[..., Any], sig: Signature, args: Sequence[Any],
     mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=False)
     hints = choose_hints(sig)
     fakes, symbols = _fake_leaves(sig, mode, env, hints)
-    out_def: list[TreeDef] = []
-
-    def flat_fn(*leaves: torch.Tensor) -> list[torch.Tensor]:
-        it = iter(leaves)
-        rebuilt = tuple(unflatten(td, it) for td in sig.treedefs)
-        inputs: dict[int, tuple] = {}
-        for i, obj in enumerate(rebuilt):
-            inputs.update(object_paths(obj, i))
-        out_leaves, td = flatten_output(fn(*rebuilt, *args[len(rebuilt):]), inputs)
-        out_def.append(td)
-        return out_leaves
+    flat_fn, out_def = flat_call(fn, sig.treedefs, args[len(sig.treedefs):])
 
     last = _LastCall()
     try:
-        with last, _no_runtime_checks():
+        with last, no_runtime_checks():
             gm = make_fx(flat_fn, tracing_mode="symbolic")(*fakes)
     except _data_dependent_errors() as exc:
         op = last.sync or last.name

@@ -9,7 +9,7 @@ new leaves (equinox's `partition`/`combine`, without the registration).
 import copy
 import dataclasses
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,3 +147,24 @@ def flatten_output(obj: Any, inputs: dict[int, tuple]) -> tuple[list[Any], TreeD
             return [], TreeDef("const", obj)
         return leaves, TreeDef("dataclass", obj, tuple(children))
     return [], TreeDef("const", obj)
+
+
+def flat_call(fn: Callable[..., Any], treedefs: Sequence[TreeDef], rest: Sequence[Any] = ()
+              ) -> tuple[Callable[..., list[Any]], list[TreeDef]]:
+    """`fn` as a function of the tensor leaves of its first `len(treedefs)` arguments (the
+    trees rebuilt around them; `rest` follow as they are), returning its output's leaves
+    (`flatten_output`: an argument object returned as is is an "input" node). The second
+    value receives the output's TreeDef of each call, for tracers that call it once."""
+    out_defs: list[TreeDef] = []
+
+    def flat_fn(*leaves: Any) -> list[Any]:
+        it = iter(leaves)
+        rebuilt = tuple(unflatten(td, it) for td in treedefs)
+        inputs: dict[int, tuple] = {}
+        for i, obj in enumerate(rebuilt):
+            inputs.update(object_paths(obj, i))
+        out_leaves, td = flatten_output(fn(*rebuilt, *rest), inputs)
+        out_defs.append(td)
+        return out_leaves
+
+    return flat_fn, out_defs

@@ -7,7 +7,9 @@ Rejected, with the op and the user's source line:
 - CPU tensors in segment compute: host-marked leaves (dataclass field metadata {"host": True})
   and, when the step runs on a device, any CPU leaf or CPU result. Host tensors that only
   splitting ops read are fine: those ops run eagerly, outside the graphs (FastDeploy's frozen
-  CPU branch is exactly a host tensor read inside a captured region).
+  CPU branch is exactly a host tensor read inside a captured region);
+- writes outside the donated arguments and random draws, anywhere in the function
+  (`purity.check_purity`).
 """
 
 from collections import Counter
@@ -17,6 +19,7 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from mla_func.capture.errors import CaptureError
+from mla_func.capture.purity import check_purity
 from mla_func.capture.signature import Signature
 from mla_func.capture.split import Segment, op_base_name, op_name
 
@@ -54,6 +57,7 @@ def _is_cpu_array(val: object) -> bool:
 
 
 def validate(gm: fx.GraphModule, sig: Signature, segments: list[Segment]) -> None:
+    check_purity(gm, sig)
     device = compute_device(sig)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     host_origin: dict[fx.Node, str] = {}

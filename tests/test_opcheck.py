@@ -1,0 +1,147 @@
+"""`torch.library.opcheck` on every `mla_func::` custom op: the fake implementation gives the
+real result's shapes, dtypes and strides, the schema declares what the op writes, and the op
+traces under AOT dispatch with dynamic shapes (what `torch.compile` and `torch.export` rely on).
+
+The calls checked are the ones the model makes: one prefill and one decode step of a small
+config on the fused path (both attention backends), recorded under a dispatch mode, plus
+direct calls of the ops the model reaches only inside another op. On CPU the Triton kernels
+run in the interpreter (conftest sets TRITON_INTERPRET); on a GPU the same test checks them
+there. No op needs a GPU to be checked. What an op writes and leaves as it was (the arrival
+counters) no run shows: the schemas are checked by argument name for that.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import mla_func as mf
+from mla_func.kernels.launch.runtime import Runtime
+from mla_func.kernels.linear import small_linear
+from mla_func.kernels.plan import KernelOptions
+from mla_func.moe import moe_experts_op
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+NAMESPACE = "mla_func::"
+
+
+class _Record(TorchDispatchMode):
+    """Every `mla_func` op call seen, its arguments cloned before it ran (the first call of
+    each op and attention form)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, tuple] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.name()
+        if name.startswith(NAMESPACE):
+            key = name if "attention" not in name else f"{name} {args[-1]} {args[0].shape[0]}"
+            clone = torch.utils._pytree.tree_map_only(torch.Tensor, torch.clone, (args, kwargs))
+            self.calls.setdefault(key, (func, *clone))  # (op, args, kwargs)
+        return func(*args, **(kwargs or {}))
+
+
+def _model_calls(backend: str) -> dict[str, tuple]:
+    """The custom-op calls of two steps of a small q_lora config (q_lora adds a norm of the
+    query) on the fused path with `backend`: two prompts in the MHA form, then their two
+    decodes in the absorbed one (more than one row: its result's layout shows)."""
+    cfg = dataclasses.replace(mf.MLAConfig.preset("tiny"), q_lora_rank=24,
+                              num_hidden_layers=2)
+    params = mf.init_params(cfg, seed=1, device=DEVICE)
+    state = mf.init_state(cfg, num_pages=8, page_size=4, device=DEVICE)
+    opts = KernelOptions(attention=backend, fused=True, experts="triton")
+    a, b = state.allocator.reserve(0, 6), state.allocator.reserve(1, 4)
+    prefill = mf.make_batch([mf.SeqWork([3, 4, 5, 6, 7], 0, a), mf.SeqWork([9, 8, 7], 0, b)],
+                            4, 2, DEVICE,
+                            kernels=dataclasses.replace(opts, mha_min_query=2))
+    decode = mf.make_batch([mf.SeqWork([8], 5, a), mf.SeqWork([6], 3, b)], 4, 2, DEVICE,
+                           kernels=opts)
+    with torch.no_grad(), _Record() as rec:
+        _, state = mf.forward(params, state, prefill)
+        mf.forward(params, state, decode)
+    return rec.calls
+
+
+def _direct_calls() -> dict[str, tuple]:
+    """Ops the model calls only from inside another op's function (or not at all)."""
+    g = torch.Generator().manual_seed(2)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g).to(DEVICE)
+
+    tokens, topk, n_exp, hidden, inter = 3, 2, 4, 32, 16
+    ids = torch.stack([torch.randperm(n_exp, generator=g)[:topk] for _ in range(tokens)])
+    counters = Runtime(torch.device(DEVICE)).counters
+    experts = (r(tokens, hidden), r(tokens, topk).abs(), ids.to(DEVICE),
+               r(n_exp, 2, inter, hidden), r(n_exp, hidden, inter), r(2, inter, hidden),
+               r(hidden, inter), counters, True)
+    return {"mla_func::small_linear": (small_linear.small_linear.op, (r(2, 40), r(24, 40)), {}),
+            "mla_func::moe_experts": (moe_experts_op.op, experts, {})}
+
+
+def _registered() -> set[str]:
+    """Every op registered under the namespace (the modules that define them imported)."""
+    import mla_func.kernels.router.route  # noqa: F401
+    import mla_func.moe  # noqa: F401
+
+    return {n.split(".")[0] for n in torch._C._dispatch_get_all_op_names()
+            if n.startswith(NAMESPACE)}
+
+
+@pytest.fixture(scope="module")
+def calls() -> dict[str, tuple]:
+    found = {**_model_calls("torch"), **_direct_calls()}
+    if DEVICE == "cuda" or _triton_attention_runs_here():
+        found.update({k: v for k, v in _model_calls("triton").items() if "attention" in k})
+    return found
+
+
+def _triton_attention_runs_here() -> bool:
+    from mla_func.attention import triton_unavailable
+
+    return triton_unavailable(torch.device(DEVICE)) is None
+
+
+def test_every_op_is_checked(calls):
+    seen = {k.split(" ")[0] for k in calls}
+    assert seen == _registered(), sorted(_registered() ^ seen)
+    forms = {tuple(k.split(" ")[1:]) for k in calls if "attention" in k}
+    want = {("torch", "8"), ("torch", "2")}  # the prefill and the decode call
+    if DEVICE == "cuda" or _triton_attention_runs_here():
+        want |= {("triton", "8"), ("triton", "2")}
+    assert forms == want, forms
+
+
+def test_opcheck(calls, monkeypatch):
+    """One test, not one per op: the recording runs the model once. opcheck runs each op on
+    copies of its arguments: a copy of a state's cache belongs to no state, and borrows the
+    runtime of one here (the Triton attention keeps its workspace there)."""
+    of, spare = Runtime.of, Runtime(torch.device(DEVICE))
+
+    def of_or_spare(t: torch.Tensor) -> Runtime:
+        try:
+            return of(t)
+        except RuntimeError:
+            return spare
+
+    monkeypatch.setattr(Runtime, "of", staticmethod(of_or_spare))
+    failed = {}
+    for key, (op, args, kwargs) in sorted(calls.items()):
+        result = torch.library.opcheck(op, args, kwargs, raise_exception=False)
+        bad = {test: str(r) for test, r in result.items() if r != "SUCCESS"}
+        if bad:
+            failed[key] = bad
+    assert not failed, failed
+
+
+def test_ops_declare_the_state_they_write():
+    """opcheck sees only net changes; the arrival counters are zero again after every launch.
+    So by name: an op handed a state tensor (the cache, the counters) declares it written."""
+    for name in sorted(_registered()):
+        ns, op = name.split("::")
+        schema = getattr(getattr(torch.ops, ns), op).default._schema
+        for a in schema.arguments:
+            if a.name in ("cache", "counters"):
+                assert a.alias_info is not None and a.alias_info.is_write, (name, a.name)
