@@ -21,6 +21,7 @@ from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.linear import small_linear
 from mla_func.kernels.plan import KernelOptions
 from mla_func.moe import moe_experts_op
+from mla_func.parallel.comm import _all_reduce
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NAMESPACE = "mla_func::"
@@ -78,7 +79,20 @@ def _direct_calls() -> dict[str, tuple]:
                r(n_exp, 2, inter, hidden), r(n_exp, hidden, inter), r(2, inter, hidden),
                r(hidden, inter), counters, True)
     return {"mla_func::small_linear": (small_linear.small_linear.op, (r(2, 40), r(24, 40)), {}),
-            "mla_func::moe_experts": (moe_experts_op.op, experts, {})}
+            "mla_func::moe_experts": (moe_experts_op.op, experts, {}),
+            # The sum over ranks, in a group of one (NCCL's form; the one-shot form needs two
+            # GPUs: tests/test_parallel_cuda.py).
+            "mla_func::all_reduce": (_all_reduce.op, (r(3, 40), counters, _one_rank_group(),
+                                                      False), {})}
+
+
+def _one_rank_group() -> str:
+    """The name of a gloo group of this process alone (made once)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    return dist.group.WORLD.group_name
 
 
 def _registered() -> set[str]:

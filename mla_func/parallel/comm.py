@@ -51,10 +51,11 @@ def _symmetric_buffer(runtime: Runtime, group: str, dtype: torch.dtype) -> Tenso
     return runtime.resource(f"symm_mem:{group}:{dtype}", make)
 
 
+# `owner`: a tensor of the state (its counters, read nowhere) whose runtime holds the buffer.
 @custom_op("mla_func::all_reduce", mutates_args=())
-def _all_reduce(x: Tensor, counters: Tensor, group: str, one_shot: bool) -> Tensor:
+def _all_reduce(x: Tensor, owner: Tensor, group: str, one_shot: bool) -> Tensor:
     if all_reduce_form(x.numel() * x.element_size(), x.is_cuda, one_shot) == "one_shot":
-        buf = _symmetric_buffer(Runtime.of(counters), group, x.dtype)
+        buf = _symmetric_buffer(Runtime.of(owner), group, x.dtype)
         out = torch.empty_like(x)
         local = x.contiguous()
         torch.ops.symm_mem.one_shot_all_reduce_copy_out(
@@ -66,7 +67,7 @@ def _all_reduce(x: Tensor, counters: Tensor, group: str, one_shot: bool) -> Tens
 
 
 @_all_reduce.register_fake
-def _(x, counters, group, one_shot):
+def _(x, owner, group, one_shot):
     return torch.empty_like(x)
 
 
