@@ -24,7 +24,7 @@ import mla_func as mf
 from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.plan import KernelOptions, default_options
 from mla_func.parallel.comm import all_reduce, prepare
-from mla_func.parallel.group import init_from_env
+from mla_func.parallel.group import finish, init_from_env
 from mla_func.parallel.shard import shard_params
 from scripts.bench_args import tp as tp_options
 from scripts.bench_common import (
@@ -168,7 +168,7 @@ def run(argv: list[str]) -> dict:
         print_table(result["capture"][1:], ["rank", "capture_s", "pool_gib"], "capture")
         if gens:
             print_table(gens, list(gens[0]), "generate")
-    dist.barrier()
+    finish(tp)
     return result if main else {}
 
 

@@ -168,16 +168,28 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"argument --out: {problem}")
     import torch
 
+    from mla_func.parallel.group import SINGLE, finish, init_from_env
+
+    if args.tp == 1:
+        return run(p, args, out, SINGLE)
+    tp, _ = init_from_env("cuda" if torch.cuda.is_available() else "cpu")
+    if tp.size != args.tp:
+        p.error(f"argument --tp: {args.tp} but {tp.size} processes; run "
+                f"torchrun --nproc-per-node {args.tp} scripts/capture.py --tp {args.tp}")
+    code = run(p, args, out, tp)
+    if code == 0:  # an error ends this rank now; torchrun stops the others
+        finish(tp)
+    return code
+
+
+def run(p, args, out: str, tp) -> int:
+    """Plan (and on a GPU capture and check) as `args` say, on one rank of `tp` (rank 0
+    writes and prints)."""
+    import torch
+
     import mla_func as mf
     from mla_func.capture.artifacts import save_plan
-    from mla_func.parallel.group import SINGLE, init_from_env
 
-    tp = SINGLE
-    if args.tp > 1:
-        tp, _ = init_from_env("cuda" if torch.cuda.is_available() else "cpu")
-        if tp.size != args.tp:
-            p.error(f"argument --tp: {args.tp} but {tp.size} processes; run "
-                    f"torchrun --nproc-per-node {args.tp} scripts/capture.py --tp {args.tp}")
     say = print if tp.rank == 0 else (lambda *a, **k: None)  # one rank writes and prints
     try:  # the package's input errors (CaptureError, ConfigError) are ValueError subclasses
         start = time.perf_counter()

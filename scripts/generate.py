@@ -139,15 +139,26 @@ def load(args: argparse.Namespace, tp=None):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.tp == 1:
+        return run(args)
+    from mla_func.parallel.group import finish, init_from_env
+
+    tp, device = init_from_env(args.device.split(":")[0])
+    args.device = str(device)
+    code = run(args, tp)
+    if code == 0:  # an error ends this rank now; torchrun stops the others
+        finish(tp)
+    return code
+
+
+def run(args: argparse.Namespace, tp=None) -> int:
+    """Generate as `args` say (on one rank of `tp`: rank 0 prints)."""
     import torch
 
     import mla_func as mf
-    from mla_func.parallel.group import SINGLE, init_from_env
+    from mla_func.parallel.group import SINGLE
 
-    tp = SINGLE
-    if args.tp > 1:
-        tp, device = init_from_env(args.device.split(":")[0])
-        args.device = str(device)
+    tp = tp or SINGLE
     say = print if tp.rank == 0 else (lambda *a, **k: None)  # rank 0 prints the results
     t0 = time.perf_counter()
     try:  # what the user can get wrong (checkpoint, sizes, backend) ends in one line, exit 2

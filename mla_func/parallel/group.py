@@ -100,6 +100,14 @@ def init_from_env(device: str = "auto") -> tuple[TensorParallel, torch.device]:
     return tensor_parallel(mesh), dev
 
 
+def finish(tp: TensorParallel) -> None:
+    """The end of a `torchrun` process's work: every rank waits for the others, then the
+    process groups close (a rank that exits while another still talks to it aborts)."""
+    if tp.sharded and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def is_main(tp: TensorParallel) -> bool:
     """Whether this rank prints, shows progress and writes artifacts (rank 0)."""
     return tp.rank == 0
