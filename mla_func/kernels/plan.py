@@ -41,7 +41,8 @@ ROUTER_MAX_EXPERTS = 256  # the fused router's widest expert block; more route i
 MHA_MIN_QUERY = 64
 # Several GPUs: an all-reduce of up to this many bytes (128 rows of V3's 7168, bf16: decode
 # steps) runs PyTorch's one-shot symmetric-memory kernel (copy in, every rank's buffer read
-# over NVLink, one launch) instead of NCCL's (docs/PERF.md).
+# over NVLink, one launch) instead of NCCL's (docs/DECISIONS.md,
+# `kernels.plan.ONE_SHOT_MAX_BYTES`).
 ONE_SHOT_MAX_BYTES = 128 * 7168 * 2
 # The weights' dtypes the fused kernels and the triton attention backend are tuned for: their
 # tiles are sized for 2-byte operands, and float32 doubles their shared memory (a V3-shaped
