@@ -30,7 +30,7 @@ def _parse(args) -> argparse.Namespace:
 
 
 def _batch(state: "mf.KVState", lengths: list[tuple[int, int]], max_pages: int, backend: str,
-           vocab: int) -> "mf.Batch":
+           vocab: int, device: str = "cuda") -> "mf.Batch":
     """(cached, new) tokens per sequence; pages from a fresh allocation."""
     import torch
 
@@ -45,7 +45,7 @@ def _batch(state: "mf.KVState", lengths: list[tuple[int, int]], max_pages: int, 
         pages = alloc.reserve(i, cached + new)
         work.append(mf.SeqWork(torch.randint(vocab, (new,), generator=g).tolist(), cached,
                                pages))
-    return mf.make_batch(work, state.page_size, max_pages, device="cuda", backend=backend)
+    return mf.make_batch(work, state.page_size, max_pages, device=device, backend=backend)
 
 
 def run(args=None) -> list[dict]:

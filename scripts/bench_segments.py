@@ -24,6 +24,7 @@ import torch
 
 import mla_func as mf
 from scripts import bench_args
+from scripts.bench_capture import _batch
 from scripts.bench_common import alternating, cuda_time_ms, print_table
 
 add_args = bench_args.segments  # the options: scripts/bench_args.py
@@ -47,21 +48,6 @@ def host_time_ms(fn: Callable[[], object], warmup: int = 1, reps: int = 3) -> fl
         fn()
         times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
-
-
-def _batch(state: mf.KVState, lengths: list[tuple[int, int]], max_pages: int, backend: str,
-           vocab: int, device: str) -> mf.Batch:
-    """(cached, new) tokens per sequence; pages from a fresh allocation."""
-    alloc = state.allocator
-    for seq in list(alloc.pages):
-        alloc.release(seq)
-    g = torch.Generator().manual_seed(0)
-    work = []
-    for i, (cached, new) in enumerate(lengths):
-        pages = alloc.reserve(i, cached + new)
-        work.append(mf.SeqWork(torch.randint(vocab, (new,), generator=g).tolist(), cached,
-                               pages))
-    return mf.make_batch(work, state.page_size, max_pages, device=device, backend=backend)
 
 
 def run(args=None, device: str = "cuda") -> list[dict]:
