@@ -173,7 +173,7 @@ def logits(x: Rows, index: Int[Tensor, " seqs"], lm_head: Float[Tensor, "local_v
     not the tokens: a caller that runs the step in pieces padded to a token count can run it
     on the real sequences."""
     if tp.sharded:
-        tp.process_group()  # a clear error where the shards have no group
+        tp.require_group()  # a clear error where the shards have no group
     return _call(_logits_op, opts)(x, index, lm_head, tp.group, tp.size)
 
 

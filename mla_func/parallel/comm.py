@@ -77,7 +77,7 @@ def all_reduce(x: Float[Tensor, "*rows width"], tp: TensorParallel, opts: Kernel
     state's, whose runtime holds the symmetric buffer."""
     if not tp.sharded:
         return x
-    tp.process_group()  # a clear error where the shards have no group
+    tp.require_group()  # a clear error where the shards have no group
     return _all_reduce(x, counters, tp.group, opts.one_shot)
 
 

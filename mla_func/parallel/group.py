@@ -43,15 +43,20 @@ class TensorParallel:
         local = n // self.size
         return slice(self.rank * local, (self.rank + 1) * local)
 
-    def process_group(self) -> Any:
-        """The torch.distributed process group (ParallelError where there is none)."""
+    def require_group(self) -> str:
+        """The group's name (ParallelError where there is none): a string check, cheap enough
+        for every collective of an eager step."""
         if not self.group:
             raise ParallelError(f"these parameters are sharded over {self.size} ranks with no "
                                 "process group: shard them with a mesh (shard_params(params, "
                                 "mesh)) to run them")
+        return self.group
+
+    def process_group(self) -> Any:
+        """The torch.distributed process group (ParallelError where there is none)."""
         from torch.distributed.distributed_c10d import _resolve_process_group
 
-        return _resolve_process_group(self.group)
+        return _resolve_process_group(self.require_group())
 
 
 SINGLE = TensorParallel()
