@@ -9,8 +9,9 @@ weights of the preset, the same seed on every rank. Rank 0 prints the tables and
 JSON; the floor of a sharded step is this rank's bytes (its weights touched by the step and
 the whole latent cache) at the copy bandwidth measured here, and the collectives' time beside
 it is the measured one-shot all-reduce times the step's count (two a layer, one for the
-embedding). The sharded step runs twice: the plan's forms (one-shot up to
-`kernels.plan.ONE_SHOT_MAX_BYTES`), and NCCL only.
+embedding). The sharded step runs three times: the plan's forms (one-shot up to
+`kernels.plan.ONE_SHOT_MAX_BYTES`, each sub-layer's sum, residual add and norm in one launch),
+the one-shot sum with the add and norm apart, and NCCL only.
 """
 
 import argparse
@@ -23,7 +24,7 @@ import torch.distributed as dist
 import mla_func as mf
 from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.plan import KernelOptions, default_options
-from mla_func.parallel.comm import all_reduce, prepare
+from mla_func.parallel.comm import all_reduce, all_reduce_add_norm, prepare
 from mla_func.parallel.group import finish, init_from_env
 from mla_func.parallel.shard import shard_params
 from scripts.bench_args import tp as tp_options
@@ -42,22 +43,36 @@ add_args = tp_options  # the options: scripts/bench_args.py
 
 def bench_all_reduce(tp, rows: list[int], widths: list[int], per_graph: int = 16) -> list[dict]:
     """Microseconds of one captured `comm.all_reduce` of [rows, width] bf16 as the step calls
-    it, in each form (one-shot symmetric memory; NCCL, after a copy of the input): a graph of
-    `per_graph` in a chain, replayed on every rank at once."""
+    it, in each form (one-shot symmetric memory; NCCL, after a copy of the input), and of a
+    sub-layer's end: the one-shot sum, then the fused residual add + norm (two launches), and
+    `comm.all_reduce_add_norm` (one): a graph of `per_graph` in a chain, replayed on every
+    rank at once."""
+    from mla_func.kernels.linear.norm import add_rmsnorm
+
     runtime = Runtime(torch.device("cuda", torch.cuda.current_device()))
+    counters, eps = runtime.counters, 1e-6
     out = []
     for width in widths:
+        w = torch.rand(width, device="cuda", dtype=torch.bfloat16) + 0.5
         for n in rows:
             x = torch.randn(n, width, device="cuda", dtype=torch.bfloat16)
             row = {"hidden": width, "rows": n}
-            for name, one_shot in (("one_shot", True), ("nccl", False)):
+            for name, one_shot, end in (("one_shot", True, "sum"), ("nccl", False, "sum"),
+                                        ("one_shot_add_norm", True, "apart"),
+                                        ("fused", True, "fused")):
                 opts = KernelOptions(one_shot=one_shot)
-                prepare(tp, opts, runtime.counters, x.dtype)
+                prepare(tp, opts, counters, x.dtype)
 
-                def chain(x: torch.Tensor = x, opts: KernelOptions = opts) -> torch.Tensor:
-                    y = x
+                def chain(x: torch.Tensor = x, opts: KernelOptions = opts, end: str = end,
+                          w: torch.Tensor = w) -> torch.Tensor:
+                    y, h = x, x
                     for _ in range(per_graph):
-                        y = all_reduce(y, tp, opts, runtime.counters)
+                        if end == "sum":
+                            y = all_reduce(y, tp, opts, counters)
+                        elif end == "apart":
+                            h, y = add_rmsnorm(h, all_reduce(y, tp, opts, counters), w, eps)
+                        else:
+                            h, y = all_reduce_add_norm(y, h, w, eps, tp, counters)
                     return y
 
                 graph = capture_graph(chain)
@@ -68,17 +83,18 @@ def bench_all_reduce(tp, rows: list[int], widths: list[int], per_graph: int = 16
     return out
 
 
-def bench_model(cfg, params, args, ceil, label: str, one_shot: bool = True
+def bench_model(cfg, params, args, ceil, label: str, **forms: bool
                 ) -> tuple[list[dict], dict]:
     """Decode steps in full graphs (back to back and one at a time) at each batch, ctx
-    `args.ctx`; the capture's seconds and pool. `one_shot`: the sums' form (`KernelOptions`)."""
+    `args.ctx`; the capture's seconds and pool. `forms`: the sums' forms (`KernelOptions`'s
+    `one_shot`, `reduce_norm`; default the plan's)."""
     from mla_func.compile_step import compile_step
 
     biggest = max(args.batches)
     pages_each = -(-(args.ctx + 1) // args.page_size)
     state = mf.init_state(cfg, biggest * pages_each + 2, args.page_size, device="cuda",
                           dtype=torch.bfloat16)
-    kernels = replace(default_options("cuda", "triton"), one_shot=one_shot)
+    kernels = replace(default_options("cuda", "triton"), **forms)
     step = compile_step(params, state, mode="full", max_seqs=biggest, max_pages=pages_each,
                         kernels=kernels, progress=False)
     capture = {"what": label, "capture_s": step.report["capture_seconds"],
@@ -144,7 +160,10 @@ def run(argv: list[str]) -> dict:
     label = f"tp={tp.size}"
     rows, cap = bench_model(cfg, params, args, ceil, label)
     decode += rows
-    decode += bench_model(cfg, params, args, ceil, f"tp={tp.size}, nccl only", False)[0]
+    decode += bench_model(cfg, params, args, ceil, f"tp={tp.size}, sum then add + norm",
+                          reduce_norm=False)[0]
+    decode += bench_model(cfg, params, args, ceil, f"tp={tp.size}, nccl only",
+                          one_shot=False)[0]
     captures.append({**cap, "rank": tp.rank})
     if not args.skip_generate:
         gens.append(bench_generate(cfg, params, args, label))
@@ -161,7 +180,8 @@ def run(argv: list[str]) -> dict:
         base = {r["batch"]: r for r in decode if r["what"] == one}
         for row in decode:
             row["vs_tp1"] = row["full_pipelined_ms"] / base[row["batch"]]["full_pipelined_ms"]
-        print_table(result["all_reduce"], ["hidden", "rows", "one_shot_us", "nccl_us"],
+        print_table(result["all_reduce"], ["hidden", "rows", "one_shot_us", "nccl_us",
+                                           "one_shot_add_norm_us", "fused_us"],
                     "captured all-reduce (us)")
         print_table(decode, ["what", "batch", "ctx", "floor_ms", "collectives_ms", "full_ms",
                              "full_pipelined_ms", "vs_tp1"], "decode step (ms)")

@@ -4,6 +4,7 @@ mixed continuous-batching workload, and the V3 shape (128 heads, 256 experts) wi
 layers. Each rank is a process (`parallel_helpers.run_ranks`)."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from parallel_helpers import rank_group, run_ranks
 
 import mla_func as mf
+from mla_func.kernels.plan import KernelOptions, default_options
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")]
@@ -57,6 +59,10 @@ def _compare(rank: int, world: int, out: Path, preset: str, layers: int, fp32: b
         report["bf16_backends_all"] = errors(other, one)
     runs = {m: mf.generate(cfg, whole, PROMPTS, NEW, mode=m, mesh=rank_group(), **KW)
             for m in MODES}
+    # The sum, the residual add and the norm apart (two launches): the same bits at 2 ranks.
+    apart = replace(default_options("cuda", "triton"), reduce_norm=False)
+    runs["eager, reduce_norm apart"] = mf.generate(cfg, whole, PROMPTS, NEW, mesh=rank_group(),
+                                                    kernels=apart, **KW)
     eager = runs["eager"]
     for m, got in runs.items():  # bitwise, tokens and logits
         assert got.tokens == eager.tokens, m
@@ -85,3 +91,61 @@ def test_tp2_v3_shape_matches_one_gpu(tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     print("tp error", report)
     assert report["tp2_vs_tp1"] <= 2 * report["bf16_backends"], report
+
+
+def _fused_sum(rank: int, world: int, out: Path) -> None:
+    """`all_reduce_add_norm` (one launch) against the one-shot all-reduce and then the fused
+    add + norm, bitwise; replayed from a CUDA graph on new inputs; opcheck."""
+    from mla_func.kernels.launch.runtime import Runtime
+    from mla_func.kernels.linear.norm import add_rmsnorm
+    from mla_func.parallel.comm import (
+        _all_reduce_add_norm,
+        all_reduce,
+        all_reduce_add_norm,
+        prepare,
+    )
+
+    tp, eps, bf16 = rank_group(), 1e-6, torch.bfloat16
+    counters = Runtime(torch.device("cuda", rank)).counters
+    opts = KernelOptions(fused=True, experts="triton")
+    prepare(tp, opts, counters, bf16)
+
+    def inputs(rows: int, width: int, seed: int) -> tuple[torch.Tensor, ...]:
+        mine = torch.Generator(device="cuda").manual_seed(seed * 10 + rank)  # differs by rank
+        same = torch.Generator(device="cuda").manual_seed(seed)
+        x = torch.randn(rows, width, device="cuda", dtype=bf16, generator=mine)
+        h = torch.randn(rows, width, device="cuda", dtype=bf16, generator=same)
+        return x, h, torch.rand(width, device="cuda", dtype=bf16, generator=same) + 0.5
+
+    def apart(x, h, w):
+        return add_rmsnorm(h, all_reduce(x, tp, opts, counters), w, eps)
+
+    # 40 rows: programs loop over rows past MAX_PROGRAMS (32); 128 x 7168: the largest sum.
+    for i, (rows, width) in enumerate(((1, 2048), (8, 2048), (40, 2048), (128, 2048),
+                                       (1, 7168), (40, 7168), (128, 7168))):
+        x, h, w = inputs(rows, width, i)
+        got, want = all_reduce_add_norm(x, h, w, eps, tp, counters), apart(x, h, w)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), (rows, width)
+    x, h, w = inputs(8, 2048, 50)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # three sums in a row, each feeding the next one's residual
+        hg = h
+        for _ in range(3):
+            hg, yg = all_reduce_add_norm(x, hg, w, eps, tp, counters)
+    for seed in range(51, 56):
+        nx, nh, _ = inputs(8, 2048, seed)
+        x.copy_(nx)
+        h.copy_(nh)
+        graph.replay()
+        he = nh
+        for _ in range(3):
+            he, ye = apart(nx, he, w)
+        assert torch.equal(hg, he) and torch.equal(yg, ye), seed
+    torch.library.opcheck(_all_reduce_add_norm.op, (x, h, w, eps, counters, tp.group))
+    torch.cuda.synchronize()
+
+
+def test_fused_sum_add_norm_matches_apart(tmp_path):
+    """The one-launch sum + residual add + norm equals the one-shot sum, then the add and
+    norm, bitwise at 1-128 rows of 2048 and 7168, from a graph too."""
+    run_ranks(2, _fused_sum, tmp_path, tmp_path, device="cuda", timeout=300)

@@ -64,7 +64,9 @@ class KernelOptions:
     `moe_trigger`: the MoE's last programs let the next projection start (PDL).
     `mha_min_query`: a step holding a sequence of this many new tokens runs its prompts in
     the MHA form. `one_shot`: on several GPUs, sums of up to ONE_SHOT_MAX_BYTES run as one
-    symmetric-memory launch (`all_reduce_form`), else NCCL's all-reduce."""
+    symmetric-memory launch (`all_reduce_form`), else NCCL's all-reduce. `reduce_norm`: with
+    `fused`, such a one-shot sum that ends a sub-layer also adds the residual and takes the
+    next norm in its launch (`reduce_norm_fused`)."""
 
     attention: str = "torch"
     fused: bool = False
@@ -76,6 +78,7 @@ class KernelOptions:
     moe_trigger: bool = True
     mha_min_query: int = MHA_MIN_QUERY
     one_shot: bool = True
+    reduce_norm: bool = True
 
     def __post_init__(self) -> None:
         if self.experts not in EXPERTS_IMPLS:
@@ -173,6 +176,13 @@ def all_reduce_form(nbytes: int, cuda: bool, one_shot: bool = True) -> str:
     return "one_shot" if one_shot and cuda and nbytes <= ONE_SHOT_MAX_BYTES else "nccl"
 
 
+def reduce_norm_fused(nbytes: int, cuda: bool, opts: KernelOptions) -> bool:
+    """Whether a sub-layer's sum over ranks, its residual add and its norm run as one launch
+    (`kernels.collective.reduce_norm`): a one-shot sum with the fused kernels on."""
+    return (opts.fused and opts.reduce_norm
+            and all_reduce_form(nbytes, cuda, opts.one_shot) == "one_shot")
+
+
 def attention_form(max_query_len: int, mha_min_query: int = MHA_MIN_QUERY) -> str:
     """'mha' when a sequence brings `mha_min_query` new tokens or more, else 'absorbed'."""
     return "mha" if max_query_len >= mha_min_query else "absorbed"
@@ -201,6 +211,7 @@ class StepPlan:
     # all-reduce before the residual add, so o_proj and the MoE leave their norms to it.
     ranks: int = 1
     all_reduce: str = "none"  # "one_shot" | "nccl" (ranks > 1)
+    reduce_norm: bool = False  # the sum, the residual add and the norm in one launch
 
     def summary(self, options: bool = True) -> dict:
         """The plan as plain JSON values, one line a choice (plan.json); `options` False
@@ -280,12 +291,13 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
         decode = plan_decode(tokens, max_pages * page_size, device.sms,
                              cfg.num_attention_heads // ranks, page_size=page_size,
                              ws=device.sm90)
-    reduce = "none" if ranks == 1 else all_reduce_form(
-        tokens * cfg.hidden_size * dtype.itemsize, device.type == "cuda", options.one_shot)
+    nbytes, cuda = tokens * cfg.hidden_size * dtype.itemsize, device.type == "cuda"
+    reduce = "none" if ranks == 1 else all_reduce_form(nbytes, cuda, options.one_shot)
     return StepPlan(tokens, seqs, options, device, qkv_a, o_proj, router, router_launch,
                     options.experts if moe_layers else "none", moe, shared, deferred, form,
-                    decode, ranks, reduce)
+                    decode, ranks, reduce,
+                    ranks > 1 and reduce_norm_fused(nbytes, cuda, options))
 
 
 __all__ = ["KERNEL_DTYPES", "DeviceSpec", "KernelOptions", "StepPlan", "default_options",
-           "device_spec", "options_for", "plan_step"]
+           "device_spec", "options_for", "plan_step", "reduce_norm_fused"]

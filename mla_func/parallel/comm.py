@@ -7,11 +7,15 @@ this rank's buffer, every rank's buffer read over NVLink and summed, one launch;
 multicast), the rest NCCL's all-reduce (gloo's on the CPU). Both are capturable, so these ops
 live inside piecewise segments and full decode graphs and are not splitting points. The
 symmetric buffer belongs to the state's runtime (`Runtime.resource`): made collectively by
-`prepare` before any graph is captured. `gather_cols` lays the ranks' column blocks side by
-side (the logits' vocabulary shards). Every rank receives the same bits: both forms add the
-ranks in one order for all, so greedy choices agree across ranks. On one device
+`prepare` before any graph is captured. `all_reduce_add_norm` sums over the same buffers and
+adds the residual and the norm in the same launch (`kernels.collective.reduce_norm`), where
+the plan fuses them (`kernels.plan.reduce_norm_fused`). `gather_cols` lays the ranks' column
+blocks side by side (the logits' vocabulary shards). Every rank receives the same bits: every
+form adds the ranks in one order for all, so greedy choices agree across ranks. On one device
 (`tp.sharded` False) the ops are the identity and launch nothing.
 """
+
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -24,7 +28,7 @@ from mla_func.kernels.plan import ONE_SHOT_MAX_BYTES, KernelOptions, all_reduce_
 from mla_func.parallel.group import TensorParallel
 
 # The step's collective ops, as the capture plan names them.
-COLLECTIVES = ("mla_func::all_reduce",)
+COLLECTIVES = ("mla_func::all_reduce", "mla_func::all_reduce_add_norm")
 
 
 def _group(name: str):
@@ -33,11 +37,12 @@ def _group(name: str):
     return _resolve_process_group(name)
 
 
-def _symmetric_buffer(runtime: Runtime, group: str, dtype: torch.dtype) -> Tensor:
-    """This runtime's symmetric buffer of `dtype` for `group` (ONE_SHOT_MAX_BYTES), made and
-    exchanged with the other ranks at the first call: every rank must call it together, and
-    not while a graph is being captured (`prepare` makes it before)."""
-    def make() -> Tensor:
+def _symmetric_buffer(runtime: Runtime, group: str, dtype: torch.dtype) -> tuple[Tensor, Any]:
+    """This runtime's symmetric buffer of `dtype` for `group` (ONE_SHOT_MAX_BYTES) and its
+    rendezvous handle, made and exchanged with the other ranks at the first call: every rank
+    must call it together, and not while a graph is being captured (`prepare` makes it
+    before)."""
+    def make() -> tuple[Tensor, Any]:
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError("the one-shot all-reduce's symmetric buffer is made while a "
                                "graph is captured: call parallel.comm.prepare first")
@@ -45,8 +50,7 @@ def _symmetric_buffer(runtime: Runtime, group: str, dtype: torch.dtype) -> Tenso
 
         buf = symm_mem.empty(ONE_SHOT_MAX_BYTES // dtype.itemsize, dtype=dtype,
                              device=runtime.device)
-        symm_mem.rendezvous(buf, group)
-        return buf
+        return buf, symm_mem.rendezvous(buf, group)
 
     return runtime.resource(f"symm_mem:{group}:{dtype}", make)
 
@@ -55,7 +59,7 @@ def _symmetric_buffer(runtime: Runtime, group: str, dtype: torch.dtype) -> Tenso
 @custom_op("mla_func::all_reduce", mutates_args=())
 def _all_reduce(x: Tensor, owner: Tensor, group: str, one_shot: bool) -> Tensor:
     if all_reduce_form(x.numel() * x.element_size(), x.is_cuda, one_shot) == "one_shot":
-        buf = _symmetric_buffer(Runtime.of(owner), group, x.dtype)
+        buf, _ = _symmetric_buffer(Runtime.of(owner), group, x.dtype)
         out = torch.empty_like(x)
         local = x.contiguous()
         torch.ops.symm_mem.one_shot_all_reduce_copy_out(
@@ -79,6 +83,32 @@ def all_reduce(x: Float[Tensor, "*rows width"], tp: TensorParallel, opts: Kernel
         return x
     tp.require_group()  # a clear error where the shards have no group
     return _all_reduce(x, counters, tp.group, opts.one_shot)
+
+
+@custom_op("mla_func::all_reduce_add_norm", mutates_args=())
+def _all_reduce_add_norm(x: Tensor, h: Tensor, weight: Tensor, eps: float, owner: Tensor,
+                         group: str) -> tuple[Tensor, Tensor]:
+    from mla_func.kernels.collective.reduce_norm import all_reduce_add_rmsnorm
+
+    buf, handle = _symmetric_buffer(Runtime.of(owner), group, x.dtype)
+    return all_reduce_add_rmsnorm(x, h, weight, eps, buf, handle)
+
+
+@_all_reduce_add_norm.register_fake
+def _(x, h, weight, eps, owner, group):
+    return torch.empty_like(h), torch.empty(
+        h.shape, dtype=torch.promote_types(h.dtype, weight.dtype), device=h.device)
+
+
+def all_reduce_add_norm(x: Float[Tensor, "tokens hidden"], h: Float[Tensor, "tokens hidden"],
+                        weight: Float[Tensor, " hidden"], eps: float, tp: TensorParallel,
+                        counters: Int[Tensor, " counters"]
+                        ) -> tuple[Float[Tensor, "tokens hidden"], Float[Tensor, "tokens hidden"]]:
+    """(h + the sum of x over the ranks, its rmsnorm * weight) in one launch over the
+    symmetric buffers (`kernels.collective.reduce_norm`; CUDA, where the plan's
+    `reduce_norm_fused` says)."""
+    tp.require_group()
+    return _all_reduce_add_norm(x, h, weight, eps, counters, tp.group)
 
 
 def prepare(tp: TensorParallel, opts: KernelOptions, counters: Tensor,
@@ -106,4 +136,4 @@ def gather_cols(local: Tensor, group: str, ranks: int) -> Tensor:
     return blocks.permute(1, 0, 2).reshape(rows, ranks * cols)
 
 
-__all__ = ["COLLECTIVES", "all_reduce", "gather_cols", "prepare"]
+__all__ = ["COLLECTIVES", "all_reduce", "all_reduce_add_norm", "gather_cols", "prepare"]
