@@ -106,7 +106,8 @@ def _fused_sum(rank: int, world: int, out: Path) -> None:
     )
 
     tp, eps, bf16 = rank_group(), 1e-6, torch.bfloat16
-    counters = Runtime(torch.device("cuda", rank)).counters
+    runtime = Runtime(torch.device("cuda", rank))
+    counters = runtime.counters
     opts = KernelOptions(fused=True, experts="triton")
     prepare(tp, opts, counters, bf16)
 
@@ -141,6 +142,9 @@ def _fused_sum(rank: int, world: int, out: Path) -> None:
         for _ in range(3):
             he, ye = apart(nx, he, w)
         assert torch.equal(hg, he) and torch.equal(yg, ye), seed
+    # opcheck runs the op on copies of its arguments: a copy of the counters belongs to no
+    # runtime, so every tensor finds this one (both ranks make the same calls).
+    Runtime.of = staticmethod(lambda tensor: runtime)
     torch.library.opcheck(_all_reduce_add_norm.op, (x, h, w, eps, counters, tp.group))
     torch.cuda.synchronize()
 
