@@ -39,7 +39,7 @@ from mla_func.fp8 import Fp8Weight, dense
 from mla_func.kernels.linear import norm as fused_norm
 from mla_func.kernels.linear import norm_linear as fused_norm_linear
 from mla_func.kernels.linear import proj_norm
-from mla_func.kernels.plan import KernelOptions, reduce_norm_fused
+from mla_func.kernels.plan import KernelOptions
 from mla_func.kernels.router import route as fused_route
 from mla_func.moe import experts as moe_experts
 from mla_func.moe import experts_add_norm as moe_experts_add_norm
@@ -103,20 +103,10 @@ def project_add_norm(
     summed over the ranks' heads where sharded (o: the heads' outputs side by side)."""
     w = dense(w, o.dtype).flatten(1)
     if tp.sharded:
-        return _reduce_add_norm(o @ w.T, h, weight, eps, opts, counters, tp)
+        return all_reduce_add_norm(o @ w.T, h, weight, eps, tp, opts, counters)
     if opts.fused:
         return _call(proj_norm.proj_add_rmsnorm, opts)(o, w, h, weight, eps, counters)
     return add_norm(h, o @ w.T, weight, eps, opts)
-
-
-def _reduce_add_norm(part: Rows, h: Rows, weight: Float[Tensor, " hidden"], eps: float,
-                     opts: KernelOptions, counters: Counters, tp: TensorParallel
-                     ) -> tuple[Rows, Rows]:
-    """(h + the ranks' sum of `part`, its norm): one launch where the plan fuses them
-    (`kernels.plan.reduce_norm_fused`), else the all-reduce, then the add and norm."""
-    if reduce_norm_fused(part.numel() * part.element_size(), part.is_cuda, opts):
-        return all_reduce_add_norm(part, h, weight, eps, tp, counters)
-    return add_norm(h, all_reduce(part, tp, opts, counters), weight, eps, opts)
 
 
 def norm_linear(
@@ -152,7 +142,7 @@ def experts_add_norm(
     if tp.sharded:
         part = moe_experts(x, weights, ids, moe.gate_up, moe.down, moe.shared, opts.experts,
                            counters, first_expert=tp.rank * moe.gate_up.shape[0])
-        return _reduce_add_norm(part, h, weight, eps, opts, counters, tp)
+        return all_reduce_add_norm(part, h, weight, eps, tp, opts, counters)
     return moe_experts_add_norm(x, weights, ids, moe.gate_up, moe.down, moe.shared, h, weight,
                                 eps, impl=opts.experts, defer_norm=defer_norm, counters=counters,
                                 trigger=opts.moe_trigger, direct=opts.eager_direct)

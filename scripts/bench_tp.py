@@ -60,7 +60,7 @@ def bench_all_reduce(tp, rows: list[int], widths: list[int], per_graph: int = 16
             for name, one_shot, end in (("one_shot", True, "sum"), ("nccl", False, "sum"),
                                         ("one_shot_add_norm", True, "apart"),
                                         ("fused", True, "fused")):
-                opts = KernelOptions(one_shot=one_shot)
+                opts = KernelOptions(one_shot=one_shot, fused=True, experts="triton")
                 prepare(tp, opts, counters, x.dtype)
 
                 def chain(x: torch.Tensor = x, opts: KernelOptions = opts, end: str = end,
@@ -72,7 +72,7 @@ def bench_all_reduce(tp, rows: list[int], widths: list[int], per_graph: int = 16
                         elif end == "apart":
                             h, y = add_rmsnorm(h, all_reduce(y, tp, opts, counters), w, eps)
                         else:
-                            h, y = all_reduce_add_norm(y, h, w, eps, tp, counters)
+                            h, y = all_reduce_add_norm(y, h, w, eps, tp, opts, counters)
                     return y
 
                 graph = capture_graph(chain)

@@ -21,7 +21,7 @@ from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.linear import small_linear
 from mla_func.kernels.plan import KernelOptions
 from mla_func.moe import moe_experts_op
-from mla_func.parallel.comm import _all_reduce
+from mla_func.parallel.comm import _all_reduce, _all_reduce_add_norm
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NAMESPACE = "mla_func::"
@@ -83,7 +83,12 @@ def _direct_calls() -> dict[str, tuple]:
             # The sum over ranks, in a group of one (NCCL's form; the one-shot form needs two
             # GPUs: tests/test_parallel_cuda.py).
             "mla_func::all_reduce": (_all_reduce.op, (r(3, 40), counters, _one_rank_group(),
-                                                      False), {})}
+                                                      False), {}),
+            # ... and a sub-layer's end: the sum, the residual add and the norm (the fused
+            # kernel's one launch: 2 GPUs, tests/test_parallel_cuda.py).
+            "mla_func::all_reduce_add_norm": (
+                _all_reduce_add_norm.op, (r(3, 40), r(3, 40), r(40), 1e-6, counters,
+                                          _one_rank_group(), False, False, True), {})}
 
 
 def _one_rank_group() -> str:
@@ -118,12 +123,8 @@ def _triton_attention_runs_here() -> bool:
     return triton_unavailable(torch.device(DEVICE)) is None
 
 
-# Ops that only run on several GPUs, and the test that opchecks them there.
-ELSEWHERE = {"mla_func::all_reduce_add_norm": "tests/test_parallel_cuda.py (2 GPUs)"}
-
-
 def test_every_op_is_checked(calls):
-    seen = {k.split(" ")[0] for k in calls} | set(ELSEWHERE)
+    seen = {k.split(" ")[0] for k in calls}
     assert seen == _registered(), sorted(_registered() ^ seen)
     forms = {tuple(k.split(" ")[1:]) for k in calls if "attention" in k}
     want = {("torch", "8"), ("torch", "2")}  # the prefill and the decode call

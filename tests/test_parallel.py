@@ -13,6 +13,7 @@ import torch
 from parallel_helpers import rank_group, run_ranks
 
 import mla_func as mf
+from mla_func.parallel.comm import COLLECTIVES
 from mla_func.parallel.group import ParallelError, TensorParallel
 from mla_func.parallel.shard import shard_params
 
@@ -65,9 +66,12 @@ def test_tensor_parallel_matches_one_device(tmp_path, world):
     assert (sizes["heads"], sizes["local_experts"], sizes["local_vocab"]) == (
         4 // world, 8 // world, 256 // world)
     assert sizes["experts"] == 8  # the router sees every expert
-    # Two all-reduces a layer and the embedding's, inside the segments (not split points).
+    # Two sums a layer and the embedding's, inside the segments (not split points): the
+    # attention's and the MoE's with the residual add and norm, the dense MLP's and the
+    # embedding's alone (tiny: 3 layers, the first dense).
     counts = plan["meta"]["collectives"]
-    assert sum(c["mla_func::all_reduce"] for c in counts.values()) == 2 * 3 + 1
+    total = {op: sum(c.get(op, 0) for c in counts.values()) for op in COLLECTIVES}
+    assert total == {"mla_func::all_reduce": 2, "mla_func::all_reduce_add_norm": 3 + 2}
     assert all(b["ranks"] == world for b in plan["meta"]["kernels"]["piecewise"].values())
 
 

@@ -125,14 +125,14 @@ def _fused_sum(rank: int, world: int, out: Path) -> None:
     for i, (rows, width) in enumerate(((1, 2048), (8, 2048), (40, 2048), (128, 2048),
                                        (1, 7168), (40, 7168), (128, 7168))):
         x, h, w = inputs(rows, width, i)
-        got, want = all_reduce_add_norm(x, h, w, eps, tp, counters), apart(x, h, w)
+        got, want = all_reduce_add_norm(x, h, w, eps, tp, opts, counters), apart(x, h, w)
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), (rows, width)
     x, h, w = inputs(8, 2048, 50)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):  # three sums in a row, each feeding the next one's residual
         hg = h
         for _ in range(3):
-            hg, yg = all_reduce_add_norm(x, hg, w, eps, tp, counters)
+            hg, yg = all_reduce_add_norm(x, hg, w, eps, tp, opts, counters)
     for seed in range(51, 56):
         nx, nh, _ = inputs(8, 2048, seed)
         x.copy_(nx)
@@ -145,7 +145,8 @@ def _fused_sum(rank: int, world: int, out: Path) -> None:
     # opcheck runs the op on copies of its arguments: a copy of the counters belongs to no
     # runtime, so every tensor finds this one (both ranks make the same calls).
     Runtime.of = staticmethod(lambda tensor: runtime)
-    torch.library.opcheck(_all_reduce_add_norm.op, (x, h, w, eps, counters, tp.group))
+    torch.library.opcheck(_all_reduce_add_norm.op, (x, h, w, eps, counters, tp.group, True,
+                                                     True, True))
     torch.cuda.synchronize()
 
 

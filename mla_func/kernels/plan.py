@@ -176,11 +176,12 @@ def all_reduce_form(nbytes: int, cuda: bool, one_shot: bool = True) -> str:
     return "one_shot" if one_shot and cuda and nbytes <= ONE_SHOT_MAX_BYTES else "nccl"
 
 
-def reduce_norm_fused(nbytes: int, cuda: bool, opts: KernelOptions) -> bool:
+def reduce_norm_fused(nbytes: int, cuda: bool, fused: bool, reduce_norm: bool,
+                      one_shot: bool) -> bool:
     """Whether a sub-layer's sum over ranks, its residual add and its norm run as one launch
-    (`kernels.collective.reduce_norm`): a one-shot sum with the fused kernels on."""
-    return (opts.fused and opts.reduce_norm
-            and all_reduce_form(nbytes, cuda, opts.one_shot) == "one_shot")
+    (`kernels.collective.reduce_norm`): a one-shot sum with the fused kernels on (the
+    options' `fused`, `reduce_norm`, `one_shot`)."""
+    return fused and reduce_norm and all_reduce_form(nbytes, cuda, one_shot) == "one_shot"
 
 
 def attention_form(max_query_len: int, mha_min_query: int = MHA_MIN_QUERY) -> str:
@@ -296,7 +297,8 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
     return StepPlan(tokens, seqs, options, device, qkv_a, o_proj, router, router_launch,
                     options.experts if moe_layers else "none", moe, shared, deferred, form,
                     decode, ranks, reduce,
-                    ranks > 1 and reduce_norm_fused(nbytes, cuda, options))
+                    ranks > 1 and reduce_norm_fused(nbytes, cuda, options.fused,
+                                                    options.reduce_norm, options.one_shot))
 
 
 __all__ = ["KERNEL_DTYPES", "DeviceSpec", "KernelOptions", "StepPlan", "default_options",

@@ -24,7 +24,14 @@ from torch import Tensor
 
 from mla_func.custom_op import custom_op
 from mla_func.kernels.launch.runtime import Runtime
-from mla_func.kernels.plan import ONE_SHOT_MAX_BYTES, KernelOptions, all_reduce_form
+from mla_func.kernels.linear import norm as fused_norm
+from mla_func.kernels.plan import (
+    ONE_SHOT_MAX_BYTES,
+    KernelOptions,
+    all_reduce_form,
+    reduce_norm_fused,
+)
+from mla_func.ops.norm import rmsnorm
 from mla_func.parallel.group import TensorParallel
 
 # The step's collective ops, as the capture plan names them.
@@ -55,9 +62,8 @@ def _symmetric_buffer(runtime: Runtime, group: str, dtype: torch.dtype) -> tuple
     return runtime.resource(f"symm_mem:{group}:{dtype}", make)
 
 
-# `owner`: a tensor of the state (its counters, read nowhere) whose runtime holds the buffer.
-@custom_op("mla_func::all_reduce", mutates_args=())
-def _all_reduce(x: Tensor, owner: Tensor, group: str, one_shot: bool) -> Tensor:
+def _sum(x: Tensor, owner: Tensor, group: str, one_shot: bool) -> Tensor:
+    """The sum of x over the ranks, in the plan's form for x's bytes."""
     if all_reduce_form(x.numel() * x.element_size(), x.is_cuda, one_shot) == "one_shot":
         buf, _ = _symmetric_buffer(Runtime.of(owner), group, x.dtype)
         out = torch.empty_like(x)
@@ -68,6 +74,12 @@ def _all_reduce(x: Tensor, owner: Tensor, group: str, one_shot: bool) -> Tensor:
     out = x.clone()
     dist.all_reduce(out, group=_group(group))
     return out
+
+
+# `owner`: a tensor of the state (its counters, read nowhere) whose runtime holds the buffer.
+@custom_op("mla_func::all_reduce", mutates_args=())
+def _all_reduce(x: Tensor, owner: Tensor, group: str, one_shot: bool) -> Tensor:
+    return _sum(x, owner, group, one_shot)
 
 
 @_all_reduce.register_fake
@@ -85,30 +97,42 @@ def all_reduce(x: Float[Tensor, "*rows width"], tp: TensorParallel, opts: Kernel
     return _all_reduce(x, counters, tp.group, opts.one_shot)
 
 
+# The form is chosen inside the op from x's bytes (a traced step serves every bucket).
 @custom_op("mla_func::all_reduce_add_norm", mutates_args=())
 def _all_reduce_add_norm(x: Tensor, h: Tensor, weight: Tensor, eps: float, owner: Tensor,
-                         group: str) -> tuple[Tensor, Tensor]:
-    from mla_func.kernels.collective.reduce_norm import all_reduce_add_rmsnorm
+                         group: str, one_shot: bool, fused: bool, reduce_norm: bool
+                         ) -> tuple[Tensor, Tensor]:
+    if reduce_norm_fused(x.numel() * x.element_size(), x.is_cuda, fused, reduce_norm,
+                         one_shot):
+        from mla_func.kernels.collective.reduce_norm import all_reduce_add_rmsnorm
 
-    buf, handle = _symmetric_buffer(Runtime.of(owner), group, x.dtype)
-    return all_reduce_add_rmsnorm(x, h, weight, eps, buf, handle)
+        buf, handle = _symmetric_buffer(Runtime.of(owner), group, x.dtype)
+        return all_reduce_add_rmsnorm(x, h, weight, eps, buf, handle)
+    total = _sum(x, owner, group, one_shot)
+    if fused:
+        return fused_norm.add_rmsnorm(h, total, weight, eps)
+    h = h + total
+    return h, rmsnorm(h, weight, eps)
 
 
 @_all_reduce_add_norm.register_fake
-def _(x, h, weight, eps, owner, group):
+def _(x, h, weight, eps, owner, group, one_shot, fused, reduce_norm):
     return torch.empty_like(h), torch.empty(
         h.shape, dtype=torch.promote_types(h.dtype, weight.dtype), device=h.device)
 
 
 def all_reduce_add_norm(x: Float[Tensor, "tokens hidden"], h: Float[Tensor, "tokens hidden"],
                         weight: Float[Tensor, " hidden"], eps: float, tp: TensorParallel,
-                        counters: Int[Tensor, " counters"]
+                        opts: KernelOptions, counters: Int[Tensor, " counters"]
                         ) -> tuple[Float[Tensor, "tokens hidden"], Float[Tensor, "tokens hidden"]]:
-    """(h + the sum of x over the ranks, its rmsnorm * weight) in one launch over the
-    symmetric buffers (`kernels.collective.reduce_norm`; CUDA, where the plan's
-    `reduce_norm_fused` says)."""
+    """(h + the sum of x over the ranks, its rmsnorm * weight): one launch over the symmetric
+    buffers where the plan says (`kernels.plan.reduce_norm_fused`:
+    `kernels.collective.reduce_norm`), else the sum (`all_reduce`'s form), then the add and
+    norm (fused or torch's, as `opts.fused`). One op either way: the choice follows x's bytes
+    at run time, as `all_reduce`'s does."""
     tp.require_group()
-    return _all_reduce_add_norm(x, h, weight, eps, counters, tp.group)
+    return _all_reduce_add_norm(x, h, weight, eps, counters, tp.group, opts.one_shot,
+                                opts.fused, opts.reduce_norm)
 
 
 def prepare(tp: TensorParallel, opts: KernelOptions, counters: Tensor,
