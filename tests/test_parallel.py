@@ -206,3 +206,29 @@ def test_scripts_under_torchrun(tmp_path):
                            cwd=ROOT, timeout=60)
     assert alone.returncode == 2
     assert "run torchrun --nproc-per-node 2 scripts/generate.py --tp 2" in alone.stderr
+
+
+def test_plan_picks_each_sums_form():
+    """The plan's forms of a sum over ranks: the one-shot launch up to ONE_SHOT_MAX_BYTES on
+    CUDA (NCCL past it, and gloo's on the CPU), and the sum, add and norm as one launch up to
+    REDUCE_NORM_MAX_ROWS rows or for rows REDUCE_NORM_WIDE wide (docs/DECISIONS.md)."""
+    from mla_func.kernels.plan import (
+        ONE_SHOT_MAX_BYTES,
+        REDUCE_NORM_MAX_ROWS,
+        REDUCE_NORM_WIDE,
+        all_reduce_form,
+        reduce_norm_fused,
+    )
+
+    assert all_reduce_form(ONE_SHOT_MAX_BYTES, True) == "one_shot"
+    assert all_reduce_form(ONE_SHOT_MAX_BYTES + 2, True) == "nccl"
+    assert all_reduce_form(2, False) == all_reduce_form(2, True, one_shot=False) == "nccl"
+
+    def fused(rows, width, **opts):
+        flags = {"cuda": True, "fused": True, "reduce_norm": True, "one_shot": True, **opts}
+        return reduce_norm_fused(rows, width, 2, **flags)
+
+    assert fused(REDUCE_NORM_MAX_ROWS, 2048) and not fused(REDUCE_NORM_MAX_ROWS + 1, 2048)
+    assert fused(128, REDUCE_NORM_WIDE) and not fused(129, 7168)  # past the one-shot size
+    for off in ("cuda", "fused", "reduce_norm", "one_shot"):
+        assert not fused(1, 2048, **{off: False}), off

@@ -44,6 +44,10 @@ MHA_MIN_QUERY = 64
 # over NVLink, one launch) instead of NCCL's (docs/DECISIONS.md,
 # `kernels.plan.ONE_SHOT_MAX_BYTES`).
 ONE_SHOT_MAX_BYTES = 128 * 7168 * 2
+# ... and its sum, residual add and norm run as one launch (`kernels.collective.reduce_norm`)
+# up to this many rows, or at any one-shot size for rows this wide (docs/DECISIONS.md).
+REDUCE_NORM_MAX_ROWS = 4
+REDUCE_NORM_WIDE = 4096
 # The weights' dtypes the fused kernels and the triton attention backend are tuned for: their
 # tiles are sized for 2-byte operands, and float32 doubles their shared memory (a V3-shaped
 # float32 step asked a kernel for 409,624 bytes of it; an H100 has 232,448).
@@ -176,12 +180,15 @@ def all_reduce_form(nbytes: int, cuda: bool, one_shot: bool = True) -> str:
     return "one_shot" if one_shot and cuda and nbytes <= ONE_SHOT_MAX_BYTES else "nccl"
 
 
-def reduce_norm_fused(nbytes: int, cuda: bool, fused: bool, reduce_norm: bool,
-                      one_shot: bool) -> bool:
-    """Whether a sub-layer's sum over ranks, its residual add and its norm run as one launch
-    (`kernels.collective.reduce_norm`): a one-shot sum with the fused kernels on (the
-    options' `fused`, `reduce_norm`, `one_shot`)."""
-    return fused and reduce_norm and all_reduce_form(nbytes, cuda, one_shot) == "one_shot"
+def reduce_norm_fused(rows: int, width: int, itemsize: int, cuda: bool, fused: bool,
+                      reduce_norm: bool, one_shot: bool) -> bool:
+    """Whether a sub-layer's sum over ranks of `rows` rows `width` wide, its residual add and
+    its norm run as one launch (`kernels.collective.reduce_norm`): a one-shot sum with the
+    fused kernels on (the options' `fused`, `reduce_norm`, `one_shot`), of a few rows or of
+    wide ones."""
+    one = all_reduce_form(rows * width * itemsize, cuda, one_shot) == "one_shot"
+    return (fused and reduce_norm and one
+            and (rows <= REDUCE_NORM_MAX_ROWS or width >= REDUCE_NORM_WIDE))
 
 
 def attention_form(max_query_len: int, mha_min_query: int = MHA_MIN_QUERY) -> str:
@@ -297,8 +304,9 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
     return StepPlan(tokens, seqs, options, device, qkv_a, o_proj, router, router_launch,
                     options.experts if moe_layers else "none", moe, shared, deferred, form,
                     decode, ranks, reduce,
-                    ranks > 1 and reduce_norm_fused(nbytes, cuda, options.fused,
-                                                    options.reduce_norm, options.one_shot))
+                    ranks > 1 and reduce_norm_fused(
+                        tokens, cfg.hidden_size, dtype.itemsize, cuda, options.fused,
+                        options.reduce_norm, options.one_shot))
 
 
 __all__ = ["KERNEL_DTYPES", "DeviceSpec", "KernelOptions", "StepPlan", "default_options",

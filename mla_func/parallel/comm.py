@@ -102,7 +102,8 @@ def all_reduce(x: Float[Tensor, "*rows width"], tp: TensorParallel, opts: Kernel
 def _all_reduce_add_norm(x: Tensor, h: Tensor, weight: Tensor, eps: float, owner: Tensor,
                          group: str, one_shot: bool, fused: bool, reduce_norm: bool
                          ) -> tuple[Tensor, Tensor]:
-    if reduce_norm_fused(x.numel() * x.element_size(), x.is_cuda, fused, reduce_norm,
+    rows, width = x.shape
+    if reduce_norm_fused(rows, width, x.element_size(), x.is_cuda, fused, reduce_norm,
                          one_shot):
         from mla_func.kernels.collective.reduce_norm import all_reduce_add_rmsnorm
 
