@@ -11,6 +11,8 @@ the entry points the layers above call; nothing here imports a sibling package's
   launch, its cost-model launch plan, and the one-program-an-expert form at a few rows.
 - `linear`: norms and few-row projections (`norm`, `proj_norm`, `small_linear`,
   `norm_linear`) that fuse the residual add and RMSNorm or load their weights before the wait.
+- `collective`: kernels that read other GPUs' memory (tensor parallel): signal-pad barriers
+  and a sub-layer's sum over ranks with its residual add and norm in one launch.
 - `launch`: programmatic dependent launch (`pdl`), arrival counters (`counters`), bulk L2
   prefetches (`l2_prefetch`), and the `Runtime` a state owns (`runtime`).
 - `plan`: one plan decides: `KernelOptions`, and `plan_step`, every kernel choice of a step
