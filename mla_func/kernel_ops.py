@@ -48,7 +48,7 @@ from mla_func.kernels.linear import fp8_linear as fused_fp8
 from mla_func.kernels.linear import norm as fused_norm
 from mla_func.kernels.linear import norm_linear as fused_norm_linear
 from mla_func.kernels.linear import proj_norm
-from mla_func.kernels.plan import KernelOptions
+from mla_func.kernels.plan import KernelOptions, fp8_gemm_runs
 from mla_func.kernels.router import route as fused_route
 from mla_func.moe import experts as moe_experts
 from mla_func.moe import experts_add_norm as moe_experts_add_norm
@@ -98,8 +98,10 @@ def embed(ids: Int[Tensor, " tokens"], table: Float[Tensor, "local_vocab hidden"
 
 
 def _fp8(w: Weight, opts: KernelOptions) -> bool:
-    """Whether a product with w runs the block-FP8 GEMM: an FP8 weight, the fused path."""
-    return opts.fused and isinstance(w, Fp8Weight)
+    """Whether a product with w runs the block-FP8 GEMM: an FP8 weight, the fused path, a
+    device with e4m3 tensor cores (`kernels.plan.fp8_gemm_runs`; before sm89 the weight is
+    dequantised as on the reference path)."""
+    return opts.fused and isinstance(w, Fp8Weight) and fp8_gemm_runs(w.data.device)
 
 
 def linear(x: Float[Tensor, "tokens width_in"], w: Float[Tensor, "*rows width_in"] | Fp8Weight,

@@ -30,8 +30,8 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 def _weight(n_out: int, n_in: int, block: tuple[int, int], stack: int, seed: int) -> Fp8Weight:
     w = torch.randn(stack, n_out, n_in, generator=torch.Generator().manual_seed(seed))
-    data, scales = quantize_matrix(w * n_in**-0.5, block)
-    return Fp8Weight(data, scales, block, tuple(w.shape)).to(DEV)
+    data, scales = quantize_matrix((w * n_in**-0.5).to(DEV), block)
+    return Fp8Weight(data, scales, block, tuple(w.shape))
 
 
 def _x(rows: int, n_in: int, dtype: torch.dtype, seed: int) -> torch.Tensor:

@@ -84,6 +84,10 @@ def test_fp8_weights_plan_the_fp8_gemms():
     assert "fp8_gemms" not in _plan(1).summary() and _plan(1).projections == "bfloat16"
     with pytest.raises(ValueError, match="unknown weights 'int4'"):
         _plan(1, weights="int4")
+    a100 = P.plan_step(V2_LITE, P.DeviceSpec("cuda", 108, (8, 0)), 1, 1, weights="fp8",
+                       options=P.KernelOptions(fused=True), max_pages=33, page_size=16)
+    assert (a100.qkv_a, a100.projections) == ("norm_linear", "bfloat16")  # no e4m3 MMA
+    assert P.fp8_gemm_runs(torch.device("meta")) and P.fp8_gemm_runs(torch.device("cpu"))
 
 
 def test_options_and_a_backend_that_disagrees_are_refused():

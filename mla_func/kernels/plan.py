@@ -135,6 +135,12 @@ class DeviceSpec:
         return self.type == "cuda" and self.capability[0] >= 9
 
     @property
+    def fp8_mma(self) -> bool:
+        """e4m3 tensor-core products (sm89 and later; elsewhere than CUDA: the interpreter, or
+        `meta`, which plans for such a GPU): the block-FP8 GEMM runs."""
+        return self.type != "cuda" or self.capability >= (8, 9)
+
+    @property
     def sm90(self) -> bool:
         """wgmma and TMA: the warp-specialised decode kernel runs."""
         return self.type == "cuda" and self.capability[0] == 9
@@ -165,6 +171,12 @@ def norm_linear_normalises(rows: int, width: int) -> bool:
     holds the row), so that the op before it may leave the norm unwritten (the deferred norm,
     `mla_func.kernel_ops`)."""
     return small_linear_rows(rows) and width <= NORM_LINEAR_MAX_WIDTH
+
+
+def fp8_gemm_runs(device: torch.device) -> bool:
+    """Whether the fused path multiplies block-FP8 weights in FP8 on `device` (else it
+    dequantises them, as the reference does): `DeviceSpec.fp8_mma`."""
+    return device_spec(device).fp8_mma
 
 
 def router_rows(tokens: int, few_rows: bool) -> bool:
@@ -207,8 +219,8 @@ class StepPlan:
     # all-reduce before the residual add, so o_proj and the MoE leave their norms to it.
     ranks: int = 1
     all_reduce: str = "none"  # "one_shot" | "nccl" (ranks > 1)
-    # What the projections compute in: "fp8" (block-FP8 weights on the fused path), else the
-    # float dtype's name ("bfloat16": FP8 weights on the reference path are dequantised).
+    # What the projections compute in: "fp8" (block-FP8 weights on the fused path, on a device
+    # with e4m3 MMA), else the float dtype's name ("bfloat16": FP8 weights dequantised).
     projections: str = "bfloat16"
     # FP8: each projection's GEMM launch, (name, `fp8_tiles` label) pairs.
     fp8_gemms: tuple[tuple[str, str], ...] = ()
@@ -253,7 +265,7 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
     if weights not in WEIGHTS:
         raise ValueError(f"unknown weights {weights!r}; expected one of {WEIGHTS}")
     fused, rows = options.fused, tokens
-    fp8 = fused and weights == "fp8"
+    fp8 = fused and weights == "fp8" and device.fp8_mma
     qkv_a = o_proj = router = "gemm"
     router_launch = moe = None
     deferred = False
@@ -324,4 +336,4 @@ def fp8_gemms(cfg: MLAConfig, rows: int, ranks: int = 1) -> tuple[tuple[str, str
 
 
 __all__ = ["KERNEL_DTYPES", "DeviceSpec", "KernelOptions", "StepPlan", "default_options",
-           "device_spec", "options_for", "plan_step"]
+           "device_spec", "fp8_gemm_runs", "options_for", "plan_step"]

@@ -89,7 +89,7 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, n_in, sx, n_groups, GROUP: tl.constex
     tl.store(s_ptr + row * n_groups + g, s)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _fp8_linear_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, n_rows, n_in, n_out, sx, sxs, rows_per_stack,
