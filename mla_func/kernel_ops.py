@@ -13,16 +13,18 @@ attention's heads), `experts_add_norm` (this rank's experts and its share of the
 experts), `all_reduce` itself for the dense MLP; `embed` and `logits` work on vocabulary
 shards. On one device they are the single-device ops, unchanged.
 
-Weights: a projection's weight may be block FP8 (`fp8.Fp8Weight`). On the fused path the
-projections taking one (`linear`: q_b; `norm_linear`: q + kv_a; `project_add_norm`: o_proj;
-`mlp`: a dense SwiGLU's gate/up and down) compute in block FP8 (`kernels/linear/fp8_linear.py`:
-the activations quantised per token and 128 columns, DeepSeek-V3's numerics), the norm before
-or the add+norm after in their own kernels; `kernels.plan` records it (`StepPlan.projections`).
-The reference path reads FP8 weights through `fp8.dense`, dequantised to the activations'
-dtype on the fly (CPU matmuls take no float8). W_UK and W_UV, the absorbed attention's
-per-head products (bmm in the attention op), are dequantised to the activations' dtype on
-both paths (`model.attention_weights`): the chosen precision, by this module, not measured
-against FP8 yet. The router, the norms, the embedding and lm_head stay float.
+Weights: a projection's weight may be block FP8 (`fp8.Fp8Weight`). On the fused path, on a
+device with e4m3 tensor cores (`kernels.plan.fp8_gemm_runs`), the projections taking one
+(`linear`: q_b; `norm_linear`: q + kv_a; `project_add_norm`: o_proj; `mlp`: a dense
+SwiGLU's gate/up and down) compute in block FP8 (`kernels/linear/fp8_linear.py`: the
+activations quantised per token and 128 columns, DeepSeek-V3's numerics), the norm before
+or the add+norm after in their own kernels; `kernels.plan` records it
+(`StepPlan.projections`). Elsewhere FP8 weights are read through `fp8.dense`, dequantised
+to the activations' dtype on the fly (CPU matmuls take no float8). W_UK and W_UV, the
+absorbed attention's per-head products (bmm in the attention op), are dequantised to the
+activations' dtype on both paths (`model.attention_weights`): the chosen precision, by this
+module, not measured against FP8 yet. The router, the norms, the embedding and lm_head stay
+float.
 
 The deferred norm (one decode row, fused path): a layer's first projection takes both the
 normalised residual x and the residual h (`norm_linear`). Where
