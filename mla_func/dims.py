@@ -109,6 +109,7 @@ LOCAL_DIMS: dict[str, str] = {
     "blocks": "M-tiles of the MoE's aligned layout",
     "groups": "expert groups of group-limited routing (n_group)",
     "shared": "shared experts seen as experts of width moe_inter",
+    "act_groups": "runs of 128 columns of a block-FP8 GEMM's activations, a scale each",
 }
 
 

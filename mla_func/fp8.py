@@ -13,6 +13,11 @@ The grid `block` may be finer than the checkpoint's 128 where params' layout cut
 scale, so it is exact. `pack` builds a weight from data and per-element scales on the finest
 grid that still holds one scale per block. Matmuls read weights through `dense`, the accessor
 the reference ops use (CPU matmuls do not take float8).
+
+The block-FP8 GEMM (`kernels/linear/fp8_linear.py`) multiplies in FP8 instead, with the
+activations quantised per token in groups of 128 columns (DeepSeek-V3's inference code,
+`act_quant` + `fp8_gemm`): `quantize_activations` and `linear_reference` are its numerics in
+torch, for tests.
 """
 
 import math
@@ -124,7 +129,44 @@ def unpack(w: Fp8Weight) -> tuple[Tensor, Tensor]:
     return w.data.reshape(w.shape), full.reshape(w.shape)
 
 
+def quantize_activations(x: Float[Tensor, "tokens width_in"], group: int = 128
+                         ) -> tuple[Float8e4m3fn[Tensor, "tokens width_in"],
+                                    Float32[Tensor, "tokens act_groups"]]:
+    """(e4m3 values, float32 scales): each row's runs of `group` columns (the last may be
+    partial) scaled so that their largest |value| is e4m3's largest (amax / 448; an all-zero
+    run gets scale 1), rounded to nearest even."""
+    tokens, cols = x.shape
+    groups = math.ceil(cols / group)
+    padded = x.new_zeros(tokens, groups * group, dtype=torch.float32)
+    padded[:, :cols] = x.float()
+    amax = padded.view(tokens, groups, group).abs().amax(-1)
+    scales = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    full = scales.repeat_interleave(group, 1)[:, :cols]
+    return (x.float() / full).clamp(-FP8_MAX, FP8_MAX).to(FP8), scales
+
+
+def linear_reference(x: Float[Tensor, "tokens width_in"], w: Fp8Weight, group: int = 128
+                     ) -> Float[Tensor, "tokens width_out"]:
+    """x w^T in block FP8, as the FP8 GEMM computes it: x quantised per token and `group`
+    columns (`quantize_activations`), each K step of min(group, the weight's block columns)
+    an exact product of e4m3 values summed in float32, scaled by both scales and added to a
+    float32 accumulator; the result in x's dtype. w's matrices are stacked into its rows."""
+    xq, xs = quantize_activations(x, group)
+    stack, rows, cols = w.data.shape
+    wq = w.data.reshape(stack * rows, cols).float()
+    row_block = torch.arange(stack * rows, device=x.device)
+    row_block = row_block // rows * w.scales.shape[1] + row_block % rows // w.block[0]
+    ws = w.scales.reshape(-1, w.scales.shape[2])[row_block]  # [stack * rows, blocks_in]
+    step = min(group, w.block[1])
+    acc = x.new_zeros(x.shape[0], stack * rows, dtype=torch.float32)
+    for k in range(0, cols, step):
+        part = xq[:, k:k + step].float() @ wq[:, k:k + step].T
+        acc += part * xs[:, k // group, None] * ws[None, :, k // w.block[1]]
+    return acc.to(x.dtype)
+
+
 Weight = Tensor | Fp8Weight  # a projection's weight: float, or block FP8
 
 __all__ = ["FP8", "FP8_MAX", "Fp8Weight", "Weight", "dense", "dequantize", "expand_scales",
-           "pack", "quantize", "quantize_matrix", "unpack"]
+           "linear_reference", "pack", "quantize", "quantize_activations", "quantize_matrix",
+           "unpack"]

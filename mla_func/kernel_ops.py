@@ -13,9 +13,18 @@ attention's heads), `experts_add_norm` (this rank's experts and its share of the
 experts), `all_reduce` itself for the dense MLP; `embed` and `logits` work on vocabulary
 shards. On one device they are the single-device ops, unchanged.
 
-Weights: a projection's weight may be block FP8 (`fp8.Fp8Weight`); the ops taking one read it
-through `fp8.dense`, dequantised to the activations' dtype on the fly (both paths: no FP8 GEMM
-kernel runs yet, and CPU matmuls take no float8).
+Weights: a projection's weight may be block FP8 (`fp8.Fp8Weight`). On the fused path, on a
+device with e4m3 tensor cores (`kernels.plan.fp8_gemm_runs`), the projections taking one
+(`linear`: q_b; `norm_linear`: q + kv_a; `project_add_norm`: o_proj; `mlp`: a dense
+SwiGLU's gate/up and down) compute in block FP8 (`kernels/linear/fp8_linear.py`: the
+activations quantised per token and 128 columns, DeepSeek-V3's numerics), the norm before
+or the add+norm after in their own kernels; `kernels.plan` records it
+(`StepPlan.projections`). Elsewhere FP8 weights are read through `fp8.dense`, dequantised
+to the activations' dtype on the fly (CPU matmuls take no float8). W_UK and W_UV, the
+absorbed attention's per-head products (bmm in the attention op), are dequantised to the
+activations' dtype on both paths (`model.attention_weights`): the chosen precision, by this
+module, not measured against FP8 yet. The router, the norms, the embedding and lm_head stay
+float.
 
 The deferred norm (one decode row, fused path): a layer's first projection takes both the
 normalised residual x and the residual h (`norm_linear`). Where
@@ -30,20 +39,23 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.config import MLAConfig
 from mla_func.custom_op import EagerOp, custom_op
-from mla_func.fp8 import Fp8Weight, dense
+from mla_func.fp8 import Fp8Weight, Weight, dense
+from mla_func.kernels.linear import fp8_linear as fused_fp8
 from mla_func.kernels.linear import norm as fused_norm
 from mla_func.kernels.linear import norm_linear as fused_norm_linear
 from mla_func.kernels.linear import proj_norm
-from mla_func.kernels.plan import KernelOptions
+from mla_func.kernels.plan import KernelOptions, fp8_gemm_runs
 from mla_func.kernels.router import route as fused_route
 from mla_func.moe import experts as moe_experts
 from mla_func.moe import experts_add_norm as moe_experts_add_norm
 from mla_func.ops import moe as ref_moe
+from mla_func.ops.mlp import swiglu
 from mla_func.ops.norm import rmsnorm
 from mla_func.parallel.comm import all_reduce, all_reduce_add_norm, gather_cols
 from mla_func.parallel.group import SINGLE, TensorParallel
@@ -87,10 +99,29 @@ def embed(ids: Int[Tensor, " tokens"], table: Float[Tensor, "local_vocab hidden"
     return all_reduce(rows, tp, opts, counters)
 
 
-def linear(x: Float[Tensor, "tokens width_in"], w: Float[Tensor, "*rows width_in"] | Fp8Weight
-           ) -> Float[Tensor, "tokens width_out"]:
+def _fp8(w: Weight, opts: KernelOptions) -> bool:
+    """Whether a product with w runs the block-FP8 GEMM: an FP8 weight, the fused path, a
+    device with e4m3 tensor cores (`kernels.plan.fp8_gemm_runs`; before sm89 the weight is
+    dequantised as on the reference path)."""
+    return opts.fused and isinstance(w, Fp8Weight) and fp8_gemm_runs(w.data.device)
+
+
+def linear(x: Float[Tensor, "tokens width_in"], w: Float[Tensor, "*rows width_in"] | Fp8Weight,
+           opts: KernelOptions) -> Float[Tensor, "tokens width_out"]:
     """x w^T, the weight's leading axes flattened into its output rows."""
+    if _fp8(w, opts):
+        return fused_fp8.fp8_linear(x, w, opts.eager_direct)
     return x @ dense(w, x.dtype).flatten(0, -2).T
+
+
+def mlp(x: Rows, gate_up: Float[Tensor, "2 inter hidden"] | Fp8Weight,
+        down: Float[Tensor, "hidden inter"] | Fp8Weight, opts: KernelOptions) -> Rows:
+    """SwiGLU, down(silu(gate x) * up x) (`ops.mlp.swiglu`), its products in block FP8 where
+    the weights are and the path is fused."""
+    if not (_fp8(gate_up, opts) or _fp8(down, opts)):
+        return swiglu(x, gate_up, down)
+    gate, up = linear(x, gate_up, opts).chunk(2, dim=-1)
+    return linear(F.silu(gate) * up, down, opts)
 
 
 def project_add_norm(
@@ -100,7 +131,13 @@ def project_add_norm(
 ) -> tuple[Rows, Rows]:
     """(h + o w^T, rmsnorm(h + o w^T) * weight): the attention's output projection, the
     residual add and the FFN's input norm (one launch at a few rows: `kernels.plan`); o w^T
-    summed over the ranks' heads where sharded (o: the heads' outputs side by side)."""
+    summed over the ranks' heads where sharded (o: the heads' outputs side by side). An FP8
+    weight on the fused path: the FP8 GEMM, then the add+norm kernel."""
+    if _fp8(w, opts):
+        y = fused_fp8.fp8_linear(o, w, opts.eager_direct)
+        if tp.sharded:
+            return all_reduce_add_norm(y, h, weight, eps, tp, opts, counters)
+        return add_norm(h, y, weight, eps, opts)
     w = dense(w, o.dtype).flatten(1)
     if tp.sharded:
         return all_reduce_add_norm(o @ w.T, h, weight, eps, tp, opts, counters)
@@ -116,6 +153,8 @@ def norm_linear(
 ) -> Float[Tensor, "tokens width_out"]:
     """x w^T, x being rmsnorm(h) * weight (which a deferred norm left unwritten: the module
     docstring)."""
+    if _fp8(w, opts):
+        return fused_fp8.fp8_norm_linear(x, h, weight, eps, w, opts.eager_direct)
     w = dense(w, x.dtype)
     if opts.fused:
         return _call(fused_norm_linear.norm_linear, opts)(x, h, weight, eps, w)
@@ -178,4 +217,4 @@ def logits(x: Rows, index: Int[Tensor, " seqs"], lm_head: Float[Tensor, "local_v
 
 
 __all__ = ["add_norm", "all_reduce", "dense", "embed", "experts_add_norm", "linear", "logits",
-           "norm", "norm_linear", "project_add_norm", "route"]
+           "mlp", "norm", "norm_linear", "project_add_norm", "route"]

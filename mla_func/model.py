@@ -29,7 +29,6 @@ from mla_func.batch import Batch, BatchError, KernelOptions, check_vocab
 from mla_func.config import MLAConfig
 from mla_func.donation import Donated, donating
 from mla_func.ops.attention_args import AttnMeta, AttnWeights
-from mla_func.ops.mlp import swiglu
 from mla_func.params import Attention, Layer, MoE, Params, rope_attention_factor
 from mla_func.state import KVState
 
@@ -46,7 +45,7 @@ def project_qkv_a(
     qkv = K.norm_linear(x, h, input_norm, eps, attn.qkv_a_proj, opts)
     q, kv = qkv.split((qkv.shape[1] - cfg.latent_dim, cfg.latent_dim), dim=1)
     if attn.q_b_proj is not None:
-        q = K.linear(K.norm(q, attn.q_a_norm, eps, opts), attn.q_b_proj)
+        q = K.linear(K.norm(q, attn.q_a_norm, eps, opts), attn.q_b_proj, opts)
     return q.unflatten(-1, (-1, cfg.qk_head_dim)), kv  # this rank's heads
 
 
@@ -82,7 +81,7 @@ def layer_step(
         weights, ids = K.route(x, mlp, cfg, opts, state.counters)
         return K.experts_add_norm(x, weights, ids, mlp, h, next_norm, eps, opts,
                                   state.counters, defer_norm, tp)
-    y = K.all_reduce(swiglu(x, mlp.gate_up, mlp.down), tp, opts, state.counters)
+    y = K.all_reduce(K.mlp(x, mlp.gate_up, mlp.down, opts), tp, opts, state.counters)
     return K.add_norm(h, y, next_norm, eps, opts)
 
 

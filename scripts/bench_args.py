@@ -109,6 +109,26 @@ def tp(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-size", type=int, default=16)
 
 
+def shape(text: str) -> tuple[int, int]:
+    """An argparse `type`: "NxK" (output by input width) as (N, K), both at least 1."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected NxK (e.g. 2048x2048), got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
+shape.__name__ = "NxK"
+
+
+def fp8(p: argparse.ArgumentParser) -> None:
+    """bench_fp8: the block-FP8 GEMM at a few rows against bf16 cuBLAS."""
+    p.add_argument("--rows", type=int_at_least(1), nargs="+", default=[1, 4, 16])
+    # V2-Lite's o_proj, query and kv_a (fused in the model: 3648), V3's dense MLP down.
+    p.add_argument("--shapes", type=shape, nargs="+",
+                   default=[(2048, 2048), (3072, 2048), (576, 2048), (7168, 18432)],
+                   help="weights as NxK: N outputs, K inputs")
+
+
 OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "step": step, "kernels": kernels, "moe": moe, "capture": capture, "segments": segments,
-    "tp": tp}
+    "tp": tp, "fp8": fp8}

@@ -20,6 +20,10 @@ def own_parse(name: str, argv: list[str]) -> argparse.Namespace:
         from scripts.bench_kernels import parse_args
 
         return parse_args(argv)
+    if name == "fp8":
+        from scripts.bench_fp8 import parse_args
+
+        return parse_args(argv)
     p = argparse.ArgumentParser()
     if name == "moe":
         from scripts.bench_moe import add_args
@@ -39,6 +43,8 @@ def own_parse(name: str, argv: list[str]) -> argparse.Namespace:
     (["kernels", "--batch", "128", "--page", "1", "64", "--ctx", "4096"],
      {"kernels": {"batch": [128], "page": [1, 64], "ctx": [4096]}}),
     (["moe", "--tokens", "4096", "--rounds", "7"], {"moe": {"tokens": [4096], "rounds": 7}}),
+    (["fp8", "--rows", "1", "16", "--shapes", "576x2048", "7168X18432"],
+     {"fp8": {"rows": [1, 16], "shapes": [(576, 2048), (7168, 18432)]}}),
     (["step", "--batches", "1", "8", "--page-size", "16", "--backend", "torch"],
      {"step": {"batches": [1, 8], "page_size": 16, "backend": "torch"}}),
     (["all", "--tokens", "4096", "--batch", "8", "--backend", "torch", "--page-size=32",
@@ -67,6 +73,7 @@ def test_each_option_reaches_its_own_benchmarks_parser(argv, want, tmp_path):
     (["moe", "--page-size=16"], "--page-size"),
     (["all", "--tokens", "8", "--nope", "1"], "--nope"),
     (["step", "5"], "5"),
+    (["fp8", "--tokens", "8"], "--tokens"),
 ])
 def test_an_option_no_benchmark_takes_is_refused_by_name(argv, name, tmp_path, monkeypatch):
     """Refused by `main` before the CUDA check (a GPU pretended here) and before --out."""
@@ -111,9 +118,9 @@ def test_benchmarks_refuse_unknown_options_when_run_alone(monkeypatch, capsys):
     assert _parse(["--page-size", "8"]).page_size == 8
 
 
-@pytest.mark.parametrize("module", ["bench_kernels", "bench_moe"])
+@pytest.mark.parametrize("module", ["bench_kernels", "bench_moe", "bench_fp8"])
 def test_standalone_benchmarks_help_and_cpu_errors(module, monkeypatch, capsys):
-    """`python -m scripts.bench_kernels|bench_moe`: --help works without a GPU, and a run
+    """`python -m scripts.bench_kernels|bench_moe|bench_fp8`: --help works without a GPU, and a run
     without one ends in one line, not a traceback."""
     import importlib
 

@@ -8,8 +8,9 @@ from mla_func.config import MLAConfig
 from mla_func.dims import DYNAMIC_DIMS, LOCAL_DIMS, STATIC_BINDINGS, VOCABULARY, static_sizes
 
 PACKAGE = pathlib.Path(mla_func.__file__).parent
-# A jaxtyping annotation: Float[Tensor, "tokens hidden"] and its kin.
-ANNOTATION = re.compile(r'\b(?:Float|Int|Bool|Shaped|Num)\[\s*(?:torch\.)?Tensor\s*,\s*"([^"]*)"')
+# A jaxtyping annotation: Float[Tensor, "tokens hidden"] and its kin (Float32, Float8e4m3fn, ...).
+ANNOTATION = re.compile(
+    r'\b(?:Float\w*|Int\w*|UInt\w*|Bool|Shaped|Num)\[\s*(?:torch\.)?Tensor\s*,\s*"([^"]*)"')
 
 
 def annotation_dims() -> dict[str, set[str]]:

@@ -68,6 +68,28 @@ def test_options_are_plan_fields():
     assert P.default_options("cpu", "auto").attention == "torch"
 
 
+def test_fp8_weights_plan_the_fp8_gemms():
+    """Block-FP8 weights on the fused path: the projections are the FP8 GEMM's (the first
+    one's norm apart at one row, o_proj's add+norm after), each with its launch; on the
+    reference path they are dequantised, in the dtype."""
+    one, many = _plan(1, weights="fp8"), _plan(128, weights="fp8")
+    assert (one.qkv_a, one.o_proj, one.projections) == ("norm+fp8", "fp8+add_norm", "fp8")
+    assert one.moe_norm_deferred and many.qkv_a == "fp8"
+    gemms = dict(one.summary()["fp8_gemms"])
+    assert set(gemms) == {"qkv_a", "o_proj", "mlp.gate_up", "mlp.down"}  # no q_lora
+    assert all("block_m=16" in g and "quant=inline" in g for g in gemms.values())
+    assert all("quant=apart" in g for _, g in many.fp8_gemms)
+    ref = _plan(1, options=P.KernelOptions(), weights="fp8")
+    assert (ref.qkv_a, ref.projections, ref.fp8_gemms) == ("gemm", "bfloat16", ())
+    assert "fp8_gemms" not in _plan(1).summary() and _plan(1).projections == "bfloat16"
+    with pytest.raises(ValueError, match="unknown weights 'int4'"):
+        _plan(1, weights="int4")
+    a100 = P.plan_step(V2_LITE, P.DeviceSpec("cuda", 108, (8, 0)), 1, 1, weights="fp8",
+                       options=P.KernelOptions(fused=True), max_pages=33, page_size=16)
+    assert (a100.qkv_a, a100.projections) == ("norm_linear", "bfloat16")  # no e4m3 MMA
+    assert P.fp8_gemm_runs(torch.device("meta")) and P.fp8_gemm_runs(torch.device("cpu"))
+
+
 def test_options_and_a_backend_that_disagrees_are_refused():
     """Options given with a backend other than theirs (and other than the call's default) are
     refused, at every place that takes both: make_batch, Engine, compile_step."""

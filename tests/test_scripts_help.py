@@ -28,6 +28,7 @@ HELP = [
     (["-m", "scripts.bench_kernels"], "--sweep-only"),
     (["-m", "scripts.bench_moe"], "--rounds"),
     (["-m", "scripts.bench_capture"], "--prefill"),
+    (["-m", "scripts.bench_fp8"], "--shapes"),
     (["scripts/bench_kernels.py"], "--sweep-only"),
     (["scripts/bench_moe.py"], "--rounds"),
     (["-m", "scripts.profile_step"], "--graph"),
@@ -45,6 +46,7 @@ BAD = [
     (["-m", "scripts.bench", "capture", "--max-tokens", "x"], "argument --max-tokens"),
     (["-m", "scripts.bench_moe", "--rounds", "0"], "argument --rounds: must be at least 1"),
     (["-m", "scripts.bench_kernels", "--heads", "x"], "argument --heads"),
+    (["-m", "scripts.bench", "fp8", "--shapes", "2048"], "argument --shapes: expected NxK"),
     (["-m", "scripts.profile_step", "--batch", "0"], "argument --batch: must be at least 1"),
     (["-m", "scripts.profile_generate", "--mode", "fast"], "argument --mode: invalid choice"),
 ]
@@ -97,12 +99,13 @@ def test_the_option_tables_are_the_packages():
 
 
 def test_each_benchmark_takes_its_options_from_bench_args():
-    from scripts import bench_args, bench_capture, bench_kernels, bench_moe, bench_step
+    from scripts import bench_args, bench_capture, bench_fp8, bench_kernels, bench_moe, bench_step
 
     assert bench_step.add_arguments is bench_args.step
     assert bench_kernels.add_args is bench_args.kernels
     assert bench_moe.add_args is bench_args.moe
     assert bench_capture.add_args is bench_args.capture
+    assert bench_fp8.add_args is bench_args.fp8
 
 
 def test_messages_speak_the_command_line():

@@ -8,6 +8,8 @@ sequence counts: a capture bucket, or an eager step's own) and the caller's `Ker
   eager calls straight to the op's function or through torch's dispatcher, and the launch
   variants that stay selectable (the router's early launch and few-row form, the MoE sum's
   early trigger);
+- the weights: float, or block FP8 (`weights`), whose projections the fused path computes in
+  FP8 (`StepPlan.projections`, and each one's launch: `linear.fp8_tiles`);
 - from the shape: the few-row projections (`proj_norm`, `small_linear`, `norm_linear`), the
   router's launch (`router.plan.launch_config`, or one program an expert at a few rows), the
   MoE's tiles and path (`moe.config.pick_config`), the attention's form (absorbed, or the MHA
@@ -23,12 +25,15 @@ from dataclasses import asdict, dataclass
 import torch
 
 from mla_func.config import MLAConfig
+from mla_func.dims import static_sizes
 from mla_func.kernels.attention.decode_plan import DecodePlan, plan_decode
+from mla_func.kernels.linear.fp8_tiles import fp8_tiles
 from mla_func.kernels.moe.config import MoEConfig, fold_shared, pick_config
 from mla_func.kernels.router.plan import LaunchConfig, launch_config
 from mla_func.ops.moe import local_experts
 
 EXPERTS_IMPLS = ("reference", "sorted_torch", "triton")
+WEIGHTS = ("float", "fp8")  # the projections' weights: the float dtype's, or block FP8
 
 # Rows up to which the few-row kernels run (docs/DECISIONS.md).
 PROJ_NORM_MAX_ROWS = 4  # o_proj + residual add + RMSNorm in one launch
@@ -137,6 +142,12 @@ class DeviceSpec:
         return self.type == "cuda" and self.capability[0] >= 9
 
     @property
+    def fp8_mma(self) -> bool:
+        """e4m3 tensor-core products (sm89 and later; elsewhere than CUDA: the interpreter, or
+        `meta`, which plans for such a GPU): the block-FP8 GEMM runs."""
+        return self.type != "cuda" or self.capability >= (8, 9)
+
+    @property
     def sm90(self) -> bool:
         """wgmma and TMA: the warp-specialised decode kernel runs."""
         return self.type == "cuda" and self.capability[0] == 9
@@ -167,6 +178,12 @@ def norm_linear_normalises(rows: int, width: int) -> bool:
     holds the row), so that the op before it may leave the norm unwritten (the deferred norm,
     `mla_func.kernel_ops`)."""
     return small_linear_rows(rows) and width <= NORM_LINEAR_MAX_WIDTH
+
+
+def fp8_gemm_runs(device: torch.device) -> bool:
+    """Whether the fused path multiplies block-FP8 weights in FP8 on `device` (else it
+    dequantises them, as the reference does): `DeviceSpec.fp8_mma`."""
+    return device_spec(device).fp8_mma
 
 
 def router_rows(tokens: int, few_rows: bool) -> bool:
@@ -204,8 +221,9 @@ class StepPlan:
     seqs: int
     options: KernelOptions
     device: DeviceSpec
-    qkv_a: str  # "norm_linear" | "small_linear" | "gemm"
-    o_proj: str  # "proj_norm" | "gemm"
+    # "norm_linear" | "small_linear" | "gemm"; FP8: "fp8", or "norm+fp8" (its norm apart)
+    qkv_a: str
+    o_proj: str  # "proj_norm" | "gemm" | "fp8+add_norm"
     router: str  # "rows" | "split" | "torch"
     router_launch: LaunchConfig | None
     experts: str
@@ -220,6 +238,11 @@ class StepPlan:
     ranks: int = 1
     all_reduce: str = "none"  # "one_shot" | "nccl" (ranks > 1)
     reduce_norm: bool = False  # the sum, the residual add and the norm in one launch
+    # What the projections compute in: "fp8" (block-FP8 weights on the fused path, on a device
+    # with e4m3 MMA), else the float dtype's name ("bfloat16": FP8 weights dequantised).
+    projections: str = "bfloat16"
+    # FP8: each projection's GEMM launch, (name, `fp8_tiles` label) pairs.
+    fp8_gemms: tuple[tuple[str, str], ...] = ()
 
     def summary(self, options: bool = True) -> dict:
         """The plan as plain JSON values, one line a choice (plan.json); `options` False
@@ -232,6 +255,10 @@ class StepPlan:
         for name in ("router_launch", "moe", "decode"):
             value = getattr(self, name)
             out[name] = None if value is None else _label(value)
+        if self.fp8_gemms:
+            out["fp8_gemms"] = dict(self.fp8_gemms)
+        else:  # float projections: nothing to say
+            del out["fp8_gemms"]
         return out
 
 
@@ -246,18 +273,25 @@ def _label(choice: object) -> str:
 def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
               options: KernelOptions, max_pages: int, page_size: int,
               dtype: torch.dtype = torch.bfloat16, max_query_len: int | None = 1,
-              ranks: int = 1) -> StepPlan:
+              ranks: int = 1, weights: str = "float") -> StepPlan:
     """The kernels a step of `tokens` tokens over `seqs` sequences runs (page tables
-    `max_pages` wide, pages of `page_size`, weights in `dtype`) on one rank of `ranks`
+    `max_pages` wide, pages of `page_size`, weights in `dtype`, the projections' in block
+    FP8 where `weights` is "fp8") on one rank of `ranks`
     (its heads, its routed experts and its slice of the shared MLP, whose width decides
     whether it folds into the routed launches; the router stays whole). `max_query_len`: the
     most new tokens of one sequence, 1 for a decode step; None where each step's own decides
     (a piecewise bucket: the attention runs between the graphs, from host metadata)."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"unknown weights {weights!r}; expected one of {WEIGHTS}")
     fused, rows = options.fused, tokens
+    fp8 = fused and weights == "fp8" and device.fp8_mma
     qkv_a = o_proj = router = "gemm"
     router_launch = moe = None
     deferred = False
-    if fused:
+    if fp8:
+        qkv_a = "norm+fp8" if norm_linear_normalises(rows, cfg.hidden_size) else "fp8"
+        o_proj = "fp8+add_norm"
+    elif fused:
         qkv_a = ("norm_linear" if norm_linear_normalises(rows, cfg.hidden_size)
                  else "small_linear" if small_linear_rows(rows) else "gemm")
         o_proj = ("proj_norm" if ranks == 1 and proj_norm_rows(rows, cfg.hidden_size)
@@ -306,8 +340,22 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
                     decode, ranks, reduce,
                     ranks > 1 and reduce_norm_fused(
                         tokens, cfg.hidden_size, dtype.itemsize, cuda, options.fused,
-                        options.reduce_norm, options.one_shot))
+                        options.reduce_norm, options.one_shot),
+                    "fp8" if fp8 else str(dtype).removeprefix("torch."),
+                    fp8_gemms(cfg, tokens, ranks) if fp8 else ())
+
+
+def fp8_gemms(cfg: MLAConfig, rows: int, ranks: int = 1) -> tuple[tuple[str, str], ...]:
+    """(projection, its block-FP8 GEMM's launch) for the step's projections at `rows` rows
+    (`fp8_tiles`: the launch follows the output width), on one rank of `ranks`."""
+    sizes = static_sizes(cfg, ranks)
+    widths = {"qkv_a": sizes["qkv_a"], "o_proj": cfg.hidden_size}
+    if cfg.q_lora_rank:
+        widths["q_b"] = sizes["heads"] * cfg.qk_head_dim
+    if cfg.first_k_dense_replace or not cfg.n_routed_experts:
+        widths |= {"mlp.gate_up": 2 * sizes["inter"], "mlp.down": cfg.hidden_size}
+    return tuple((name, _label(fp8_tiles(rows, n))) for name, n in widths.items())
 
 
 __all__ = ["KERNEL_DTYPES", "DeviceSpec", "KernelOptions", "StepPlan", "default_options",
-           "device_spec", "options_for", "plan_step", "reduce_norm_fused"]
+           "device_spec", "fp8_gemms", "options_for", "plan_step", "reduce_norm_fused"]

@@ -1,0 +1,107 @@
+"""Benchmark the block-FP8 GEMM (`kernels/linear/fp8_linear.py`) at a few rows against the bf16
+cuBLAS product of the same weight dequantised (GPU only).
+
+At decode sizes a projection streams its weight once, so the measure is the weight's bytes
+over the time (`GBps`: e4m3 data and float32 scales; bf16: two bytes an element) against the
+device-to-device copy bandwidth measured in the same run (`pct_copy`, docs/PERF.md
+"Conventions"; the read-only rate beside it). Times are medians of `triton.testing.do_bench`
+over CUDA-graph replays (`bench_kernels_timing.bench_us`: L2 flushed before every replay, so
+the weight comes from memory). `launch` is `fp8_tiles`' choice for the shape; `err` the
+kernel against `fp8.linear_reference` (max abs / max abs).
+
+Default shapes (N outputs x K inputs): V2-Lite's o_proj (2048x2048), query (3072x2048) and
+kv_a (576x2048) projections, and V3's dense MLP down projection (7168x18432).
+
+    python -m scripts.bench fp8 [--rows 1 4 16] [--shapes 2048x2048 7168x18432]
+    python -m scripts.bench_fp8 --rows 1
+"""
+
+import argparse
+
+try:  # `python -m scripts.bench fp8` / `python -m scripts.bench_fp8`
+    from scripts.bench_args import fp8 as add_args
+except ImportError:  # `python scripts/bench_fp8.py`
+    from bench_args import fp8 as add_args
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    add_args(p)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":  # --help and a mistyped option answer before torch is imported
+    parse_args()
+
+import torch
+
+from mla_func.fp8 import Fp8Weight, dequantize, linear_reference, quantize
+from mla_func.kernels.linear.fp8_linear import run as fp8_run
+from mla_func.kernels.linear.fp8_tiles import fp8_tiles
+
+try:
+    from scripts.bench_common import measure_ceilings, print_table
+    from scripts.bench_kernels_timing import bench_us
+except ImportError:  # `python scripts/bench_fp8.py`
+    from bench_common import measure_ceilings, print_table
+    from bench_kernels_timing import bench_us
+
+COLUMNS = ["n", "k", "rows", "launch", "us", "GBps", "pct_copy", "bf16_us", "bf16_GBps",
+           "speedup", "err"]
+
+
+def weight_bytes(w: Fp8Weight) -> int:
+    """Bytes a product reads of w: its e4m3 data and float32 scales."""
+    return w.data.numel() + 4 * w.scales.numel()
+
+
+def launch_label(rows: int, n: int) -> str:
+    t = fp8_tiles(rows, n)
+    return f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages} {t.quant}"
+
+
+def case(n: int, k: int, rows: int, copy_gbs: float, seed: int = 0) -> dict:
+    """One shape at `rows` rows: the FP8 kernel and bf16 cuBLAS, timed."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w = quantize(torch.randn(n, k, device="cuda", generator=g) * k**-0.5, 128)
+    dense = dequantize(w, torch.bfloat16)
+    x = torch.randn(rows, k, device="cuda", generator=g).to(torch.bfloat16)
+    got, ref = fp8_run(x, w.data, w.scales, w.block), linear_reference(x, w)
+    err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+    us = bench_us(lambda: fp8_run(x, w.data, w.scales, w.block))
+    bf16_us = bench_us(lambda: x @ dense.T)
+    gbs = weight_bytes(w) / us / 1e3
+    return dict(kind="fp8", n=n, k=k, rows=rows, launch=launch_label(rows, n), us=us,
+                GBps=gbs, pct_copy=100 * gbs / copy_gbs, bf16_us=bf16_us,
+                bf16_GBps=2 * n * k / bf16_us / 1e3, speedup=bf16_us / us, err=err)
+
+
+def run(args: "argparse.Namespace | list[str] | None" = None) -> list[dict]:
+    """Measure the ceilings, then every shape at every row count; print a table and return
+    its rows (`args`: parsed options or a command line)."""
+    if not isinstance(args, argparse.Namespace):
+        args = parse_args(list(args or []))
+    if not torch.cuda.is_available():  # after the options: --help and their errors work anywhere
+        raise SystemExit("bench_fp8 needs a CUDA GPU; none is available")
+    found = measure_ceilings()
+    copy = found["copy_gbs"]
+    rows: list[dict] = [dict(kind="ceilings", copy_GBps=copy, read_GBps=found["read_gbs"])]
+    for n, k in args.shapes:
+        for r in args.rows:
+            rows.append(case(n, k, r, copy))
+            c = rows[-1]
+            print(f"N={n:5d} K={k:5d} rows={r:3d} {c['us']:8.1f} us {c['GBps']:6.0f} GB/s "
+                  f"({c['pct_copy']:4.1f}% copy)  bf16 {c['bf16_us']:8.1f} us  "
+                  f"x{c['speedup']:.2f}  err {c['err']:.1e}", flush=True)
+        torch.cuda.empty_cache()
+    print_table(rows[1:], COLUMNS, f"Block-FP8 GEMM ({torch.cuda.get_device_name()}, copy "
+                f"{copy:.0f} GB/s, read {found['read_gbs']:.0f} GB/s)")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""kernels/linear/fp8_linear.py: the block-FP8 GEMM against `fp8.linear_reference` (the same
+numerics in torch: tight) and against the float product of the dequantised weight (loose: the
+activations' e4m3 rounding), on fresh random inputs; CPU: interpreted, small shapes.
+
+Tolerances. Against the reference: the same e4m3 values and scales, only float32 summation
+order differs, so float32 outputs agree to 1e-5 and bf16 ones to a unit in the last place
+(2^-7 relative: the interpreter's cast to bf16 truncates). Against the float product: e4m3
+keeps 3 mantissa bits, so each activation moves by up to 2^-4 of itself (about 2.6% rms of
+a product's scale over random signs): a relative error (Frobenius) under 0.06, where a wrong
+scale or block index gives O(1).
+"""
+
+import pytest
+import torch
+
+from mla_func.fp8 import (
+    FP8_MAX,
+    Fp8Weight,
+    dequantize,
+    linear_reference,
+    quantize,
+    quantize_activations,
+    quantize_matrix,
+)
+from mla_func.kernels.linear import fp8_linear as F
+from mla_func.kernels.linear.fp8_tiles import fp8_tiles
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _weight(n_out: int, n_in: int, block: tuple[int, int], stack: int, seed: int) -> Fp8Weight:
+    w = torch.randn(stack, n_out, n_in, generator=torch.Generator().manual_seed(seed))
+    data, scales = quantize_matrix((w * n_in**-0.5).to(DEV), block)
+    return Fp8Weight(data, scales, block, tuple(w.shape))
+
+
+def _x(rows: int, n_in: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(rows, n_in, generator=g) * (1 + torch.rand(rows, 1, generator=g))
+            ).to(DEV, dtype)
+
+
+def _check(x: torch.Tensor, w: Fp8Weight, tiles=None) -> None:
+    y = F.run(x, w.data, w.scales, w.block, tiles)
+    assert y.dtype == x.dtype and y.shape == (x.shape[0], w.data.shape[0] * w.data.shape[1])
+    tight = dict(rtol=1e-5, atol=1e-5) if x.dtype == torch.float32 else dict(rtol=2**-7,
+                                                                              atol=1e-3)
+    torch.testing.assert_close(y, linear_reference(x, w), **tight)
+    full = x.float() @ dequantize(w).flatten(0, -2).T
+    assert (y.float() - full).norm() / full.norm() < 0.06
+
+
+# rows, width_in, width_out, block (rows, columns), stack: few rows (the GEMM quantises x
+# itself) and many (a kernel before it does), widths on and off the 128 grid, block rows 128
+# and 64, block columns 64 (two weight scales an activation group) and 256, two matrices
+# stacked whose rows do not fill a block.
+CASES = [(3, 256, 48, (128, 128), 1), (5, 200, 40, (64, 64), 1), (1, 384, 32, (128, 256), 1),
+         (24, 300, 72, (128, 128), 1), (70, 136, 40, (64, 128), 1), (2, 160, 40, (64, 64), 2)]
+
+
+@pytest.mark.parametrize("rows, n_in, n_out, block, stack", CASES)
+def test_fp8_linear_matches_the_reference(rows, n_in, n_out, block, stack):
+    seed = rows * 1000 + n_in
+    _check(_x(rows, n_in, torch.bfloat16, seed), _weight(n_out, n_in, block, stack, seed + 1))
+
+
+def test_float32_activations_and_the_other_launch():
+    """float32 x, tight; the many-row launch at a few rows and the few-row one at many (each
+    launch's numerics are the same, only where x is quantised moves)."""
+    w = _weight(40, 200, (128, 128), 1, 7)
+    x = _x(18, 200, torch.float32, 8)
+    _check(x, w)
+    _check(x[:3], w, fp8_tiles(40, 40))
+    _check(x, w, fp8_tiles(1, 40))
+
+
+def test_activation_quantisation_is_the_reference():
+    """Per token and 128 columns: the kernel's e4m3 values and scales are the reference's
+    (signed zeros aside), through rounding up into the next power of two (the interpreter's
+    own cast drops that carry), e4m3's subnormals and an all-zero row (scale 1)."""
+    x = _x(4, 300, torch.float32, 3)
+    x[1] = 0
+    x[2, :128] = torch.linspace(-40, 40, 128)  # scale 1: ... 31.5 -> 32, 15.75 -> 16 ...
+    x[2, :4] = torch.tensor([FP8_MAX, 31.5, -15.75, 0.003])
+    x[3, 128:256] *= 1e-4
+    x[3, 128] = 3.0  # the rest of its group small: e4m3 subnormals
+    q, s = F.quantize_rows(x)
+    rq, rs = quantize_activations(x)
+    assert torch.equal(s, rs) and torch.equal(q.float(), rq.float())
+    assert (s[1] == 1).all() and (q[1].float() == 0).all() and s[2, 0] == 1
+    assert q[2, 1:4].float().tolist() == [32, -16, 2**-8]
+
+
+def test_grids_the_kernel_does_not_take_are_refused():
+    with pytest.raises(ValueError, match="span 16"):
+        F.step_columns(16)
+    with pytest.raises(ValueError, match="span 96"):
+        F.step_columns(96)
+    assert (F.step_columns(32), F.step_columns(128), F.step_columns(384)) == (32, 128, 128)
+
+
+def test_norm_linear_normalises_the_residual_at_one_row():
+    """At one row (the deferred norm) x is never read: NaN there, the result is the product
+    of rmsnorm(h) * weight; at two rows it is x's."""
+    from mla_func.ops.norm import rmsnorm
+
+    w = quantize(torch.randn(48, 64) * 0.125, 128).to(DEV)
+    h, nw = _x(2, 64, torch.float32, 5), (1 + 0.1 * _x(1, 64, torch.float32, 6)[0])
+    got = F.fp8_norm_linear(torch.full_like(h[:1], float("nan")), h[:1], nw, 1e-6, w)
+    torch.testing.assert_close(got, linear_reference(rmsnorm(h[:1], nw, 1e-6), w), rtol=1e-5,
+                               atol=1e-5)
+    x = _x(2, 64, torch.float32, 7)
+    torch.testing.assert_close(F.fp8_norm_linear(x, h, nw, 1e-6, w), linear_reference(x, w),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("rows", [1, 4, 16, 64, 512])
+def test_v2_lite_shaped_projections_on_the_gpu(rows):
+    """V2-Lite's projections (q + kv_a, o_proj, the dense MLP's gate/up and down) and V3's
+    widest K: the compiled kernel against the reference, then in a CUDA graph."""
+    from linear_helpers import replay_matches_eager
+
+    for n_out, n_in, stack in ((3648, 2048, 1), (2048, 2048, 1), (10944, 2048, 2),
+                               (2048, 10944, 1), (7168, 18432, 1)):
+        w = _weight(n_out, n_in, (128, 128), stack, rows + n_out)
+        _check(_x(rows, n_in, torch.bfloat16, n_in), w)
+    w = _weight(2048, 2048, (128, 128), 1, 3)
+    x = _x(rows, 2048, torch.bfloat16, 1)
+    replay_matches_eager(lambda: F.run(x, w.data, w.scales, w.block), x)
