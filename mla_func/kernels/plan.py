@@ -11,7 +11,9 @@ sequence counts: a capture bucket, or an eager step's own) and the caller's `Ker
 - from the shape: the few-row projections (`proj_norm`, `small_linear`, `norm_linear`), the
   router's launch (`router.plan.launch_config`, or one program an expert at a few rows), the
   MoE's tiles and path (`moe.config.pick_config`), the attention's form (absorbed, or the MHA
-  form for long prompts) and the decode's launch plan (`attention.decode_plan.plan_decode`).
+  form for long prompts) and the decode's launch plan (`attention.decode_plan.plan_decode`);
+- from the state: the cache's precision (`StepPlan.cache`: floats, or FP8 rows, which only
+  the Triton split-KV decode reads: the plan says `fp8` and never `ws`).
 The kernels take the same decisions from the same functions below (each op knows its own
 shapes at run time, while a traced step serves every bucket); the capture compiler's glue
 records `StepPlan.summary()` per bucket in plan.json. The constants are explained in
@@ -22,6 +24,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from mla_func.cache_fp8 import check_kv_dtype
 from mla_func.config import MLAConfig
 from mla_func.kernels.attention.decode_plan import DecodePlan, plan_decode
 from mla_func.kernels.moe.config import MoEConfig, fold_shared, pick_config
@@ -201,6 +204,8 @@ class StepPlan:
     # all-reduce before the residual add, so o_proj and the MoE leave their norms to it.
     ranks: int = 1
     all_reduce: str = "none"  # "one_shot" | "nccl" (ranks > 1)
+    # The latent cache's precision: "fp8" (`cache_fp8`'s rows) or the float dtype's name.
+    cache: str = "bfloat16"
 
     def summary(self, options: bool = True) -> dict:
         """The plan as plain JSON values, one line a choice (plan.json); `options` False
@@ -227,9 +232,10 @@ def _label(choice: object) -> str:
 def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
               options: KernelOptions, max_pages: int, page_size: int,
               dtype: torch.dtype = torch.bfloat16, max_query_len: int | None = 1,
-              ranks: int = 1) -> StepPlan:
+              ranks: int = 1, kv_dtype: str = "auto") -> StepPlan:
     """The kernels a step of `tokens` tokens over `seqs` sequences runs (page tables
-    `max_pages` wide, pages of `page_size`, weights in `dtype`) on one rank of `ranks`
+    `max_pages` wide, pages of `page_size`, weights in `dtype`, the cache in `kv_dtype`:
+    "fp8", or "auto" for floats in `dtype`) on one rank of `ranks`
     (its heads, its routed experts and its slice of the shared MLP, whose width decides
     whether it folds into the routed launches; the router stays whole). `max_query_len`: the
     most new tokens of one sequence, 1 for a decode step; None where each step's own decides
@@ -275,16 +281,17 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
         form = attention_form(max_query_len, options.mha_min_query)
         if form == "mha" and seqs > 1:
             form = "absorbed+mha"
+    cache = "fp8" if check_kv_dtype(kv_dtype) == "fp8" else str(dtype).removeprefix("torch.")
     decode = None
     if options.attention == "triton" and tokens == seqs and max_query_len == 1:
         decode = plan_decode(tokens, max_pages * page_size, device.sms,
                              cfg.num_attention_heads // ranks, page_size=page_size,
-                             ws=device.sm90)
+                             ws=device.sm90, fp8=cache == "fp8")
     reduce = "none" if ranks == 1 else all_reduce_form(
         tokens * cfg.hidden_size * dtype.itemsize, device.type == "cuda", options.one_shot)
     return StepPlan(tokens, seqs, options, device, qkv_a, o_proj, router, router_launch,
                     options.experts if moe_layers else "none", moe, shared, deferred, form,
-                    decode, ranks, reduce)
+                    decode, ranks, reduce, cache)
 
 
 __all__ = ["KERNEL_DTYPES", "DeviceSpec", "KernelOptions", "StepPlan", "default_options",
