@@ -195,11 +195,11 @@ def run(args: argparse.Namespace, tp=None) -> int:
         return 2
     source = args.checkpoint or f"preset {args.preset} (random weights)"
     ranks = f", tp {tp.size}" if tp.sharded else ""
-    cache = "fp8" if args.kv_dtype == "fp8" else args.dtype
+    cache = ", fp8 cache" if args.kv_dtype == "fp8" else ""
     say(f"{source}: {args.prompts} prompts x {args.prompt_len} tokens, max_new_tokens "
         f"{args.max_new_tokens}, mode {args.mode}, {out.attention_backend} attention, "
-        f"{args.device} {args.dtype}{ranks}, cache {cache}; weights ready in {load_s:.1f} s, "
-        f"warm-up (first call: kernel compiles) {warm_s:.1f} s, engine (cache, graphs) in "
+        f"{args.device} {args.dtype}{cache}{ranks}; weights ready in {load_s:.1f} s, warm-up "
+        f"(first call: kernel compiles) {warm_s:.1f} s, engine (cache, graphs) in "
         f"{out.setup_time_s:.1f} s")
     say(f"throughput: {out.tokens_per_s:.1f} output tokens/s, warm ({out.output_tokens} "
         f"tokens, {out.prompt_tokens} prompt tokens, {out.steps} steps, "
