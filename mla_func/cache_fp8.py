@@ -33,7 +33,7 @@ from torch import Tensor
 
 from mla_func.fp8 import FP8, FP8_MAX
 
-GROUP = 128  # c_kv values a scale covers
+GROUP = 128  # c_kv values a scale covers (docs/DECISIONS.md, `cache_fp8.GROUP`)
 ROPE_DTYPE = torch.bfloat16
 SCALE_BYTES = 4  # float32
 KV_DTYPES = ("auto", "fp8")  # "auto": the cache holds floats in the weights' dtype

@@ -149,7 +149,7 @@ def _fp8_plan(plan: DecodePlan) -> DecodePlan:
     255 registers and spill 92 bytes (sm90 ahead-of-time compile, V2-Lite sizes); 32-key
     tiles in 3 stages compile spill-free with the FP8 tile double-buffered (126 KB of shared
     memory). 64-head programs keep their tiles (spill-free at pages of 64). Not yet timed on a
-    GPU."""
+    GPU (docs/DECISIONS.md, `decode_plan._fp8_plan`)."""
     if plan.block_h <= 16:
         plan = replace(plan, block_n=32, num_stages=3)
     return replace(plan, fp8=True)
