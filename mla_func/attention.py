@@ -70,7 +70,7 @@ def torch_attention(
     q_pe, kv_new = ref.prologue(q_pe, kv, w.kv_norm, m.positions, w.inv_freq, w.rope_scale,
                                 w.eps)
     layer_cache = cache[layer]
-    ref.write_cache(layer_cache, kv_new, m.slot_mapping)
+    ref.write_cache(layer_cache, kv_new, m.slot_mapping, w.kv_norm.shape[0])
     # Gather only the page-table columns the longest sequence reaches (host metadata).
     pages_used = -(-int(m.host[3]) // cache.shape[2])
     page_table = m.page_table[:, :pages_used]

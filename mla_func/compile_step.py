@@ -11,7 +11,9 @@ the projection would run on up to 512 rows whatever the real sequence count (at 
 sequences, and its result is the step's output, with no static buffer. It records, per
 bucket, the kernels that bucket runs (`kernels.plan.plan_step`) in the plan's metadata
 (`plan.json`'s "kernels"), and each kind of weight's precision ("weights":
-`fp8_params.weight_precisions`, e.g. "fp8 e4m3, block 128"). It also builds the
+`fp8_params.weight_precisions`, e.g. "fp8 e4m3, block 128") and the cache's ("cache": its
+`kv_dtype`, the bytes of a token's row in a layer, and for FP8 rows their layout). It also
+builds the
 capture-time batches of full decode graphs: per `seqs` bucket, one new token per sequence,
 every page-table entry on the scratch page, slot -1 (no cache write), seq_len the worst case
 the page table allows (never zero-length dummies), host metadata with those sizes. The
@@ -25,9 +27,11 @@ import torch
 
 from mla_func.attention import get_backend, mla_attention_out
 from mla_func.batch import Batch
+from mla_func.cache_fp8 import fp8_layout
 from mla_func.capture import ALWAYS, CapturePlan, CudaRequiredError, plan_capture
 from mla_func.capture.compile import compile_plan
 from mla_func.capture.dispatch import MODES, CompiledStep
+from mla_func.config import MLAConfig
 from mla_func.dims import VOCABULARY
 from mla_func.fp8_params import is_fp8, weight_precisions
 from mla_func.kernels.plan import KernelOptions, device_spec, options_for
@@ -86,10 +90,11 @@ def seqs_within_tokens(max_tokens: int | None, max_seqs: int | None) -> int | No
 
 
 def bucket_kernels(plan: CapturePlan, params: Params, kernels: KernelOptions, max_pages: int,
-                   page_size: int) -> dict[str, dict]:
+                   page_size: int, kv_dtype: str = "auto") -> dict[str, dict]:
     """The options, and mode -> bucket size -> the kernels that bucket runs
     (`StepPlan.summary`): a piecewise bucket of `tokens` (its attention chosen per step,
-    between the graphs), a full bucket of `seqs` single-token decodes."""
+    between the graphs), a full bucket of `seqs` single-token decodes; the cache in
+    `kv_dtype` ("fp8", or "auto": the weights' dtype)."""
     device = device_spec(params.device)
     weights = "fp8" if is_fp8(params) else "float"
     seqs_max = plan.buckets["full"][-1] if plan.buckets.get("full") else 1
@@ -100,8 +105,17 @@ def bucket_kernels(plan: CapturePlan, params: Params, kernels: KernelOptions, ma
             params.cfg, device, n, n if full else min(n, seqs_max), options=kernels,
             max_pages=max_pages, page_size=page_size, dtype=params.dtype,
             max_query_len=1 if full else None, ranks=params.tp.size,
-            weights=weights).summary(options=False)
+            weights=weights, kv_dtype=kv_dtype).summary(options=False)
             for n in sizes}
+    return out
+
+
+def cache_precision(state: KVState, cfg: MLAConfig) -> dict:
+    """What plan.json says of the cache: its `kv_dtype`, a token's row in a layer in bytes,
+    and the layout of FP8 rows."""
+    out = {"kv_dtype": state.kv_dtype, "row_bytes": state.row_bytes}
+    if state.kv_dtype == "fp8":
+        out["layout"] = fp8_layout(cfg.kv_lora_rank, cfg.qk_rope_head_dim).describe()
     return out
 
 
@@ -131,8 +145,11 @@ def plan_step(params: Params, state: KVState, *, max_tokens: int | None = None,
                                "backend": kernels.attention})
     plan.meta["state_bounds"] = {"slots": slots, "pages": pages, "max_tokens": max_tokens,
                                  "max_seqs": max_seqs}
-    plan.meta["kernels"] = bucket_kernels(plan, params, kernels, max_pages, state.page_size)
+    kv_dtype = "fp8" if state.kv_dtype == "fp8" else "auto"
+    plan.meta["kernels"] = bucket_kernels(plan, params, kernels, max_pages, state.page_size,
+                                          kv_dtype)
     plan.meta["weights"] = weight_precisions(params)
+    plan.meta["cache"] = cache_precision(state, cfg)
     if params.tp.sharded:
         plan.meta["tensor_parallel"] = {"rank": params.tp.rank, "ranks": params.tp.size}
         # Inside the graphs, not splitting points: per segment (logits: at its split).

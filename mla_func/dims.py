@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from mla_func.cache_fp8 import Fp8Layout
 from mla_func.config import MLAConfig
 
 Kind = Literal["static", "dynamic", "capacity", "weight"]
@@ -37,6 +38,7 @@ STATIC_BINDINGS: dict[str, Callable[[MLAConfig], int]] = {
     "kv_lora": lambda c: c.kv_lora_rank,
     "q_lora": lambda c: c.q_lora_rank or 0,
     "latent": lambda c: c.latent_dim,
+    "cache_row": lambda c: Fp8Layout(c.kv_lora_rank, c.qk_rope_head_dim).row_bytes,
     "qkv_a": lambda c: (c.q_lora_rank or c.num_attention_heads * c.qk_head_dim) + c.latent_dim,
     "experts": lambda c: c.n_routed_experts or 0,
     "local_experts": lambda c: c.n_routed_experts or 0,
@@ -71,6 +73,9 @@ VOCABULARY: dict[str, DimSpec] = {
     "kv_lora": DimSpec("kv_lora", "static", "compressed KV width (c_kv)"),
     "q_lora": DimSpec("q_lora", "static", "compressed query width"),
     "latent": DimSpec("latent", "static", "cached values per token per layer: kv_lora + qk_rope"),
+    "cache_row": DimSpec("cache_row", "static",
+                         "bytes of a token's row in the FP8 latent cache: kv_lora e4m3 values, "
+                         "their float32 scales, qk_rope bf16 values (656 in V2/V3)"),
     "qkv_a": DimSpec("qkv_a", "static",
                      "rows of the fused input projection: the query's (heads x qk_head, or "
                      "q_lora) then latent"),

@@ -55,6 +55,7 @@ import torch
 import mla_func.model as model
 from mla_func.attention import get_backend
 from mla_func.batch import SeqWork, make_batch
+from mla_func.cache_fp8 import check_kv_dtype
 from mla_func.config import MLAConfig
 from mla_func.dims import TOKENS_MAX_CAPTURED
 from mla_func.kernels.plan import KernelOptions, options_for
@@ -121,7 +122,8 @@ def eos_ids(eos_token_id: "int | Sequence[int] | str | None", cfg: MLAConfig
 
 class Engine:
     """A long-lived continuous-batching engine: `submit` requests, `step` or `run`, read
-    `result`. It owns its KVState; see the module docstring for the policy and errors."""
+    `result`. It owns its KVState (`kv_dtype` "fp8": the FP8 latent cache, `cache_fp8`; "auto":
+    floats in the weights' dtype); see the module docstring for the policy and errors."""
 
     def __init__(
         self, cfg: MLAConfig, params: Params, *, num_pages: int, mode: str = "eager",
@@ -131,9 +133,10 @@ class Engine:
         eos_token_id: int | Sequence[int] | Literal["config"] | None = "config",
         return_logits: bool = False, progress: bool | None = None,
         max_graph_tokens: int = TOKENS_MAX_CAPTURED,
-        kernels: KernelOptions | None = None,
+        kernels: KernelOptions | None = None, kv_dtype: str = "auto",
     ) -> None:
         check_mode(mode, params)
+        check_kv_dtype(kv_dtype)
         if params.cfg != cfg:
             differ = [f.name for f in dataclasses.fields(cfg)
                       if getattr(cfg, f.name) != getattr(params.cfg, f.name)]
@@ -157,7 +160,8 @@ class Engine:
         self.page_size, self.max_batch_tokens, self.max_seqs = page_size, max_batch_tokens, max_seqs
         self.eos = eos_ids(eos_token_id, cfg)
         self.return_logits = return_logits
-        self.state: KVState = init_state(cfg, num_pages, page_size, params.device, params.dtype)
+        self.state: KVState = init_state(cfg, num_pages, page_size, params.device, params.dtype,
+                                         kv_dtype)
         # Several ranks: the same schedule on each, checked before every step; one bar.
         self._schedule_check = ScheduleCheck(params.tp) if params.tp.sharded else None
         self._main = is_main(params.tp)

@@ -10,6 +10,10 @@ written in place so that its address stays fixed from step to step, and the retu
 new handle of the same buffers. The state passed is spent: passing it again raises
 `ConsumedError` (a host-side flag, no device work).
 
+With `kv_dtype="fp8"` the cache holds FlashMLA's FP8 rows instead (`mla_func.cache_fp8`: 656
+bytes a token a layer at V2/V3's sizes, uint8 `[layers, pages, page_size, cache_row]`), the
+same pages and slots; `KVState.kv_dtype` says which.
+
 A state also owns its kernels' runtime (`kernels.launch.runtime.Runtime`): the arrival
 counters (`counters`, a tensor the counting ops receive and declare mutated, zero between
 launches), the decode workspace and the side streams. Two states never share them, so two
@@ -23,13 +27,15 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mla_func.cache_fp8 import Fp8Cache, check_kv_dtype, fp8_layout, is_fp8
 from mla_func.config import MLAConfig
 from mla_func.dtypes import resolve_dtype
 from mla_func.kernels.launch.runtime import Runtime
 from mla_func.memory import available_bytes, human
 from mla_func.validation import positive_int
 
-LatentCache = Float[Tensor, "layers pages page_size latent"]
+# Float rows of `latent` values, or FP8 rows of `cache_row` bytes (`cache_fp8`).
+LatentCache = Float[Tensor, "layers pages page_size latent"] | Fp8Cache
 SCRATCH_PAGE = 0
 
 
@@ -78,7 +84,8 @@ class PageAllocator:
 
 @dataclass(frozen=True)
 class KVState:
-    """The cache must be one dense [layers, pages, page_size, latent] tensor: the kernels
+    """The cache must be one dense [layers, pages, page_size, latent] tensor of floats, or of
+    FP8 rows ([..., cache_row] bytes, `cache_fp8`; `kv_dtype` says which): the kernels
     address a page by its index times a page's size, and the allocator's geometry must be
     the cache's. A state built otherwise is refused here (ValueError), not read wrongly."""
 
@@ -93,6 +100,8 @@ class KVState:
         if c.dim() != 4:
             raise ValueError(f"KVState.cache must be [layers, pages, page_size, latent]; got "
                              f"shape {tuple(c.shape)}")
+        if not (c.is_floating_point() or is_fp8(c)):
+            raise ValueError(f"KVState.cache must hold floats or FP8 rows (uint8); got {c.dtype}")
         if not c.is_contiguous():
             raise ValueError(f"KVState.cache must be contiguous (the kernels index pages by "
                              f"offset); got strides {c.stride()} for shape {tuple(c.shape)}")
@@ -117,6 +126,16 @@ class KVState:
     def num_pages(self) -> int:
         return self.cache.shape[1]
 
+    @property
+    def kv_dtype(self) -> str:
+        """"fp8" (`cache_fp8`'s rows) or the float cache's dtype name ("bfloat16")."""
+        return "fp8" if is_fp8(self.cache) else str(self.cache.dtype).removeprefix("torch.")
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one token's row in one layer (656 for V2/V3's FP8 rows, 1,152 in bf16)."""
+        return self.cache.shape[3] * self.cache.element_size()
+
 
 def init_state(
     cfg: MLAConfig,
@@ -124,13 +143,18 @@ def init_state(
     page_size: int = 16,
     device: "str | torch.device" = "cpu",
     dtype: "torch.dtype | str" = torch.float32,
+    kv_dtype: str = "auto",
 ) -> KVState:
     """An empty cache of `num_pages` pages (page 0 is scratch); `dtype` a torch.dtype or its
-    name (`dtypes.DTYPES`)."""
+    name (`dtypes.DTYPES`). `kv_dtype` "fp8": FP8 rows (`cache_fp8`) instead of `dtype`
+    floats; "auto": `dtype`."""
     dtype = resolve_dtype(dtype, "the cache's dtype")
     positive_int("num_pages", num_pages, 2)  # page 0 is the scratch page
     positive_int("page_size", page_size)
-    shape = (cfg.num_hidden_layers, num_pages, page_size, cfg.latent_dim)
+    row = cfg.latent_dim
+    if check_kv_dtype(kv_dtype) == "fp8":
+        row, dtype = fp8_layout(cfg.kv_lora_rank, cfg.qk_rope_head_dim).row_bytes, torch.uint8
+    shape = (cfg.num_hidden_layers, num_pages, page_size, row)
     _check_fits(math.prod(shape) * dtype.itemsize, torch.device(device), shape, dtype)
     cache = torch.zeros(shape, device=device, dtype=dtype)
     return KVState(cache=cache, allocator=PageAllocator(num_pages, page_size))
@@ -142,7 +166,8 @@ def _check_fits(nbytes: int, device: torch.device, shape: tuple[int, ...],
     raw error (or, on the host, the machine swapping)."""
     room = available_bytes(device)
     if room is not None and nbytes > room:
+        unit, kind = ("bytes", "fp8 rows") if dtype == torch.uint8 else ("values", dtype)
         raise ValueError(
-            f"a cache of {shape[1]} pages x {shape[2]} tokens x {shape[3]} values x {shape[0]} "
-            f"layers in {dtype} needs {human(nbytes)} but {device} has {human(room)} "
+            f"a cache of {shape[1]} pages x {shape[2]} tokens x {shape[3]} {unit} x {shape[0]} "
+            f"layers in {kind} needs {human(nbytes)} but {device} has {human(room)} "
             "available: lower num_pages")

@@ -52,6 +52,9 @@ def kernels(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep-seconds", type=float, default=210.0,
                    help="time limit of the descent over all sweep cases (compiles included)")
     p.add_argument("--no-ref", action="store_true", help="skip the torch reference")
+    p.add_argument("--kv-dtype", default="auto", choices=("auto", "fp8"),
+                   help="the latent cache: bf16 (auto) or FP8 rows (656 bytes a token; "
+                        "bandwidth counted over them)")
 
 
 def moe(p: argparse.ArgumentParser) -> None:

@@ -14,6 +14,12 @@ form with both W_UK/W_UV products (`full_us`); `ref_us` is mla_func.ops.attentio
     python -m scripts.bench_kernels --quick          # a few rows
     python -m scripts.bench_kernels --sweep          # also tune decode plans on SWEEP_CASES
     python -m scripts.bench_kernels --sweep-only     # just the tuning (a few minutes)
+    python -m scripts.bench kernels --kv-dtype fp8   # the FP8 latent cache (cache_fp8.py)
+
+`--kv-dtype fp8`: the cache holds FP8 rows (656 bytes a token at these sizes); GB/s and % of
+copy count those bytes, the decode runs `plan_decode(..., fp8=True)` (the Triton kernel), the
+prefill reads the cache through its dequantising gather, and a last line says how many
+V2-Lite 4096-token sequences the GPU's free memory would hold in each cache.
 
 The sweep tunes one plan field at a time (`sweep_case`), then prints per case the default
 and best plans: what to make `plan_decode`'s default.
@@ -54,6 +60,7 @@ from mla_func.kernels.attention.decode import (
 )
 from mla_func.kernels.attention.decode_ws import device_ok as ws_device
 from mla_func.kernels.attention.prefill import mha_prefill, prefill_flops
+from mla_func.memory import available_bytes, cache_sequences
 from mla_func.ops import attention as ref
 
 try:  # `python -m scripts.bench kernels` / `python -m scripts.bench_kernels`
@@ -77,19 +84,20 @@ def _args(p: dict) -> tuple:
 
 
 
-def decode_row(heads, batch, ctx, page, ceil, no_ref) -> dict:
+def decode_row(heads, batch, ctx, page, ceil, no_ref, kv_dtype="auto") -> dict:
     """One decode case under `plan_decode`'s plan, the full absorbed form and the torch
-    reference."""
-    p = decode_inputs(heads, batch, ctx, page)
+    reference; the cache in `kv_dtype`."""
+    p = decode_inputs(heads, batch, ctx, page, kv_dtype=kv_dtype)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     plan = plan_decode(batch, p["page_table"].shape[1] * page, sms, heads, page_size=page,
-                       ws=ws_device(torch.device("cuda")))
+                       ws=ws_device(torch.device("cuda")), fp8=kv_dtype == "fp8")
     shrunk: dict[DecodePlan, DecodePlan] = {}
     us = time_plan(p, plan, shrunk=shrunk)
     full_us = bench_us(lambda: attend_absorbed(*_args(p), DecodeWorkspace(), plan))
-    moved, floor_us = floors(heads, batch, ctx, ceil)
+    moved, floor_us = floors(heads, batch, ctx, ceil, kv_dtype)
     row = {
         "kind": "decode", "heads": heads, "batch": batch, "ctx": ctx, "page": page,
+        "kv_dtype": kv_dtype,
         "splits": plan.num_splits, "config": plan_label(effective_plan(plan, shrunk)),
         "us": us, "full_us": full_us, "GBps": moved / us / 1e3,
         "TFLOPs": 2 * batch * heads * ctx * (LATENT + KV_LORA) / us / 1e6,
@@ -104,8 +112,9 @@ def decode_row(heads, batch, ctx, page, ceil, no_ref) -> dict:
     return row
 
 
-def prefill_row(heads: int, prompt: int, ceil: dict, no_ref: bool) -> dict:
-    p = decode_inputs(heads, 1, prompt, 64, seed=1)
+def prefill_row(heads: int, prompt: int, ceil: dict, no_ref: bool, kv_dtype: str = "auto"
+                ) -> dict:
+    p = decode_inputs(heads, 1, prompt, 64, seed=1, kv_dtype=kv_dtype)
     for name in ("q_nope", "q_pe"):
         p[name] = torch.randn(prompt, heads, p[name].shape[-1], device="cuda",
                               dtype=torch.bfloat16)
@@ -143,15 +152,17 @@ def sweep_axes(heads: int, splits: int, capacity: int) -> list[list[dict]]:
     return axes
 
 
-def sweep_case(heads: int, batch: int, ctx: int, ceil: dict, seconds: float) -> list[dict]:
+def sweep_case(heads: int, batch: int, ctx: int, ceil: dict, seconds: float,
+               kv_dtype: str = "auto") -> list[dict]:
     """Coordinate descent over plan fields (two rounds, or until `seconds` run out), from the
     default plan; one row per timed plan (kind "sweep") and a summary row (kind
     "sweep-best")."""
     page, deadline = 64, time.monotonic() + seconds
-    p = decode_inputs(heads, batch, ctx, page)
+    p = decode_inputs(heads, batch, ctx, page, kv_dtype=kv_dtype)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     capacity = p["page_table"].shape[1] * page
-    default = plan_decode(batch, capacity, sms, heads, ws=ws_device(torch.device("cuda")))
+    default = plan_decode(batch, capacity, sms, heads, ws=ws_device(torch.device("cuda")),
+                          fp8=kv_dtype == "fp8")
     seen: dict[DecodePlan, float] = {}
     shrunk: dict[DecodePlan, DecodePlan] = {}
     rows: list[dict] = []
@@ -185,7 +196,7 @@ def sweep_case(heads: int, batch: int, ctx: int, ceil: dict, seconds: float) -> 
         if best == start:
             break
     best, best_us = min(seen.items(), key=lambda item: item[1])
-    moved, floor_us = floors(heads, batch, ctx, ceil)
+    moved, floor_us = floors(heads, batch, ctx, ceil, kv_dtype)
     rows.append(dict(
         kind="sweep-best", heads=heads, batch=batch, ctx=ctx, page=page, timed=len(seen),
         default=f"s{default.num_splits} {plan_label(default)}", default_us=default_us,
@@ -210,6 +221,7 @@ def run(args: "argparse.Namespace | list[str] | None" = None) -> list[dict]:
     pages = [64] if quick else getattr(args, "page", [1, 64])
     prompts = [1024, 4096] if quick else getattr(args, "prompt", [1024, 2048, 4096, 8192])
     no_ref = getattr(args, "no_ref", False)
+    kv_dtype = getattr(args, "kv_dtype", "auto")
     ceil = ceilings()
     rows: list[dict] = [dict(kind="ceilings", **ceil)]
     print(f"copy {ceil['copy_GBps']:.0f} GB/s, bf16 matmul {ceil['matmul_TFLOPs']:.0f} TFLOP/s "
@@ -217,23 +229,28 @@ def run(args: "argparse.Namespace | list[str] | None" = None) -> list[dict]:
     sweep_only = getattr(args, "sweep_only", False)
     if not sweep_only:
         for heads, batch, ctx, page in itertools.product(heads_list, batches, ctxs, pages):
-            rows.append(decode_row(heads, batch, ctx, page, ceil, no_ref))
+            rows.append(decode_row(heads, batch, ctx, page, ceil, no_ref, kv_dtype))
             _print(rows[-1])
     if sweep_only or getattr(args, "sweep", False):
         end = time.monotonic() + getattr(args, "sweep_seconds", 210.0)
         for i, (heads, batch, ctx) in enumerate(SWEEP_CASES):
             share = (end - time.monotonic()) / (len(SWEEP_CASES) - i)  # unused time carries
-            rows += sweep_case(heads, batch, ctx, ceil, share)
+            rows += sweep_case(heads, batch, ctx, ceil, share, kv_dtype)
             torch.cuda.empty_cache()
     if not sweep_only:
         for heads, prompt in itertools.product(heads_list, prompts):
-            rows.append(prefill_row(heads, prompt, ceil, no_ref))
+            rows.append(prefill_row(heads, prompt, ceil, no_ref, kv_dtype))
             _print(rows[-1])
         print_table([r for r in rows if r["kind"] == "decode"], DECODE_COLUMNS,
                     f"MLA decode ({torch.cuda.get_device_name()}, copy "
-                    f"{ceil['copy_GBps']:.0f} GB/s, matmul {ceil['matmul_TFLOPs']:.0f} TFLOP/s)")
+                    f"{ceil['copy_GBps']:.0f} GB/s, matmul {ceil['matmul_TFLOPs']:.0f} TFLOP/s, "
+                    f"cache {'fp8' if kv_dtype == 'fp8' else 'bf16'})")
         print_table([r for r in rows if r["kind"] == "prefill"], PREFILL_COLUMNS,
                     "MLA prefill")
+    if kv_dtype == "fp8":
+        rows.append(capacity_row())
+        print(f"V2-Lite, 4096-token sequences in {rows[-1]['free_GiB']:.1f} GiB free: bf16 cache "
+              f"{rows[-1]['bf16']}, fp8 cache {rows[-1]['fp8']} (x{rows[-1]['ratio']:.2f})")
     best = [r for r in rows if r["kind"] == "sweep-best"]
     if best:
         print_table(best, SWEEP_COLUMNS, "Decode plan sweep: default vs best (page 64; us ="
@@ -241,6 +258,17 @@ def run(args: "argparse.Namespace | list[str] | None" = None) -> list[dict]:
         for r in best:
             print(f"best H={r['heads']} B={r['batch']} ctx={r['ctx']}: {r['plan']}")
     return rows
+
+
+def capacity_row(seq_len: int = 4096, page: int = 64) -> dict:
+    """How many V2-Lite sequences of `seq_len` tokens the GPU's free memory holds in a bf16
+    and in an FP8 cache (the cache alone: the weights' memory is not subtracted)."""
+    from mla_func.config import MLAConfig
+
+    cfg, free = MLAConfig.preset("v2-lite"), available_bytes("cuda")
+    n = {k: cache_sequences(cfg, free, seq_len, page, k) for k in ("auto", "fp8")}
+    return dict(kind="capacity", free_GiB=free / 2**30, seq_len=seq_len, bf16=n["auto"],
+                fp8=n["fp8"], ratio=n["fp8"] / max(1, n["auto"]))
 
 
 DECODE_COLUMNS = ["kind", "heads", "batch", "ctx", "page", "splits", "config", "us", "full_us",

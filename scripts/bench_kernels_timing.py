@@ -5,13 +5,16 @@ and the floor.
 Floor = max(bytes / copy bandwidth, FLOPs / bf16 matmul rate) (docs/PERF.md,
 "Conventions"), both ceilings measured in the same run (`ceilings`). Times are medians of
 `triton.testing.do_bench` over CUDA-graph replays; do_bench flushes L2 before every replay, so
-small cases are not served from cache.
+small cases are not served from cache. With an FP8 cache (`kv_dtype="fp8"`,
+`mla_func.cache_fp8`) the inputs hold the bf16 cache's rows quantised, and the bytes moved
+count its 656-byte rows.
 """
 
 import math
 
 import torch
 
+from mla_func.cache_fp8 import fp8_layout, pack_rows
 from mla_func.kernels.attention.decode import (
     DecodePlan,
     DecodeWorkspace,
@@ -55,12 +58,21 @@ def ceilings() -> dict:
     return {"copy_GBps": found["copy_gbs"], "matmul_TFLOPs": found["matmul_tflops"]}
 
 
-def decode_inputs(heads: int, batch: int, ctx: int, page: int, seed: int = 0) -> dict:
-    """bf16 V2/V3-shaped decode inputs: every sequence at `ctx` keys, pages shuffled."""
+def row_bytes(kv_dtype: str = "auto") -> int:
+    """Bytes of one cached token (one layer): bf16 values, or the FP8 row."""
+    return fp8_layout(KV_LORA, ROPE).row_bytes if kv_dtype == "fp8" else LATENT * 2
+
+
+def decode_inputs(heads: int, batch: int, ctx: int, page: int, seed: int = 0,
+                  kv_dtype: str = "auto") -> dict:
+    """bf16 V2/V3-shaped decode inputs: every sequence at `ctx` keys, pages shuffled; the
+    cache's rows quantised to FP8 rows where `kv_dtype` is "fp8"."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     per_seq = -(-ctx // page)
     pages = batch * per_seq + 1
     cache = torch.randn(pages, page, LATENT, device="cuda", dtype=torch.bfloat16, generator=g)
+    if kv_dtype == "fp8":  # a few thousand pages at a time: pack_rows works in float32
+        cache = torch.cat([pack_rows(part, KV_LORA) for part in cache.split(4096)])
     order = torch.randperm(pages - 1, device="cuda", generator=g).to(torch.int32) + 1
     table = order.view(batch, per_seq)
 
@@ -80,7 +92,8 @@ def plan_label(plan: DecodePlan) -> str:
     """Short name of a plan: tiling (heads, keys, warps, stages); shared-p: p through scratch;
     ws: the warp-specialised kernel."""
     return (f"h{plan.block_h}n{plan.block_n}w{plan.num_warps}s{plan.num_stages}"
-            f"{' shared-p' if plan.shared_p else ''}{' ws' if plan.ws else ''}")
+            f"{' shared-p' if plan.shared_p else ''}{' ws' if plan.ws else ''}"
+            f"{' fp8' if plan.fp8 else ''}")
 
 
 def time_plan(p: dict, plan: DecodePlan, strict: bool = False,
@@ -107,9 +120,10 @@ def time_plan(p: dict, plan: DecodePlan, strict: bool = False,
     return us if effective_plan(plan, shrunk) == plan or not strict else math.inf
 
 
-def floors(heads: int, batch: int, ctx: int, ceil: dict) -> tuple[int, float]:
-    """(bytes moved, floor µs) of one decode case."""
-    kv_bytes = batch * ctx * LATENT * 2
+def floors(heads: int, batch: int, ctx: int, ceil: dict, kv_dtype: str = "auto"
+           ) -> tuple[int, float]:
+    """(bytes moved, floor µs) of one decode case (the cache's rows in `kv_dtype`)."""
+    kv_bytes = batch * ctx * row_bytes(kv_dtype)
     io_bytes = batch * heads * (2 * KV_LORA + ROPE) * 2
     flops = 2 * batch * heads * ctx * (LATENT + KV_LORA)
     return kv_bytes + io_bytes, max((kv_bytes + io_bytes) / ceil["copy_GBps"] / 1e3,

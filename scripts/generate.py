@@ -77,6 +77,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default=None, choices=DTYPE_NAMES,
                     help="default: bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kv-dtype", default="auto", choices=("auto", "fp8"),
+                    help="the latent cache: floats in --dtype (auto), or FP8 rows (656 bytes a "
+                         "token a layer at V2/V3's sizes instead of 1,152 in bf16)")
     ap.add_argument("--page-size", type=int_at_least(1), default=16)
     ap.add_argument("--max-batch-tokens", type=int_at_least(1), default=None,
                     help="tokens per step (default: the engine's, engine.MAX_BATCH_TOKENS)")
@@ -170,6 +173,7 @@ def run(args: argparse.Namespace, tp=None) -> int:
         prompts = torch.randint(low, cfg.vocab_size, (args.prompts, args.prompt_len),
                                 generator=gen)
         kw = dict(mode=args.mode, attention_backend=args.backend, page_size=args.page_size,
+                  kv_dtype=args.kv_dtype,
                   max_batch_tokens=args.max_batch_tokens, max_seqs=args.max_seqs,
                   eos_token_id=None if args.no_eos else "config",
                   **({"max_graph_tokens": args.max_graph_tokens}
@@ -191,10 +195,11 @@ def run(args: argparse.Namespace, tp=None) -> int:
         return 2
     source = args.checkpoint or f"preset {args.preset} (random weights)"
     ranks = f", tp {tp.size}" if tp.sharded else ""
+    cache = ", fp8 cache" if args.kv_dtype == "fp8" else ""
     say(f"{source}: {args.prompts} prompts x {args.prompt_len} tokens, max_new_tokens "
         f"{args.max_new_tokens}, mode {args.mode}, {out.attention_backend} attention, "
-        f"{args.device} {args.dtype}{ranks}; weights ready in {load_s:.1f} s, warm-up (first "
-        f"call: kernel compiles) {warm_s:.1f} s, engine (cache, graphs) in "
+        f"{args.device} {args.dtype}{cache}{ranks}; weights ready in {load_s:.1f} s, warm-up "
+        f"(first call: kernel compiles) {warm_s:.1f} s, engine (cache, graphs) in "
         f"{out.setup_time_s:.1f} s")
     say(f"throughput: {out.tokens_per_s:.1f} output tokens/s, warm ({out.output_tokens} "
         f"tokens, {out.prompt_tokens} prompt tokens, {out.steps} steps, "

@@ -88,6 +88,17 @@ for heads, page, fields, clean, buffers in [
     assert smem <= 232448  # sm90's shared memory per block
     if plan.shared_p:  # no dot with every warp along its 64 rows: no duplicated score tile
         assert plan.block_n == 64 and warps == {("4", "2")}, warps
+# The FP8 cache (656-byte rows): the plan's 32-key tiles in 3 stages at 16 heads, spill-free,
+# the FP8 tile double-buffered though it is dequantised in registers before the dots.
+TYPES[torch.uint8] = "*u8"
+plan = replace(md.plan_decode(128, 4096, 132, 16, fp8=True), num_splits=4)
+args = list(tensors(16, 32, 4096, 64, 4))
+args[2] = torch.empty(32 * 4096 // 64 + 1, 64, 656, dtype=torch.uint8)
+_, call, kwargs = md.split_launch(*args[:7], plan, *args[7:])
+kwargs.update(PDL=True, ASM_SYNC=True, **md.early_launch(plan, args[2]))
+regs, spills, smem, bufs, _ = compile_sm90(md._split_kernel, call, kwargs)
+print("split fp8", plan, "regs", regs, "spills", spills, "smem", smem, bufs)
+assert (plan.block_n, plan.num_stages, spills, bufs) == (32, 3, 0, 2) and smem <= 232448
 # 32 and 128 splits (all in one tile), not launched early; W_UV warmed in L2 before the wait
 for splits, pdl, warm in ((32, True, False), (128, False, False), (32, True, True)):
     mc = mm.merge_cols(512, splits)
@@ -180,6 +191,7 @@ def test_decode_compiles_for_sm90():
     absorb + prologue compiles spill-free at 16 and 128 heads; so does the merge fused with
     W_UV, which loads its W_UV rows before it waits when launched as a dependent and lets
     the output projection after it launch at once; that projection (proj_norm) compiles
-    spill-free and loads its weight rows before it waits, as do small_linear and norm_linear."""
+    spill-free and loads its weight rows before it waits, as do small_linear and norm_linear.
+    The decode's FP8-cache plan at 16 heads compiles spill-free, its tile double-buffered."""
     out = run_compile_script(_SM90, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr

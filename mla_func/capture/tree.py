@@ -25,17 +25,19 @@ class TreeDef:
     children: tuple[tuple[str, "TreeDef"], ...] = ()
 
 
-def array_annotation(ann: Any) -> Any:
-    """The jaxtyping array type inside `ann` (unwrapping `X | None`), or None."""
+def array_annotation(ann: Any, tensor: torch.Tensor | None = None) -> Any:
+    """The jaxtyping array type inside `ann` (unwrapping `X | None`), or None. In a union of
+    array types, the first that takes `tensor`'s dtype (each may name its axes otherwise:
+    float rows of values, or rows of bytes), else the first."""
     if ann is None:
         return None
     if hasattr(ann, "dims") and hasattr(ann, "dtypes"):
         return ann
-    for arg in typing.get_args(ann):
-        found = array_annotation(arg)
-        if found is not None:
-            return found
-    return None
+    found = [a for a in map(array_annotation, typing.get_args(ann)) if a is not None]
+    if tensor is not None:
+        name = str(tensor.dtype).removeprefix("torch.")
+        found = [a for a in found if name in a.dtypes] + found
+    return found[0] if found else None
 
 
 def _element_annotation(ann: Any, index: int) -> Any:
@@ -61,7 +63,7 @@ def flatten(obj: Any, path: str, ann: Any = None, meta: dict | None = None
             ) -> tuple[list[Leaf], TreeDef]:
     """Tensor leaves of `obj` (depth first, field order) and the TreeDef to rebuild it."""
     if isinstance(obj, torch.Tensor):
-        return [(path, obj, array_annotation(ann), dict(meta or {}))], TreeDef("leaf")
+        return [(path, obj, array_annotation(ann, obj), dict(meta or {}))], TreeDef("leaf")
     if isinstance(obj, (tuple, list)):
         leaves, children = [], []
         for i, item in enumerate(obj):

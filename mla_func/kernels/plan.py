@@ -13,7 +13,9 @@ sequence counts: a capture bucket, or an eager step's own) and the caller's `Ker
 - from the shape: the few-row projections (`proj_norm`, `small_linear`, `norm_linear`), the
   router's launch (`router.plan.launch_config`, or one program an expert at a few rows), the
   MoE's tiles and path (`moe.config.pick_config`), the attention's form (absorbed, or the MHA
-  form for long prompts) and the decode's launch plan (`attention.decode_plan.plan_decode`).
+  form for long prompts) and the decode's launch plan (`attention.decode_plan.plan_decode`);
+- from the state: the cache's precision (`StepPlan.cache`: floats, or FP8 rows, which only
+  the Triton split-KV decode reads: the plan says `fp8` and never `ws`).
 The kernels take the same decisions from the same functions below (each op knows its own
 shapes at run time, while a traced step serves every bucket); the capture compiler's glue
 records `StepPlan.summary()` per bucket in plan.json. The constants are explained in
@@ -24,6 +26,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from mla_func.cache_fp8 import check_kv_dtype
 from mla_func.config import MLAConfig
 from mla_func.dims import static_sizes
 from mla_func.kernels.attention.decode_plan import DecodePlan, plan_decode
@@ -243,6 +246,8 @@ class StepPlan:
     projections: str = "bfloat16"
     # FP8: each projection's GEMM launch, (name, `fp8_tiles` label) pairs.
     fp8_gemms: tuple[tuple[str, str], ...] = ()
+    # The latent cache's precision: "fp8" (`cache_fp8`'s rows) or the float dtype's name.
+    cache: str = "bfloat16"
 
     def summary(self, options: bool = True) -> dict:
         """The plan as plain JSON values, one line a choice (plan.json); `options` False
@@ -273,10 +278,11 @@ def _label(choice: object) -> str:
 def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
               options: KernelOptions, max_pages: int, page_size: int,
               dtype: torch.dtype = torch.bfloat16, max_query_len: int | None = 1,
-              ranks: int = 1, weights: str = "float") -> StepPlan:
+              ranks: int = 1, weights: str = "float", kv_dtype: str = "auto") -> StepPlan:
     """The kernels a step of `tokens` tokens over `seqs` sequences runs (page tables
     `max_pages` wide, pages of `page_size`, weights in `dtype`, the projections' in block
-    FP8 where `weights` is "fp8") on one rank of `ranks`
+    FP8 where `weights` is "fp8", the cache in `kv_dtype`: "fp8", or "auto" for floats in
+    `dtype`) on one rank of `ranks`
     (its heads, its routed experts and its slice of the shared MLP, whose width decides
     whether it folds into the routed launches; the router stays whole). `max_query_len`: the
     most new tokens of one sequence, 1 for a decode step; None where each step's own decides
@@ -328,11 +334,12 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
         form = attention_form(max_query_len, options.mha_min_query)
         if form == "mha" and seqs > 1:
             form = "absorbed+mha"
+    cache = "fp8" if check_kv_dtype(kv_dtype) == "fp8" else str(dtype).removeprefix("torch.")
     decode = None
     if options.attention == "triton" and tokens == seqs and max_query_len == 1:
         decode = plan_decode(tokens, max_pages * page_size, device.sms,
                              cfg.num_attention_heads // ranks, page_size=page_size,
-                             ws=device.sm90)
+                             ws=device.sm90, fp8=cache == "fp8")
     nbytes, cuda = tokens * cfg.hidden_size * dtype.itemsize, device.type == "cuda"
     reduce = "none" if ranks == 1 else all_reduce_form(nbytes, cuda, options.one_shot)
     return StepPlan(tokens, seqs, options, device, qkv_a, o_proj, router, router_launch,
@@ -342,7 +349,7 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
                         tokens, cfg.hidden_size, dtype.itemsize, cuda, options.fused,
                         options.reduce_norm, options.one_shot),
                     "fp8" if fp8 else str(dtype).removeprefix("torch."),
-                    fp8_gemms(cfg, tokens, ranks) if fp8 else ())
+                    fp8_gemms(cfg, tokens, ranks) if fp8 else (), cache)
 
 
 def fp8_gemms(cfg: MLAConfig, rows: int, ranks: int = 1) -> tuple[tuple[str, str], ...]:

@@ -10,18 +10,25 @@ Token t of sequence s sees keys 0..positions[t] of s. Padded tokens (slot -1) se
 sequence and their output is ignored. Memory is bounded by processing tokens in chunks of
 `chunk` rows; the MHA form expands one sequence's keys at a time, so that its memory grows
 linearly with the prompt.
+
+An FP8 cache (`mla_func.cache_fp8`) is written through `pack_rows` (quantised on write) and
+read through `unpack_rows` (the rows each form reads, dequantised to float32): the same math on
+the values the cache holds.
 """
 
 import itertools
 
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Bool, Float, Int, UInt8
 from torch import Tensor
 
+from mla_func.cache_fp8 import Fp8CacheLayer, is_fp8, pack_rows, unpack_rows
 from mla_func.ops.norm import rmsnorm
 from mla_func.ops.rope import apply_rope, rope_cos_sin
 
-CacheLayer = Float[Tensor, "pages page_size latent"]
+# One layer of the cache: float rows, or FP8 rows of bytes (`cache_fp8`).
+CacheLayer = Float[Tensor, "pages page_size latent"] | Fp8CacheLayer
+CacheRows = Float[Tensor, "*rows latent"] | UInt8[Tensor, "*rows cache_row"]
 
 
 def prologue(
@@ -44,17 +51,32 @@ def prologue(
 
 
 def write_cache(
-    cache: CacheLayer, kv: Float[Tensor, "tokens latent"], slot_mapping: Int[Tensor, " tokens"]
+    cache: CacheLayer, kv: Float[Tensor, "tokens latent"], slot_mapping: Int[Tensor, " tokens"],
+    kv_lora: int | None = None,
 ) -> None:
-    """cache[slot] = kv for slot >= 0; rows with slot -1 land in slot 0 of the scratch page."""
+    """cache[slot] = kv for slot >= 0; rows with slot -1 land in slot 0 of the scratch page.
+    An FP8 cache takes the rows quantised (`pack_rows`: `kv_lora` c_kv values first)."""
     flat = cache.view(-1, cache.shape[-1])
-    flat.index_copy_(0, slot_mapping.clamp(min=0).long(), kv.to(cache.dtype))
+    rows = kv.to(cache.dtype) if not is_fp8(cache) else pack_rows(kv, _kv_lora(kv_lora))
+    flat.index_copy_(0, slot_mapping.clamp(min=0).long(), rows)
+
+
+def _kv_lora(kv_lora: int | None) -> int:
+    if kv_lora is None:
+        raise ValueError("an FP8 cache's rows are read and written knowing kv_lora: pass it")
+    return kv_lora
+
+
+def latent_rows(rows: CacheRows, kv_lora: int) -> Float[Tensor, "*rows latent"]:
+    """Cache rows as float32 [c_kv, k_pe] values: an FP8 cache's dequantised."""
+    return unpack_rows(rows, kv_lora) if is_fp8(rows) else rows.float()
 
 
 def gather_sequences(
     cache: CacheLayer, page_table: Int[Tensor, "seqs max_pages"]
-) -> Float[Tensor, "seqs max_pages*page_size latent"]:
-    """Each sequence's cache rows in order."""
+) -> Float[Tensor, "seqs max_pages*page_size latent"] | UInt8[
+        Tensor, "seqs max_pages*page_size cache_row"]:
+    """Each sequence's cache rows in order (as stored: `latent_rows` reads them)."""
     return cache[page_table.long()].flatten(1, 2)
 
 
@@ -76,7 +98,7 @@ def attend_absorbed(
     chunk: int = 256,
 ) -> Float[Tensor, "tokens heads v_head"]:
     kv_lora = w_uk.shape[-1]
-    kv_all = gather_sequences(cache, page_table).float()
+    kv_all = latent_rows(gather_sequences(cache, page_table), kv_lora)
     q_lat = torch.einsum("thn,hnc->thc", q_nope.float(), w_uk.float())
     outs = []
     for lo in range(0, q_nope.shape[0], chunk):
@@ -122,7 +144,7 @@ def attend_mha(
     w_uk, w_uv = w_uk.float(), w_uv.float()
     out = torch.empty(*q_nope.shape[:2], w_uv.shape[1], device=q_nope.device)
     for seq, first, count in sequence_runs(token_seq):
-        kv = cache[page_table[seq].long()].flatten(0, 1).float()
+        kv = latent_rows(cache[page_table[seq].long()].flatten(0, 1), kv_lora)
         # Expanded keys and values of this sequence: the MHA form's whole point.
         k_nope = torch.einsum("sc,hnc->shn", kv[:, :kv_lora], w_uk)
         k_pe = kv[:, kv_lora:]

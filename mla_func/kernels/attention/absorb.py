@@ -12,7 +12,8 @@ programs [0, heads * col_blocks * token_blocks) each own one head, one block of 
 columns and up to ROWS tokens; the token block is the fastest-varying, so programs that read
 the same W_UK tile run next to each other and share it through L2. Each loads its W_UK tile
 once and loops over its tokens BLOCK_T at a time (fp32 accumulation, stored in q_lat's dtype).
-The last `tokens` programs each run one token's prologue.
+The last `tokens` programs each run one token's prologue (an FP8 cache's rows quantised on
+write: `rope.prologue_row`).
 """
 
 from dataclasses import dataclass
@@ -24,9 +25,12 @@ import triton.language as tl
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mla_func.cache_fp8 import is_fp8
 from mla_func.kernels.attention.cache_write import write_row_args
+from mla_func.kernels.attention.fp8_rows import row_constexprs
 from mla_func.kernels.attention.rope import prologue_blocks, prologue_row
 from mla_func.kernels.launch.pdl import supported as pdl_supported
+from mla_func.ops.attention import CacheLayer
 
 BLOCK_T = 16  # tl.dot's smallest M
 ROWS = 64  # tokens per absorb program: one W_UK tile load serves up to ROWS / BLOCK_T dots
@@ -56,7 +60,8 @@ def _absorb_prologue_kernel(
     tokens, heads, qk_nope, col_blocks, token_blocks,
     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
     ROPE: tl.constexpr, KV_LORA: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_L: tl.constexpr,
-    ROWS: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False,
+    ROWS: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr, GS: tl.constexpr,
+    GROUPS: tl.constexpr, ROPE_AT: tl.constexpr, PDL: tl.constexpr = False,
 ):
     if PDL:  # the split kernel may launch now: it warms L2 with old cache rows, then waits
         tl.extra.cuda.gdc_launch_dependents()
@@ -88,13 +93,13 @@ def _absorb_prologue_kernel(
         row = cache + tl.maximum(slot, 0) * stride_row
         prologue_row(t, q_src, kv, kv_norm, positions, inv_freq, q_pe, row, slot,
                      rope_scale, eps, heads, sq_t, sq_h, stride_kv, ROPE, KV_LORA, BLOCK_H,
-                     BLOCK_L)
+                     BLOCK_L, FP8, GS, GROUPS, ROPE_AT)
 
 
 def absorb_launch(q_nope: Float[Tensor, "tokens heads qk_nope"],
                   w_uk: Float[Tensor, "heads qk_nope kv_lora"],
                   q_lat: Float[Tensor, "heads tokens kv_lora"],
-                  cache: Float[Tensor, "pages page_size latent"],
+                  cache: CacheLayer,
                   new: NewRows, q_pe: Float[Tensor, "tokens heads qk_rope"],
                   block_c: int = BLOCK_C) -> tuple[tuple, tuple, dict]:
     """(grid, arguments, keyword arguments) of the fused kernel (the sm90 compile test reads
@@ -105,7 +110,8 @@ def absorb_launch(q_nope: Float[Tensor, "tokens heads qk_nope"],
     # Column offsets are added unscaled: every innermost dimension must be contiguous.
     for t in (q_nope, w_uk, q_lat, new.q_pe, q_pe):
         assert t.stride(-1) == 1
-    assert q_pe.is_contiguous() and cache.shape[-1] == kv_lora + rope
+    assert q_pe.is_contiguous() and new.kv.shape[-1] == kv_lora + rope
+    assert is_fp8(cache) or cache.shape[-1] == kv_lora + rope
     kv, stride_kv, stride_row, _, _ = write_row_args(cache, new.kv)
     block_c = min(block_c, max(16, triton.next_power_of_2(kv_lora)))
     col_blocks = triton.cdiv(kv_lora, block_c)
@@ -121,7 +127,8 @@ def absorb_launch(q_nope: Float[Tensor, "tokens heads qk_nope"],
         BLOCK_T=BLOCK_T, BLOCK_K=max(16, triton.next_power_of_2(qk_nope)), BLOCK_C=block_c,
         ROPE=rope, KV_LORA=kv_lora, BLOCK_H=blocks["BLOCK_H"], BLOCK_L=blocks["BLOCK_C"],
         ROWS=ROWS, PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32",
-        PDL=pdl_supported(q_lat.device), num_warps=4)
+        PDL=pdl_supported(q_lat.device), num_warps=4,
+        **row_constexprs(cache, kv_lora, blocks["BLOCK_C"]))
     return (heads * col_blocks * token_blocks + tokens,), args, kwargs
 
 
@@ -130,7 +137,7 @@ def absorb_prologue(
     w_uk: Float[Tensor, "heads qk_nope kv_lora"],
     q_lat: Float[Tensor, "heads tokens kv_lora"],
     q_pe: Float[Tensor, "tokens heads qk_rope"],
-    cache: Float[Tensor, "pages page_size latent"],
+    cache: CacheLayer,
     new: NewRows,
 ) -> tuple[Float[Tensor, "heads tokens kv_lora"], Float[Tensor, "tokens heads qk_rope"]]:
     """q_lat[h, t] = q_nope[t, h] . w_uk[h] (fp32 accumulation, multiplied and stored in

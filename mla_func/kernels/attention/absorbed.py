@@ -7,13 +7,15 @@ The absorbed query is a cuBLAS bmm, or, given the step's new rows as the input p
 them (`absorb.NewRows`), one launch of absorb.py that computes it and runs their prologue (q_pe
 rotated, cache rows normed, rotated and written) in the same grid (the backend's decode path).
 The value product is a cuBLAS bmm written straight in [tokens, heads, v_head] order, or, where
-the plan says `uv` (a few rows), part of the merge itself (merge_uv.py).
+the plan says `uv` (a few rows), part of the merge itself (merge_uv.py). The products run in the
+cache's dtype, or for an FP8 cache (`cache_fp8`) in the query's, which its tiles dequantise to.
 """
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from mla_func.cache_fp8 import compute_dtype, is_fp8
 from mla_func.kernels.attention.absorb import NewRows, absorb_prologue
 from mla_func.kernels.attention.decode import mla_decode
 from mla_func.kernels.attention.decode_plan import (
@@ -58,8 +60,9 @@ def attend_absorbed(
     if plan is None:
         capacity = page_table.shape[1] * cache.shape[1]
         plan = plan_decode(tokens, capacity, num_sms(q_nope.device), heads,
-                           page_size=cache.shape[1], ws=ws_device(q_nope.device))
-    dtype = cache.dtype
+                           page_size=cache.shape[1], ws=ws_device(q_nope.device),
+                           fp8=is_fp8(cache))
+    dtype = compute_dtype(cache, q_nope.dtype)
     q_lat, o_lat, part_o, part_lse = workspace.get(
         q_nope.device, dtype, tokens, heads, kv_lora, plan.num_splits)
     scratch = None

@@ -12,6 +12,8 @@ runs absorbed, the prologue (rope, latent norm) and the cache write share one la
 query absorption (absorb.py); otherwise the prologue kernel (rope.py) and the cache write run
 first, each on its own. The kernels are tuned for bf16/fp16 operands (`plan.KERNEL_DTYPES`);
 float32 runs where its tiles fit, and where they do not the call ends in one line that says so.
+An FP8 cache (`cache_fp8`) is quantised where rows are written and dequantised where they are
+read: the decode kernel's tiles, the MHA form's gather.
 """
 
 from jaxtyping import Float
@@ -78,7 +80,7 @@ class TritonMLA:
                                    m.positions, m.page_table, w.scale, ws, new=new, out=out)
         q_pe, kv_new = mla_prologue(q_pe, kv, w.kv_norm, m.positions, w.inv_freq, w.rope_scale,
                                     w.eps)
-        write_cache(layer_cache, kv_new, m.slot_mapping)
+        write_cache(layer_cache, kv_new, m.slot_mapping, w.kv_norm.shape[0])
         if out is None:
             out = q_nope.new_empty(q_nope.shape[0], q_nope.shape[1], w.w_uv.shape[1])
         out[num_tokens:].zero_()  # rows past the host count (none when the caller is the op)

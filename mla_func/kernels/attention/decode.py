@@ -35,6 +35,13 @@ program the two warpgroups split the score tile instead of both computing it; `w
 heads a program) runs the split in decode_ws.py's warp-specialised Gluon kernel instead
 (same partials, same merge).
 
+An FP8 cache (`mla_func.cache_fp8`, FlashMLA's 656-byte rows) runs the same kernel with `FP8`
+set: each key tile's e4m3 c_kv and its rows' group scales are loaded and dequantised in
+registers (`fp8_rows.load_latent`: e4m3 x scale in float32, then the dots' dtype, q_lat's),
+the bf16 rope values through a recast pointer, and the tile then feeds the same score and value
+products: the cache is read in half the bytes, the math is the float cache's on the values the
+cache holds. The plan says so (`DecodePlan.fp8`, never `ws`: decode_ws.py reads bf16 rows).
+
 The whole absorbed attention around these launches (the absorbed query, the value product) is
 absorbed.py's `attend_absorbed`.
 """
@@ -47,6 +54,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.runtime.errors import OutOfResources
 
+from mla_func.cache_fp8 import compute_dtype, is_fp8
 from mla_func.kernels.attention.decode_plan import (
     MAX_SPLITS,
     DecodePlan,
@@ -67,6 +75,7 @@ from mla_func.kernels.attention.decode_plan import (
 )
 from mla_func.kernels.attention.decode_ws import decode_ws
 from mla_func.kernels.attention.decode_ws import supported as ws_supported
+from mla_func.kernels.attention.fp8_rows import load_latent, rope_values, row_constexprs
 from mla_func.kernels.attention.merge import launch_merge, split_chunk
 from mla_func.kernels.attention.p_scratch import through_memory
 from mla_func.kernels.launch.l2_prefetch import prefetch_rows
@@ -104,6 +113,7 @@ def _split_kernel(
     SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, PAGE_TILES: tl.constexpr,
     PDL: tl.constexpr, SHARED_P: tl.constexpr, ASM_SYNC: tl.constexpr,
+    FP8: tl.constexpr, GS: tl.constexpr, GROUPS: tl.constexpr, ROPE_AT: tl.constexpr,
     EARLY: tl.constexpr = False, L2_KEYS: tl.constexpr = 0, ROW_BYTES: tl.constexpr = 0,
 ):
     if PDL:  # the merge may launch once every program has started; it waits for our end
@@ -144,8 +154,12 @@ def _split_kernel(
                 mask=hm[:, None] & cm[None, :], other=0.0)
     qp = tl.load(q_pe + t * sp_t + h[:, None] * sp_h + r[None, :],
                  mask=hm[:, None] & rm[None, :], other=0.0)
-    q = q.to(cache.dtype.element_ty)
-    qp = qp.to(cache.dtype.element_ty)
+    if FP8:  # the dots run in q_lat's dtype, on dequantised tiles
+        q = q.to(q_lat.dtype.element_ty)
+        qp = qp.to(q_lat.dtype.element_ty)
+    else:
+        q = q.to(cache.dtype.element_ty)
+        qp = qp.to(cache.dtype.element_ty)
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     lsum = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
@@ -158,12 +172,20 @@ def _split_kernel(
             tile = cache + (page.to(tl.int64) * page_size + n0 % page_size) * s_row
             kv_ptr = tile + kv_off
             kp_ptr = tile + kp_off
+            rows = tile + nn * s_row
         else:
             row = page.to(tl.int64) * page_size + n % page_size
             kv_ptr = cache + row[:, None] * s_row + c[None, :]
             kp_ptr = cache + row[:, None] * s_row + kv_lora + r[None, :]
-        kv = tl.load(kv_ptr, mask=nm[:, None] & cm[None, :], other=0.0)
-        kp = tl.load(kp_ptr, mask=nm[:, None] & rm[None, :], other=0.0)
+            rows = cache + row * s_row
+        if FP8:  # rows are bytes: e4m3 c_kv, its scales, bf16 k_pe (fp8_rows)
+            kv = load_latent(rows, c, nm, kv_lora, BLOCK_N, BLOCK_C, GS, GROUPS)
+            kv = kv.to(q_lat.dtype.element_ty)
+            kp = tl.load(rope_values(rows, ROPE_AT)[:, None] + r[None, :],
+                         mask=nm[:, None] & rm[None, :], other=0.0).to(kv.dtype)
+        else:
+            kv = tl.load(kv_ptr, mask=nm[:, None] & cm[None, :], other=0.0)
+            kp = tl.load(kp_ptr, mask=nm[:, None] & rm[None, :], other=0.0)
         if SHARED_P:  # scaled apart: `a + dot(b, c)` would become a dot chained to the first
             s = tl.dot(q, tl.trans(kv)) * scale_log2 + tl.dot(qp, tl.trans(kp)) * scale_log2
         else:
@@ -214,13 +236,16 @@ def mla_decode(
     shrunk: dict[DecodePlan, DecodePlan] | None = None,
 ) -> LatentRows:
     """o_lat[h, t] = softmax over keys 0..positions[t] of sequence token_seq[t]; into `out`.
-    `scratch` (p in the cache dtype, alpha in fp32; `DecodeWorkspace.shared_p`): needed by
+    `scratch` (p in q_lat's dtype, alpha in fp32; `DecodeWorkspace.shared_p`): needed by
     plan.shared_p only. `warm`: what plan.warm prefetches into L2 (the next product's
     weights). `merge` False: the merge is left to the caller (`mla_merge_uv`), which
     reads the partials; `out` is then written only by a single split. `shrunk`: where plans
     that ran out of resources are recorded (`DecodeWorkspace.shrunk`; default: nowhere)."""
     assert q_lat.stride(-1) == 1 and q_pe.stride(-1) == 1 and out.stride(-1) == 1
     assert cache.stride(-1) == 1 and cache.stride(0) == cache.shape[1] * cache.stride(1)
+    if plan.fp8 != is_fp8(cache):
+        raise ValueError(f"the decode plan's fp8={plan.fp8} does not describe the cache "
+                         f"({cache.dtype}): plan it with plan_decode(..., fp8=...)")
     shrunk = {} if shrunk is None else shrunk
     plan = effective_plan(plan, shrunk)
     if plan.ws and ws_supported(cache, q_lat.shape[0], plan.block_n):  # decode_ws.py
@@ -271,7 +296,7 @@ def split_launch(q_lat: LatentRows, q_pe: RopeRows, cache: CacheLayer, page_tabl
         assert scratch is not None, "plan.shared_p needs the scratch buffers"
         p_buf, a_buf = scratch
         p_numel, a_numel = shared_p_numel(plan, tokens, heads)
-        assert p_buf.dtype == cache.dtype and a_buf.dtype == torch.float32
+        assert p_buf.dtype == compute_dtype(cache, q_lat.dtype) and a_buf.dtype == torch.float32
         assert p_buf.numel() >= p_numel and a_buf.numel() >= a_numel
     args = (q_lat, q_pe, cache, page_table, token_seq, positions, part_o, part_lse, out,
             p_buf, a_buf,
@@ -283,6 +308,7 @@ def split_launch(q_lat: LatentRows, q_pe: RopeRows, cache: CacheLayer, page_tabl
         BLOCK_R=max(16, triton.next_power_of_2(q_pe.shape[-1])),
         PAGE_TILES=cache.shape[1] % plan.block_n == 0,
         PDL=pdl(plan, q_lat.device), SHARED_P=plan.shared_p, ASM_SYNC=cache.is_cuda,
+        **row_constexprs(cache, kv_lora, block_c),
         num_warps=plan.num_warps, num_stages=plan.num_stages)
     if plan.early and pdl_supported(q_lat.device):
         kwargs.update(early_launch(plan, cache))

@@ -74,6 +74,9 @@ class DecodePlan:
     # it takes the cache (`mla_decode_ws.supported`: bf16, 576-wide rows); the Triton kernel
     # runs the plan elsewhere.
     ws: bool = False
+    # The cache is FP8 (`cache_fp8`): the Triton split kernel dequantises its tiles; never
+    # `ws` (decode_ws.py reads bf16 rows only).
+    fp8: bool = False
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -82,7 +85,7 @@ def _cdiv(a: int, b: int) -> int:
 
 def plan_decode(
     num_rows: int, max_seq_len: int, num_sms: int, heads: int = 16, page_size: int = 64,
-    ws: bool = False,
+    ws: bool = False, fp8: bool = False,
 ) -> DecodePlan:
     """The launch shape for `num_rows` query rows (the bucket) whose keys may reach
     `max_seq_len` (the cache capacity of one sequence, not any real length): the fewest splits
@@ -111,7 +114,11 @@ def plan_decode(
     docs/DECISIONS.md, `DecodePlan.early`.
 
     `ws`: the device runs the warp-specialised kernel (decode_ws.py, sm90): above 16
-    heads the plan is `_ws_plan`'s where its splits cover WS_MIN_KEYS keys or more."""
+    heads the plan is `_ws_plan`'s where its splits cover WS_MIN_KEYS keys or more. `fp8`:
+    the cache is FP8 (`cache_fp8`): the Triton kernel's plan whatever `ws` (decode_ws.py
+    reads bf16 rows); at 16 heads a program 32-key tiles in 3 stages (`_fp8_plan`)."""
+    if fp8:
+        return _fp8_plan(plan_decode(num_rows, max_seq_len, num_sms, heads, page_size))
     if ws and heads > 16:
         plan = _ws_plan(num_rows, max_seq_len, num_sms, heads)
         if max_seq_len >= WS_MIN_KEYS * plan.num_splits:
@@ -134,6 +141,18 @@ def plan_decode(
     return DecodePlan(splits, block_h, block_n, num_warps, num_stages=stages,
                       shared_p=shared_p, early=True, warm=num_rows <= WARM_MAX_ROWS,
                       uv=num_rows <= UV_MAX_ROWS and heads <= UV_MAX_HEADS)
+
+
+def _fp8_plan(plan: DecodePlan) -> DecodePlan:
+    """The Triton plan `plan` for an FP8 cache. Its tiles are dequantised in registers and
+    staged again in shared memory for the dots, so 64-key tiles at 16 heads a program need
+    255 registers and spill 92 bytes (sm90 ahead-of-time compile, V2-Lite sizes); 32-key
+    tiles in 3 stages compile spill-free with the FP8 tile double-buffered (126 KB of shared
+    memory). 64-head programs keep their tiles (spill-free at pages of 64). Not yet timed on a
+    GPU (docs/DECISIONS.md, `decode_plan._fp8_plan`)."""
+    if plan.block_h <= 16:
+        plan = replace(plan, block_n=32, num_stages=3)
+    return replace(plan, fp8=True)
 
 
 def _fill_splits(programs_per_split: int, most: int, slots: int) -> int:

@@ -9,7 +9,9 @@ parts, so neither head dim needs padding to a power of two beyond its own.
 
 Short extends use the absorbed form instead (`mla_absorbed.attend_absorbed`, one row per token).
 The form and the grid come from host metadata (max_seq_len, max_query_len), so this path is
-eager-only: it is not part of a captured decode graph.
+eager-only: it is not part of a captured decode graph. An FP8 cache (`cache_fp8`) is read
+through a dequantising gather (`unpack_rows`, in torch) into rows of the weights' dtype, which
+the expansion multiplies anyway: the kernel reads float rows either way.
 """
 
 import warnings
@@ -21,6 +23,9 @@ import triton.language as tl
 from jaxtyping import Float, Int
 from torch import Tensor
 from triton.runtime.errors import OutOfResources
+
+from mla_func.cache_fp8 import is_fp8, unpack_rows
+from mla_func.ops.attention import CacheLayer
 
 
 @triton.jit
@@ -93,7 +98,7 @@ def query_ranges(
 
 
 def expand_kv(
-    cache: Float[Tensor, "pages page_size latent"],
+    cache: CacheLayer,
     page_table: Int[Tensor, "seqs max_pages"],
     w_uk: Float[Tensor, "heads qk_nope kv_lora"],
     w_uv: Float[Tensor, "heads v_head kv_lora"],
@@ -105,6 +110,8 @@ def expand_kv(
     pages = -(-max_seq_len // page_size)
     lat = cache[page_table[:, :pages].long()].flatten(1, 2)
     heads, d_nope, kv_lora = w_uk.shape
+    if is_fp8(lat):
+        lat = unpack_rows(lat, kv_lora, w_uk.dtype)
     c_kv = lat[..., :kv_lora].to(w_uk.dtype)
     k_nope = (c_kv @ w_uk.reshape(heads * d_nope, kv_lora).T).unflatten(-1, (heads, d_nope))
     v = (c_kv @ w_uv.reshape(-1, kv_lora).T).unflatten(-1, (heads, w_uv.shape[1]))
@@ -114,7 +121,7 @@ def expand_kv(
 def mha_prefill(
     q_nope: Float[Tensor, "tokens heads qk_nope"],
     q_pe: Float[Tensor, "tokens heads qk_rope"],
-    cache: Float[Tensor, "pages page_size latent"],
+    cache: CacheLayer,
     w_uk: Float[Tensor, "heads qk_nope kv_lora"],
     w_uv: Float[Tensor, "heads v_head kv_lora"],
     token_seq: Int[Tensor, " tokens"],

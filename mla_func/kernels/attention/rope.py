@@ -7,7 +7,8 @@ float32 and cos/sin scaled by YaRN's attention factor, as `ops.rope` computes it
 
 `prologue_row` is one token's work; `mla_prologue` launches it over the step's tokens (rows
 returned), and the absorbed decode's fused launch (absorb.py) runs it with the token's cache row
-as the destination.
+as the destination: an FP8 cache row (`FP8`, `fp8_rows`) takes the row quantised, its values
+first rounded to the input's dtype as the reference's row is before `cache_fp8.pack_rows`.
 """
 
 from typing import no_type_check
@@ -18,6 +19,7 @@ import triton.language as tl
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mla_func.kernels.attention.fp8_rows import rope_values, store_latent, to_bf16
 from mla_func.kernels.linear.norm import rms_scaled
 
 
@@ -25,10 +27,13 @@ from mla_func.kernels.linear.norm import rms_scaled
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def prologue_row(t, q_src, kv_ptr, w_ptr, pos_ptr, freq_ptr, q_pe_ptr, row_ptr, slot,
                  rope_scale, eps, heads, sq_t, sq_h, kv_stride, ROPE: tl.constexpr,
-                 KV_LORA: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr):
+                 KV_LORA: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
+                 FP8: tl.constexpr, GS: tl.constexpr, GROUPS: tl.constexpr,
+                 ROPE_AT: tl.constexpr):
     """Token t: q_pe[t] = rope(q_src[t]) for every head (q_src: the unrotated q_pe, strides
     sq_t, sq_h), and the row [rmsnorm(c_kv), rope(k_pe)] of kv[t] stored at row_ptr, only
-    where slot >= 0 (the token's cache slot: a padded token's, -1, is written nowhere)."""
+    where slot >= 0 (the token's cache slot: a padded token's, -1, is written nowhere). `FP8`:
+    row_ptr is an FP8 cache row (`fp8_rows`: GS, GROUPS, ROPE_AT its layout)."""
     t = t.to(tl.int64)
     half = tl.arange(0, ROPE // 2)
     pos = tl.load(pos_ptr + t).to(tl.float32)
@@ -42,17 +47,24 @@ def prologue_row(t, q_src, kv_ptr, w_ptr, pos_ptr, freq_ptr, q_pe_ptr, row_ptr, 
     c = tl.load(kv_ptr + t * kv_stride + cols, mask=cmask, other=0.0)
     cf = c.to(tl.float32)
     y = rms_scaled(cf, tl.sum(cf * cf, axis=0), KV_LORA, eps, w_ptr, cols, cmask, c.dtype)
-    dt = row_ptr.dtype.element_ty
-    # A vector mask (the interpreter takes no scalar one).
-    tl.store(row_ptr + cols, y.to(dt), mask=cmask & ((cols * 0 + slot) >= 0))
-
     # k_pe: shared by all heads.
     k_row = kv_ptr + t * kv_stride + KV_LORA
     ke = tl.load(k_row + 2 * half).to(tl.float32)
     ko = tl.load(k_row + 2 * half + 1).to(tl.float32)
     rmask = (half * 0 + slot) >= 0
-    tl.store(row_ptr + KV_LORA + 2 * half, (ke * cos - ko * sin).to(dt), mask=rmask)
-    tl.store(row_ptr + KV_LORA + 2 * half + 1, (ko * cos + ke * sin).to(dt), mask=rmask)
+    k_even = ke * cos - ko * sin
+    k_odd = ko * cos + ke * sin
+    if FP8:
+        store_latent(row_ptr, y.to(c.dtype).to(tl.float32), slot, BLOCK_C, GS, KV_LORA, GROUPS)
+        pe = rope_values(row_ptr, ROPE_AT)
+        tl.store(pe + 2 * half, to_bf16(k_even.to(c.dtype).to(tl.float32)), mask=rmask)
+        tl.store(pe + 2 * half + 1, to_bf16(k_odd.to(c.dtype).to(tl.float32)), mask=rmask)
+    else:
+        dt = row_ptr.dtype.element_ty
+        # A vector mask (the interpreter takes no scalar one).
+        tl.store(row_ptr + cols, y.to(dt), mask=cmask & ((cols * 0 + slot) >= 0))
+        tl.store(row_ptr + KV_LORA + 2 * half, k_even.to(dt), mask=rmask)
+        tl.store(row_ptr + KV_LORA + 2 * half + 1, k_odd.to(dt), mask=rmask)
 
     # q_pe of every head, BLOCK_H heads at a time.
     for h0 in range(0, heads, BLOCK_H):
@@ -75,7 +87,7 @@ def _prologue_kernel(q_src, kv_ptr, w_ptr, pos_ptr, freq_ptr, q_pe_ptr, kv_out_p
     t = tl.program_id(0)
     prologue_row(t, q_src, kv_ptr, w_ptr, pos_ptr, freq_ptr, q_pe_ptr,
                  kv_out_ptr + t.to(tl.int64) * (KV_LORA + ROPE), t, rope_scale, eps, heads,
-                 sq_t, sq_h, kv_stride, ROPE, KV_LORA, BLOCK_H, BLOCK_C)
+                 sq_t, sq_h, kv_stride, ROPE, KV_LORA, BLOCK_H, BLOCK_C, False, 1, 1, 0)
 
 
 def prologue_blocks(heads: int, kv_lora: int) -> dict:
