@@ -1,17 +1,17 @@
-"""Benchmarks (GPU): `python -m scripts.bench step|kernels|moe|capture|segments|fp8|all
-[--out DIR] [OPTIONS]`, and tensor parallel against one GPU:
-`torchrun --nproc-per-node N -m scripts.bench tp`.
+"""Benchmarks (GPU): `python -m scripts.bench
+step|kernels|moe|capture|segments|fp8|precision|all [--out DIR] [OPTIONS]`, and tensor
+parallel against one GPU: `torchrun --nproc-per-node N -m scripts.bench tp`.
 
 Every subcommand measures the copy-bandwidth and matmul ceilings in the same run, prints a
 table last and writes bench_<name>.json per benchmark (and the step plot) under --out.
 
 Options. `--out` is this script's own. Every other option goes, with its values unchanged, to
-the benchmark that defines it (bench_args.py: step, kernels, moe, capture, segments, tp, fp8),
-in that benchmark's syntax: `bench step --batches 1 8` but `bench capture --batches 1,8`. `all`
-runs kernels, moe, capture and step (not segments: Inductor compiles every segment, minutes;
-not tp: it runs under torchrun; not fp8: one kernel's study), and gives
-each option to every one of them that defines it (`--tokens` to moe alone, `--backend` to
-capture and step), where it must then be valid for each. An option that no benchmark of the
+the benchmark that defines it (bench_args.py: step, kernels, moe, capture, segments, tp, fp8,
+precision), in that benchmark's syntax: `bench step --batches 1 8` but `bench capture
+--batches 1,8`. `all` runs kernels, moe, capture and step (not segments: Inductor compiles
+every segment, minutes; not tp: it runs under torchrun; not fp8: one kernel's study; not
+precision: a study of its own), and gives each option to every one of them that defines it
+(`--tokens` to moe alone, `--backend` to capture and step), where it must then be valid for each. An option that no benchmark of the
 subcommand defines is an error naming it, as is a value a benchmark's parser refuses; both are
 found before any GPU work and before anything is written under --out. Names are exact, never
 abbreviations: `--batch` is bench_kernels', not the step's `--batches`.
@@ -27,9 +27,11 @@ from pathlib import Path
 
 from scripts.bench_args import OPTIONS
 
-# `all` leaves out segments (Inductor compiles every segment: minutes), tp (torchrun) and fp8.
+# `all` leaves out segments (Inductor compiles every segment: minutes), tp (torchrun), fp8 and
+# precision.
 BENCHMARKS = {"step": ["step"], "kernels": ["kernels"], "moe": ["moe"], "capture": ["capture"],
               "segments": ["segments"], "tp": ["tp"], "fp8": ["fp8"],
+              "precision": ["precision"],
               "all": ["kernels", "moe", "capture", "step"]}
 _NEGATIVE = re.compile(r"^-\d+$|^-\d*\.\d+$")  # a value, not an option, as argparse reads it
 

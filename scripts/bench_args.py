@@ -132,6 +132,19 @@ def fp8(p: argparse.ArgumentParser) -> None:
                    help="weights as NxK: N outputs, K inputs")
 
 
+def precision(p: argparse.ArgumentParser) -> None:
+    """bench_precision: block-FP8 weights and the FP8 latent cache against bf16."""
+    p.add_argument("--preset", default="v2-lite")
+    p.add_argument("--precisions", nargs="+", default=["fp8", "fp8-cache", "fp8+fp8-cache"],
+                   choices=["bf16", "fp8", "fp8-cache", "fp8+fp8-cache"])
+    p.add_argument("--batches", type=int_at_least(1), nargs="+", default=[1, 32, 128])
+    p.add_argument("--contexts", type=int_at_least(1), nargs="+", default=[512, 4096])
+    p.add_argument("--page-size", type=int_at_least(1), default=64)
+    p.add_argument("--prompts", type=int_at_least(0), default=8,
+                   help="generate's prompts for the accuracy table (0: none)")
+    p.add_argument("--new", type=int_at_least(1), default=16)
+
+
 OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "step": step, "kernels": kernels, "moe": moe, "capture": capture, "segments": segments,
-    "tp": tp, "fp8": fp8}
+    "tp": tp, "fp8": fp8, "precision": precision}

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 import mla_func as mf
+from mla_func.fp8 import Fp8Weight
 from mla_func.params import DenseMLP, MoE
 from scripts import bench_args
 from scripts.bench_common import (
@@ -31,38 +32,55 @@ from scripts.bench_common import (
 from scripts.bench_hf import bench_hf, bench_hf_compile
 
 
-def _numel(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.numel()
+def _numel(t: "torch.Tensor | Fp8Weight | None") -> int:
+    """Elements of a weight (an FP8 weight's values, not its scales)."""
+    if t is None:
+        return 0
+    return t.data.numel() if isinstance(t, Fp8Weight) else t.numel()
+
+
+def _bytes(t: "torch.Tensor | Fp8Weight | None") -> int:
+    """Bytes of a weight as stored: an FP8 weight's e4m3 values and float32 scales."""
+    if t is None:
+        return 0
+    if isinstance(t, Fp8Weight):
+        return t.data.numel() + t.scales.numel() * t.scales.element_size()
+    return t.numel() * t.element_size()
 
 
 def step_floor(params: mf.Params, distinct: list[int], batch: int, ctx: int,
-               ceil: dict[str, float]) -> dict[str, float]:
-    """Bytes and FLOPs of one decode step of `batch` sequences at context `ctx`."""
+               ceil: dict[str, float], row_bytes: int | None = None) -> dict[str, float]:
+    """Bytes and FLOPs of one decode step of `batch` sequences at context `ctx`: each weight
+    at its stored size (bf16, or block FP8 with its scales), the cache's rows at `row_bytes`
+    a token a layer (default: the latent in the embedding's dtype)."""
     cfg = params.cfg
-    elem = params.embed.element_size()
-    weights = _numel(params.lm_head) + _numel(params.norm)
+    weights = _bytes(params.lm_head) + _bytes(params.norm)
     flops_w = _numel(params.lm_head)
     moe_layer = 0
     for layer in params.layers:
         a = layer.attn
-        attn = sum(_numel(t) for t in (a.kv_a_norm, a.w_uk, a.w_uv, a.qkv_a_proj, a.o_proj,
-                                        a.q_a_norm, a.q_b_proj))
-        weights += attn + 2 * _numel(layer.input_norm)
-        flops_w += attn
+        attn = (a.kv_a_norm, a.w_uk, a.w_uv, a.qkv_a_proj, a.o_proj, a.q_a_norm, a.q_b_proj)
+        weights += sum(_bytes(t) for t in attn) + 2 * _bytes(layer.input_norm)
+        flops_w += sum(_numel(t) for t in attn)
         if isinstance(layer.mlp, DenseMLP):
-            weights += _numel(layer.mlp.gate_up) + _numel(layer.mlp.down)
+            weights += _bytes(layer.mlp.gate_up) + _bytes(layer.mlp.down)
             flops_w += _numel(layer.mlp.gate_up) + _numel(layer.mlp.down)
         else:
             m: MoE = layer.mlp
-            per_expert = (m.gate_up.numel() + m.down.numel()) // m.gate_up.shape[0]
-            shared = _numel(m.shared.gate_up) + _numel(m.shared.down) if m.shared else 0
-            weights += _numel(m.router) + shared + distinct[moe_layer] * per_expert
-            flops_w += _numel(m.router) + shared + cfg.num_experts_per_tok * per_expert
+            experts = m.gate_up.shape[0]  # this rank's (an FP8 weight's shape: its params')
+            per_expert = (_bytes(m.gate_up) + _bytes(m.down)) // experts
+            per_expert_n = (_numel(m.gate_up) + _numel(m.down)) // experts
+            shared = (m.shared.gate_up, m.shared.down) if m.shared else ()
+            weights += (_bytes(m.router) + sum(_bytes(t) for t in shared)
+                        + distinct[moe_layer] * per_expert)
+            flops_w += (_numel(m.router) + sum(_numel(t) for t in shared)
+                        + cfg.num_experts_per_tok * per_expert_n)
             moe_layer += 1
-    kv_bytes = batch * (ctx + 1) * cfg.latent_dim * cfg.num_hidden_layers * elem
-    total_bytes = weights * elem + kv_bytes
+    row = row_bytes or cfg.latent_dim * params.embed.element_size()
+    kv_bytes = batch * (ctx + 1) * row * cfg.num_hidden_layers
+    total_bytes = weights + kv_bytes
     # Absorbed attention: per head, per key: 2*(kv_lora+rope) + 2*kv_lora FLOPs.
-    heads = params.layers[0].attn.w_uk.shape[0]  # this rank's
+    heads = _numel(params.layers[0].attn.w_uk) // (cfg.kv_lora_rank * cfg.qk_nope_head_dim)
     attn_flops = (batch * (ctx + 1) * heads * cfg.num_hidden_layers
                   * 2 * (cfg.latent_dim + cfg.kv_lora_rank))
     flops = 2 * batch * flops_w + attn_flops

@@ -444,3 +444,22 @@ def test_bench_tp_options_and_its_launch_check(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(SystemExit, match="torchrun --nproc-per-node 2 -m scripts.bench tp"):
         bench_tp.run(["--skip-generate"])
+
+
+def test_bench_precision_compares_where_both_runs_agree():
+    """`bench precision`'s accuracy: errors only over the positions both runs reached with the
+    same tokens (the first differing token's logits included), the greedy share over all."""
+    from types import SimpleNamespace
+
+    from scripts.bench_precision import compare
+
+    g = torch.Generator().manual_seed(0)
+    a = [torch.randn(3, 50, generator=g) for _ in range(2)]
+    b = [a[0] * 1.01, torch.cat([a[1][:1], torch.randn(2, 50, generator=g)])]
+    base = SimpleNamespace(tokens=[[1, 2, 3], [4, 5, 6]], logits=a)
+    other = SimpleNamespace(tokens=[[1, 2, 3], [4, 9, 6]], logits=b)
+    got = compare(base, other)
+    assert got["greedy_equal"] == 5 / 6
+    # sequence 0: three positions at 0.01; sequence 1: position 0 exact, position 1 (where the
+    # tokens part) far off, position 2 not compared
+    assert got["max_rel_err"] > 0.5 and got["median_rel_err"] == pytest.approx(0.01, rel=1e-4)

@@ -99,13 +99,22 @@ def test_the_option_tables_are_the_packages():
 
 
 def test_each_benchmark_takes_its_options_from_bench_args():
-    from scripts import bench_args, bench_capture, bench_fp8, bench_kernels, bench_moe, bench_step
+    from scripts import (
+        bench_args,
+        bench_capture,
+        bench_fp8,
+        bench_kernels,
+        bench_moe,
+        bench_precision,
+        bench_step,
+    )
 
     assert bench_step.add_arguments is bench_args.step
     assert bench_kernels.add_args is bench_args.kernels
     assert bench_moe.add_args is bench_args.moe
     assert bench_capture.add_args is bench_args.capture
     assert bench_fp8.add_args is bench_args.fp8
+    assert bench_precision.add_args is bench_args.precision
 
 
 def test_messages_speak_the_command_line():
