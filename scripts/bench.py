@@ -7,14 +7,14 @@ table last and writes bench_<name>.json per benchmark (and the step plot) under 
 
 Options. `--out` is this script's own. Every other option goes, with its values unchanged, to
 the benchmark that defines it (bench_args.py: step, kernels, moe, capture, segments, tp, fp8,
-precision), in that benchmark's syntax: `bench step --batches 1 8` but `bench capture
---batches 1,8`. `all` runs kernels, moe, capture and step (not segments: Inductor compiles
-every segment, minutes; not tp: it runs under torchrun; not fp8: one kernel's study; not
-precision: a study of its own), and gives each option to every one of them that defines it
-(`--tokens` to moe alone, `--backend` to capture and step), where it must then be valid for each. An option that no benchmark of the
-subcommand defines is an error naming it, as is a value a benchmark's parser refuses; both are
-found before any GPU work and before anything is written under --out. Names are exact, never
-abbreviations: `--batch` is bench_kernels', not the step's `--batches`.
+precision), in that benchmark's syntax: `bench step --batches 1 8` but `bench capture --batches
+1,8`. `all` runs kernels, moe, capture and step (not segments: Inductor compiles every segment,
+minutes; not tp: it runs under torchrun; not fp8: one kernel's study; not precision: a study of
+its own), and gives each option to every one of them that defines it (`--tokens` to moe alone,
+`--backend` to capture and step), where it must then be valid for each. An option that no
+benchmark of the subcommand defines is an error naming it, as is a value a benchmark's parser
+refuses; both are found before any GPU work and before anything is written under --out. Names
+are exact, never abbreviations: `--batch` is bench_kernels', not the step's `--batches`.
 `python -m scripts.bench WHAT --help` lists the options of WHAT's benchmarks.
 """
 
