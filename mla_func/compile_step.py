@@ -29,7 +29,7 @@ from mla_func.capture import ALWAYS, CapturePlan, CudaRequiredError, plan_captur
 from mla_func.capture.compile import compile_plan
 from mla_func.capture.dispatch import MODES, CompiledStep
 from mla_func.dims import VOCABULARY
-from mla_func.fp8_params import weight_precisions
+from mla_func.fp8_params import is_fp8, weight_precisions
 from mla_func.kernels.plan import KernelOptions, device_spec, options_for
 from mla_func.kernels.plan import plan_step as plan_kernels
 from mla_func.model import forward
@@ -98,7 +98,8 @@ def bucket_kernels(plan: CapturePlan, params: Params, kernels: KernelOptions, ma
         out[mode] = {str(n): plan_kernels(
             params.cfg, device, n, n if full else min(n, seqs_max), options=kernels,
             max_pages=max_pages, page_size=page_size, dtype=params.dtype,
-            max_query_len=1 if full else None, ranks=params.tp.size).summary(options=False)
+            max_query_len=1 if full else None, ranks=params.tp.size,
+            weights="fp8" if is_fp8(params) else "bf16").summary(options=False)
             for n in sizes}
     return out
 

@@ -88,6 +88,10 @@ def test_capture_plans_an_fp8_step_on_meta():
     plan = plan_step(params, state, max_tokens=64, max_seqs=8)
     assert plan.meta["weights"]["experts.gate_up"] == "fp8 e4m3, block 128"
     assert plan.meta["weights"]["embed"] == "bfloat16"
+    # Every bucket's experts run the block-FP8 GEMMs (the Triton experts of `meta`'s plans).
+    buckets = [b for mode, bs in plan.meta["kernels"].items() if mode != "options"
+               for b in bs.values()]
+    assert buckets and all(b["experts_precision"] == "fp8" for b in buckets)
     leaves = {leaf.path: leaf for leaf in plan.signature.leaves}
     w = leaves["params.layers.2.mlp.gate_up.data"]
     assert w.dtype == FP8 and w.dims == ("stack", "width_out", "width_in")

@@ -2,7 +2,8 @@
 
 Every kernel choice of a step is a field of one frozen `StepPlan`, built by one pure function
 from the model's config, the device's properties, the step's static shape (its token and
-sequence counts: a capture bucket, or an eager step's own) and the caller's `KernelOptions`:
+sequence counts: a capture bucket, or an eager step's own), the weights' precision (float or
+block FP8) and the caller's `KernelOptions`:
 - the options (what a caller chooses; `default_options` by device): the attention backend,
   fused Triton kernels or the torch reference for the rest, the experts' implementation,
   eager calls straight to the op's function or through torch's dispatcher, and the launch
@@ -10,8 +11,9 @@ sequence counts: a capture bucket, or an eager step's own) and the caller's `Ker
   early trigger);
 - from the shape: the few-row projections (`proj_norm`, `small_linear`, `norm_linear`), the
   router's launch (`router.plan.launch_config`, or one program an expert at a few rows), the
-  MoE's tiles and path (`moe.config.pick_config`), the attention's form (absorbed, or the MHA
-  form for long prompts) and the decode's launch plan (`attention.decode_plan.plan_decode`).
+  MoE's tiles and path (`moe.config.pick_config`) and whether its GEMMs run in block FP8
+  (`experts_precision`), the attention's form (absorbed, or the MHA form for long prompts)
+  and the decode's launch plan (`attention.decode_plan.plan_decode`).
 The kernels take the same decisions from the same functions below (each op knows its own
 shapes at run time, while a traced step serves every bucket); the capture compiler's glue
 records `StepPlan.summary()` per bucket in plan.json. The constants are explained in
@@ -44,6 +46,8 @@ MHA_MIN_QUERY = 64
 # over NVLink, one launch) instead of NCCL's (docs/DECISIONS.md,
 # `kernels.plan.ONE_SHOT_MAX_BYTES`).
 ONE_SHOT_MAX_BYTES = 128 * 7168 * 2
+# What `plan_step(weights=...)` names: float projections, or block FP8 (`fp8.Fp8Weight`).
+WEIGHTS = ("bf16", "fp8")
 # The weights' dtypes the fused kernels and the triton attention backend are tuned for: their
 # tiles are sized for 2-byte operands, and float32 doubles their shared memory (a V3-shaped
 # float32 step asked a kernel for 409,624 bytes of it; an H100 has 232,448).
@@ -134,6 +138,12 @@ class DeviceSpec:
         """wgmma and TMA: the warp-specialised decode kernel runs."""
         return self.type == "cuda" and self.capability[0] == 9
 
+    @property
+    def fp8_dot(self) -> bool:
+        """tl.dot takes e4m3 operands: CUDA from sm89 on (and the interpreter, and `meta`,
+        where planning sees what a GPU runs)."""
+        return self.type != "cuda" or self.capability >= (8, 9)
+
 
 def device_spec(device: torch.device | str) -> DeviceSpec:
     """A device's spec; elsewhere than CUDA a small stand-in SM count (the interpreter has no
@@ -173,6 +183,20 @@ def all_reduce_form(nbytes: int, cuda: bool, one_shot: bool = True) -> str:
     return "one_shot" if one_shot and cuda and nbytes <= ONE_SHOT_MAX_BYTES else "nccl"
 
 
+def experts_precision(weights: str, experts: str, device: DeviceSpec,
+                      dtype: torch.dtype = torch.bfloat16) -> str:
+    """How the experts' GEMMs compute, given the weights ("bf16": float, in `dtype`; "fp8":
+    block FP8) and the experts' implementation: "fp8" (the Triton experts' block-FP8 GEMMs,
+    `kernels.moe.fp8_gemm`, on a device whose tl.dot takes e4m3), "dequantised" (FP8 weights
+    dequantised to the activations' dtype on the fly, every other implementation), or the
+    float weights' dtype ("bfloat16")."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"unknown weights {weights!r}; expected one of {WEIGHTS}")
+    if weights == "fp8":
+        return "fp8" if experts == "triton" and device.fp8_dot else "dequantised"
+    return str(dtype).removeprefix("torch.")
+
+
 def attention_form(max_query_len: int, mha_min_query: int = MHA_MIN_QUERY) -> str:
     """'mha' when a sequence brings `mha_min_query` new tokens or more, else 'absorbed'."""
     return "mha" if max_query_len >= mha_min_query else "absorbed"
@@ -201,6 +225,8 @@ class StepPlan:
     # all-reduce before the residual add, so o_proj and the MoE leave their norms to it.
     ranks: int = 1
     all_reduce: str = "none"  # "one_shot" | "nccl" (ranks > 1)
+    # The experts' GEMMs (`experts_precision`): "fp8" | "dequantised" | a dtype | "none"
+    experts_precision: str = "none"
 
     def summary(self, options: bool = True) -> dict:
         """The plan as plain JSON values, one line a choice (plan.json); `options` False
@@ -227,13 +253,15 @@ def _label(choice: object) -> str:
 def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
               options: KernelOptions, max_pages: int, page_size: int,
               dtype: torch.dtype = torch.bfloat16, max_query_len: int | None = 1,
-              ranks: int = 1) -> StepPlan:
+              ranks: int = 1, weights: str = "bf16") -> StepPlan:
     """The kernels a step of `tokens` tokens over `seqs` sequences runs (page tables
     `max_pages` wide, pages of `page_size`, weights in `dtype`) on one rank of `ranks`
     (its heads, its routed experts and its slice of the shared MLP, whose width decides
     whether it folds into the routed launches; the router stays whole). `max_query_len`: the
     most new tokens of one sequence, 1 for a decode step; None where each step's own decides
-    (a piecewise bucket: the attention runs between the graphs, from host metadata)."""
+    (a piecewise bucket: the attention runs between the graphs, from host metadata).
+    `weights`: "bf16" (float projections, in `dtype`) or "fp8" (block FP8: the Triton experts
+    run FP8 GEMMs from the FP8 rows of the tile table, `experts_precision`)."""
     fused, rows = options.fused, tokens
     qkv_a = o_proj = router = "gemm"
     router_launch = moe = None
@@ -244,8 +272,10 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
         o_proj = ("proj_norm" if ranks == 1 and proj_norm_rows(rows, cfg.hidden_size)
                   else "gemm")
     moe_layers = cfg.n_routed_experts and cfg.num_hidden_layers > cfg.first_k_dense_replace
-    shared = "none"
+    shared = precision = "none"
     if moe_layers:
+        precision = experts_precision(weights, options.experts, device, dtype)
+        fp8 = precision == "fp8"
         experts = cfg.n_routed_experts
         if not fused or experts > ROUTER_MAX_EXPERTS:
             router = "torch"
@@ -261,9 +291,10 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
             raise ValueError(f"the shared experts' {shared_width} columns do not split evenly "
                              f"over {ranks} ranks")
         if options.experts == "triton":
-            moe = pick_config(tokens)
+            moe = pick_config(tokens, fp8)
             if cfg.n_shared_experts:
-                fold = fold_shared(tokens, shared_width // ranks, cfg.moe_intermediate_size)
+                fold = fold_shared(tokens, shared_width // ranks, cfg.moe_intermediate_size,
+                                   fp8)
                 shared = "folded" if fold else "apart"
             deferred = (ranks == 1 and bool(moe.last_sum)
                         and norm_linear_normalises(rows, cfg.hidden_size))
@@ -284,8 +315,8 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
         tokens * cfg.hidden_size * dtype.itemsize, device.type == "cuda", options.one_shot)
     return StepPlan(tokens, seqs, options, device, qkv_a, o_proj, router, router_launch,
                     options.experts if moe_layers else "none", moe, shared, deferred, form,
-                    decode, ranks, reduce)
+                    decode, ranks, reduce, precision)
 
 
-__all__ = ["KERNEL_DTYPES", "DeviceSpec", "KernelOptions", "StepPlan", "default_options",
-           "device_spec", "options_for", "plan_step"]
+__all__ = ["KERNEL_DTYPES", "WEIGHTS", "DeviceSpec", "KernelOptions", "StepPlan",
+           "default_options", "device_spec", "experts_precision", "options_for", "plan_step"]
