@@ -96,7 +96,7 @@ def bucket_kernels(plan: CapturePlan, params: Params, kernels: KernelOptions, ma
     between the graphs), a full bucket of `seqs` single-token decodes; the cache in
     `kv_dtype` ("fp8", or "auto": the weights' dtype)."""
     device = device_spec(params.device)
-    weights = "fp8" if is_fp8(params) else "float"
+    weights = "fp8" if is_fp8(params) else "bf16"
     seqs_max = plan.buckets["full"][-1] if plan.buckets.get("full") else 1
     out: dict[str, dict] = {"options": asdict(kernels)}
     for mode, sizes in plan.buckets.items():

@@ -9,8 +9,12 @@ Implementations, all static-shape and free of host syncs (nothing waits on the d
   gathered. Its tile is sized so that tiles ~ 2 x experts: cheap for the tiny preset on CPU.
 - `"reference"`: `ops.moe.experts_reference` (every expert over every token, masked).
 
-Block-FP8 weights (`fp8.Fp8Weight`, the routed experts' or the shared ones') are dequantised
-to x's dtype on the fly, for every implementation.
+Block-FP8 weights (`fp8.Fp8Weight`): where the routed experts and the shared MLP (given) all
+are, the Triton op runs block-FP8 GEMMs (their e4m3 data and scales passed as they are; the
+activations quantised per token group of 128 in the kernels: `kernels.moe.fp8_gemm`) on a
+device whose tl.dot takes e4m3 (`kernels.plan.experts_precision`); their blocks must span 128
+columns (DeepSeek's grid). Otherwise, and for every other implementation, they are dequantised
+to x's dtype on the fly. `ops.moe_fp8` is the torch reference of the FP8 GEMMs' numerics.
 
 Passing `shared` (the shared-experts MLP) adds it to the result: the Triton op computes it
 inside the same launches at small token counts (as extra experts every token routes to), else
@@ -46,7 +50,8 @@ from mla_func.custom_op import custom_op
 from mla_func.fp8 import Fp8Weight, Weight, dense
 from mla_func.kernels.launch.runtime import call_counters
 from mla_func.kernels.moe.align import align_torch, max_blocks
-from mla_func.kernels.plan import EXPERTS_IMPLS
+from mla_func.kernels.moe.config import FP8_BLOCK_K
+from mla_func.kernels.plan import EXPERTS_IMPLS, device_spec, experts_precision
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import check_local_experts, experts_reference
 from mla_func.ops.norm import rmsnorm
@@ -57,11 +62,52 @@ IMPLS = EXPERTS_IMPLS  # the implementations `KernelOptions.experts` names
 
 def _dense_weights(x: Tensor, gate_up: Weight, down: Weight, shared: DenseMLP | None
                    ) -> tuple[Tensor, Tensor, DenseMLP | None]:
-    """The experts' weights in x's dtype: block-FP8 ones dequantised on the fly (every
-    implementation: no FP8 grouped GEMM runs yet)."""
+    """The experts' weights in x's dtype: block-FP8 ones dequantised on the fly."""
     if shared is not None:
         shared = DenseMLP(dense(shared.gate_up, x.dtype), dense(shared.down, x.dtype))
     return dense(gate_up, x.dtype), dense(down, x.dtype), shared
+
+
+def _fp8_operands(x: Tensor, impl: str, gate_up: Weight, down: Weight,
+                  shared: DenseMLP | None) -> tuple[tuple, dict] | None:
+    """The Triton op's weights and FP8 keyword arguments where it runs block-FP8 GEMMs (the
+    module docstring): the e4m3 data in the weights' layouts ((gate_up, down, shared_gate_up,
+    shared_down)) and the scales beside them; None where it does not."""
+    ws = (gate_up, down) + (() if shared is None else (shared.gate_up, shared.down))
+    if impl != "triton" or not all(isinstance(w, Fp8Weight) for w in ws):
+        return None
+    if experts_precision("fp8", impl, device_spec(x.device)) != "fp8":  # pre-sm89 GPUs
+        return None
+    for w, name in zip(ws, ("gate_up", "down", "shared gate_up", "shared down"), strict=False):
+        cols, block = w.data.shape[-1], w.block[1]
+        if block != FP8_BLOCK_K and cols > min(block, FP8_BLOCK_K):
+            raise ValueError(
+                f"the block-FP8 expert GEMMs take blocks of {FP8_BLOCK_K} columns (one "
+                f"activation scale a group of {FP8_BLOCK_K}, DeepSeek's grid); the {name} "
+                f"weights have blocks of {block} of {cols}: dequantise them "
+                f"(quantize.dequantize), or quantise with block={FP8_BLOCK_K}")
+    data = [w.data.view(w.shape) for w in ws] + [None] * (4 - len(ws))
+    scales = [gate_up.scales.view(*gate_up.shape[:2], *gate_up.scales.shape[1:]),
+              down.scales]
+    rows = [gate_up.block[0], down.block[0]]
+    if shared is not None:
+        scales += [shared.gate_up.scales, shared.down.scales[0]]
+        rows += [shared.gate_up.block[0], shared.down.block[0]]
+    names = ("gate_up_scales", "down_scales", "shared_gate_up_scales", "shared_down_scales")
+    return tuple(data), {**dict(zip(names, scales, strict=False)), "block_rows": rows}
+
+
+def _scales(gate_up: Tensor | None, down: Tensor | None, shared_gate_up: Tensor | None,
+            shared_down: Tensor | None, block_rows: list[int] | None):
+    """The ops' FP8 arguments as `fused_experts` takes them (`Fp8Scales`; None: bf16)."""
+    if gate_up is None:
+        return None
+    from mla_func.kernels.moe.fp8_gemm import Fp8Scales
+
+    rows = list(block_rows or ())
+    shared_rows = (rows[2], rows[3]) if len(rows) == 4 else (FP8_BLOCK_K, FP8_BLOCK_K)
+    return Fp8Scales(gate_up, down, (rows[0], rows[1]), shared_gate_up, shared_down,
+                     shared_rows)
 
 
 def experts(
@@ -81,6 +127,10 @@ def experts(
     module docstring); the sum is then over the pairs of the local experts only."""
     if impl not in IMPLS:
         raise ValueError(f"unknown experts impl {impl!r}; expected one of {IMPLS}")
+    fp8 = _fp8_operands(x, impl, gate_up, down, shared)
+    if fp8 is not None:
+        return moe_experts_op(x, weights, ids, *fp8[0], call_counters(counters, x.device), True,
+                              *_given(first_expert), **fp8[1])
     gate_up, down, shared = _dense_weights(x, gate_up, down, shared)
     if impl == "triton":
         s_gate_up, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
@@ -121,10 +171,14 @@ def experts_add_norm(
     (else through the dispatcher, `KernelOptions.eager_direct`). `first_expert`: as in
     `experts`; h is then residual + the rank's partial sum (a norm of the whole MoE's output
     needs the ranks' sum first: `experts`, the all-reduce, then the add and the norm)."""
+    op = moe_experts_add_norm_op if direct else moe_experts_add_norm_op.dispatch
+    fp8 = _fp8_operands(x, impl, gate_up, down, shared)
+    if fp8 is not None:
+        return op(x, weights, ids, *fp8[0], residual, norm_weight, eps, defer_norm,
+                  call_counters(counters, x.device), trigger, *_given(first_expert), **fp8[1])
     gate_up, down, shared = _dense_weights(x, gate_up, down, shared)
     if impl == "triton":
         s_gate_up, s_down = (None, None) if shared is None else (shared.gate_up, shared.down)
-        op = moe_experts_add_norm_op if direct else moe_experts_add_norm_op.dispatch
         return op(
             x, weights, ids, gate_up, down, s_gate_up, s_down, residual, norm_weight, eps,
             defer_norm, call_counters(counters, x.device), trigger, *_given(first_expert))
@@ -134,8 +188,8 @@ def experts_add_norm(
 
 
 def _given(first_expert: int | None) -> tuple[int, ...]:
-    """The ops' trailing `first_expert`, left out at its default: a traced step's node reads
-    as it did before the argument (graphs/)."""
+    """The ops' `first_expert`, left out at its default: a traced step's node reads as it
+    did before the argument (graphs/); so do the FP8 arguments after it (keywords)."""
     return () if first_expert is None else (first_expert,)
 
 
@@ -145,17 +199,27 @@ def moe_experts_op(
     x: Tensor, weights: Tensor, ids: Tensor, gate_up: Tensor, down: Tensor,
     shared_gate_up: Optional[Tensor], shared_down: Optional[Tensor],  # noqa: UP045
     counters: Tensor, trigger: bool, first_expert: Optional[int] = None,  # noqa: UP045
+    gate_up_scales: Optional[Tensor] = None, down_scales: Optional[Tensor] = None,  # noqa: UP045
+    shared_gate_up_scales: Optional[Tensor] = None,  # noqa: UP045
+    shared_down_scales: Optional[Tensor] = None,  # noqa: UP045
+    block_rows: Optional[list[int]] = None,  # noqa: UP045
 ) -> Tensor:
+    """`fused_experts`; given the scales, the weights are block-FP8 e4m3 data (`block_rows`:
+    gate_up's, down's, then the shared MLP's block rows)."""
     # Imported here: the kernels module reads TRITON_INTERPRET when it is first imported.
     from mla_func.kernels.moe.fused import fused_experts
 
+    scales = _scales(gate_up_scales, down_scales, shared_gate_up_scales, shared_down_scales,
+                     block_rows)
     return fused_experts(x, weights, ids, gate_up, down, shared_gate_up, shared_down,
-                         counters=counters, trigger=trigger, first_expert=first_expert)
+                         counters=counters, trigger=trigger, first_expert=first_expert,
+                         scales=scales)
 
 
 @moe_experts_op.register_fake
 def _(x, weights, ids, gate_up, down, shared_gate_up, shared_down, counters, trigger,
-      first_expert=None):
+      first_expert=None, gate_up_scales=None, down_scales=None, shared_gate_up_scales=None,
+      shared_down_scales=None, block_rows=None):
     check_local_experts(gate_up, down, first_expert)
     return torch.empty_like(x)
 
@@ -166,17 +230,25 @@ def moe_experts_add_norm_op(
     shared_gate_up: Optional[Tensor], shared_down: Optional[Tensor],  # noqa: UP045
     residual: Tensor, norm_weight: Tensor, eps: float, defer_norm: bool, counters: Tensor,
     trigger: bool, first_expert: Optional[int] = None,  # noqa: UP045
+    gate_up_scales: Optional[Tensor] = None, down_scales: Optional[Tensor] = None,  # noqa: UP045
+    shared_gate_up_scales: Optional[Tensor] = None,  # noqa: UP045
+    shared_down_scales: Optional[Tensor] = None,  # noqa: UP045
+    block_rows: Optional[list[int]] = None,  # noqa: UP045
 ) -> tuple[Tensor, Tensor]:
     from mla_func.kernels.moe.fused import fused_experts
 
+    scales = _scales(gate_up_scales, down_scales, shared_gate_up_scales, shared_down_scales,
+                     block_rows)
     return fused_experts(x, weights, ids, gate_up, down, shared_gate_up, shared_down,
                          add_norm=(residual, norm_weight, eps), defer_norm=defer_norm,
-                         counters=counters, trigger=trigger, first_expert=first_expert)
+                         counters=counters, trigger=trigger, first_expert=first_expert,
+                         scales=scales)
 
 
 @moe_experts_add_norm_op.register_fake
 def _(x, weights, ids, gate_up, down, shared_gate_up, shared_down, residual, norm_weight, eps,
-      defer_norm, counters, trigger, first_expert=None):
+      defer_norm, counters, trigger, first_expert=None, gate_up_scales=None, down_scales=None,
+      shared_gate_up_scales=None, shared_down_scales=None, block_rows=None):
     check_local_experts(gate_up, down, first_expert)
     return torch.empty_like(x), torch.empty(
         x.shape, dtype=torch.promote_types(x.dtype, norm_weight.dtype), device=x.device)

@@ -68,6 +68,9 @@ def moe(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int_at_least(1), default=5,
                    help="timing rounds of the layer's forms, in alternating order (the median "
                         "and the rounds' spread are reported)")
+    p.add_argument("--weights", choices=["bf16", "fp8"], default="bf16",
+                   help="fp8: block-FP8 expert weights (the FP8 GEMMs), their floor in FP8 "
+                        "bytes at the FP8 matmul rate, beside the bf16 forms")
 
 
 def capture(p: argparse.ArgumentParser) -> None:

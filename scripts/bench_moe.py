@@ -30,7 +30,13 @@ kernel vs torch ops) follows: it decides `moe_align.TRITON_ALIGN_MAX_PAIRS`.
 `--sweep` times tile configs per token count (`bench_moe_sweep.py`), every case checked
 against grouped_mm, and prints the best next to the default (`moe_config.pick_config`).
 
-    python -m scripts.bench moe [--tokens 1 8 ...] [--layers 4] [--sweep]
+`--weights fp8` (`bench_moe_fp8.py`): the experts in block FP8; `fused` and `experts_only` run
+the FP8 GEMMs against a floor in FP8 bytes at the FP8 matmul rate of the same run (their
+x_floor only: the probes and the sustained rate are bf16's), `fused_bf16` and `grouped_mm` the
+same layers' dequantised bf16 weights (their floors as above); `err` is fused against
+grouped_mm, the FP8 activations' rounding included.
+
+    python -m scripts.bench moe [--tokens 1 8 ...] [--layers 4] [--sweep] [--weights fp8]
     python -m scripts.bench_moe --sweep --tokens 1 2 4 8 32 128 256 512 4096
 """
 
@@ -58,6 +64,7 @@ import torch
 import torch.nn.functional as F
 
 from mla_func.config import MLAConfig
+from mla_func.fp8 import Fp8Weight
 from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.moe.align import align_torch, align_triton
 from mla_func.kernels.moe.config import MoEConfig, pick_config
@@ -70,9 +77,11 @@ from mla_func.params import DenseMLP
 
 try:  # `python -m scripts.bench moe` / `python -m scripts.bench_moe`
     from scripts import bench_common as common
+    from scripts import bench_moe_fp8 as fp8_bench
     from scripts.bench_moe_sweep import print_sweep, short, sweep
 except ImportError:  # `python scripts/bench_moe.py`
     import bench_common as common
+    import bench_moe_fp8 as fp8_bench
     from bench_moe_sweep import print_sweep, short, sweep
 
 
@@ -81,10 +90,10 @@ TARGETS = {1: 1.3, 8: 1.3, 32: 1.1, 128: 1.1, 4096: 1.5}
 @dataclass(frozen=True)
 class Layer:
     router: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
-    shared_gate_up: torch.Tensor
-    shared_down: torch.Tensor
+    gate_up: torch.Tensor | Fp8Weight
+    down: torch.Tensor | Fp8Weight
+    shared_gate_up: torch.Tensor | Fp8Weight
+    shared_down: torch.Tensor | Fp8Weight
 
 
 def make_layers(cfg: MLAConfig, n: int) -> list[Layer]:
@@ -160,16 +169,17 @@ def grouped_mm_layer(x, layer, cfg):
     return out + swiglu(x, layer.shared_gate_up, layer.shared_down)
 
 
-def layer_costs(x, layers, cfg) -> tuple[list[tuple[int, int]], float]:
+def layer_costs(x, layers, cfg, weight_bytes: float = 2) -> tuple[list[tuple[int, int]], float]:
     """(bytes, FLOPs) each layer must move and compute at this step, and the mean number of
-    distinct routed experts its routing touches."""
+    distinct routed experts its routing touches; `weight_bytes` an expert weight (bf16: 2;
+    block FP8: `bench_moe_fp8.WEIGHT_BYTES`)."""
     t, h = x.shape
     i, s = cfg.moe_intermediate_size, cfg.n_shared_experts * cfg.moe_intermediate_size
     e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
     costs, distinct = [], 0
     for layer in layers:
         n = route(x, layer.router, None, cfg)[1].unique().numel()
-        costs.append((2 * (n * 3 * i * h + 3 * s * h + e * h + 2 * t * h),
+        costs.append((int(weight_bytes * (n * 3 * i * h + 3 * s * h)) + 2 * (e * h + 2 * t * h),
                       2 * t * h * (k * 3 * i + 3 * s + e)))
         distinct += n
     return costs, distinct / len(layers)
@@ -223,6 +233,9 @@ def align_rows(t: int, cfg: MLAConfig) -> list[dict]:
 
 def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
     args = argv if isinstance(argv, argparse.Namespace) else parse_args(argv)
+    fp8 = args.weights == "fp8"
+    if fp8 and args.sweep:
+        raise SystemExit("bench_moe --sweep times the bf16 tiles: run it without --weights fp8")
     if not torch.cuda.is_available():  # after the options: --help and their errors work anywhere
         raise SystemExit("bench_moe needs a CUDA GPU; none is available")
     torch.manual_seed(0)
@@ -232,6 +245,11 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
           f"bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s")
     held_start = common.sustained_matmul()
     layers = make_layers(cfg, args.layers)
+    if fp8:  # the FP8 layers timed, their bf16 dequantisations beside them
+        ceil["fp8_matmul_tflops"] = fp8_rate = fp8_bench.matmul_tflops()
+        print(f"# fp8 matmul {fp8_rate or 0:.0f} TFLOP/s (torch._scaled_mm, e4m3)")
+        layers = fp8_bench.quantize_layers(layers)
+        dense = fp8_bench.dense_layers(layers)
     probe = common.matmul_probe()
     rows, sweeps, aligns, costs_at = [], [], [], {}
     for t in args.tokens:
@@ -239,19 +257,25 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
         costs, distinct = layer_costs(x, layers, cfg)
         costs_at[t] = costs
         floor = common.floor_of(costs, ceil["copy_gbs"], ceil["matmul_tflops"])
+        if fp8:
+            fp8_floor = common.floor_of(
+                layer_costs(x, layers, cfg, fp8_bench.WEIGHT_BYTES)[0], ceil["copy_gbs"],
+                ceil["fp8_matmul_tflops"] or ceil["matmul_tflops"])
         got, ref = fused_layer(x, layers[0], cfg), None
         try:
-            ref = grouped_mm_layer(x, layers[0], cfg)
+            ref = grouped_mm_layer(x, dense[id(layers[0])] if fp8 else layers[0], cfg)
             err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
         except Exception:  # noqa: BLE001  (no grouped_mm here: no baseline)
             err = None
         variants = [("fused", fused_layer), ("fused_sep", fused_sep_layer),
                     ("grouped_mm", grouped_mm_layer), ("route_only", route_only),
                     ("experts_only", make_experts_only(x, layers, cfg))]
-        if pick_config(t).pdl:  # side by side: the same launches without the early start
+        if pick_config(t).pdl and not fp8:  # the same launches without the early start
             no_pdl = replace(pick_config(t), pdl=False)
             variants.insert(1, ("fused_no_pdl",
                                 lambda x, layer, cfg, c=no_pdl: fused_layer(x, layer, cfg, c)))
+        if fp8:
+            variants = fp8_bench.variants(variants, dense, fused_layer, grouped_mm_layer)
         times = time_rounds_us(dict(variants), x, layers, cfg, args.rounds, probe)
         base = times.get("grouped_mm")
         base_us = statistics.median(r.us for r in base) if base else None
@@ -259,9 +283,10 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
             got_rounds = times.get(name)
             ts = [r.us for r in got_rounds] if got_rounds else None
             us = statistics.median(ts) if ts else None
-            fl = None if name == "route_only" else floor
+            in_fp8 = fp8 and name in ("fused", "experts_only")
+            fl = None if name == "route_only" else fp8_floor if in_fp8 else floor
             paired = common.paired_ratios(got_rounds, costs, ceil["copy_gbs"]) \
-                if got_rounds and fl else []
+                if got_rounds and fl and not in_fp8 else []
             rows.append({
                 "tokens": t, "impl": name, "us": us, "floor_us": fl,
                 "spread": f"{min(ts):.4g}-{max(ts):.4g}" if ts else None, "us_rounds": ts,
@@ -274,21 +299,24 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
                 "mhz": common.median_or_none([r.mhz for r in got_rounds or []]),
                 "target": TARGETS.get(t) if name == "fused" else None,
                 "vs_baseline": None if us is None or base_us is None else us / base_us,
-                "experts_hit": distinct, "config": short(pick_config(t)) if name == "fused"
-                else "", "err": err if name == "fused" else None, **ceil})
+                "experts_hit": distinct, "config": short(pick_config(t, in_fp8))
+                if name == "fused" else "", "err": err if name == "fused" else None,
+                "weights": "fp8" if in_fp8 else "bf16", **ceil})
         aligns += align_rows(t, cfg)
         if args.sweep:
             sweeps += sweep(t, case_timer(x, layers, cfg, got if ref is None else ref), floor)
     held = common.held_sustained_rate(held_start, common.sustained_matmul())
-    for row in rows:
-        row["x_floor_sustained"] = None if row["us"] is None or row["floor_us"] is None else \
-            row["us"] / common.floor_of(costs_at[row["tokens"]], ceil["copy_gbs"],
-                                        held["sustained_tflops"])
+    for row in rows:  # (the sustained rate is bf16's: FP8 rows have none)
+        row["x_floor_sustained"] = None if row["us"] is None or row["floor_us"] is None \
+            or row["weights"] == "fp8" else row["us"] / common.floor_of(
+                costs_at[row["tokens"]], ceil["copy_gbs"], held["sustained_tflops"])
         row.update(held)
     common.print_table(rows, ["tokens", "impl", "us", "spread", "floor_us", "x_floor",
                               "x_floor_sustained", "x_floor_paired", "paired_spread", "mhz",
                               "target", "vs_baseline", "experts_hit", "err", "config"],
-                       f"MoE layer ({args.preset}, bf16; us: median of {args.rounds} alternating "
+                       f"MoE layer ({args.preset}, "
+                       f"{fp8_bench.title(ceil) if fp8 else 'bf16'}; us: median of "
+                       f"{args.rounds} alternating "
                        f"rounds, spread: their range; x_floor at the run's ceilings (a burst "
                        f"matmul), x_floor_sustained at the matmul rate held under sustained "
                        f"load, x_floor_paired: each round over the floor at the matmul rate "

@@ -96,6 +96,10 @@ def test_capture_plans_an_fp8_step_on_meta():
     assert "quant=inline" in one["fp8_gemms"]["o_proj"]
     assert "quant=apart" in many["fp8_gemms"]["o_proj"]
     assert plan.meta["weights"]["embed"] == "bfloat16"
+    # Every bucket's experts run the block-FP8 GEMMs (the Triton experts of `meta`'s plans).
+    buckets = [b for mode, bs in plan.meta["kernels"].items() if mode != "options"
+               for b in bs.values()]
+    assert buckets and all(b["experts_precision"] == "fp8" for b in buckets)
     leaves = {leaf.path: leaf for leaf in plan.signature.leaves}
     w = leaves["params.layers.2.mlp.gate_up.data"]
     assert w.dtype == FP8 and w.dims == ("stack", "width_out", "width_in")

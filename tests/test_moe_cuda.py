@@ -42,6 +42,9 @@ ptrs = dict(weights_ptr="*fp32", ids_ptr="*i64", sorted_ptr="*i32", block_expert
             block_rows_ptr="*i32", counter_ptr="*i32", eps="fp32")
 no_tma = dict(TMA=False, w_desc=None)
 no_act = dict(act_desc=None, act_tail_desc=None)
+# Block FP8 (`fp8_gemm`): e4m3 weights, float32 scales.
+fp8 = dict(FP8=True, ROUND=False)
+fp8_ptrs = dict(w_ptr="*fp8e4nv", ws_ptr="*fp8e4nv", q_ptr="*fp32", qs_ptr="*fp32")
 # Triton before 3.9 (the GPU machines' 3.6) spills the merged-tail down kernel's epilogue, after
 # its K loop: 88 bytes a thread at 254 registers (3.9: none). Kept: it was measured faster with
 # the spill (docs/DECISIONS.md, `MoEConfig.merge_tail`). Any other spill, or a larger one, still
@@ -77,9 +80,16 @@ for fn, (bm, bn, bk, warps, stages), const in [
         (down_kernel, (128, 256, 64, 8, 4), dict(DIRECT=False, TMA=True, act_tail_desc=None)),
         (gate_up_kernel, (128, 128, 64, 8, 4), dict(DIRECT=False, PDL=True, TMA=True,
                                                     MERGE_TAIL=True)),
-        (down_kernel, (128, 256, 64, 8, 4), dict(DIRECT=False, TMA=True, MERGE_TAIL=True))]:
+        (down_kernel, (128, 256, 64, 8, 4), dict(DIRECT=False, TMA=True, MERGE_TAIL=True)),
+        # The FP8 forms of decode's (1 token) kernels: the FP8 table's first row (all its rows:
+        # test_moe_fp8.py, with the GPU tests).
+        (gate_up_kernel, (16, 32, 128, 4, 3), dict(DIRECT=True, PDL=True, **no_tma, **fp8)),
+        (down_kernel, (16, 32, 128, 4, 3), dict(DIRECT=True, LAST_SUM=True, HAS_EXTRA=False,
+                                                ADD_NORM=True, SUM_BLOCK=2048, TRIGGER=True,
+                                                **no_act, **no_tma, **fp8))]:
     const = dict(PAIRS_PER_TOKEN=8, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32",
                  EVEN_K=(1408 if fn is not gate_up_kernel else 2048) % bk == 0, **const)
+    const = dict(FP8=False, ROUND=False) | const
     if fn is gate_up_kernel:
         const = dict(INLINE=False, E_P2=2, P_BLOCK=1, MERGE_TAIL=False, LOCAL=False) | const
     if fn is down_kernel:
@@ -88,7 +98,8 @@ for fn, (bm, bn, bk, warps, stages), const in [
     w_block = f"1, 2, {bn}, {bk}" if fn is gate_up_kernel else f"{bn}, {bk}"
     descs = dict(w_desc=f"tensordesc<bf16[{w_block}]>", act_desc=f"tensordesc<bf16[{bm}, {bk}]>",
                  act_tail_desc=f"tensordesc<bf16[{bm // 2}, {bk}]>")
-    sig = {n: "constexpr" if n in const else descs[n] if n in descs else ptrs[n] if n in ptrs
+    types = ptrs | (fp8_ptrs if const.get("FP8") else {})
+    sig = {n: "constexpr" if n in const else descs[n] if n in descs else types[n] if n in types
            else "*bf16" if n.endswith("_ptr") else "i32" for n in fn.arg_names}
     # What a launch at V2-Lite sizes specialises on: aligned pointers, strides and dims.
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)

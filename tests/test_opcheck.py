@@ -4,7 +4,8 @@ traces under AOT dispatch with dynamic shapes (what `torch.compile` and `torch.e
 
 The calls checked are the ones the model makes: one prefill and one decode step of a small
 config on the fused path (both attention backends), recorded under a dispatch mode, plus
-direct calls of the ops the model reaches only inside another op. On CPU the Triton kernels
+direct calls of the ops the model reaches only inside another op, and the experts' ops on
+block-FP8 weights (their FP8 arguments). On CPU the Triton kernels
 run in the interpreter (conftest sets TRITON_INTERPRET); on a GPU the same test checks them
 there. No op needs a GPU to be checked. What an op writes and leaves as it was (the arrival
 counters) no run shows: the schemas are checked by argument name for that.
@@ -21,7 +22,7 @@ from mla_func.fp8 import FP8, quantize
 from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.linear import fp8_linear, small_linear
 from mla_func.kernels.plan import KernelOptions
-from mla_func.moe import moe_experts_op
+from mla_func.moe import moe_experts_add_norm_op, moe_experts_op
 from mla_func.parallel.comm import _all_reduce, _all_reduce_add_norm
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -89,6 +90,7 @@ def _direct_calls() -> dict[str, tuple]:
             "mla_func::fp8_norm_linear": (fp8_linear.fp8_norm_linear_op.op,
                                           (r(1, 160), r(1, 160), r(160), 1e-6, *fp8), {}),
             "mla_func::moe_experts": (moe_experts_op.op, experts, {}),
+            **_fp8_experts_calls(r, ids.to(DEVICE), counters),
             # The sum over ranks, in a group of one (NCCL's form; the one-shot form needs two
             # GPUs: tests/test_parallel_cuda.py).
             "mla_func::all_reduce": (_all_reduce.op, (r(3, 40), counters, _one_rank_group(),
@@ -98,6 +100,30 @@ def _direct_calls() -> dict[str, tuple]:
             "mla_func::all_reduce_add_norm": (
                 _all_reduce_add_norm.op, (r(3, 40), r(3, 40), r(40), 1e-6, counters,
                                           _one_rank_group(), False, False, True), {})}
+
+
+def _fp8_experts_calls(r, ids: torch.Tensor, counters: torch.Tensor) -> dict[str, tuple]:
+    """Both experts ops on block-FP8 weights (their e4m3 data and scales, as `mla_func.moe`
+    passes them): routed alone, and with the residual add, the norm and a shared expert (apart:
+    moe_inter is no whole scale group)."""
+    tokens, topk = ids.shape
+    hidden, inter, n_exp = 32, 16, 4
+    gu = quantize(r(n_exp, 2, inter, hidden), 128, 2, 1)
+    dn = quantize(r(n_exp, hidden, inter), 128, 1)
+    sgu, sdn = quantize(r(2, inter, hidden), 128, 1), quantize(r(hidden, inter), 128)
+    x, weights = r(tokens, hidden), r(tokens, topk).abs()
+    routed = (gu.data.view(gu.shape), dn.data.view(dn.shape))
+    scales = dict(gate_up_scales=gu.scales.view(n_exp, 2, *gu.scales.shape[1:]),
+                  down_scales=dn.scales)
+    shared = dict(shared_gate_up_scales=sgu.scales, shared_down_scales=sdn.scales[0])
+    add_norm = (r(tokens, hidden), 1 + r(hidden) / 10, 1e-6, False)
+    return {"mla_func::moe_experts fp8": (
+                moe_experts_op.op, (x, weights, ids, *routed, None, None, counters, True),
+                dict(scales, block_rows=[128] * 2)),
+            "mla_func::moe_experts_add_norm fp8": (
+                moe_experts_add_norm_op.op, (x, weights, ids, *routed, sgu.data.view(sgu.shape),
+                                             sdn.data.view(sdn.shape), *add_norm, counters,
+                                             True), dict(scales, **shared, block_rows=[128] * 4))}
 
 
 def _one_rank_group() -> str:

@@ -1,7 +1,8 @@
 """Float32 weights on a GPU: the plan's defaults run the torch reference ops there (the fused
 kernels' tiles are sized for bf16/fp16), `generate(..., attention_backend="auto")` picks the
 torch backend and runs (`pytest -m cuda`), and the triton backend, asked for explicitly, ends
-in one line where its tiles do not fit, never in Triton's traceback."""
+in one line where its tiles do not fit, never in Triton's traceback. Block-FP8 weights: the
+plan's FP8 experts (`plan_step(weights="fp8")`)."""
 
 import pytest
 import torch
@@ -43,6 +44,38 @@ def test_the_plan_of_float32_on_cuda_names_no_fused_kernel():
                            dtype=torch.float32, max_query_len=query)
         assert (step.qkv_a, step.o_proj, step.router, step.experts, step.moe, step.decode) == (
             "gemm", "gemm", "torch", "sorted_torch", None, None)
+
+
+def test_fp8_weights_plan_the_fp8_experts():
+    """The Triton experts run block-FP8 GEMMs from the FP8 rows of the tile table, the shared
+    experts folded in where moe_inter is whole scale groups (V2-Lite's 1408 = 11 x 128);
+    every other implementation and pre-sm89 GPUs dequantise (the bf16 rows)."""
+    from mla_func.kernels.moe.config import pick_config
+
+    v2 = mf.MLAConfig.preset("v2-lite")
+    opts = P.KernelOptions(attention="triton", fused=True, experts="triton")
+    h100, a100 = P.DeviceSpec("cuda", 132, (9, 0)), P.DeviceSpec("cuda", 108, (8, 0))
+
+    def plan(tokens, cfg=v2, device=h100, options=opts, **kw):
+        return P.plan_step(cfg, device, tokens, 1, options=options, max_pages=256,
+                           page_size=16, **kw)
+
+    for tokens in (1, 128, 1024):
+        step = plan(tokens, weights="fp8")
+        assert step.experts_precision == "fp8" and step.moe == pick_config(tokens, fp8=True)
+        assert step.shared_experts == ("folded" if tokens <= 512 else "apart")
+        assert step.summary()["experts_precision"] == "fp8"
+        assert plan(tokens).experts_precision == "bfloat16"
+    assert plan(8, v2.with_(moe_intermediate_size=1000), weights="fp8").shared_experts == "apart"
+    assert plan(8, v2.with_(moe_intermediate_size=1000)).shared_experts == "folded"
+    old = plan(8, device=a100, weights="fp8")
+    assert old.experts_precision == "dequantised" and old.moe == pick_config(8)
+    ref = plan(8, options=P.KernelOptions(), weights="fp8")
+    assert ref.experts_precision == "dequantised" and ref.moe is None
+    assert plan(8, mf.MLAConfig.preset("tiny").with_(n_routed_experts=0, n_shared_experts=0),
+                weights="fp8").experts_precision == "none"
+    with pytest.raises(ValueError, match="unknown weights 'int4'"):
+        plan(8, weights="int4")
 
 
 @pytest.mark.parametrize("dtype, says", [(torch.float32, True), (torch.bfloat16, False)])

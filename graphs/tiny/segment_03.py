@@ -33,7 +33,7 @@ def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in
     moe_route_default = torch.ops.mla_func.moe_route.default(getitem_1, in_6, None, in_5, 2, 1, 1, 'greedy', False, 1.0, True, True, True)
     getitem_2 = moe_route_default[0]
     getitem_3 = moe_route_default[1]
-    # mla_func/moe.py:128 in experts_add_norm: return op(
+    # mla_func/moe.py:182 in experts_add_norm: return op(
     moe_experts_add_norm_default = torch.ops.mla_func.moe_experts_add_norm.default(getitem_1, getitem_2, getitem_3, in_7, in_8, in_9, in_10, getitem, in_11, 1e-06, False, in_5, True)
     getitem_4 = moe_experts_add_norm_default[0]
     getitem_5 = moe_experts_add_norm_default[1]

@@ -2,7 +2,8 @@
 
 Every kernel choice of a step is a field of one frozen `StepPlan`, built by one pure function
 from the model's config, the device's properties, the step's static shape (its token and
-sequence counts: a capture bucket, or an eager step's own) and the caller's `KernelOptions`:
+sequence counts: a capture bucket, or an eager step's own), the weights' precision (float or
+block FP8) and the caller's `KernelOptions`:
 - the options (what a caller chooses; `default_options` by device): the attention backend,
   fused Triton kernels or the torch reference for the rest, the experts' implementation,
   eager calls straight to the op's function or through torch's dispatcher, and the launch
@@ -12,8 +13,9 @@ sequence counts: a capture bucket, or an eager step's own) and the caller's `Ker
   FP8 (`StepPlan.projections`, and each one's launch: `linear.fp8_tiles`);
 - from the shape: the few-row projections (`proj_norm`, `small_linear`, `norm_linear`), the
   router's launch (`router.plan.launch_config`, or one program an expert at a few rows), the
-  MoE's tiles and path (`moe.config.pick_config`), the attention's form (absorbed, or the MHA
-  form for long prompts) and the decode's launch plan (`attention.decode_plan.plan_decode`);
+  MoE's tiles and path (`moe.config.pick_config`) and whether its GEMMs run in block FP8
+  (`experts_precision`), the attention's form (absorbed, or the MHA form for long prompts)
+  and the decode's launch plan (`attention.decode_plan.plan_decode`);
 - from the state: the cache's precision (`StepPlan.cache`: floats, or FP8 rows, which only
   the Triton split-KV decode reads: the plan says `fp8` and never `ws`).
 The kernels take the same decisions from the same functions below (each op knows its own
@@ -36,7 +38,6 @@ from mla_func.kernels.router.plan import LaunchConfig, launch_config
 from mla_func.ops.moe import local_experts
 
 EXPERTS_IMPLS = ("reference", "sorted_torch", "triton")
-WEIGHTS = ("float", "fp8")  # the projections' weights: the float dtype's, or block FP8
 
 # Rows up to which the few-row kernels run (docs/DECISIONS.md).
 PROJ_NORM_MAX_ROWS = 4  # o_proj + residual add + RMSNorm in one launch
@@ -56,6 +57,8 @@ ONE_SHOT_MAX_BYTES = 128 * 7168 * 2
 # up to this many rows, or at any one-shot size for rows this wide (docs/DECISIONS.md).
 REDUCE_NORM_MAX_ROWS = 4
 REDUCE_NORM_WIDE = 4096
+# What `plan_step(weights=...)` names: float weights, or block FP8 (`fp8.Fp8Weight`).
+WEIGHTS = ("bf16", "fp8")
 # The weights' dtypes the fused kernels and the triton attention backend are tuned for: their
 # tiles are sized for 2-byte operands, and float32 doubles their shared memory (a V3-shaped
 # float32 step asked a kernel for 409,624 bytes of it; an H100 has 232,448).
@@ -146,14 +149,16 @@ class DeviceSpec:
 
     @property
     def fp8_mma(self) -> bool:
-        """e4m3 tensor-core products (sm89 and later; elsewhere than CUDA: the interpreter, or
-        `meta`, which plans for such a GPU): the block-FP8 GEMM runs."""
+        """e4m3 tensor-core products, tl.dot on e4m3 operands (sm89 and later; elsewhere than
+        CUDA: the interpreter, or `meta`, which plans for such a GPU): the block-FP8 GEMMs
+        run."""
         return self.type != "cuda" or self.capability >= (8, 9)
 
     @property
     def sm90(self) -> bool:
         """wgmma and TMA: the warp-specialised decode kernel runs."""
         return self.type == "cuda" and self.capability[0] == 9
+
 
 
 def device_spec(device: torch.device | str) -> DeviceSpec:
@@ -211,6 +216,20 @@ def reduce_norm_fused(rows: int, width: int, itemsize: int, cuda: bool, fused: b
             and (rows <= REDUCE_NORM_MAX_ROWS or width >= REDUCE_NORM_WIDE))
 
 
+def experts_precision(weights: str, experts: str, device: DeviceSpec,
+                      dtype: torch.dtype = torch.bfloat16) -> str:
+    """How the experts' GEMMs compute, given the weights ("bf16": float, in `dtype`; "fp8":
+    block FP8) and the experts' implementation: "fp8" (the Triton experts' block-FP8 GEMMs,
+    `kernels.moe.fp8_gemm`, on a device whose tl.dot takes e4m3), "dequantised" (FP8 weights
+    dequantised to the activations' dtype on the fly, every other implementation), or the
+    float weights' dtype ("bfloat16")."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"unknown weights {weights!r}; expected one of {WEIGHTS}")
+    if weights == "fp8":
+        return "fp8" if experts == "triton" and device.fp8_mma else "dequantised"
+    return str(dtype).removeprefix("torch.")
+
+
 def attention_form(max_query_len: int, mha_min_query: int = MHA_MIN_QUERY) -> str:
     """'mha' when a sequence brings `mha_min_query` new tokens or more, else 'absorbed'."""
     return "mha" if max_query_len >= mha_min_query else "absorbed"
@@ -248,6 +267,8 @@ class StepPlan:
     fp8_gemms: tuple[tuple[str, str], ...] = ()
     # The latent cache's precision: "fp8" (`cache_fp8`'s rows) or the float dtype's name.
     cache: str = "bfloat16"
+    # The experts' GEMMs (`experts_precision`): "fp8" | "dequantised" | a dtype | "none"
+    experts_precision: str = "none"
 
     def summary(self, options: bool = True) -> dict:
         """The plan as plain JSON values, one line a choice (plan.json); `options` False
@@ -278,7 +299,7 @@ def _label(choice: object) -> str:
 def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
               options: KernelOptions, max_pages: int, page_size: int,
               dtype: torch.dtype = torch.bfloat16, max_query_len: int | None = 1,
-              ranks: int = 1, weights: str = "float", kv_dtype: str = "auto") -> StepPlan:
+              ranks: int = 1, weights: str = "bf16", kv_dtype: str = "auto") -> StepPlan:
     """The kernels a step of `tokens` tokens over `seqs` sequences runs (page tables
     `max_pages` wide, pages of `page_size`, weights in `dtype`, the projections' in block
     FP8 where `weights` is "fp8", the cache in `kv_dtype`: "fp8", or "auto" for floats in
@@ -286,7 +307,10 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
     (its heads, its routed experts and its slice of the shared MLP, whose width decides
     whether it folds into the routed launches; the router stays whole). `max_query_len`: the
     most new tokens of one sequence, 1 for a decode step; None where each step's own decides
-    (a piecewise bucket: the attention runs between the graphs, from host metadata)."""
+    (a piecewise bucket: the attention runs between the graphs, from host metadata).
+    `weights`: "bf16" (float weights, in `dtype`) or "fp8" (block FP8: the projections' FP8
+    GEMMs, and the Triton experts' from the FP8 rows of the tile table,
+    `experts_precision`)."""
     if weights not in WEIGHTS:
         raise ValueError(f"unknown weights {weights!r}; expected one of {WEIGHTS}")
     fused, rows = options.fused, tokens
@@ -303,8 +327,10 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
         o_proj = ("proj_norm" if ranks == 1 and proj_norm_rows(rows, cfg.hidden_size)
                   else "gemm")
     moe_layers = cfg.n_routed_experts and cfg.num_hidden_layers > cfg.first_k_dense_replace
-    shared = "none"
+    shared = precision = "none"
     if moe_layers:
+        precision = experts_precision(weights, options.experts, device, dtype)
+        experts_fp8 = precision == "fp8"
         experts = cfg.n_routed_experts
         if not fused or experts > ROUTER_MAX_EXPERTS:
             router = "torch"
@@ -320,9 +346,10 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
             raise ValueError(f"the shared experts' {shared_width} columns do not split evenly "
                              f"over {ranks} ranks")
         if options.experts == "triton":
-            moe = pick_config(tokens)
+            moe = pick_config(tokens, experts_fp8)
             if cfg.n_shared_experts:
-                fold = fold_shared(tokens, shared_width // ranks, cfg.moe_intermediate_size)
+                fold = fold_shared(tokens, shared_width // ranks, cfg.moe_intermediate_size,
+                                   experts_fp8)
                 shared = "folded" if fold else "apart"
             deferred = (ranks == 1 and bool(moe.last_sum)
                         and norm_linear_normalises(rows, cfg.hidden_size))
@@ -349,7 +376,7 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
                         tokens, cfg.hidden_size, dtype.itemsize, cuda, options.fused,
                         options.reduce_norm, options.one_shot),
                     "fp8" if fp8 else str(dtype).removeprefix("torch."),
-                    fp8_gemms(cfg, tokens, ranks) if fp8 else (), cache)
+                    fp8_gemms(cfg, tokens, ranks) if fp8 else (), cache, precision)
 
 
 def fp8_gemms(cfg: MLAConfig, rows: int, ranks: int = 1) -> tuple[tuple[str, str], ...]:
@@ -364,5 +391,6 @@ def fp8_gemms(cfg: MLAConfig, rows: int, ranks: int = 1) -> tuple[tuple[str, str
     return tuple((name, _label(fp8_tiles(rows, n))) for name, n in widths.items())
 
 
-__all__ = ["KERNEL_DTYPES", "DeviceSpec", "KernelOptions", "StepPlan", "default_options",
-           "device_spec", "fp8_gemms", "options_for", "plan_step", "reduce_norm_fused"]
+__all__ = ["KERNEL_DTYPES", "WEIGHTS", "DeviceSpec", "KernelOptions", "StepPlan",
+           "default_options", "device_spec", "experts_precision", "fp8_gemms", "options_for",
+           "plan_step", "reduce_norm_fused"]

@@ -7,5 +7,7 @@
 - `gemm`, `gate_up`, `down`, `pair_sum`: the grouped GEMMs' shared loads, the gate_up GEMM with
   SiLU*up, the down GEMM with the routing weights, and the sum of each token's pairs (+ the
   residual add and RMSNorm).
-- `swiglu`: the shared experts apart at large steps.
+- `fp8_gemm`: the GEMMs' block-FP8 K step (activations quantised per token group of 128) and
+  the scales' layout.
+- `swiglu`, `shared_fp8`: the shared experts apart (at large steps), on cuBLAS or in block FP8.
 """

@@ -106,12 +106,47 @@ DIRECT_BLOCK_M = 16  # tl.dot's smallest M; also the most tokens the direct layo
 FUSE_SHARED_MAX_TOKENS = 512
 
 
-def pick_config(tokens: int) -> MoEConfig:
-    return next(cfg for bound, cfg in CONFIGS if tokens <= bound)
+# Block FP8 (`fp8_gemm.py`): a K step is one activation scale group and one weight block
+# (DeepSeek's 128 columns), quantised in registers and its product scaled before it is added,
+# so a program holds more than the bf16 form: the bf16 rows' tiles spill. These rows are the
+# bf16 rows with BLOCK_K = 128, changed until ptxas reported no spill for sm90 (Triton 3.9,
+# ahead-of-time: `tests/test_moe_fp8.py`): 4 warps where a 16-row tile had 2, 8 warps for the
+# 64-row tiles' gate_up, and from 1024 tokens 64-row tiles (the 128-row ones spilled at every
+# N-tile but 32). Not yet timed on a GPU (docs/DECISIONS.md, `moe.config.FP8_CONFIGS`).
+FP8_BLOCK_K = 128
+_K = FP8_BLOCK_K
+FP8_CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
+    (1, MoEConfig(16, (32, _K, 4, 3), (32, _K, 4, 3), direct=True, pdl=True, last_sum=True)),
+    (2, MoEConfig(16, (32, _K, 4, 4), (128, _K, 4, 3), direct=True, pdl=True)),
+    (3, MoEConfig(16, (32, _K, 4, 4), (64, _K, 4, 4), direct=True, pdl=True)),
+    (4, MoEConfig(16, (32, _K, 4, 4), (128, _K, 4, 4), direct=True, pdl=True)),
+    (8, MoEConfig(16, (32, _K, 4, 3), (64, _K, 4, 3), pdl=True, inline_align=True)),
+    (16, MoEConfig(16, (32, _K, 4, 3), (64, _K, 4, 3), pdl=True, inline_align=True)),
+    (64, MoEConfig(16, (32, _K, 4, 4), (64, _K, 4, 3), pdl=True, inline_align=True)),
+    (128, MoEConfig(32, (128, _K, 8, 3), (64, _K, 4, 3), pdl=True, inline_align=True)),
+    (256, MoEConfig(64, (64, _K, 8, 3), (64, _K, 4, 2), pdl=True)),
+    (512, MoEConfig(64, (64, _K, 8, 4), (128, _K, 8, 4), pdl=True)),
+    (1024, MoEConfig(64, (128, _K, 8, 3), (256, _K, 8, 3), pdl=True, tma=True,
+                     shared_stream=True)),
+    (2560, MoEConfig(64, (64, _K, 8, 4), (128, _K, 8, 4), pdl=True, tma=True,
+                     shared_stream=True, merge_tail=True)),
+    (3584, MoEConfig(64, (64, _K, 8, 4), (128, _K, 8, 4), pdl=True, tma=True,
+                     merge_tail=True)),
+    (1 << 62, MoEConfig(64, (64, _K, 8, 4), (128, _K, 8, 4), pdl=True, tma=True,
+                        shared_stream=True, merge_tail=True)),
+)
 
 
-def fold_shared(tokens: int, width: int, moe_inter: int) -> bool:
+def pick_config(tokens: int, fp8: bool = False) -> MoEConfig:
+    """The row of `tokens` tokens: of the FP8 table for block-FP8 experts."""
+    return next(cfg for bound, cfg in (FP8_CONFIGS if fp8 else CONFIGS) if tokens <= bound)
+
+
+def fold_shared(tokens: int, width: int, moe_inter: int, fp8: bool = False) -> bool:
     """Whether a shared MLP `width` wide rides in the routed launches at `tokens` tokens (as
     width / moe_inter experts): up to FUSE_SHARED_MAX_TOKENS tokens, and only where the width is
-    a multiple of moe_inter (a tensor-parallel slice may not be: V3's 2048 at tp = 2)."""
-    return tokens <= FUSE_SHARED_MAX_TOKENS and width % moe_inter == 0
+    a multiple of moe_inter (a tensor-parallel slice may not be: V3's 2048 at tp = 2). In
+    block FP8 also only where moe_inter is whole K steps (FP8_BLOCK_K): each expert's slice of
+    the shared down weights then starts its own scale blocks."""
+    return (tokens <= FUSE_SHARED_MAX_TOKENS and width % moe_inter == 0
+            and (not fp8 or moe_inter % FP8_BLOCK_K == 0))

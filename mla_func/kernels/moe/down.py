@@ -4,7 +4,8 @@ to the pair's own row of a [pairs, hidden] buffer (no atomic reduction: determin
 bit-identically), which the pair sum (`pair_sum.py`) adds up per token; at a few tokens with that
 sum as its programs' tail (`moe_sum.last_sum`). `act` is the gate_up GEMM's output
 (`gate_up.py`). Operands and layouts: `gemm.py`; the tiles and the launch:
-`fused_moe.fused_experts`.
+`fused_moe.fused_experts`. With FP8 the weights are block-FP8 and `act`'s rows are quantised
+per token group in the K loop (`fp8_gemm.py`); the routing weights and the store are the same.
 """
 
 from typing import no_type_check
@@ -12,6 +13,7 @@ from typing import no_type_check
 import triton
 import triton.language as tl
 
+from mla_func.kernels.moe.fp8_gemm import mma, quant_rows, scale_ptrs
 from mla_func.kernels.moe.gemm import expert_base, k_masks
 from mla_func.kernels.moe.pair_sum import last_sum
 from mla_func.kernels.moe.tile import tail_tile, tile
@@ -36,13 +38,16 @@ def _down_tile(
     n_inter, n_routed, stride_we, stride_wn, stride_se, stride_sn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
-    t_desc=None, t_ok=None, TAIL: tl.constexpr = False,
+    t_desc, t_ok, TAIL: tl.constexpr, q_ptr, qs_ptr, stride_qe, stride_qn, stride_sqe,
+    stride_sqn, blk_n, s_blk_n, FP8: tl.constexpr, ROUND: tl.constexpr,
 ):
     """act W_down^T of the BLOCK_M `act` rows from act_row0 and the N-tile of columns
     n0 + BLOCK_N, fp32, before the routing weights (`_weighted`; padding rows are dropped by
     the caller's store; with TMA they hold whatever `act` held). TAIL (`MoEConfig.merge_tail`):
     also that of the BLOCK_M // 2 rows from act_row0 + BLOCK_M (`t_desc`: TMA blocks of that
-    many rows) on the same weight tiles: returns both."""
+    many rows) on the same weight tiles: returns both. FP8: e4m3 weights with their block
+    scales (`q_ptr`: routed [experts, blocks_out, blocks_in], `qs_ptr`: shared slices),
+    `act` quantised per row and K step (`fp8_gemm`)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     base = expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
     stride_n = tl.where(e >= n_routed, stride_sn, stride_wn)
@@ -56,6 +61,9 @@ def _down_tile(
         acc_t = tl.zeros((BLOCK_M // 2, BLOCK_N), dtype=tl.float32)
     if TMA:  # rows of the [experts * hidden, moe_inter] view, and of `act`
         row_w = e * n_hidden + n0
+    if FP8:  # the rows' weight scales at K block 0 (the next K blocks follow)
+        q_ptrs = scale_ptrs(q_ptr, qs_ptr, e, n_routed, offs_n, stride_qe, stride_qn,
+                            stride_sqe, stride_sqn, blk_n, s_blk_n)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, n_inter, BLOCK_K):
         if TMA:
@@ -71,9 +79,15 @@ def _down_tile(
             if TAIL:
                 t_mask, _ = k_masks(t_ok, n_ok, k_ok, EVEN_K)
                 a_t = tl.load(t_ptrs, mask=t_mask, other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_s, a_ts, b_s = None, None, None  # the scales (FP8): none loop-carried
+        if FP8:
+            a, a_s = quant_rows(a, ROUND)
+            b_s = tl.load(q_ptrs + k // BLOCK_K, mask=n_ok, other=0.0)
+            if TAIL:
+                a_t, a_ts = quant_rows(a_t, ROUND)
+        acc = mma(a, b, acc, a_s, b_s, PRECISION, FP8)
         if TAIL:
-            acc_t = tl.dot(a_t, b, acc_t, input_precision=PRECISION)
+            acc_t = mma(a_t, b, acc_t, a_ts, b_s, PRECISION, FP8)
             t_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
@@ -99,7 +113,8 @@ def _down_rows(
     stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
-    t_desc=None, t_pair=None, t_ok=None, TAIL: tl.constexpr = False,
+    t_desc, t_pair, t_ok, TAIL: tl.constexpr, q_ptr, qs_ptr, stride_qe, stride_qn, stride_sqe,
+    stride_sqn, blk_n, s_blk_n, FP8: tl.constexpr, ROUND: tl.constexpr,
 ):
     """`_down_tile` of BM rows (TAIL: and BM // 2 more), stored to each pair's row of `out`."""
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -109,14 +124,16 @@ def _down_rows(
         acc, acc_t = _down_tile(
             act_ptr, w_ptr, ws_ptr, act_desc, w_desc, act_row0, e, row_ok, pid_n * BLOCK_N,
             n_ok, n_hidden, n_inter, n_routed, stride_we, stride_wn, stride_se, stride_sn,
-            BM, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, TMA, t_desc, t_ok, True)
+            BM, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, TMA, t_desc, t_ok, True, q_ptr, qs_ptr,
+            stride_qe, stride_qn, stride_sqe, stride_sqn, blk_n, s_blk_n, FP8, ROUND)
         _store_pairs(out_ptr, _weighted(acc_t, t_pair, t_ok, weights_ptr, topk, dtype,
                                         PAIRS_PER_TOKEN), t_pair, t_ok, offs_n, n_ok, n_hidden)
     else:
         acc = _down_tile(act_ptr, w_ptr, ws_ptr, act_desc, w_desc, act_row0, e, row_ok,
                          pid_n * BLOCK_N, n_ok, n_hidden, n_inter, n_routed, stride_we,
                          stride_wn, stride_se, stride_sn, BM, BLOCK_N, BLOCK_K, EVEN_K,
-                         PRECISION, TMA)
+                         PRECISION, TMA, None, None, False, q_ptr, qs_ptr, stride_qe,
+                         stride_qn, stride_sqe, stride_sqn, blk_n, s_blk_n, FP8, ROUND)
     y = _weighted(acc, pair, row_ok, weights_ptr, topk, dtype, PAIRS_PER_TOKEN)
     _store_pairs(out_ptr, y, pair, row_ok, offs_n, n_ok, n_hidden)
 
@@ -134,6 +151,8 @@ def down_kernel(
     eps=0.0, LAST_SUM: tl.constexpr = False, HAS_EXTRA: tl.constexpr = False,
     ADD_NORM: tl.constexpr = False, SUM_BLOCK: tl.constexpr = 1, TRIGGER: tl.constexpr = False,
     NORM: tl.constexpr = True, MERGE_TAIL: tl.constexpr = False, LOCAL: tl.constexpr = False,
+    q_ptr=None, qs_ptr=None, stride_qe=0, stride_qn=0, stride_sqe=0, stride_sqn=0, blk_n=1,
+    s_blk_n=1, FP8: tl.constexpr = False, ROUND: tl.constexpr = False,
 ):
     """Each pair's weighted expert output to its own row of `out` ([pairs, hidden]); with
     MERGE_TAIL, M-tiles as in `gate_up_kernel` (`act_tail_desc`: TMA blocks of the tails'
@@ -141,7 +160,8 @@ def down_kernel(
     LAST_SUM (direct layout): then `moe_sum.last_sum` into `sum_ptr` (+ extra, + the residual
     with ADD_NORM, and the norm into y unless NORM is off). TRIGGER (sm90): let the launch
     after start at once (PDL; it waits for this one's end before it reads). LOCAL (expert
-    parallelism): as in `gate_up_kernel`; a pair of another rank's expert gets no row here."""
+    parallelism): as in `gate_up_kernel`; a pair of another rank's expert gets no row here.
+    FP8: block-FP8 weights (`_down_tile`; ROUND: off CUDA, `fp8_gemm`)."""
     if TRIGGER:
         tl.extra.cuda.gdc_launch_dependents()
     if DIRECT:
@@ -160,13 +180,15 @@ def down_kernel(
                 act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr,
                 pid_m * BLOCK_M, e, pair, row_ok, pid_n, n_hidden, n_inter, n_routed, topk,
                 stride_we, stride_wn, stride_se, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N,
-                BLOCK_K, EVEN_K, PRECISION, TMA, act_tail_desc, t_pair, t_ok, True)
+                BLOCK_K, EVEN_K, PRECISION, TMA, act_tail_desc, t_pair, t_ok, True, q_ptr,
+                qs_ptr, stride_qe, stride_qn, stride_sqe, stride_sqn, blk_n, s_blk_n, FP8, ROUND)
         else:
             _down_rows(
                 act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr,
                 pid_m * BLOCK_M, e, pair, row_ok, pid_n, n_hidden, n_inter, n_routed, topk,
                 stride_we, stride_wn, stride_se, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N,
-                BLOCK_K, EVEN_K, PRECISION, TMA)
+                BLOCK_K, EVEN_K, PRECISION, TMA, None, None, None, False, q_ptr, qs_ptr,
+                stride_qe, stride_qn, stride_sqe, stride_sqn, blk_n, s_blk_n, FP8, ROUND)
     else:
         e, pair, row_ok = tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
                                 n_tokens, topk, n_routed, first_expert, PAIRS_PER_TOKEN,
@@ -176,7 +198,8 @@ def down_kernel(
                 act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr,
                 pid_m * BLOCK_M, e, pair, row_ok, pid_n, n_hidden, n_inter, n_routed, topk,
                 stride_we, stride_wn, stride_se, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N,
-                BLOCK_K, EVEN_K, PRECISION, TMA)
+                BLOCK_K, EVEN_K, PRECISION, TMA, None, None, None, False, q_ptr, qs_ptr,
+                stride_qe, stride_qn, stride_sqe, stride_sqn, blk_n, s_blk_n, FP8, ROUND)
         if LAST_SUM:  # every M-tile's program arrives, the last of an N-tile sums it
             last_sum(out_ptr, extra_ptr, sum_ptr, res_ptr, y_ptr, nw_ptr, counter_ptr, ids_ptr,
                      pid_n, tl.num_programs(0), tl.num_programs(1), n_tokens, n_hidden, eps,

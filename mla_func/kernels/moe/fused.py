@@ -60,6 +60,14 @@ is compiled into the kernels. The shared experts are the rank's slice of the sha
 width need not be a multiple of moe_inter (V3 at tp = 2: 1024 of 2048): such a slice runs apart
 (`moe_config.fold_shared`).
 
+Block FP8 (`scales`: `fp8_gemm.Fp8Scales`; DeepSeek-V3's weights, `fp8.Fp8Weight`): the weights
+are e4m3 and both GEMMs run their FP8 form (`fp8_gemm.py`: activations quantised per token
+group of 128 in the K loop, one scaled e4m3 product a K step of BLOCK_K = 128), from the FP8
+rows of the tile table (`config.pick_config(tokens, fp8=True)`); layouts, paths, epilogues and
+sums are the same. The shared experts fold in where their width and blocks cut into whole
+experts of moe_inter (`config.fold_shared(..., fp8=True)`); apart, they run the same FP8 GEMMs
+as one expert (`shared_fp8.swiglu_fp8`) in cuBLAS's place.
+
 Padding rows (tokens added to reach a capture bucket) are ordinary tokens here: their pairs are
 computed and discarded by the caller, never mixed into real tokens' rows, so they cannot change
 real results; they cost expert work: each padded token adds `topk` routed rows (and may pull in
@@ -80,9 +88,12 @@ from mla_func.kernels.linear.norm import add_rmsnorm
 from mla_func.kernels.moe.align import align, empty_layout
 from mla_func.kernels.moe.config import DIRECT_BLOCK_M, MoEConfig, fold_shared, pick_config
 from mla_func.kernels.moe.down import down_kernel
+from mla_func.kernels.moe.fp8_gemm import GROUP, Fp8Scales, check_weights, gemm_args
+from mla_func.kernels.moe.fp8_gemm import shared_as_experts as shared_scales
 from mla_func.kernels.moe.gate_up import gate_up_kernel
 from mla_func.kernels.moe.inline_align import MAX_PAIRS as INLINE_MAX_PAIRS
 from mla_func.kernels.moe.pair_sum import sum_kernel
+from mla_func.kernels.moe.shared_fp8 import swiglu_fp8
 from mla_func.kernels.moe.swiglu import swiglu
 from mla_func.kernels.plan import norm_linear_normalises as normalises
 from mla_func.ops.moe import check_local_experts
@@ -107,11 +118,16 @@ def _last_sum_counters(counters: Tensor, n_tiles: int) -> Tensor:
     return mine
 
 
-def _fit(tile: tuple[int, int, int, int], n: int, k: int) -> tuple[int, int, int, int]:
-    """Shrink N/K tiles to small test sizes (tl.dot needs at least 16)."""
+def _fit(tile: tuple[int, int, int, int], n: int, k: int, fp8: bool = False
+         ) -> tuple[int, int, int, int]:
+    """Shrink N/K tiles to small test sizes (tl.dot needs at least 16); FP8's K tile is one
+    scale group whatever the size (`fp8_gemm.GROUP`, the config's)."""
     bn, bk, warps, stages = tile
     fit = lambda b, d: max(16, min(b, triton.next_power_of_2(d)))  # noqa: E731
-    return fit(bn, n), fit(bk, k), warps, stages
+    if fp8 and bk != GROUP:
+        raise ValueError(f"block-FP8 experts run BLOCK_K = {GROUP} (one scale a K step); the "
+                         f"config's tile has {bk}")
+    return fit(bn, n), bk if fp8 else fit(bk, k), warps, stages
 
 
 def _desc(w: Tensor, block: list[int]) -> TensorDescriptor:
@@ -152,6 +168,7 @@ def fused_experts(
     counters: Tensor | None = None,
     trigger: bool = True,
     first_expert: int | None = None,
+    scales: Fp8Scales | None = None,
 ) -> Rows | tuple[Rows, Rows]:
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) (+ the shared MLP when given: folded
     into the launches where `moe_config.fold_shared`, else `kernels.swiglu.swiglu` added in
@@ -166,20 +183,29 @@ def fused_experts(
     own, for calls outside a step). `trigger`: the `last_sum`
     programs let the launch after them start at once (`KernelOptions.moe_trigger`).
     `first_expert`: the experts are the global ones first_expert.. and `ids` global (the
-    module docstring); None: every id is a local expert's."""
+    module docstring); None: every id is a local expert's. `scales`: the weights (and the
+    shared MLP's, given) are block-FP8 e4m3 data with these scales (the module docstring)."""
     tokens, topk = ids.shape
     n_routed, _, n_inter, n_hidden = gate_up.shape
     check_local_experts(gate_up, down, first_expert)
     counters = call_counters(counters, x.device)
-    cfg = config or pick_config(tokens)
+    fp8 = scales is not None
+    cfg = config or pick_config(tokens, fp8)
     x, ids, weights = x.contiguous(), ids.contiguous(), weights.contiguous()
-    apart = shared_gate_up is not None and not fold_shared(tokens, shared_down.shape[1], n_inter)
+    if fp8:
+        check_weights(gate_up, down, shared_gate_up, shared_down, scales)
+    apart = shared_gate_up is not None and not fold_shared(tokens, shared_down.shape[1],
+                                                           n_inter, fp8)
     shared = (shared_gate_up, shared_down) if apart else None
     if apart or shared_gate_up is None:
         s_gate_up, s_down, n_shared = gate_up, down, 0
+        s_scales = None if scales is None else (scales.gate_up, scales.down)
     else:
         s_gate_up, s_down = shared_as_experts(shared_gate_up, shared_down, n_inter)
         n_shared = s_gate_up.shape[0]
+        s_scales = None if scales is None else shared_scales(
+            scales.shared_gate_up, scales.shared_down, scales.shared_rows,
+            shared_down.shape[1], n_inter)
     for w in (gate_up, down, s_gate_up, s_down):
         if w.stride(-1) != 1:
             raise ValueError("expert weights must be contiguous along their last axis")
@@ -228,7 +254,14 @@ def fused_experts(
                 side = Runtime.of(counters).side_stream(x.device)
                 side.wait_stream(main)
             with nullcontext() if side is None else torch.cuda.stream(side):
-                swiglu(x, *shared, out=extra)
+                if scales is None:
+                    swiglu(x, *shared, out=extra)
+                else:
+                    width = shared_down.shape[1]
+                    swiglu_fp8(x, ids, *shared, scales.shared_gate_up, scales.shared_down,
+                               scales.shared_rows, DIRECT_BLOCK_M if cfg.direct else cfg.block_m,
+                               (_fit(cfg.gate_up, width, n_hidden, True),
+                                _fit(cfg.down, n_hidden, width, True)), extra)
         if cfg.direct:
             bm, n_tiles = DIRECT_BLOCK_M, tokens * topk + n_shared
             layout = (ids, ids, ids)  # no alignment: the kernels read the tiles off `ids`
@@ -242,9 +275,10 @@ def fused_experts(
         tiles = (ids, *layout, tokens, n_tiles, topk)
         common = dict(PAIRS_PER_TOKEN=pairs_per_token, BLOCK_M=bm, LOCAL=local,
                       PRECISION="ieee" if x.dtype == torch.float32 else "tf32")
+        fp8_args = ({}, {}) if scales is None else gemm_args(scales, s_scales, x.device.type)
 
         act = torch.empty(n_tiles * bm, n_inter, dtype=x.dtype, device=x.device)
-        bn, bk, warps, stages = _fit(cfg.gate_up, n_inter, n_hidden)
+        bn, bk, warps, stages = _fit(cfg.gate_up, n_inter, n_hidden, fp8)
         n_n = triton.cdiv(n_inter, bn)
         gate_up_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
             x, gate_up, s_gate_up, _desc(gate_up, [1, 2, bn, bk]) if cfg.tma else None, act,
@@ -255,11 +289,11 @@ def fused_experts(
             PDL=pdl, TMA=cfg.tma, INLINE=cfg.inline_align, MERGE_TAIL=cfg.merge_tail,
             E_P2=triton.next_power_of_2(n_routed + 1),
             P_BLOCK=triton.next_power_of_2(tokens * topk) if cfg.inline_align else 1,
-            num_warps=warps, num_stages=stages,
+            num_warps=warps, num_stages=stages, **fp8_args[0],
             **({"launch_pdl": True} if pdl else {}))
 
         out = torch.empty_like(x)
-        bn, bk, warps, stages = _fit(cfg.down, n_hidden, n_inter)
+        bn, bk, warps, stages = _fit(cfg.down, n_hidden, n_inter, fp8)
         strides = (down.stride(0), down.stride(1), s_down.stride(0), s_down.stride(1))
         buf = torch.empty(tokens * pairs_per_token, n_hidden, dtype=x.dtype, device=x.device)
         descs = (None, None, None)
@@ -281,7 +315,7 @@ def fused_experts(
             act, down, s_down, *descs, buf, weights, *tiles, n_hidden, n_inter, n_routed, first,
             *strides, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0,
             DIRECT=cfg.direct, **common, TMA=cfg.tma, MERGE_TAIL=cfg.merge_tail,
-            num_warps=warps, num_stages=stages, **tail)
+            num_warps=warps, num_stages=stages, **tail, **fp8_args[1])
     finally:
         if side is not None:
             main.wait_stream(side)  # the join: `extra` is read below, on this stream

@@ -2,7 +2,9 @@
 vLLM's `fused_moe` Triton kernel groups it): act = silu(x W_gate^T) * (x W_up^T) of each M-tile
 of an expert's rows (token rows gathered from their pairs) and N-tile of `moe_inter` (SiLU·up
 fused in the epilogue), stored to `act` in the M-tile's rows for the down GEMM (`down.py`).
-Operands and layouts: `gemm.py`; the tiles and the launch: `fused_moe.fused_experts`.
+Operands and layouts: `gemm.py`; the tiles and the launch: `fused_moe.fused_experts`. With FP8
+the weights are block-FP8 (e4m3 data and their block scales, `q_ptr`) and the gathered x rows
+are quantised per token group in the K loop (`fp8_gemm.py`); the epilogue is the same.
 """
 
 from typing import no_type_check
@@ -10,6 +12,7 @@ from typing import no_type_check
 import triton
 import triton.language as tl
 
+from mla_func.kernels.moe.fp8_gemm import mma, quant_rows, scale_ptrs
 from mla_func.kernels.moe.gemm import expert_base, k_masks
 from mla_func.kernels.moe.inline_align import inline_tile
 from mla_func.kernels.moe.tile import is_shared_tile, tail_tile, tile
@@ -32,12 +35,16 @@ def _gate_up_rows(
     stride_sg, stride_sn,
     PAIRS_PER_TOKEN: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
-    TMA: tl.constexpr, t_pair=None, t_ok=None, TAIL: tl.constexpr = False,
+    TMA: tl.constexpr, t_pair, t_ok, TAIL: tl.constexpr, q_ptr, qs_ptr, stride_qe, stride_qg,
+    stride_qn, stride_sqe, stride_sqg, stride_sqn, blk_n, s_blk_n, FP8: tl.constexpr,
+    ROUND: tl.constexpr,
 ):
     """silu(x W_gate^T) * (x W_up^T) of BM rows of expert e (token rows gathered from `pair`)
     and N-tile pid_n, stored to `act` rows act_row0... TAIL (`MoEConfig.merge_tail`): also
     BM // 2 more rows of expert e (`t_pair`, `t_ok`; `act` rows act_row0 + BM..), a second
-    product on the same weight tiles of every K step."""
+    product on the same weight tiles of every K step. FP8: e4m3 weights, their block scales
+    at `q_ptr` (routed, [experts, 2, blocks_out, blocks_in]) and `qs_ptr` (shared slices),
+    `blk_n` / `s_blk_n` rows a block; x quantised per row and K step (`fp8_gemm`)."""
     shared = e >= n_routed
     base = expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
     stride_g = tl.where(shared, stride_sg, stride_wg)
@@ -52,6 +59,20 @@ def _gate_up_rows(
     if TAIL:
         t_ptrs = x_ptr + (t_pair // PAIRS_PER_TOKEN).to(tl.int64)[:, None] * stride_x \
             + offs_k[None, :]
+    if FP8:  # the rows' weight scales at K block 0 (the next K blocks follow)
+        stride_q = tl.where(shared, stride_sqg, stride_qg)  # gate's to up's
+        if TMA:  # the [2 * BLOCK_N] columns of the double-width product: gate's, then up's
+            col = tl.arange(0, 2 * BLOCK_N)
+            offs_q = pid_n * BLOCK_N + col % BLOCK_N
+            q_ok = offs_q < n_inter
+            qg_ptrs = scale_ptrs(q_ptr, qs_ptr, e, n_routed, offs_q, stride_qe, stride_qn,
+                                 stride_sqe, stride_sqn, blk_n, s_blk_n) \
+                + (col // BLOCK_N) * stride_q
+        else:
+            q_ok = n_ok
+            qg_ptrs = scale_ptrs(q_ptr, qs_ptr, e, n_routed, offs_n, stride_qe, stride_qn,
+                                 stride_sqe, stride_sqn, blk_n, s_blk_n)
+            qu_ptrs = qg_ptrs + stride_q
     if TMA:  # one [BM, 2 * BLOCK_N] product: gate's columns, then up's (one wgmma of
         acc = tl.zeros((BM, 2 * BLOCK_N), dtype=tl.float32)  # twice the width)
         if TAIL:
@@ -66,23 +87,33 @@ def _gate_up_rows(
         k_ok = offs_k + k < n_hidden
         a_mask, b_mask = k_masks(row_ok, n_ok, k_ok, EVEN_K)
         a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+        a_s, a_ts, gs, us = None, None, None, None  # the scales (FP8): none loop-carried
+        if FP8:
+            a, a_s = quant_rows(a, ROUND)
         if TAIL:
             t_mask, _ = k_masks(t_ok, n_ok, k_ok, EVEN_K)
             a_t = tl.load(t_ptrs, mask=t_mask, other=0.0)
+            if FP8:
+                a_t, a_ts = quant_rows(a_t, ROUND)
             t_ptrs += BLOCK_K
         if TMA:  # the [1, 2, BLOCK_N, BLOCK_K] block of gate and up rows, one load
             b = w_desc.load([e, 0, pid_n * BLOCK_N, k]).reshape(2 * BLOCK_N, BLOCK_K)
-            acc = tl.dot(a, tl.trans(b), acc, input_precision=PRECISION)
+            if FP8:
+                gs = tl.load(qg_ptrs + k // BLOCK_K, mask=q_ok, other=0.0)
+            acc = mma(a, tl.trans(b), acc, a_s, gs, PRECISION, FP8)
             if TAIL:
-                acc_t = tl.dot(a_t, tl.trans(b), acc_t, input_precision=PRECISION)
+                acc_t = mma(a_t, tl.trans(b), acc_t, a_ts, gs, PRECISION, FP8)
         else:
             g = tl.load(g_ptrs, mask=b_mask, other=0.0)
             u = tl.load(u_ptrs, mask=b_mask, other=0.0)
-            acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
-            acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
+            if FP8:
+                gs = tl.load(qg_ptrs + k // BLOCK_K, mask=q_ok, other=0.0)
+                us = tl.load(qu_ptrs + k // BLOCK_K, mask=q_ok, other=0.0)
+            acc_g = mma(a, g, acc_g, a_s, gs, PRECISION, FP8)
+            acc_u = mma(a, u, acc_u, a_s, us, PRECISION, FP8)
             if TAIL:
-                acc_tg = tl.dot(a_t, g, acc_tg, input_precision=PRECISION)
-                acc_tu = tl.dot(a_t, u, acc_tu, input_precision=PRECISION)
+                acc_tg = mma(a_t, g, acc_tg, a_ts, gs, PRECISION, FP8)
+                acc_tu = mma(a_t, u, acc_tu, a_ts, us, PRECISION, FP8)
         a_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
@@ -113,14 +144,16 @@ def gate_up_kernel(
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr, TMA: tl.constexpr, INLINE: tl.constexpr = False,
     E_P2: tl.constexpr = 2, P_BLOCK: tl.constexpr = 1, MERGE_TAIL: tl.constexpr = False,
-    LOCAL: tl.constexpr = False,
+    LOCAL: tl.constexpr = False, q_ptr=None, qs_ptr=None, stride_qe=0, stride_qg=0,
+    stride_qn=0, stride_sqe=0, stride_sqg=0, stride_sqn=0, blk_n=1, s_blk_n=1,
+    FP8: tl.constexpr = False, ROUND: tl.constexpr = False,
 ):
     """INLINE (aligned layout, whole tiles): the routed tiles find themselves from `ids`
     (`moe_inline_align`) and the first N-tile's programs write the tile table. MERGE_TAIL
     (aligned layout, whole tiles, no shared experts): a program also takes its expert's tail
     (`moe_tile.tail_tile`). LOCAL (expert parallelism): `ids` are global, the routed experts
     are first_expert.. (`moe_tile.local_expert`); the table of the aligned layout holds local
-    ids already."""
+    ids already. FP8: block-FP8 weights (`_gate_up_rows`; ROUND: off CUDA, `fp8_gemm`)."""
     if DIRECT:
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -140,13 +173,17 @@ def gate_up_kernel(
                 x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e, pair, row_ok, pid_m * BLOCK_M,
                 pid_n, n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn,
                 stride_se, stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K,
-                EVEN_K, PRECISION, PDL, TMA, t_pair, t_ok, True)
+                EVEN_K, PRECISION, PDL, TMA, t_pair, t_ok, True, q_ptr, qs_ptr, stride_qe,
+                stride_qg, stride_qn, stride_sqe, stride_sqg, stride_sqn, blk_n, s_blk_n, FP8,
+                ROUND)
         else:
             _gate_up_rows(
                 x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e, pair, row_ok, pid_m * BLOCK_M,
                 pid_n, n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn,
                 stride_se, stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K,
-                EVEN_K, PRECISION, PDL, TMA)
+                EVEN_K, PRECISION, PDL, TMA, None, None, False, q_ptr, qs_ptr, stride_qe,
+                stride_qg, stride_qn, stride_sqe, stride_sqg, stride_sqn, blk_n, s_blk_n, FP8,
+                ROUND)
     else:
         if INLINE:
             e, pair, row_ok = inline_tile(pid_m, pid_n, ids_ptr, sorted_ptr, block_expert_ptr,
@@ -163,5 +200,6 @@ def gate_up_kernel(
             x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e, pair, row_ok, pid_m * BLOCK_M, pid_n,
             n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn, stride_se,
             stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-            PRECISION, PDL, TMA)
+            PRECISION, PDL, TMA, None, None, False, q_ptr, qs_ptr, stride_qe, stride_qg,
+            stride_qn, stride_sqe, stride_sqg, stride_sqn, blk_n, s_blk_n, FP8, ROUND)
 
