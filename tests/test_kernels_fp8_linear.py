@@ -43,9 +43,18 @@ def _x(rows: int, n_in: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
 def _check(x: torch.Tensor, w: Fp8Weight, tiles=None) -> None:
     y = F.run(x, w.data, w.scales, w.block, tiles)
     assert y.dtype == x.dtype and y.shape == (x.shape[0], w.data.shape[0] * w.data.shape[1])
-    tight = dict(rtol=1e-5, atol=1e-5) if x.dtype == torch.float32 else dict(rtol=2**-7,
-                                                                              atol=1e-3)
-    torch.testing.assert_close(y, linear_reference(x, w), **tight)
+    want = linear_reference(x, w)
+    if x.is_cuda:
+        # Hopper's e4m3 MMA adds each 128-column product at its own reduced precision before
+        # the float32 accumulator (DeepSeek-V3, 3.3.2): element-wise ulps apart from the
+        # float32 reference (up to 0.047 on an H200), compared by the difference's norm.
+        rel = float((y.float() - want.float()).norm() / want.float().norm())
+        print(f"FP8 GEMM {tuple(x.shape)} x {tuple(w.shape)}: {rel:.2e} from the reference")
+        assert rel < 1e-2, rel
+    else:
+        tight = dict(rtol=1e-5, atol=1e-5) if x.dtype == torch.float32 else dict(
+            rtol=2**-7, atol=1e-3)
+        torch.testing.assert_close(y, want, **tight)
     full = x.float() @ dequantize(w).flatten(0, -2).T
     assert (y.float() - full).norm() / full.norm() < 0.06
 
