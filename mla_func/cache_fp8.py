@@ -125,7 +125,9 @@ def pack_rows(rows: Float[Tensor, "*rows latent"], kv_lora: int
     lay = fp8_layout(kv_lora, rows.shape[-1] - kv_lora)
     c = rows[..., :kv_lora].float().unflatten(-1, (lay.groups, lay.group))
     amax = c.abs().amax(-1, keepdim=True)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    # A tensor divisor: CUDA divides by a Python number as a product with its reciprocal,
+    # which rounds otherwise than the IEEE division the Triton writers use (1 ulp, 2026-11-28).
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), torch.ones_like(amax))
     q = (c / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).flatten(-2)
     out = torch.empty(*rows.shape[:-1], lay.row_bytes, dtype=torch.uint8, device=rows.device)
     out[..., :kv_lora] = q.view(torch.uint8)

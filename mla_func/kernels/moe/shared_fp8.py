@@ -35,14 +35,16 @@ def swiglu_fp8(
 ) -> Float[Tensor, "tokens hidden"]:
     """down(silu(x W_gate^T) * (x W_up^T)) into `out`, in block FP8 (`rows`: gate_up's and
     down's block rows), M-tiles of `block_m` rows, `tiles` the two GEMMs' (BLOCK_K = GROUP).
-    `ids` is read by neither launch (every tile is a shared one): it stands in for the tile
-    table's pointers."""
+    `ids` is read by neither launch (every tile is a shared one)."""
     tokens, hidden = x.shape
     inter = down.shape[1]
     gu, dn = gate_up[None], down[None]  # one expert, in the shared experts' place
     n_tiles = triton.cdiv(tokens, block_m)
     act = torch.empty(n_tiles * block_m, inter, dtype=x.dtype, device=x.device)
-    tile_args = (ids, ids, ids, ids, tokens, n_tiles, 0)  # no routed pairs: topk 0
+    # No routed pairs (topk 0): the tile table's pointers are never read, but the compiler
+    # types the branch that would load them (int32, as `align.py`'s tables).
+    table = torch.zeros(1, dtype=torch.int32, device=x.device)
+    tile_args = (table, table, table, table, tokens, n_tiles, 0)
     common = dict(PAIRS_PER_TOKEN=1, BLOCK_M=block_m, BLOCK_K=GROUP, DIRECT=False,
                   PRECISION="tf32", TMA=False)
     fp8 = [launch_args(s[None], s[None], r, r, x.device.type, i == 0)
