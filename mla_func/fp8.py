@@ -21,6 +21,7 @@ torch, for tests.
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -163,6 +164,35 @@ def linear_reference(x: Float[Tensor, "tokens width_in"], w: Fp8Weight, group: i
         part = xq[:, k:k + step].float() @ wq[:, k:k + step].T
         acc += part * xs[:, k // group, None] * ws[None, :, k // w.block[1]]
     return acc.to(x.dtype)
+
+
+def _axis_groups(shape: tuple[int, ...], matrix: tuple[int, ...]) -> list[tuple[int, int]]:
+    """The runs of `shape`'s axes whose products are `matrix`'s (stack, rows, columns): the
+    params layout is a reshape of the matrices (the last run takes every axis left)."""
+    runs, axis = [], 0
+    for i, size in enumerate(matrix):
+        start, prod = axis, 1
+        while prod != size or (i == len(matrix) - 1 and axis < len(shape)):
+            if axis == len(shape) or prod > size:
+                raise ValueError(f"shape {shape} is no reshape of the matrices {matrix}")
+            prod *= shape[axis]
+            axis += 1
+        runs.append((start, axis))
+    return runs
+
+
+def take(w: Fp8Weight, index: Callable[[Tensor], Tensor]) -> Fp8Weight:
+    """The FP8 weight of `index(the float weight)`, exactly: `index` (slices, gathers or cats
+    along axes, each axis kept) runs in params' layout on the e4m3 values and on their
+    per-element scales alike, and the result is packed on the coarsest grid that still gives
+    each block one scale (a slice that cuts a 128-block gets a finer grid, `pack`)."""
+    data, full = unpack(w)
+    data, full = index(data), index(full)
+    if data.dim() != len(w.shape):
+        raise ValueError(f"take keeps every axis of {w.shape}; got {tuple(data.shape)}")
+    runs = _axis_groups(w.shape, tuple(w.data.shape))
+    matrix = [math.prod(data.shape[a:b]) for a, b in runs]
+    return pack(data.reshape(matrix), full.reshape(matrix), w.block, tuple(data.shape))
 
 
 Weight = Tensor | Fp8Weight  # a projection's weight: float, or block FP8

@@ -13,9 +13,12 @@ import torch
 from parallel_helpers import rank_group, run_ranks
 
 import mla_func as mf
+from mla_func.fp8 import dequantize
 from mla_func.parallel.comm import COLLECTIVES
 from mla_func.parallel.group import ParallelError, TensorParallel
 from mla_func.parallel.shard import shard_params
+from mla_func.quantize import dequantize as dequantize_fp8
+from mla_func.quantize import quantize_fp8
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = mf.MLAConfig.preset("tiny")
@@ -25,6 +28,12 @@ CONFIGS = {
                            topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
                            q_lora_rank=24),
 }
+CONFIGS["v3-qlora-fp8"] = CONFIGS["v3-qlora"]  # its weights in block FP8 (`_params`)
+
+
+def _params(name: str) -> mf.Params:
+    params = mf.init_params(CONFIGS[name], seed=1)
+    return quantize_fp8(params) if name.endswith("-fp8") else params
 PROMPTS = [[5, 9, 200, 3, 17, 88, 41], [7, 7, 2], list(range(30, 52)), [250, 4]]
 NEW = 6
 KW = dict(page_size=4, max_batch_tokens=16, max_seqs=3, eos_token_id=None, return_logits=True)
@@ -34,9 +43,7 @@ def _generate(rank: int, world: int, out: Path, names: tuple[str, ...]) -> None:
     from mla_func.compile_step import plan_step
 
     for name in names:
-        cfg = CONFIGS[name]
-        params = mf.init_params(cfg, seed=1)
-        got = mf.generate(cfg, params, PROMPTS, NEW, mesh=rank_group(), **KW)
+        got = mf.generate(CONFIGS[name], _params(name), PROMPTS, NEW, mesh=rank_group(), **KW)
         torch.save({"tokens": got.tokens, "logits": got.logits}, out / f"{name}_{rank}.pt")
     if rank == 0:  # the capture plan of a shard
         shard = shard_params(mf.init_params(TINY, device="meta"), rank_group())
@@ -47,14 +54,13 @@ def _generate(rank: int, world: int, out: Path, names: tuple[str, ...]) -> None:
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_tensor_parallel_matches_one_device(tmp_path, world):
-    """Greedy tokens on `world` ranks equal one device's exactly (float32; a mixed
-    continuous-batching workload: prefill chunks beside decodes), every rank the same; the
-    logits differ by the summation order only."""
+    """Greedy tokens on `world` ranks equal one device's exactly (float32, and block-FP8
+    weights cut with their scales; a mixed continuous-batching workload: prefill chunks beside
+    decodes), every rank the same; the logits differ by the summation order only."""
     names = tuple(CONFIGS)
     run_ranks(world, _generate, tmp_path, tmp_path, names)
     for name in names:
-        cfg = CONFIGS[name]
-        want = mf.generate(cfg, mf.init_params(cfg, seed=1), PROMPTS, NEW, **KW)
+        want = mf.generate(CONFIGS[name], _params(name), PROMPTS, NEW, **KW)
         for rank in range(world):
             got = torch.load(tmp_path / f"{name}_{rank}.pt")
             assert got["tokens"] == want.tokens, (name, rank)
@@ -138,6 +144,19 @@ def test_shard_params_splits_and_checks():
     assert torch.equal(torch.cat([s.embed for s in shards]), params.embed)
     assert shards[1].tp == TensorParallel(1, 2) and a.attn.q_b_proj.shape[0] == 2
     odd = TINY.with_(n_routed_experts=6)
+    # Block FP8: each shard is exactly the shard of the dequantised weights (a cut inside a
+    # scale block gets a finer grid).
+    fp8 = [shard_params(quantize_fp8(params), TensorParallel(r, 2)) for r in range(2)]
+    deq = [shard_params(dequantize_fp8(quantize_fp8(params)), TensorParallel(r, 2))
+           for r in range(2)]
+    for got, want in zip(fp8, deq, strict=True):
+        for x, y in ((got.layers[1].attn, want.layers[1].attn), (got.layers[1].mlp,
+                                                                 want.layers[1].mlp)):
+            for field in ("w_uk", "w_uv", "o_proj", "q_b_proj", "gate_up", "down"):
+                if hasattr(x, field):
+                    assert torch.equal(dequantize(getattr(x, field)), getattr(y, field)), field
+        assert torch.equal(dequantize(got.layers[1].mlp.shared.down),
+                           want.layers[1].mlp.shared.down)
     with pytest.raises(ParallelError, match=r"evenly: n_routed_experts = 6 not divisible by 4$"):
         shard_params(mf.init_params(odd, device="meta"), TensorParallel(0, 4))
     with pytest.raises(ParallelError, match="already rank 1's shard of 2"):

@@ -64,9 +64,10 @@ def fp8_linear(x: Float[Tensor, "rows width_in"], w: Float8e4m3fn[Tensor, "width
 
 def expert_fp8(x: Float[Tensor, "rows hidden"],
                gate_up: Float8e4m3fn[Tensor, "2 inter hidden"],
-               gate_up_scales: Float32[Tensor, "2 inter _groups"],
+               gate_up_scales: Float32[Tensor, "2 inter _blocks_in"],
                down: Float8e4m3fn[Tensor, "hidden inter"],
-               down_scales: Float32[Tensor, "hidden _groups"]) -> Float32[Tensor, "rows hidden"]:
+               down_scales: Float32[Tensor, "hidden _blocks_in"]
+               ) -> Float32[Tensor, "rows hidden"]:
     """One expert's SwiGLU in block FP8, fp32 (its activation rounded to x's dtype)."""
     gate = fp8_linear(x, gate_up[0], gate_up_scales[0])
     up = fp8_linear(x, gate_up[1], gate_up_scales[1])

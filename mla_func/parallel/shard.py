@@ -11,13 +11,16 @@ The split (Megatron-LM's, Shoeybi et al. 2019, with DeepSeek's experts spread ov
   their sums and the experts' meet in one all-reduce.
 - embedding and lm_head by vocabulary rows: each rank looks up the ids it holds (an
   all-reduce makes the rows whole) and computes its share of the logits (gathered).
-Norms, the router and the rope frequencies are every rank's.
+Norms, the router and the rope frequencies are every rank's. Block-FP8 weights are cut the
+same way, their scales with their values (`fp8.take`: exact, a finer scale grid where a cut
+falls inside a block).
 
 The annotations stay true: a sharded axis binds its name to the local size (`heads`, `inter`,
 `moe_inter` of a shared MLP), and the axes a shard holds part of while another tensor holds
 them whole are `local_experts` and `local_vocab` (`dims.py`).
 """
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -25,6 +28,7 @@ import torch
 from torch import Tensor
 
 from mla_func.config import MLAConfig
+from mla_func.fp8 import Fp8Weight, Weight, take
 from mla_func.parallel.group import ParallelError, TensorParallel, tensor_parallel
 from mla_func.params import Attention, DenseMLP, Layer, MoE, Params
 
@@ -45,9 +49,12 @@ def check_shardable(cfg: MLAConfig, tp: TensorParallel) -> None:
                             f"not divisible by {n}")
 
 
-def _copy(t: Tensor) -> Tensor:
-    # A contiguous copy, so that the whole tensor can be freed once every shard is taken.
-    return t.clone(memory_format=torch.contiguous_format)
+def _take(w: Weight, index: Callable[[Tensor], Tensor]) -> Weight:
+    """index(w) as a contiguous copy (so that the whole weight can be freed once every shard
+    is taken); of a block-FP8 weight, its values and scales alike (`fp8.take`, exact)."""
+    if isinstance(w, Fp8Weight):
+        return take(w, index)
+    return index(w).clone(memory_format=torch.contiguous_format)
 
 
 def shard_attention(a: Attention, cfg: MLAConfig, tp: TensorParallel) -> Attention:
@@ -55,22 +62,29 @@ def shard_attention(a: Attention, cfg: MLAConfig, tp: TensorParallel) -> Attenti
     qkv = a.qkv_a_proj
     if a.q_b_proj is None:  # q_proj's rows are heads x qk_head, then kv_a's
         q_rows = cfg.num_attention_heads * cfg.qk_head_dim
-        q = qkv[:q_rows].unflatten(0, (cfg.num_attention_heads, cfg.qk_head_dim))[heads]
-        qkv = _copy(torch.cat((q.flatten(0, 1), qkv[q_rows:])))
+
+        def own_queries(t: Tensor) -> Tensor:
+            q = t[:q_rows].unflatten(0, (cfg.num_attention_heads, cfg.qk_head_dim))[heads]
+            return torch.cat((q.flatten(0, 1), t[q_rows:]))
+
+        qkv = _take(qkv, own_queries)
     return Attention(
-        kv_a_norm=a.kv_a_norm, w_uk=_copy(a.w_uk[heads]), w_uv=_copy(a.w_uv[heads]),
-        qkv_a_proj=qkv, o_proj=_copy(a.o_proj[:, heads]), q_a_norm=a.q_a_norm,
-        q_b_proj=None if a.q_b_proj is None else _copy(a.q_b_proj[heads]))
+        kv_a_norm=a.kv_a_norm, w_uk=_take(a.w_uk, lambda t: t[heads]),
+        w_uv=_take(a.w_uv, lambda t: t[heads]), qkv_a_proj=qkv,
+        o_proj=_take(a.o_proj, lambda t: t[:, heads]), q_a_norm=a.q_a_norm,
+        q_b_proj=None if a.q_b_proj is None else _take(a.q_b_proj, lambda t: t[heads]))
 
 
 def shard_dense(m: DenseMLP, tp: TensorParallel) -> DenseMLP:
     inter = tp.part(m.gate_up.shape[1])
-    return DenseMLP(gate_up=_copy(m.gate_up[:, inter]), down=_copy(m.down[:, inter]))
+    return DenseMLP(gate_up=_take(m.gate_up, lambda t: t[:, inter]),
+                    down=_take(m.down, lambda t: t[:, inter]))
 
 
 def shard_moe(m: MoE, tp: TensorParallel) -> MoE:
     experts = tp.part(m.gate_up.shape[0])
-    return replace(m, gate_up=_copy(m.gate_up[experts]), down=_copy(m.down[experts]),
+    return replace(m, gate_up=_take(m.gate_up, lambda t: t[experts]),
+                   down=_take(m.down, lambda t: t[experts]),
                    shared=None if m.shared is None else shard_dense(m.shared, tp))
 
 
@@ -93,10 +107,10 @@ def shard_params(params: Params, mesh: Any) -> Params:
               mlp=shard_moe(layer.mlp, tp) if isinstance(layer.mlp, MoE)
               else shard_dense(layer.mlp, tp))
         for layer in params.layers)
-    embed = _copy(params.embed[vocab])
+    embed = _take(params.embed, lambda t: t[vocab])
     tied = params.lm_head is params.embed
     return replace(params, embed=embed, layers=layers,
-                   lm_head=embed if tied else _copy(params.lm_head[vocab]), tp=tp)
+                   lm_head=embed if tied else _take(params.lm_head, lambda t: t[vocab]), tp=tp)
 
 
 def on_mesh(params: Params, mesh: Any) -> Params:
