@@ -77,6 +77,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default=None, choices=DTYPE_NAMES,
                     help="default: bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--weights", default="bf16", choices=("bf16", "fp8"),
+                    help="fp8: the projections and experts in DeepSeek's block FP8 (a "
+                         "checkpoint's kept as stored, random weights quantised: "
+                         "quantize_fp8); bf16: in --dtype")
     ap.add_argument("--kv-dtype", default="auto", choices=("auto", "fp8"),
                     help="the latent cache: floats in --dtype (auto), or FP8 rows (656 bytes a "
                          "token a layer at V2/V3's sizes instead of 1,152 in bf16)")
@@ -133,10 +137,15 @@ def load(args: argparse.Namespace, tp=None):
     dtype = DTYPES[args.dtype]
     if args.checkpoint:
         check_memory(mf.MLAConfig.from_hf(args.checkpoint), dtype, args.device, tp)
-        return mf.load_hf(args.checkpoint, device=args.device, dtype=dtype, mesh=tp)
+        return mf.load_hf(args.checkpoint, device=args.device, dtype=dtype, mesh=tp,
+                          weights=args.weights)
     cfg = mf.MLAConfig.preset(args.preset)
     check_memory(cfg, dtype, args.device)
     whole = mf.init_params(cfg, seed=args.seed, device=args.device, dtype=dtype)
+    if args.weights == "fp8":
+        from mla_func.quantize import quantize_fp8
+
+        whole = quantize_fp8(whole)
     return cfg, on_mesh(whole, tp)
 
 
@@ -195,7 +204,8 @@ def run(args: argparse.Namespace, tp=None) -> int:
         return 2
     source = args.checkpoint or f"preset {args.preset} (random weights)"
     ranks = f", tp {tp.size}" if tp.sharded else ""
-    cache = ", fp8 cache" if args.kv_dtype == "fp8" else ""
+    cache = (", fp8 weights" if args.weights == "fp8" else "") + (
+        ", fp8 cache" if args.kv_dtype == "fp8" else "")
     say(f"{source}: {args.prompts} prompts x {args.prompt_len} tokens, max_new_tokens "
         f"{args.max_new_tokens}, mode {args.mode}, {out.attention_backend} attention, "
         f"{args.device} {args.dtype}{cache}{ranks}; weights ready in {load_s:.1f} s, warm-up "

@@ -293,3 +293,12 @@ def test_generate_other_runtime_errors_keep_their_traceback(monkeypatch):
     monkeypatch.setattr(scripts.generate, "load", fail)
     with pytest.raises(RuntimeError, match="a bug"):
         scripts.generate.main(["--preset", "tiny"])
+
+
+def test_generate_with_fp8_weights_and_cache(capsys):
+    """`--weights fp8 --kv-dtype fp8` on random weights: quantised, run, and said."""
+    from scripts.generate import main
+
+    assert main(["--preset", "tiny", "--device", "cpu", "--prompts", "2", "--max-new-tokens",
+                 "2", "--weights", "fp8", "--kv-dtype", "fp8"]) == 0
+    assert "fp8 weights, fp8 cache" in capsys.readouterr().out
