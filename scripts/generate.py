@@ -24,23 +24,31 @@ SHOW_TOKENS = 12  # tokens a printed prompt shows before it counts the rest
 RENAME = {"attention_backend": "backend"}  # package argument -> this script's option
 
 
-def param_bytes(cfg, dtype) -> int:
-    """Bytes of `cfg`'s parameters in `dtype`, counted on the meta device (nothing allocated)."""
+def param_bytes(cfg, dtype, weights: str = "bf16") -> int:
+    """Bytes of `cfg`'s parameters in `dtype`, counted on the meta device (nothing allocated);
+    `weights` "fp8": the projections at one byte a value and a float32 scale a 128 x 128
+    block (the blocks' count estimated from the values')."""
     import mla_func as mf
+    from mla_func.fp8_params import map_projections
     from mla_func.params import tensor_leaves
 
     params = mf.init_params(cfg, device="meta", dtype=dtype)
-    return sum(t.numel() * t.element_size() for _, t in tensor_leaves(params))
+    total = sum(t.numel() * t.element_size() for _, t in tensor_leaves(params))
+    if weights == "fp8":
+        values: list[int] = []
+        map_projections(params, lambda w, kind: values.append(w.numel()) or w)
+        total -= sum(values) * (dtype.itemsize - 1 - 4 / 128**2)
+    return int(total)
 
 
-def check_memory(cfg, dtype, device: str, tp=None) -> None:
-    """ValueError if `cfg`'s weights in `dtype` (a torch.dtype; one rank's share on `tp`) need
-    more than `device` has available: on a CPU, V2-Lite's float32 random weights are 58 GiB
-    and V3's 2.5 TiB, and the allocator (or the OOM killer) would fail only after minutes of
-    filling memory."""
+def check_memory(cfg, dtype, device: str, tp=None, weights: str = "bf16") -> None:
+    """ValueError if `cfg`'s weights in `dtype` (a torch.dtype; "fp8" `weights`: block FP8;
+    one rank's share on `tp`) need more than `device` has available: on a CPU, V2-Lite's
+    float32 random weights are 58 GiB and V3's 2.5 TiB, and the allocator (or the OOM killer)
+    would fail only after minutes of filling memory."""
     from mla_func import memory
 
-    need = param_bytes(cfg, dtype) // (tp.size if tp is not None else 1)
+    need = param_bytes(cfg, dtype, weights) // (tp.size if tp is not None else 1)
     free = memory.available_bytes(device)
     if free is not None and need > free:
         raise ValueError(f"the weights need {memory.human(need)} ({str(dtype)[6:]}) but "
@@ -136,7 +144,8 @@ def load(args: argparse.Namespace, tp=None):
 
     dtype = DTYPES[args.dtype]
     if args.checkpoint:
-        check_memory(mf.MLAConfig.from_hf(args.checkpoint), dtype, args.device, tp)
+        check_memory(mf.MLAConfig.from_hf(args.checkpoint), dtype, args.device, tp,
+                     args.weights)
         return mf.load_hf(args.checkpoint, device=args.device, dtype=dtype, mesh=tp,
                           weights=args.weights)
     cfg = mf.MLAConfig.preset(args.preset)
