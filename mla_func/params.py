@@ -12,6 +12,7 @@ and dense MLPs' projections in FP8 (`kernel_ops`). Norms, the router, the score 
 embedding and lm_head stay in the float dtype.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -169,9 +170,13 @@ def init_params(
     seed: int = 0,
     device: "str | torch.device" = "cpu",
     dtype: "torch.dtype | str" = torch.float32,
+    layer_fn: Callable[[int, "Layer"], "Layer"] | None = None,
 ) -> Params:
     """Random parameters, deterministic per (seed, device); on `meta` nothing is allocated.
-    `dtype`: a floating-point torch.dtype or its name (`dtypes.DTYPES`: "bf16", ...)."""
+    `dtype`: a floating-point torch.dtype or its name (`dtypes.DTYPES`: "bf16", ...).
+    `layer_fn(i, layer)` replaces each layer as soon as it is drawn, before the next one
+    (the same draws: e.g. `parallel.shard.random_shard` cuts each layer to a rank's share,
+    so that only one whole layer is ever held)."""
     dtype = resolve_dtype(dtype, "parameters' dtype")
     device = torch.device(device)
     meta = device.type == "meta"
@@ -221,7 +226,8 @@ def init_params(
             )
         else:
             mlp = dense(c.intermediate_size)
-        layers.append(Layer(input_norm=norm(h), attn=attn, post_attn_norm=norm(h), mlp=mlp))
+        layer = Layer(input_norm=norm(h), attn=attn, post_attn_norm=norm(h), mlp=mlp)
+        layers.append(layer if layer_fn is None else layer_fn(i, layer))
     embed = rand(c.vocab_size, h, std=1.0)
     inv_freq = (
         yarn_inv_freq(c).to(device) if not meta else torch.empty(c.qk_rope_head_dim, device=device)

@@ -135,12 +135,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def load(args: argparse.Namespace, tp=None):
     """(config, parameters) of the checkpoint or preset (this rank's shard on `tp`: read as
-    slices of a checkpoint; random weights drawn whole, then sharded), refused (ValueError)
-    before anything is allocated if the weights would not fit in the device's available
-    memory."""
+    slices of a checkpoint; random weights drawn a layer at a time, `random_shard`), refused
+    (ValueError) before anything is allocated if the weights would not fit in the device's
+    available memory."""
     import mla_func as mf
     from mla_func.dtypes import DTYPES
-    from mla_func.parallel.shard import on_mesh
 
     dtype = DTYPES[args.dtype]
     if args.checkpoint:
@@ -149,13 +148,18 @@ def load(args: argparse.Namespace, tp=None):
         return mf.load_hf(args.checkpoint, device=args.device, dtype=dtype, mesh=tp,
                           weights=args.weights)
     cfg = mf.MLAConfig.preset(args.preset)
+    if tp is not None and tp.sharded:  # drawn a layer at a time: this rank's share only
+        from mla_func.parallel.shard import random_shard
+
+        check_memory(cfg, dtype, args.device, tp, args.weights)
+        return cfg, random_shard(cfg, tp, args.seed, args.device, dtype, args.weights)
     check_memory(cfg, dtype, args.device)
     whole = mf.init_params(cfg, seed=args.seed, device=args.device, dtype=dtype)
     if args.weights == "fp8":
         from mla_func.quantize import quantize_fp8
 
         whole = quantize_fp8(whole)
-    return cfg, on_mesh(whole, tp)
+    return cfg, whole
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -166,6 +166,24 @@ def test_shard_params_splits_and_checks():
                    mf.make_batch([mf.SeqWork([3, 4], 0, [1])], 4, 2))
 
 
+@pytest.mark.parametrize("weights", ["bf16", "fp8"])
+def test_random_shard_is_the_shard_of_the_whole_draw(weights):
+    """`random_shard` (each layer drawn, quantised and cut before the next) gives exactly the
+    shard of the whole model's draw (quantised first where FP8)."""
+    from mla_func.params import tensor_leaves
+    from mla_func.parallel.shard import random_shard
+
+    cfg = CONFIGS["v3-qlora"]
+    whole = mf.init_params(cfg, seed=3)
+    whole = quantize_fp8(whole) if weights == "fp8" else whole
+    for rank in range(2):
+        tp = TensorParallel(rank, 2)
+        want = tensor_leaves(shard_params(whole, tp))
+        got = tensor_leaves(random_shard(cfg, tp, seed=3, weights=weights))
+        assert [n for n, _ in got] == [n for n, _ in want]
+        assert all(torch.equal(x, y) for (_, x), (_, y) in zip(got, want, strict=True))
+
+
 def test_load_hf_reads_this_ranks_slices(tmp_path):
     """load_hf(mesh=...) on each of 2 ranks equals the slices of the whole parameters."""
     from mla_func.checkpoint import load_hf, save_hf

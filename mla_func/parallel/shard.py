@@ -113,6 +113,40 @@ def shard_params(params: Params, mesh: Any) -> Params:
                    lm_head=embed if tied else _take(params.lm_head, lambda t: t[vocab]), tp=tp)
 
 
+def random_shard(cfg: MLAConfig, mesh: Any, seed: int = 0, device: "str | torch.device" = "cpu",
+                 dtype: "torch.dtype | str" = torch.float32, weights: str = "bf16") -> Params:
+    """This rank's share of random weights, exactly `shard_params(init_params(cfg, seed,
+    device, dtype), mesh)` (of `quantize_fp8(...)` where `weights` is "fp8"), without the
+    whole model on any rank: each layer is drawn whole (every rank draws the same numbers),
+    quantised, cut to this rank's share, and freed before the next one (V3: 1.34 TB in bf16,
+    its largest layer 22.5 GB)."""
+    from mla_func.params import init_params
+    from mla_func.quantize import quantize_fp8
+
+    if weights not in ("bf16", "fp8"):
+        raise ValueError(f"weights must be 'bf16' or 'fp8'; got {weights!r}")
+    tp = tensor_parallel(mesh)
+    check_shardable(cfg, tp)
+    skeleton = init_params(cfg, device="meta", dtype=dtype)
+
+    def own(i: int, layer: Layer) -> Layer:
+        if weights == "fp8":  # quantised as the whole model's layer i would be
+            # The params' device, read from the embedding: one element, viewed at its shape.
+            here = layer.input_norm.new_empty(()).expand(skeleton.embed.shape)
+            layer = quantize_fp8(replace(skeleton, embed=here, layers=(layer,))).layers[0]
+        return Layer(input_norm=layer.input_norm, attn=shard_attention(layer.attn, cfg, tp),
+                     post_attn_norm=layer.post_attn_norm,
+                     mlp=shard_moe(layer.mlp, tp) if isinstance(layer.mlp, MoE)
+                     else shard_dense(layer.mlp, tp))
+
+    drawn = init_params(cfg, seed, device, dtype, layer_fn=own)
+    vocab = tp.part(cfg.vocab_size)
+    embed = _take(drawn.embed, lambda t: t[vocab])
+    tied = drawn.lm_head is drawn.embed
+    return replace(drawn, embed=embed, tp=tp,
+                   lm_head=embed if tied else _take(drawn.lm_head, lambda t: t[vocab]))
+
+
 def on_mesh(params: Params, mesh: Any) -> Params:
     """`params` to run on `mesh` (None: as they are): whole ones sharded for it, shards of
     the same group as they are; shards of another group raise."""
