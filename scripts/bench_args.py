@@ -104,7 +104,13 @@ def segments(p: argparse.ArgumentParser) -> None:
 def tp(p: argparse.ArgumentParser) -> None:
     """bench_tp (under torchrun): tensor parallel against one GPU."""
     p.add_argument("--preset", default="v2-lite")
-    p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--ctx", type=int, nargs="+", default=[512])
+    p.add_argument("--weights", default="bf16", choices=("bf16", "fp8"),
+                   help="fp8: random weights quantised to block FP8")
+    p.add_argument("--kv-dtype", default="auto", choices=("auto", "fp8"))
+    p.add_argument("--no-baseline", action="store_true",
+                   help="no one-GPU run and only the plan's forms; each rank draws only its "
+                        "share (random_shard): V3 does not fit one GPU")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 128])
     p.add_argument("--allreduce-rows", type=int, nargs="+", default=[1, 8, 32, 128])
     p.add_argument("--hidden", type=int, nargs="+", default=[2048, 7168])

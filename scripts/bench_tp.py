@@ -12,6 +12,13 @@ it is the measured one-shot all-reduce times the step's count (two a layer, one 
 embedding). The sharded step runs three times: the plan's forms (one-shot up to
 `kernels.plan.ONE_SHOT_MAX_BYTES`, each sub-layer's sum, residual add and norm in one launch),
 the one-shot sum with the add and norm apart, and NCCL only.
+
+`--weights fp8` quantises the random weights to block FP8, `--kv-dtype fp8` keeps the cache in
+FP8 rows; `--ctx` takes several contexts. `--no-baseline` (a model no GPU holds alone: V3 on
+8 GPUs, `torchrun --nproc-per-node 8 -m scripts.bench tp --preset v3 --weights fp8
+--no-baseline --ctx 1024 4096 --batches 1 32 128 --gen-prompt 1024 --gen-new 1024
+--gen-requests 256`) skips the one-GPU run and the other forms, and each rank draws only its
+share (`parallel.shard.random_shard`).
 """
 
 import argparse
@@ -26,7 +33,8 @@ from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.plan import KernelOptions, default_options
 from mla_func.parallel.comm import all_reduce, all_reduce_add_norm, prepare
 from mla_func.parallel.group import finish, init_from_env
-from mla_func.parallel.shard import shard_params
+from mla_func.parallel.shard import random_shard, shard_params
+from mla_func.quantize import quantize_fp8
 from scripts.bench_args import tp as tp_options
 from scripts.bench_common import (
     StateChain,
@@ -85,15 +93,16 @@ def bench_all_reduce(tp, rows: list[int], widths: list[int], per_graph: int = 16
 
 def bench_model(cfg, params, args, ceil, label: str, **forms: bool
                 ) -> tuple[list[dict], dict]:
-    """Decode steps in full graphs (back to back and one at a time) at each batch, ctx
-    `args.ctx`; the capture's seconds and pool. `forms`: the sums' forms (`KernelOptions`'s
-    `one_shot`, `reduce_norm`; default the plan's)."""
+    """Decode steps in full graphs (back to back and one at a time) at each batch and
+    context (`args.ctx`), the cache in `args.kv_dtype`; the capture's seconds and pool.
+    `forms`: the sums' forms (`KernelOptions`'s `one_shot`, `reduce_norm`; default the
+    plan's)."""
     from mla_func.compile_step import compile_step
 
     biggest = max(args.batches)
-    pages_each = -(-(args.ctx + 1) // args.page_size)
+    pages_each = -(-(max(args.ctx) + 1) // args.page_size)
     state = mf.init_state(cfg, biggest * pages_each + 2, args.page_size, device="cuda",
-                          dtype=torch.bfloat16)
+                          dtype=torch.bfloat16, kv_dtype=args.kv_dtype)
     kernels = replace(default_options("cuda", "triton"), **forms)
     step = compile_step(params, state, mode="full", max_seqs=biggest, max_pages=pages_each,
                         kernels=kernels, progress=False)
@@ -101,15 +110,16 @@ def bench_model(cfg, params, args, ceil, label: str, **forms: bool
                "pool_gib": step.report["graph_pool_bytes"] / 2**30}
     chain = StateChain(state)  # each step consumes the state: the chain passes it on
     rows = []
-    for b in args.batches:
-        batch = decode_batch(chain.state, b, args.ctx, "triton", seed=b, max_pages=pages_each,
-                             vocab=cfg.vocab_size, kernels=kernels)
-        distinct = count_distinct_experts(params, chain, batch)
-        floor = step_floor(params, distinct, b, args.ctx, ceil)
-        rows.append({"what": label, "batch": b, "ctx": args.ctx,
-                     "floor_ms": floor["floor_ms"],
-                     "full_ms": cuda_time_ms(lambda bb=batch, f=step, c=chain: c(f, bb)),
-                     "full_pipelined_ms": pipelined_ms(lambda bb=batch, f=step, c=chain: c(f, bb))})
+    for ctx in args.ctx:
+        for b in args.batches:
+            batch = decode_batch(chain.state, b, ctx, "triton", seed=b, max_pages=pages_each,
+                                 vocab=cfg.vocab_size, kernels=kernels)
+            distinct = count_distinct_experts(params, chain, batch)
+            floor = step_floor(params, distinct, b, ctx, ceil, row_bytes=state.row_bytes)
+            rows.append({"what": label, "batch": b, "ctx": ctx, "floor_ms": floor["floor_ms"],
+                         "full_ms": cuda_time_ms(lambda bb=batch, f=step, c=chain: c(f, bb)),
+                         "full_pipelined_ms": pipelined_ms(
+                             lambda bb=batch, f=step, c=chain: c(f, bb))})
     del step, state, chain
     torch.cuda.empty_cache()
     return rows, capture
@@ -120,7 +130,8 @@ def bench_generate(cfg, params, args, label: str) -> dict:
     prompts = torch.randint(2, cfg.vocab_size, (args.gen_requests, args.gen_prompt),
                             generator=g).tolist()
     kw = dict(mode="full_and_piecewise", attention_backend="triton", eos_token_id=None,
-              page_size=args.page_size, max_seqs=args.gen_requests, progress=False)
+              page_size=args.page_size, max_seqs=args.gen_requests, progress=False,
+              kv_dtype=args.kv_dtype)
     mf.generate(cfg, params, prompts, 2, **kw)  # warm-up: Triton's first compiles
     torch.cuda.synchronize()
     out = mf.generate(cfg, params, prompts, args.gen_new, **kw)
@@ -142,34 +153,40 @@ def run(argv: list[str]) -> dict:
     result: dict = {"gpu": torch.cuda.get_device_name(), "ranks": tp.size, "ceilings": ceil,
                     "all_reduce": bench_all_reduce(tp, args.allreduce_rows, args.hidden)}
     cfg = mf.MLAConfig.preset(args.preset)
-    whole = mf.init_params(cfg, seed=0, device=device, dtype=torch.bfloat16)
     one = "tp=1 (rank 0 alone)"
     decode, captures, gens = [], [], []
-    if main:
-        t0 = time.perf_counter()
-        rows, cap = bench_model(cfg, whole, args, ceil, one)
-        decode += rows
-        captures.append(cap)
-        if not args.skip_generate:
-            gens.append(bench_generate(cfg, whole, args, one))
-        print(f"one GPU measured in {time.perf_counter() - t0:.0f} s", flush=True)
-    dist.barrier()
-    params = shard_params(whole, tp)
-    del whole
+    if args.no_baseline:  # this rank's share only, drawn a layer at a time
+        params = random_shard(cfg, tp, 0, device, torch.bfloat16, args.weights)
+    else:
+        whole = mf.init_params(cfg, seed=0, device=device, dtype=torch.bfloat16)
+        whole = quantize_fp8(whole) if args.weights == "fp8" else whole
+        if main:
+            t0 = time.perf_counter()
+            rows, cap = bench_model(cfg, whole, args, ceil, one)
+            decode += rows
+            captures.append(cap)
+            if not args.skip_generate:
+                gens.append(bench_generate(cfg, whole, args, one))
+            print(f"one GPU measured in {time.perf_counter() - t0:.0f} s", flush=True)
+        dist.barrier()
+        params = shard_params(whole, tp)
+        del whole
     torch.cuda.empty_cache()
     label = f"tp={tp.size}"
     rows, cap = bench_model(cfg, params, args, ceil, label)
     decode += rows
-    decode += bench_model(cfg, params, args, ceil, f"tp={tp.size}, sum then add + norm",
-                          reduce_norm=False)[0]
-    decode += bench_model(cfg, params, args, ceil, f"tp={tp.size}, nccl only",
-                          one_shot=False)[0]
+    if not args.no_baseline:
+        decode += bench_model(cfg, params, args, ceil, f"tp={tp.size}, sum then add + norm",
+                              reduce_norm=False)[0]
+        decode += bench_model(cfg, params, args, ceil, f"tp={tp.size}, nccl only",
+                              one_shot=False)[0]
     captures.append({**cap, "rank": tp.rank})
     if not args.skip_generate:
         gens.append(bench_generate(cfg, params, args, label))
     allcaps = [None] * tp.size
     dist.all_gather_object(allcaps, captures[-1])
-    result.update(decode=decode, capture=captures[:1] + allcaps if main else [], generate=gens)
+    result.update(decode=decode, capture=captures[:-1] + allcaps if main else [],
+                  generate=gens)
     if main:
         reduce_us = {(r["hidden"], r["rows"]): r for r in result["all_reduce"]}
         for row in decode:
@@ -177,15 +194,17 @@ def run(argv: list[str]) -> dict:
                 us = reduce_us.get((cfg.hidden_size, row["batch"]), {}).get("one_shot_us")
                 n = 2 * cfg.num_hidden_layers + 1
                 row["collectives_ms"] = None if us is None else n * us / 1e3
-        base = {r["batch"]: r for r in decode if r["what"] == one}
+        base = {(r["ctx"], r["batch"]): r for r in decode if r["what"] == one}
         for row in decode:
-            row["vs_tp1"] = row["full_pipelined_ms"] / base[row["batch"]]["full_pipelined_ms"]
+            if (row["ctx"], row["batch"]) in base:
+                row["vs_tp1"] = (row["full_pipelined_ms"]
+                                 / base[(row["ctx"], row["batch"])]["full_pipelined_ms"])
         print_table(result["all_reduce"], ["hidden", "rows", "one_shot_us", "nccl_us",
                                            "one_shot_add_norm_us", "fused_us"],
                     "captured all-reduce (us)")
         print_table(decode, ["what", "batch", "ctx", "floor_ms", "collectives_ms", "full_ms",
                              "full_pipelined_ms", "vs_tp1"], "decode step (ms)")
-        print_table(result["capture"][1:], ["rank", "capture_s", "pool_gib"], "capture")
+        print_table(allcaps, ["rank", "capture_s", "pool_gib"], "capture")
         if gens:
             print_table(gens, list(gens[0]), "generate")
     finish(tp)
