@@ -269,3 +269,22 @@ def test_plan_picks_each_sums_form():
     assert fused(128, REDUCE_NORM_WIDE) and not fused(129, 7168)  # past the one-shot size
     for off in ("cuda", "fused", "reduce_norm", "one_shot"):
         assert not fused(1, 2048, **{off: False}), off
+
+
+def test_v3_plans_over_eight_ranks():
+    """Issue 50's shape, planned on the CPU: V3 over 8 GPUs (16 heads and 32 experts a rank),
+    block-FP8 weights and the FP8 cache, decode at 1-128 sequences on an sm90 GPU."""
+    from mla_func.dims import static_sizes
+    from mla_func.kernels.plan import DeviceSpec, default_options, plan_step
+
+    cfg = mf.MLAConfig.preset("v3")
+    sizes = static_sizes(cfg, 8)
+    assert (sizes["heads"], sizes["local_experts"], sizes["experts"]) == (16, 32, 256)
+    h200 = DeviceSpec("cuda", 132, (9, 0))
+    for b in (1, 32, 128):
+        plan = plan_step(cfg, h200, b, b, options=default_options("cuda", "triton"),
+                         max_pages=64, page_size=64, ranks=8, weights="fp8", kv_dtype="fp8")
+        assert (plan.projections, plan.experts_precision, plan.cache) == ("fp8", "fp8", "fp8")
+        # 7168-wide rows: each sub-layer's sum, add and norm in one launch at every size
+        assert plan.all_reduce == "one_shot" and plan.reduce_norm, b
+        assert plan.decode is not None and plan.decode.fp8 and not plan.decode.ws, b
