@@ -170,8 +170,8 @@ def test_shard_params_splits_and_checks():
 def test_random_shard_is_the_shard_of_the_whole_draw(weights):
     """`random_shard` (each layer drawn, quantised and cut before the next) gives exactly the
     shard of the whole model's draw (quantised first where FP8)."""
-    from mla_func.params import tensor_leaves
     from mla_func.parallel.shard import random_shard
+    from mla_func.params import tensor_leaves
 
     cfg = CONFIGS["v3-qlora"]
     whole = mf.init_params(cfg, seed=3)
