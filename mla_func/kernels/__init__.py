@@ -17,7 +17,8 @@ the entry points the layers above call; nothing here imports a sibling package's
   prefetches (`l2_prefetch`), and the `Runtime` a state owns (`runtime`).
 - `plan`: one plan decides: `KernelOptions`, and `plan_step`, every kernel choice of a step
   from config, device, static shape and options; the kernels take their own choices from the
-  same functions.
+  same functions (`plan_rules`: the device's spec and the shape predicates, re-exported by
+  `plan`).
 
 Importing a kernel module imports Triton, which reads TRITON_INTERPRET then: set it first.
 """

@@ -18,9 +18,10 @@ block FP8) and the caller's `KernelOptions`:
   and the decode's launch plan (`attention.decode_plan.plan_decode`);
 - from the state: the cache's precision (`StepPlan.cache`: floats, or FP8 rows, which only
   the Triton split-KV decode reads: the plan says `fp8` and never `ws`).
-The kernels take the same decisions from the same functions below (each op knows its own
-shapes at run time, while a traced step serves every bucket); the capture compiler's glue
-records `StepPlan.summary()` per bucket in plan.json. The constants are explained in
+The kernels take the same decisions from the same functions (`plan_rules`: the device's
+spec, the shape predicates and their constants, re-exported here; each op knows its own shapes
+at run time, while a traced step serves every bucket); the capture compiler's glue records
+`StepPlan.summary()` per bucket in plan.json. The constants are explained in
 docs/DECISIONS.md.
 """
 
@@ -34,35 +35,34 @@ from mla_func.dims import static_sizes
 from mla_func.kernels.attention.decode_plan import DecodePlan, plan_decode
 from mla_func.kernels.linear.fp8_tiles import fp8_tiles
 from mla_func.kernels.moe.config import MoEConfig, fold_shared, pick_config
+from mla_func.kernels.plan_rules import (
+    EXPERTS_IMPLS,
+    KERNEL_DTYPES,
+    MHA_MIN_QUERY,
+    NORM_LINEAR_MAX_WIDTH,
+    ONE_SHOT_MAX_BYTES,
+    PROJ_NORM_MAX_ROWS,
+    PROJ_NORM_MAX_WIDTH,
+    REDUCE_NORM_MAX_ROWS,
+    REDUCE_NORM_WIDE,
+    ROUTER_MAX_EXPERTS,
+    ROUTER_ROWS_MAX,
+    SMALL_LINEAR_MAX_ROWS,
+    WEIGHTS,
+    DeviceSpec,
+    all_reduce_form,
+    attention_form,
+    device_spec,
+    experts_precision,
+    fp8_gemm_runs,
+    norm_linear_normalises,
+    proj_norm_rows,
+    reduce_norm_fused,
+    router_rows,
+    small_linear_rows,
+)
 from mla_func.kernels.router.plan import LaunchConfig, launch_config
 from mla_func.ops.moe import local_experts
-
-EXPERTS_IMPLS = ("reference", "sorted_torch", "triton")
-
-# Rows up to which the few-row kernels run (docs/DECISIONS.md).
-PROJ_NORM_MAX_ROWS = 4  # o_proj + residual add + RMSNorm in one launch
-PROJ_NORM_MAX_WIDTH = 2048  # ... for rows up to this wide (its last program holds a row)
-SMALL_LINEAR_MAX_ROWS = 1  # x w^T with the weights loaded before the PDL wait
-NORM_LINEAR_MAX_WIDTH = 2048  # norm_linear normalises the residual row itself up to this width
-ROUTER_ROWS_MAX = 4  # the router's one-program-an-expert form
-ROUTER_MAX_EXPERTS = 256  # the fused router's widest expert block; more route in torch
-# A step holding a sequence with this many new tokens runs its prompts in the MHA form.
-MHA_MIN_QUERY = 64
-# Several GPUs: an all-reduce of up to this many bytes (128 rows of V3's 7168, bf16: decode
-# steps) runs PyTorch's one-shot symmetric-memory kernel (copy in, every rank's buffer read
-# over NVLink, one launch) instead of NCCL's (docs/DECISIONS.md,
-# `kernels.plan.ONE_SHOT_MAX_BYTES`).
-ONE_SHOT_MAX_BYTES = 128 * 7168 * 2
-# ... and its sum, residual add and norm run as one launch (`kernels.collective.reduce_norm`)
-# up to this many rows, or at any one-shot size for rows this wide (docs/DECISIONS.md).
-REDUCE_NORM_MAX_ROWS = 4
-REDUCE_NORM_WIDE = 4096
-# What `plan_step(weights=...)` names: float weights, or block FP8 (`fp8.Fp8Weight`).
-WEIGHTS = ("bf16", "fp8")
-# The weights' dtypes the fused kernels and the triton attention backend are tuned for: their
-# tiles are sized for 2-byte operands, and float32 doubles their shared memory (a V3-shaped
-# float32 step asked a kernel for 409,624 bytes of it; an H100 has 232,448).
-KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)
@@ -133,106 +133,6 @@ def options_for(device: torch.device | str, kernels: KernelOptions | None, backe
         raise error(f"backend={backend!r} disagrees with kernels.attention="
                     f"{kernels.attention!r}: pass one of them")
     return kernels
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    """What the plan needs to know of a device."""
-
-    type: str
-    sms: int
-    capability: tuple[int, int] = (0, 0)
-
-    @property
-    def pdl(self) -> bool:
-        return self.type == "cuda" and self.capability[0] >= 9
-
-    @property
-    def fp8_mma(self) -> bool:
-        """e4m3 tensor-core products, tl.dot on e4m3 operands (sm89 and later; elsewhere than
-        CUDA: the interpreter, or `meta`, which plans for such a GPU): the block-FP8 GEMMs
-        run."""
-        return self.type != "cuda" or self.capability >= (8, 9)
-
-    @property
-    def sm90(self) -> bool:
-        """wgmma and TMA: the warp-specialised decode kernel runs."""
-        return self.type == "cuda" and self.capability[0] == 9
-
-
-
-def device_spec(device: torch.device | str) -> DeviceSpec:
-    """A device's spec; elsewhere than CUDA a small stand-in SM count (the interpreter has no
-    SMs)."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return DeviceSpec(device.type, 4)
-    props = torch.cuda.get_device_properties(device)
-    return DeviceSpec("cuda", props.multi_processor_count, (props.major, props.minor))
-
-
-def proj_norm_rows(rows: int, width: int) -> bool:
-    """Whether o_proj + add + norm of `rows` rows `width` wide run as one launch."""
-    return 0 < rows <= PROJ_NORM_MAX_ROWS and width <= PROJ_NORM_MAX_WIDTH
-
-
-def small_linear_rows(rows: int) -> bool:
-    """Whether x w^T of `rows` rows runs the matrix-vector kernel (else a GEMM)."""
-    return 0 < rows <= SMALL_LINEAR_MAX_ROWS
-
-
-def norm_linear_normalises(rows: int, width: int) -> bool:
-    """Whether the layer's first projection normalises its residual rows itself (one program
-    holds the row), so that the op before it may leave the norm unwritten (the deferred norm,
-    `mla_func.kernel_ops`)."""
-    return small_linear_rows(rows) and width <= NORM_LINEAR_MAX_WIDTH
-
-
-def fp8_gemm_runs(device: torch.device) -> bool:
-    """Whether the fused path multiplies block-FP8 weights in FP8 on `device` (else it
-    dequantises them, as the reference does): `DeviceSpec.fp8_mma`."""
-    return device_spec(device).fp8_mma
-
-
-def router_rows(tokens: int, few_rows: bool) -> bool:
-    """Whether the router runs one program an expert (else its split kernel), given
-    `KernelOptions.router_few_rows`."""
-    return few_rows and 0 < tokens <= ROUTER_ROWS_MAX
-
-
-def all_reduce_form(nbytes: int, cuda: bool, one_shot: bool = True) -> str:
-    """'one_shot' (symmetric memory) for small sums on CUDA, else 'nccl' (or gloo's)."""
-    return "one_shot" if one_shot and cuda and nbytes <= ONE_SHOT_MAX_BYTES else "nccl"
-
-
-def reduce_norm_fused(rows: int, width: int, itemsize: int, cuda: bool, fused: bool,
-                      reduce_norm: bool, one_shot: bool) -> bool:
-    """Whether a sub-layer's sum over ranks of `rows` rows `width` wide, its residual add and
-    its norm run as one launch (`kernels.collective.reduce_norm`): a one-shot sum with the
-    fused kernels on (the options' `fused`, `reduce_norm`, `one_shot`), of a few rows or of
-    wide ones."""
-    one = all_reduce_form(rows * width * itemsize, cuda, one_shot) == "one_shot"
-    return (fused and reduce_norm and one
-            and (rows <= REDUCE_NORM_MAX_ROWS or width >= REDUCE_NORM_WIDE))
-
-
-def experts_precision(weights: str, experts: str, device: DeviceSpec,
-                      dtype: torch.dtype = torch.bfloat16) -> str:
-    """How the experts' GEMMs compute, given the weights ("bf16": float, in `dtype`; "fp8":
-    block FP8) and the experts' implementation: "fp8" (the Triton experts' block-FP8 GEMMs,
-    `kernels.moe.fp8_gemm`, on a device whose tl.dot takes e4m3), "dequantised" (FP8 weights
-    dequantised to the activations' dtype on the fly, every other implementation), or the
-    float weights' dtype ("bfloat16")."""
-    if weights not in WEIGHTS:
-        raise ValueError(f"unknown weights {weights!r}; expected one of {WEIGHTS}")
-    if weights == "fp8":
-        return "fp8" if experts == "triton" and device.fp8_mma else "dequantised"
-    return str(dtype).removeprefix("torch.")
-
-
-def attention_form(max_query_len: int, mha_min_query: int = MHA_MIN_QUERY) -> str:
-    """'mha' when a sequence brings `mha_min_query` new tokens or more, else 'absorbed'."""
-    return "mha" if max_query_len >= mha_min_query else "absorbed"
 
 
 @dataclass(frozen=True)
@@ -391,6 +291,10 @@ def fp8_gemms(cfg: MLAConfig, rows: int, ranks: int = 1) -> tuple[tuple[str, str
     return tuple((name, _label(fp8_tiles(rows, n))) for name, n in widths.items())
 
 
-__all__ = ["KERNEL_DTYPES", "WEIGHTS", "DeviceSpec", "KernelOptions", "StepPlan",
-           "default_options", "device_spec", "experts_precision", "fp8_gemms", "options_for",
-           "plan_step", "reduce_norm_fused"]
+__all__ = ["DeviceSpec", "EXPERTS_IMPLS", "KERNEL_DTYPES", "KernelOptions", "MHA_MIN_QUERY",
+           "NORM_LINEAR_MAX_WIDTH", "ONE_SHOT_MAX_BYTES", "PROJ_NORM_MAX_ROWS",
+           "PROJ_NORM_MAX_WIDTH", "REDUCE_NORM_MAX_ROWS", "REDUCE_NORM_WIDE", "ROUTER_MAX_EXPERTS",
+           "ROUTER_ROWS_MAX", "SMALL_LINEAR_MAX_ROWS", "StepPlan", "WEIGHTS", "all_reduce_form",
+           "attention_form", "default_options", "device_spec", "experts_precision",
+           "fp8_gemm_runs", "fp8_gemms", "norm_linear_normalises", "options_for", "plan_step",
+           "proj_norm_rows", "reduce_norm_fused", "router_rows", "small_linear_rows"]
