@@ -8,10 +8,10 @@ is the row `pack_rows` writes. A row pointer is a uint8 pointer to the row's fir
 scales and the rope values are read through pointers recast to their dtypes, never through a
 second tensor of the same storage (the interpreter copies each argument's storage back whole).
 
-Rounding is done in arithmetic (`round_e4m3`, `to_bf16`): Triton's interpreter does not round
-to nearest even (3.9: float32 -> bf16 truncates, float32 -> e4m3 drops the carry into the
-exponent), so a cast would write other bytes there than on a GPU and in torch; rounded first,
-the casts only carry exact values. Divisions are IEEE (`div_rn`), as torch's.
+Rounding is done in arithmetic (`kernels.e4m3.round_e4m3`, `to_bf16`): Triton's interpreter
+does not round to nearest even (3.9: float32 -> bf16 truncates, float32 -> e4m3 drops the
+carry into the exponent), so a cast would write other bytes there than on a GPU and in torch;
+rounded first, the casts only carry exact values. Divisions are IEEE (`div_rn`), as torch's.
 
 Tiles are dequantised in registers (e4m3 -> float32, times the row's group scale, -> the
 dtype the dots run in) and then multiplied as a float cache's tiles: the split-KV decode
@@ -25,25 +25,7 @@ import triton.language as tl
 from torch import Tensor
 
 from mla_func.cache_fp8 import GROUP, is_fp8, layout_of
-from mla_func.fp8 import FP8_MAX
-
-# Globals a kernel reads must be constexprs (Triton refuses plain ones when it compiles).
-E4M3_MAX = tl.constexpr(FP8_MAX)
-# 1.5 * 2**23: (x + MAGIC) - MAGIC rounds 0 <= x < 2**22 to an integer, ties to even.
-MAGIC = tl.constexpr(12582912.0)
-
-
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def round_e4m3(x):
-    """float32 x (|x| <= 448) rounded to nearest even e4m3 value, still float32: 3 mantissa
-    bits below 2**e, subnormal steps of 2**-9 below 2**-6; the sign kept (-0 too)."""
-    bits = x.to(tl.uint32, bitcast=True)
-    e = tl.maximum(((bits >> 23) & 0xFF).to(tl.int32) - 127, -6) - 3  # log2 of the step
-    step = ((e + 127).to(tl.uint32) << 23).to(tl.float32, bitcast=True)
-    inv = ((127 - e).to(tl.uint32) << 23).to(tl.float32, bitcast=True)  # exact products
-    r = ((tl.abs(x) * inv + MAGIC) - MAGIC) * step
-    return tl.where((bits >> 31) != 0, -r, r)
+from mla_func.kernels.e4m3 import E4M3_MAX, round_e4m3
 
 
 @triton.jit
@@ -117,5 +99,5 @@ def row_constexprs(cache: Tensor, kv_lora: int | None, block_c: int) -> dict:
     return dict(FP8=True, GS=min(GROUP, block_c), GROUPS=lay.groups, ROPE_AT=lay.rope_at)
 
 
-__all__ = ["load_latent", "rope_values", "round_e4m3", "row_constexprs", "store_latent",
+__all__ = ["load_latent", "rope_values", "row_constexprs", "store_latent",
            "to_bf16"]

@@ -25,10 +25,8 @@ Where the activations are quantised is `fp8_tiles`' choice: at a few rows inside
 way the scales and values are the same. Shapes are static and nothing is read back: the op
 captures in CUDA graphs.
 
-The cast to e4m3 goes through `e4m3`, which rounds in float32 first so that the cast itself
-is exact: the Triton interpreter's float32 -> e4m3 conversion drops the carry of a rounding
-into the next power of two (31.5 -> 16); on a GPU the hardware cast of the rounded value
-gives the same bits (a few ALU operations an element, where quantising is not the cost).
+The cast to e4m3 goes through `kernels.e4m3.to_e4m3`, which rounds in float32 first so that
+the cast is exact in Triton's interpreter too (a few ALU operations an element).
 """
 
 from typing import no_type_check
@@ -41,24 +39,12 @@ from torch import Tensor
 
 from mla_func.custom_op import custom_op
 from mla_func.fp8 import FP8, Fp8Weight
+from mla_func.kernels.e4m3 import to_e4m3
 from mla_func.kernels.linear.fp8_tiles import GROUP, Fp8Tiles, fp8_tiles
 from mla_func.kernels.linear.norm import rmsnorm
 from mla_func.kernels.plan import norm_linear_normalises as normalises
 
 MIN_BLOCK_COLS = 32  # the e4m3 MMA's K
-
-
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def e4m3(v):
-    """v (float32) as e4m3: saturated at +-448, rounded to nearest even in float32 (adding
-    and taking away 1.5 x 2^23 of the value's e4m3 spacing: 2^(exponent - 3), 2^-9 at and
-    below the smallest normal), so that the cast is exact (signed zeros aside)."""
-    v = tl.minimum(tl.maximum(v, -448.0), 448.0)
-    exponent = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-    spacing = tl.maximum(exponent - 3, -9)
-    magic = (((spacing + 150) << 23) | 0x400000).to(tl.float32, bitcast=True)
-    return ((v + magic) - magic).to(tl.float8e4nv)
 
 
 @triton.jit
@@ -85,7 +71,7 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, n_in, sx, n_groups, GROUP: tl.constex
     ok = k < n_in
     x = tl.load(x_ptr + row * sx + k, mask=ok, other=0.0).to(tl.float32)
     s = group_scale(tl.max(tl.abs(x), axis=0))
-    tl.store(q_ptr + row * n_in + k, e4m3(divide(x, s)), mask=ok)
+    tl.store(q_ptr + row * n_in + k, to_e4m3(divide(x, s)), mask=ok)
     tl.store(s_ptr + row * n_groups + g, s)
 
 
@@ -124,7 +110,7 @@ def _fp8_linear_kernel(
             x_ok = m_ok[:, None] & (k < n_in)[None, :]
             if QUANT:  # the same tile again (from L1): quantised with its group's scale
                 x = tl.load(x_ptr + m64[:, None] * sx + k[None, :], mask=x_ok, other=0.0)
-                xq = e4m3(divide(x.to(tl.float32), xs[:, None]))
+                xq = to_e4m3(divide(x.to(tl.float32), xs[:, None]))
             else:
                 xq = tl.load(x_ptr + m64[:, None] * sx + k[None, :], mask=x_ok, other=0.0)
             wq = tl.load(w_ptr + n64[:, None] * n_in + k[None, :],
@@ -235,5 +221,5 @@ def fp8_norm_linear(x: Float[Tensor, "tokens width_in"], h: Float[Tensor, "token
     return op(x, h, weight, eps, w.data, w.scales, w.block[0], w.block[1])
 
 
-__all__ = ["MIN_BLOCK_COLS", "e4m3", "fp8_linear", "fp8_linear_op", "fp8_norm_linear",
+__all__ = ["MIN_BLOCK_COLS", "fp8_linear", "fp8_linear_op", "fp8_norm_linear",
            "fp8_norm_linear_op", "quantize_rows", "run", "step_columns"]

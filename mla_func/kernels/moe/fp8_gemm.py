@@ -32,21 +32,8 @@ import triton.language as tl
 from jaxtyping import Float32
 from torch import Tensor
 
+from mla_func.kernels.e4m3 import round_e4m3
 from mla_func.kernels.moe.config import FP8_BLOCK_K as GROUP
-
-
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def round_e4m3(v):
-    """fp32 v (|v| <= 448) rounded to nearest even on e4m3's grid (3 mantissa bits; below
-    2^-6 the subnormals' fixed step 2^-9), still fp32."""
-    bits = v.to(tl.int32, bitcast=True)
-    e = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)
-    ulp = ((e + 124) << 23).to(tl.float32, bitcast=True)  # 2^(e - 3)
-    inv = ((130 - e) << 23).to(tl.float32, bitcast=True)  # 2^(3 - e)
-    q = tl.abs(v) * inv  # exact: a power of two, q < 16
-    q = (q + 8388608.0) - 8388608.0  # 2^23: fp32 addition rounds q to an integer
-    return tl.where(bits < 0, -q, q) * ulp  # the sign kept (-0 too, as the cast keeps it)
 
 
 @triton.jit

@@ -1,0 +1,41 @@
+"""Rounding to e4m3 in float32, before the cast: the FP8 kernels' one conversion.
+
+Every Triton kernel that writes e4m3 (the projections' and the experts' activation
+quantisation, the FP8 cache's rows) rounds here first, so that the cast itself is exact and
+the bits are the same on a GPU (whose cast rounds to nearest even) and in Triton's
+interpreter (3.9: its float32 -> e4m3 cast drops the carry of a mantissa that rounds up into
+the exponent, 31.5 -> 16, and truncates subnormals). `fp8.quantize_matrix` and the torch
+references round as the GPU does.
+"""
+
+from typing import no_type_check
+
+import triton
+import triton.language as tl
+
+E4M3_MAX = tl.constexpr(448.0)  # e4m3's largest finite value
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def round_e4m3(v):
+    """float32 v (|v| <= 448) rounded to nearest even on e4m3's grid (3 mantissa bits; below
+    2^-6 the subnormals' fixed step 2^-9), still float32, the sign kept (-0 too)."""
+    bits = v.to(tl.int32, bitcast=True)
+    e = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)
+    ulp = ((e + 124) << 23).to(tl.float32, bitcast=True)  # 2^(e - 3)
+    inv = ((130 - e) << 23).to(tl.float32, bitcast=True)  # 2^(3 - e)
+    q = tl.abs(v) * inv  # exact: a power of two, q < 16
+    q = (q + 8388608.0) - 8388608.0  # 2^23: the float32 addition rounds q to an integer
+    return tl.where(bits < 0, -q, q) * ulp
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def to_e4m3(v):
+    """float32 v saturated at +-448 and rounded to nearest even, as e4m3."""
+    v = tl.minimum(tl.maximum(v, -E4M3_MAX), E4M3_MAX)
+    return round_e4m3(v).to(tl.float8e4nv)
+
+
+__all__ = ["E4M3_MAX", "round_e4m3", "to_e4m3"]
