@@ -33,3 +33,23 @@ def run_compile_script(script: str, timeout: int) -> subprocess.CompletedProcess
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": path}
     return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=timeout, cwd=os.path.dirname(TESTS_DIR))
+
+
+def compile_sm90(fn, const: dict, types: dict, descs: dict, warps: int, stages: int
+                 ) -> tuple[int, str]:
+    """(spill-store bytes, ptxas's report) of Triton kernel `fn` compiled for sm90 with
+    constexprs `const`, as a launch at V2-Lite sizes specialises it: `types` and `descs` name
+    arguments' types (the rest: `*_ptr` bf16 pointers, else i32), pointers, strides and dims
+    16-aligned."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    sig = {n: "constexpr" if n in const else descs[n] if n in descs else types[n]
+           if n in types else "*bf16" if n.endswith("_ptr") else "i32" for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n][0] == "*" or n.startswith(("stride", "n_inter", "n_hidden"))}
+    kernel = triton.compile(
+        triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+    _, spills, report = ptxas_usage(kernel)
+    return spills, report

@@ -35,7 +35,7 @@ from mla_func.ops.norm import rmsnorm as rmsnorm_ref
 _AOT = """
 import triton
 from triton.backends.compiler import GPUTarget
-from sm90_ptxas import ptxas_usage
+from sm90_ptxas import compile_sm90, ptxas_usage
 from mla_func.kernels.moe.down import down_kernel
 from mla_func.kernels.moe.gate_up import gate_up_kernel
 ptrs = dict(weights_ptr="*fp32", ids_ptr="*i64", sorted_ptr="*i32", block_expert_ptr="*i32",
@@ -99,15 +99,7 @@ for fn, (bm, bn, bk, warps, stages), const in [
     descs = dict(w_desc=f"tensordesc<bf16[{w_block}]>", act_desc=f"tensordesc<bf16[{bm}, {bk}]>",
                  act_tail_desc=f"tensordesc<bf16[{bm // 2}, {bk}]>")
     types = ptrs | (fp8_ptrs if const.get("FP8") else {})
-    sig = {n: "constexpr" if n in const else descs[n] if n in descs else types[n] if n in types
-           else "*bf16" if n.endswith("_ptr") else "i32" for n in fn.arg_names}
-    # What a launch at V2-Lite sizes specialises on: aligned pointers, strides and dims.
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-             if sig[n][0] == "*" or n.startswith(("stride", "n_inter", "n_hidden"))}
-    kernel = triton.compile(
-        triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
-    _, spills, report = ptxas_usage(kernel)
+    spills, report = compile_sm90(fn, const, types, descs, warps, stages)
     merged_down = fn is down_kernel and const["MERGE_TAIL"]
     assert spills <= (88 if merged_down and old_triton else 0), report
 from mla_func.kernels.moe.pair_sum import sum_kernel

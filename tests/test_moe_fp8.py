@@ -211,9 +211,7 @@ def test_fp8_table_rows():
 # (kernel, tile, path) of the FP8 rows, as `fused_experts` launches them: ptxas must report no
 # spill (the rows were chosen so: `config.FP8_CONFIGS`).
 _AOT = """
-import triton
-from triton.backends.compiler import GPUTarget
-from sm90_ptxas import ptxas_usage
+from sm90_ptxas import compile_sm90
 from mla_func.kernels.moe.config import FP8_CONFIGS
 from mla_func.kernels.moe.down import down_kernel
 from mla_func.kernels.moe.gate_up import gate_up_kernel
@@ -247,14 +245,7 @@ for bound, cfg in FP8_CONFIGS:
         descs = dict(w_desc=f"tensordesc<fp8e4nv[{w_block}]>",
                      act_desc=f"tensordesc<bf16[{bm}, {bk}]>",
                      act_tail_desc=f"tensordesc<bf16[{bm // 2}, {bk}]>")
-        sig = {n: "constexpr" if n in const else descs[n] if n in descs else ptrs[n]
-               if n in ptrs else "*bf16" if n.endswith("_ptr") else "i32" for n in fn.arg_names}
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-                 if sig[n][0] == "*" or n.startswith(("stride", "n_inter", "n_hidden"))}
-        kernel = triton.compile(
-            triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
-        _, spills, report = ptxas_usage(kernel)
+        spills, report = compile_sm90(fn, const, ptrs, descs, warps, stages)
         if spills:
             bad.append((bound, fn.__name__, spills))
 assert not bad, bad
