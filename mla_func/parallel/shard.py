@@ -88,6 +88,23 @@ def shard_moe(m: MoE, tp: TensorParallel) -> MoE:
                    shared=None if m.shared is None else shard_dense(m.shared, tp))
 
 
+def shard_layer(layer: Layer, cfg: MLAConfig, tp: TensorParallel) -> Layer:
+    """This rank's share of one decoder layer (its norms every rank's)."""
+    mlp = layer.mlp
+    return Layer(input_norm=layer.input_norm, attn=shard_attention(layer.attn, cfg, tp),
+                 post_attn_norm=layer.post_attn_norm,
+                 mlp=shard_moe(mlp, tp) if isinstance(mlp, MoE) else shard_dense(mlp, tp))
+
+
+def _shard_vocab(params: Params, tp: TensorParallel) -> Params:
+    """`params` with this rank's vocabulary rows of the embedding and lm_head, on `tp`."""
+    vocab = tp.part(params.cfg.vocab_size)
+    embed = _take(params.embed, lambda t: t[vocab])
+    tied = params.lm_head is params.embed
+    return replace(params, embed=embed, tp=tp,
+                   lm_head=embed if tied else _take(params.lm_head, lambda t: t[vocab]))
+
+
 def shard_params(params: Params, mesh: Any) -> Params:
     """This rank's share of `params` (whole, `params.tp` SINGLE) on `mesh`: a 1-D DeviceMesh,
     a ProcessGroup, or a `TensorParallel` (without a group: shards to inspect or compare, not
@@ -100,17 +117,8 @@ def shard_params(params: Params, mesh: Any) -> Params:
     check_shardable(cfg, tp)
     if not tp.sharded:
         return replace(params, tp=tp)
-    vocab = tp.part(cfg.vocab_size)
-    layers = tuple(
-        Layer(input_norm=layer.input_norm, attn=shard_attention(layer.attn, cfg, tp),
-              post_attn_norm=layer.post_attn_norm,
-              mlp=shard_moe(layer.mlp, tp) if isinstance(layer.mlp, MoE)
-              else shard_dense(layer.mlp, tp))
-        for layer in params.layers)
-    embed = _take(params.embed, lambda t: t[vocab])
-    tied = params.lm_head is params.embed
-    return replace(params, embed=embed, layers=layers,
-                   lm_head=embed if tied else _take(params.lm_head, lambda t: t[vocab]), tp=tp)
+    layers = tuple(shard_layer(layer, cfg, tp) for layer in params.layers)
+    return _shard_vocab(replace(params, layers=layers), tp)
 
 
 def random_shard(cfg: MLAConfig, mesh: Any, seed: int = 0, device: "str | torch.device" = "cpu",
@@ -134,17 +142,9 @@ def random_shard(cfg: MLAConfig, mesh: Any, seed: int = 0, device: "str | torch.
             # The params' device, read from the embedding: one element, viewed at its shape.
             here = layer.input_norm.new_empty(()).expand(skeleton.embed.shape)
             layer = quantize_fp8(replace(skeleton, embed=here, layers=(layer,))).layers[0]
-        return Layer(input_norm=layer.input_norm, attn=shard_attention(layer.attn, cfg, tp),
-                     post_attn_norm=layer.post_attn_norm,
-                     mlp=shard_moe(layer.mlp, tp) if isinstance(layer.mlp, MoE)
-                     else shard_dense(layer.mlp, tp))
+        return shard_layer(layer, cfg, tp)
 
-    drawn = init_params(cfg, seed, device, dtype, layer_fn=own)
-    vocab = tp.part(cfg.vocab_size)
-    embed = _take(drawn.embed, lambda t: t[vocab])
-    tied = drawn.lm_head is drawn.embed
-    return replace(drawn, embed=embed, tp=tp,
-                   lm_head=embed if tied else _take(drawn.lm_head, lambda t: t[vocab]))
+    return _shard_vocab(init_params(cfg, seed, device, dtype, layer_fn=own), tp)
 
 
 def on_mesh(params: Params, mesh: Any) -> Params:
