@@ -6,7 +6,7 @@ every projection and expert; norms, router, embedding and lm_head stay bf16). Ea
 precision (`--precisions`: "bf16"; "fp8" weights; "fp8-cache", bf16 weights over the FP8
 latent cache; "fp8+fp8-cache") gets its own state and `compile_step(mode="full")`; decode
 steps at each batch and context run back to back and one at a time, beside the floor of
-that precision's bytes (`bench_step.step_floor`: each weight at its stored size, FP8 values
+that precision's bytes (`bench_decode.step_floor`: each weight at its stored size, FP8 values
 plus their scales; the distinct routed experts the step touched; the cache rows at their
 bytes) and the ratio to the bf16 step of the same shape. Then accuracy: `generate` of a
 mixed workload (prompts of several lengths, greedy, `--new` tokens) in each precision
@@ -27,12 +27,10 @@ from mla_func.quantize import quantize_fp8
 from scripts.bench_args import precision as add_args
 from scripts.bench_common import (
     StateChain,
-    cuda_time_ms,
     measure_ceilings,
-    pipelined_ms,
     print_table,
 )
-from scripts.bench_step import count_distinct_experts, decode_batch, step_floor
+from scripts.bench_decode import full_decode_rows
 
 PRECISIONS = {"bf16": (False, "auto"), "fp8": (True, "auto"),
               "fp8-cache": (False, "fp8"), "fp8+fp8-cache": (True, "fp8")}
@@ -48,20 +46,12 @@ def bench_decode(cfg, params, kv_dtype: str, label: str, args, ceil) -> list[dic
     state.cache.view(torch.uint8).random_(0, 64)  # finite values in either format
     step = compile_step(params, state, mode="full", max_seqs=max(args.batches),
                         max_pages=pages_each, backend="triton", progress=False)
-    chain, rows = StateChain(state), []
-    for ctx in args.contexts:
-        for b in args.batches:
-            batch = decode_batch(chain.state, b, ctx, "triton", seed=b * 7 + ctx,
-                                 max_pages=pages_each, vocab=cfg.vocab_size)
-            distinct = count_distinct_experts(params, chain, batch)
-            floor = step_floor(params, distinct, b, ctx, ceil, row_bytes=state.row_bytes)
-            row = {"what": label, "ctx": ctx, "batch": b, "floor_ms": floor["floor_ms"],
-                   "gb": floor["bytes_gb"],
-                   "full_ms": cuda_time_ms(lambda bb=batch, f=step, c=chain: c(f, bb)),
-                   "full_pipelined_ms": pipelined_ms(lambda bb=batch, f=step, c=chain: c(f, bb))}
-            row["over_floor"] = row["full_pipelined_ms"] / row["floor_ms"]
-            rows.append(row)
-            print(row, flush=True)
+    chain = StateChain(state)
+    rows = full_decode_rows(params, chain, step, label, args.contexts, args.batches,
+                            pages_each, ceil, state.row_bytes, seed=lambda b, ctx: b * 7 + ctx)
+    for row in rows:
+        row["over_floor"] = row["full_pipelined_ms"] / row["floor_ms"]
+        print(row, flush=True)
     del step, chain, state
     torch.cuda.empty_cache()
     return rows

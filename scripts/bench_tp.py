@@ -41,10 +41,9 @@ from scripts.bench_common import (
     capture_graph,
     cuda_time_ms,
     measure_ceilings,
-    pipelined_ms,
     print_table,
 )
-from scripts.bench_step import count_distinct_experts, decode_batch, step_floor
+from scripts.bench_decode import full_decode_rows
 
 add_args = tp_options  # the options: scripts/bench_args.py
 
@@ -109,17 +108,8 @@ def bench_model(cfg, params, args, ceil, label: str, **forms: bool
     capture = {"what": label, "capture_s": step.report["capture_seconds"],
                "pool_gib": step.report["graph_pool_bytes"] / 2**30}
     chain = StateChain(state)  # each step consumes the state: the chain passes it on
-    rows = []
-    for ctx in args.ctx:
-        for b in args.batches:
-            batch = decode_batch(chain.state, b, ctx, "triton", seed=b, max_pages=pages_each,
-                                 vocab=cfg.vocab_size, kernels=kernels)
-            distinct = count_distinct_experts(params, chain, batch)
-            floor = step_floor(params, distinct, b, ctx, ceil, row_bytes=state.row_bytes)
-            rows.append({"what": label, "batch": b, "ctx": ctx, "floor_ms": floor["floor_ms"],
-                         "full_ms": cuda_time_ms(lambda bb=batch, f=step, c=chain: c(f, bb)),
-                         "full_pipelined_ms": pipelined_ms(
-                             lambda bb=batch, f=step, c=chain: c(f, bb))})
+    rows = full_decode_rows(params, chain, step, label, args.ctx, args.batches, pages_each,
+                            ceil, state.row_bytes, seed=lambda b, ctx: b, kernels=kernels)
     del step, state, chain
     torch.cuda.empty_cache()
     return rows, capture

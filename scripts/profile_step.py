@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         measure_ceilings,
         print_table,
     )
-    from scripts.bench_step import count_distinct_experts, decode_batch, step_floor
+    from scripts.bench_decode import count_distinct_experts, decode_batch, step_floor
 
     ceil = measure_ceilings()
     cfg = mf.MLAConfig.preset("v2-lite")

@@ -257,7 +257,7 @@ def test_step_floor_at_the_read_rate_scales_the_bytes():
     """A decode row's second floor: the same bytes over the read-only rate (CPU, tiny); no
     read rate (an older ceilings dict), no second floor."""
     import mla_func as mf
-    from scripts.bench_step import step_floor
+    from scripts.bench_decode import step_floor
 
     cfg = mf.MLAConfig.preset("tiny")
     params = mf.init_params(cfg, seed=0)
@@ -288,7 +288,7 @@ def test_distinct_experts_counts_every_moe_layer():
     from mla_func.params import MoE
     from mla_func.state import init_state
     from scripts.bench_common import StateChain
-    from scripts.bench_step import count_distinct_experts
+    from scripts.bench_decode import count_distinct_experts
 
     cfg = mf.MLAConfig.preset("tiny")
     params = mf.init_params(cfg, seed=0)
