@@ -107,21 +107,22 @@ def _fp8(w: Weight, opts: KernelOptions) -> bool:
 
 
 def linear(x: Float[Tensor, "tokens width_in"], w: Float[Tensor, "*rows width_in"] | Fp8Weight,
-           opts: KernelOptions) -> Float[Tensor, "tokens width_out"]:
+           opts: KernelOptions, counters: Counters) -> Float[Tensor, "tokens width_out"]:
     """x w^T, the weight's leading axes flattened into its output rows."""
     if _fp8(w, opts):
-        return fused_fp8.fp8_linear(x, w, opts.eager_direct)
+        return fused_fp8.fp8_linear(x, w, counters, opts.eager_direct)
     return x @ dense(w, x.dtype).flatten(0, -2).T
 
 
 def mlp(x: Rows, gate_up: Float[Tensor, "2 inter hidden"] | Fp8Weight,
-        down: Float[Tensor, "hidden inter"] | Fp8Weight, opts: KernelOptions) -> Rows:
+        down: Float[Tensor, "hidden inter"] | Fp8Weight, opts: KernelOptions,
+        counters: Counters) -> Rows:
     """SwiGLU, down(silu(gate x) * up x) (`ops.mlp.swiglu`), its products in block FP8 where
     the weights are and the path is fused."""
     if not (_fp8(gate_up, opts) or _fp8(down, opts)):
         return swiglu(x, gate_up, down)
-    gate, up = linear(x, gate_up, opts).chunk(2, dim=-1)
-    return linear(F.silu(gate) * up, down, opts)
+    gate, up = linear(x, gate_up, opts, counters).chunk(2, dim=-1)
+    return linear(F.silu(gate) * up, down, opts, counters)
 
 
 def project_add_norm(
@@ -134,7 +135,7 @@ def project_add_norm(
     summed over the ranks' heads where sharded (o: the heads' outputs side by side). An FP8
     weight on the fused path: the FP8 GEMM, then the add+norm kernel."""
     if _fp8(w, opts):
-        y = fused_fp8.fp8_linear(o, w, opts.eager_direct)
+        y = fused_fp8.fp8_linear(o, w, counters, opts.eager_direct)
         if tp.sharded:
             return all_reduce_add_norm(y, h, weight, eps, tp, opts, counters)
         return add_norm(h, y, weight, eps, opts)
@@ -149,12 +150,12 @@ def project_add_norm(
 def norm_linear(
     x: Float[Tensor, "tokens width_in"], h: Float[Tensor, "tokens width_in"],
     weight: Float[Tensor, " width_in"], eps: float,
-    w: Float[Tensor, "width_out width_in"] | Fp8Weight, opts: KernelOptions,
+    w: Float[Tensor, "width_out width_in"] | Fp8Weight, opts: KernelOptions, counters: Counters,
 ) -> Float[Tensor, "tokens width_out"]:
     """x w^T, x being rmsnorm(h) * weight (which a deferred norm left unwritten: the module
     docstring)."""
     if _fp8(w, opts):
-        return fused_fp8.fp8_norm_linear(x, h, weight, eps, w, opts.eager_direct)
+        return fused_fp8.fp8_norm_linear(x, h, weight, eps, w, counters, opts.eager_direct)
     w = dense(w, x.dtype)
     if opts.fused:
         return _call(fused_norm_linear.norm_linear, opts)(x, h, weight, eps, w)

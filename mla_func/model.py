@@ -20,7 +20,7 @@ sub-layers' sums over ranks (`K.all_reduce`, and inside `project_add_norm` and
 
 from typing import Annotated
 
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 import mla_func.kernel_ops as K
@@ -37,15 +37,15 @@ Rows = Float[Tensor, "tokens hidden"]
 
 def project_qkv_a(
     attn: Attention, x: Rows, h: Rows, input_norm: Float[Tensor, " hidden"], cfg: MLAConfig,
-    opts: KernelOptions,
+    opts: KernelOptions, counters: Int[Tensor, " counters"],
 ) -> tuple[Float[Tensor, "tokens heads qk_head"], Float[Tensor, "tokens latent"]]:
     """(q, kv_a_proj(x)): both projections of x = rmsnorm(h) * input_norm in one GEMM
     (`Attention.qkv_a_proj`), the query through its low-rank pair where q_lora is set."""
     eps = cfg.rms_norm_eps
-    qkv = K.norm_linear(x, h, input_norm, eps, attn.qkv_a_proj, opts)
+    qkv = K.norm_linear(x, h, input_norm, eps, attn.qkv_a_proj, opts, counters)
     q, kv = qkv.split((qkv.shape[1] - cfg.latent_dim, cfg.latent_dim), dim=1)
     if attn.q_b_proj is not None:
-        q = K.linear(K.norm(q, attn.q_a_norm, eps, opts), attn.q_b_proj, opts)
+        q = K.linear(K.norm(q, attn.q_a_norm, eps, opts), attn.q_b_proj, opts, counters)
     return q.unflatten(-1, (-1, cfg.qk_head_dim)), kv  # this rank's heads
 
 
@@ -70,7 +70,7 @@ def layer_step(
     normalised input; `meta`: the step's metadata as the attention reads it."""
     cfg, opts, eps, tp = params.cfg, batch.kernels, params.cfg.rms_norm_eps, params.tp
     attn = layer.attn
-    q, kv = project_qkv_a(attn, x, h, layer.input_norm, cfg, opts)
+    q, kv = project_qkv_a(attn, x, h, layer.input_norm, cfg, opts, state.counters)
     nope = cfg.qk_nope_head_dim
     o = attend(q[..., :nope], q[..., nope:], kv, state.cache, i,
                attention_weights(attn, params), meta, opts.attention, opts.eager_direct)
@@ -81,7 +81,8 @@ def layer_step(
         weights, ids = K.route(x, mlp, cfg, opts, state.counters)
         return K.experts_add_norm(x, weights, ids, mlp, h, next_norm, eps, opts,
                                   state.counters, defer_norm, tp)
-    y = K.all_reduce(K.mlp(x, mlp.gate_up, mlp.down, opts), tp, opts, state.counters)
+    y = K.all_reduce(K.mlp(x, mlp.gate_up, mlp.down, opts, state.counters), tp, opts,
+                     state.counters)
     return K.add_norm(h, y, next_norm, eps, opts)
 
 

@@ -36,6 +36,7 @@ if __name__ == "__main__":  # --help and a mistyped option answer before torch i
 import torch
 
 from mla_func.fp8 import Fp8Weight, dequantize, linear_reference, quantize
+from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.linear.fp8_linear import run as fp8_run
 from mla_func.kernels.linear.fp8_tiles import fp8_tiles
 
@@ -55,9 +56,9 @@ def weight_bytes(w: Fp8Weight) -> int:
     return w.data.numel() + 4 * w.scales.numel()
 
 
-def launch_label(rows: int, n: int) -> str:
-    t = fp8_tiles(rows, n)
-    return f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages} {t.quant}"
+def launch_label(rows: int, n: int, k: int) -> str:
+    t = fp8_tiles(rows, n, k)
+    return f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages} {t.quant} split{t.split}"
 
 
 def case(n: int, k: int, rows: int, copy_gbs: float, seed: int = 0) -> dict:
@@ -66,12 +67,13 @@ def case(n: int, k: int, rows: int, copy_gbs: float, seed: int = 0) -> dict:
     w = quantize(torch.randn(n, k, device="cuda", generator=g) * k**-0.5, 128)
     dense = dequantize(w, torch.bfloat16)
     x = torch.randn(rows, k, device="cuda", generator=g).to(torch.bfloat16)
-    got, ref = fp8_run(x, w.data, w.scales, w.block), linear_reference(x, w)
+    counters = Runtime("cuda").counters  # the split few-row launch's (a state's in a step)
+    got, ref = fp8_run(x, w.data, w.scales, w.block, counters), linear_reference(x, w)
     err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
-    us = bench_us(lambda: fp8_run(x, w.data, w.scales, w.block))
+    us = bench_us(lambda: fp8_run(x, w.data, w.scales, w.block, counters))
     bf16_us = bench_us(lambda: x @ dense.T)
     gbs = weight_bytes(w) / us / 1e3
-    return dict(kind="fp8", n=n, k=k, rows=rows, launch=launch_label(rows, n), us=us,
+    return dict(kind="fp8", n=n, k=k, rows=rows, launch=launch_label(rows, n, k), us=us,
                 GBps=gbs, pct_copy=100 * gbs / copy_gbs, bf16_us=bf16_us,
                 bf16_GBps=2 * n * k / bf16_us / 1e3, speedup=bf16_us / us, err=err)
 

@@ -41,7 +41,7 @@ def _x(rows: int, n_in: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
 
 
 def _check(x: torch.Tensor, w: Fp8Weight, tiles=None) -> None:
-    y = F.run(x, w.data, w.scales, w.block, tiles)
+    y = F.run(x, w.data, w.scales, w.block, tiles=tiles)
     assert y.dtype == x.dtype and y.shape == (x.shape[0], w.data.shape[0] * w.data.shape[1])
     want = linear_reference(x, w)
     if x.is_cuda:
@@ -59,12 +59,14 @@ def _check(x: torch.Tensor, w: Fp8Weight, tiles=None) -> None:
     assert (y.float() - full).norm() / full.norm() < 0.06
 
 
-# rows, width_in, width_out, block (rows, columns), stack: few rows (the GEMM quantises x
-# itself) and many (a kernel before it does), widths on and off the 128 grid, block rows 128
-# and 64, block columns 64 (two weight scales an activation group) and 256, two matrices
-# stacked whose rows do not fill a block.
+# rows, width_in, width_out, block (rows, columns), stack: few rows (the split launch, each
+# program quantising its slice of x; one row on the CUDA cores) and many (a kernel before the
+# GEMM quantises x), widths on and off the 128 grid, block rows 128 and 64, block columns 64
+# (two weight scales an activation group) and 256, two matrices stacked whose rows do not
+# fill a block, a column tile and a half (the second masked).
 CASES = [(3, 256, 48, (128, 128), 1), (5, 200, 40, (64, 64), 1), (1, 384, 32, (128, 256), 1),
-         (24, 300, 72, (128, 128), 1), (70, 136, 40, (64, 128), 1), (2, 160, 40, (64, 64), 2)]
+         (24, 300, 72, (128, 128), 1), (70, 136, 40, (64, 128), 1), (2, 160, 40, (64, 64), 2),
+         (1, 520, 96, (128, 128), 1), (1, 200, 40, (64, 64), 2)]
 
 
 @pytest.mark.parametrize("rows, n_in, n_out, block, stack", CASES)
@@ -79,8 +81,44 @@ def test_float32_activations_and_the_other_launch():
     w = _weight(40, 200, (128, 128), 1, 7)
     x = _x(18, 200, torch.float32, 8)
     _check(x, w)
-    _check(x[:3], w, fp8_tiles(40, 40))
-    _check(x, w, fp8_tiles(1, 40))
+    _check(x[:3], w, fp8_tiles(40, 40, 200))
+    _check(x, w, fp8_tiles(2, 40, 200))
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_every_k_split_gives_the_product_and_leaves_the_counters_zero(rows):
+    """The few-row launch at every split of 5 groups (slices of 1-3 groups, the last one
+    shorter) against the reference and against one slice (float32 sums in another order:
+    1e-6), its counters zero after each launch; the default launch's split follows the grid."""
+    from dataclasses import replace
+
+    from mla_func.kernels.launch.runtime import Runtime, op_counters
+
+    w = _weight(80, 600, (128, 128), 1, 11)
+    x = _x(rows, 600, torch.float32, 12)
+    counters = Runtime(DEV).counters
+    base = fp8_tiles(rows, 80, 600)
+    assert base.quant == "inline" and base.split == 5 and base.block_m == (1 if rows == 1 else 16)
+    whole = F.run(x, w.data, w.scales, w.block, counters, replace(base, split=1))
+    for split in (2, 3, 5):
+        y = F.run(x, w.data, w.scales, w.block, counters, replace(base, split=split))
+        torch.testing.assert_close(y, whole, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(y, linear_reference(x, w), rtol=1e-5, atol=1e-5)
+        assert not op_counters(counters, "fp8_linear").any()
+    assert not counters.any()
+
+
+def test_the_few_row_launch_splits_to_fill_the_grid():
+    """About DECODE_PROGRAMS programs: V2-Lite's o_proj splits its 16 groups 8 ways, V3's
+    dense down projection (112 column tiles, 144 groups) 2 ways, a wide gate/up none."""
+    from mla_func.kernels.linear.fp8_tiles import DECODE_PROGRAMS, MAX_SPLIT, k_split
+
+    assert k_split(2048, 2048, 64) == 8 and k_split(576, 2048, 64) == 16
+    assert k_split(7168, 18432, 64) == 2 and k_split(2 * 10944, 2048, 64) == 1
+    for n_out, n_in in ((2048, 2048), (3072, 2048), (576, 2048), (7168, 18432), (64, 128)):
+        split = k_split(n_out, n_in, 64)
+        tiles = -(-n_out // 64)
+        assert 1 <= split <= MAX_SPLIT and (split == 1 or tiles * split <= DECODE_PROGRAMS)
 
 
 def test_activation_quantisation_is_the_reference():
@@ -134,6 +172,10 @@ def test_v2_lite_shaped_projections_on_the_gpu(rows):
                                (2048, 10944, 1), (7168, 18432, 1)):
         w = _weight(n_out, n_in, (128, 128), stack, rows + n_out)
         _check(_x(rows, n_in, torch.bfloat16, n_in), w)
+    from mla_func.kernels.launch.runtime import Runtime
+
+    counters = Runtime(DEV).counters
     w = _weight(2048, 2048, (128, 128), 1, 3)
     x = _x(rows, 2048, torch.bfloat16, 1)
-    replay_matches_eager(lambda: F.run(x, w.data, w.scales, w.block), x)
+    replay_matches_eager(lambda: F.run(x, w.data, w.scales, w.block, counters), x)
+    assert not counters.any()

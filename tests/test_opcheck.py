@@ -86,9 +86,10 @@ def _direct_calls() -> dict[str, tuple]:
     fp8 = (w.data, w.scales, *w.block)
     return {"mla_func::small_linear": (small_linear.small_linear.op, (r(2, 40), r(24, 40)), {}),
             "mla_func::fp8_linear": (fp8_linear.fp8_linear_op.op,
-                                     (r(20, 160).bfloat16(), *fp8), {}),
+                                     (r(20, 160).bfloat16(), *fp8, counters), {}),
             "mla_func::fp8_norm_linear": (fp8_linear.fp8_norm_linear_op.op,
-                                          (r(1, 160), r(1, 160), r(160), 1e-6, *fp8), {}),
+                                          (r(1, 160), r(1, 160), r(160), 1e-6, *fp8, counters),
+                                          {}),
             "mla_func::moe_experts": (moe_experts_op.op, experts, {}),
             **_fp8_experts_calls(r, ids.to(DEVICE), counters),
             # The sum over ranks, in a group of one (NCCL's form; the one-shot form needs two

@@ -107,6 +107,30 @@ def test_tensor_parallel_fused_kernels_match_one_device(tmp_path):
             torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)
 
 
+def test_an_nccl_step_group_gets_one_gloo_twin(monkeypatch):
+    """The schedule check's CPU group: made once for an NCCL group (engines built again on
+    it reuse the one group), one per group, and a gloo group is its own."""
+    from mla_func.parallel import schedule
+
+    made = []
+    backends = {}
+
+    def new_group(ranks, backend):
+        made.append((tuple(ranks), backend))
+        backends[id(group := object())] = backend
+        return group
+
+    monkeypatch.setattr(schedule.dist, "get_backend", lambda g: backends.get(id(g), "nccl"))
+    monkeypatch.setattr(schedule.dist, "get_process_group_ranks", lambda g: [0, 1])
+    monkeypatch.setattr(schedule.dist, "new_group", new_group)
+    monkeypatch.setattr(schedule, "_CPU_GROUPS", {})
+    nccl, other = object(), object()
+    twin = schedule.cpu_group(nccl)
+    assert schedule.cpu_group(nccl) is twin and made == [((0, 1), "gloo")]
+    assert schedule.cpu_group(other) is not twin and len(made) == 2
+    assert schedule.cpu_group(twin) is twin and len(made) == 2
+
+
 def _diverge(rank: int, world: int, out: Path) -> None:
     from mla_func.parallel.schedule import ScheduleError
 

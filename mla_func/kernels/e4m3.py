@@ -38,4 +38,20 @@ def to_e4m3(v):
     return round_e4m3(v).to(tl.float8e4nv)
 
 
-__all__ = ["E4M3_MAX", "round_e4m3", "to_e4m3"]
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def divide(a, b):
+    """a / b rounded to nearest (IEEE, as torch divides), b broadcast to a."""
+    a, b = tl.broadcast(a, b)
+    return tl.math.div_rn(a, b)
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def group_scale(amax):
+    """An activation group's scale from its largest |value| (DeepSeek's act_quant): amax / 448
+    rounded as torch divides, 1 for an all-zero group."""
+    return tl.where(amax > 0, divide(amax, tl.full(amax.shape, 448.0, tl.float32)), 1.0)
+
+
+__all__ = ["E4M3_MAX", "divide", "group_scale", "round_e4m3", "to_e4m3"]

@@ -281,14 +281,17 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
 
 def fp8_gemms(cfg: MLAConfig, rows: int, ranks: int = 1) -> tuple[tuple[str, str], ...]:
     """(projection, its block-FP8 GEMM's launch) for the step's projections at `rows` rows
-    (`fp8_tiles`: the launch follows the output width), on one rank of `ranks`."""
+    (`fp8_tiles`: the launch follows the product's shape), on one rank of `ranks`."""
     sizes = static_sizes(cfg, ranks)
-    widths = {"qkv_a": sizes["qkv_a"], "o_proj": cfg.hidden_size}
+    hidden = cfg.hidden_size
+    shapes = {"qkv_a": (sizes["qkv_a"], hidden),
+              "o_proj": (hidden, sizes["heads"] * cfg.v_head_dim)}
     if cfg.q_lora_rank:
-        widths["q_b"] = sizes["heads"] * cfg.qk_head_dim
+        shapes["q_b"] = (sizes["heads"] * cfg.qk_head_dim, cfg.q_lora_rank)
     if cfg.first_k_dense_replace or not cfg.n_routed_experts:
-        widths |= {"mlp.gate_up": 2 * sizes["inter"], "mlp.down": cfg.hidden_size}
-    return tuple((name, _label(fp8_tiles(rows, n))) for name, n in widths.items())
+        shapes |= {"mlp.gate_up": (2 * sizes["inter"], hidden),
+                   "mlp.down": (hidden, sizes["inter"])}
+    return tuple((name, _label(fp8_tiles(rows, *shape))) for name, shape in shapes.items())
 
 
 __all__ = ["DeviceSpec", "EXPERTS_IMPLS", "KERNEL_DTYPES", "KernelOptions", "MHA_MIN_QUERY",

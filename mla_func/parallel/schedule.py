@@ -12,6 +12,7 @@ collective of that step is launched.
 import zlib
 from array import array
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -28,17 +29,30 @@ def digest(values: Iterable[int]) -> int:
     return zlib.crc32(array("q", values).tobytes())
 
 
+# A step group (NCCL) -> its gloo twin, made once: engines built again on the same group (a
+# benchmark's, a test's) reuse it instead of adding a process group each time.
+_CPU_GROUPS: dict[Any, Any] = {}
+
+
+def cpu_group(group: Any) -> Any:
+    """`group` where it is gloo, else a gloo group of the same ranks, made at the first call
+    (by every rank of `group` together, as `dist.new_group` must be) and kept."""
+    if dist.get_backend(group) == "gloo":
+        return group
+    found = _CPU_GROUPS.get(group)
+    if found is None:
+        found = _CPU_GROUPS[group] = dist.new_group(dist.get_process_group_ranks(group),
+                                                    backend="gloo")
+    return found
+
+
 class ScheduleCheck:
-    """Built by every rank of `tp` together (it creates a gloo group where the step's own
-    group is NCCL); `check(step, values)` compares the digests of `values` across ranks."""
+    """Built by every rank of `tp` together (the first on an NCCL group creates its gloo
+    twin, `cpu_group`); `check(step, values)` compares the digests of `values` across ranks."""
 
     def __init__(self, tp: TensorParallel) -> None:
-        group = tp.process_group()
         self.rank, self.ranks = tp.rank, tp.size
-        if dist.get_backend(group) == "gloo":
-            self.group = group
-        else:
-            self.group = dist.new_group(dist.get_process_group_ranks(group), backend="gloo")
+        self.group = cpu_group(tp.process_group())
 
     def check(self, step: int, values: Iterable[int]) -> None:
         mine = torch.tensor([step, digest(values)], dtype=torch.int64)
