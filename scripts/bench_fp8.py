@@ -6,17 +6,19 @@ over the time (`GBps`: e4m3 data and float32 scales; bf16: two bytes an element)
 device-to-device copy bandwidth measured in the same run (`pct_copy`, docs/PERF.md
 "Conventions"; the read-only rate beside it). Times are medians of `triton.testing.do_bench`
 over CUDA-graph replays (`bench_kernels_timing.bench_us`: L2 flushed before every replay, so
-the weight comes from memory). `launch` is `fp8_tiles`' choice for the shape; `err` the
+the weight comes from memory). `launch` is `fp8_tiles`' choice for the shape (`--sweep`: then other
+few-row launches, `SWEEP`); `err` the
 kernel against `fp8.linear_reference` (max abs / max abs).
 
 Default shapes (N outputs x K inputs): V2-Lite's o_proj (2048x2048), query (3072x2048) and
 kv_a (576x2048) projections, and V3's dense MLP down projection (7168x18432).
 
-    python -m scripts.bench fp8 [--rows 1 4 16] [--shapes 2048x2048 7168x18432]
+    python -m scripts.bench fp8 [--rows 1 4 16] [--shapes 2048x2048 7168x18432] [--sweep]
     python -m scripts.bench_fp8 --rows 1
 """
 
 import argparse
+from dataclasses import replace
 
 try:  # `python -m scripts.bench fp8` / `python -m scripts.bench_fp8`
     from scripts.bench_args import fp8 as add_args
@@ -38,7 +40,7 @@ import torch
 from mla_func.fp8 import Fp8Weight, dequantize, linear_reference, quantize
 from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.linear.fp8_linear import run as fp8_run
-from mla_func.kernels.linear.fp8_tiles import fp8_tiles
+from mla_func.kernels.linear.fp8_tiles import Fp8Tiles, fp8_tiles, k_split
 
 try:
     from scripts.bench_common import measure_ceilings, print_table
@@ -56,26 +58,43 @@ def weight_bytes(w: Fp8Weight) -> int:
     return w.data.numel() + 4 * w.scales.numel()
 
 
-def launch_label(rows: int, n: int, k: int) -> str:
-    t = fp8_tiles(rows, n, k)
+# Few-row launches `--sweep` tries beside the default: (column tile, grid target, warps).
+SWEEP = [(bn, programs, warps) for bn in (64, 128) for programs in (512, 2048) for warps in (4, 8)]
+
+
+def label(t: Fp8Tiles) -> str:
     return f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages} {t.quant} split{t.split}"
 
 
-def case(n: int, k: int, rows: int, copy_gbs: float, seed: int = 0) -> dict:
-    """One shape at `rows` rows: the FP8 kernel and bf16 cuBLAS, timed."""
+def launches(rows: int, n: int, k: int, sweep: bool) -> list[Fp8Tiles]:
+    """`fp8_tiles`' launch, and with `sweep` the few-row variants of SWEEP."""
+    base = fp8_tiles(rows, n, k)
+    if not sweep or base.quant != "inline":
+        return [base]
+    return [base] + [replace(base, block_n=bn, num_warps=warps, split=k_split(n, k, bn, programs))
+                     for bn, programs, warps in SWEEP]
+
+
+def case(n: int, k: int, rows: int, copy_gbs: float, sweep: bool = False,
+         seed: int = 0) -> list[dict]:
+    """One shape at `rows` rows: the FP8 kernel (each launch) and bf16 cuBLAS, timed."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     w = quantize(torch.randn(n, k, device="cuda", generator=g) * k**-0.5, 128)
     dense = dequantize(w, torch.bfloat16)
     x = torch.randn(rows, k, device="cuda", generator=g).to(torch.bfloat16)
     counters = Runtime("cuda").counters  # the split few-row launch's (a state's in a step)
-    got, ref = fp8_run(x, w.data, w.scales, w.block, counters), linear_reference(x, w)
-    err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
-    us = bench_us(lambda: fp8_run(x, w.data, w.scales, w.block, counters))
+    ref = linear_reference(x, w)
     bf16_us = bench_us(lambda: x @ dense.T)
-    gbs = weight_bytes(w) / us / 1e3
-    return dict(kind="fp8", n=n, k=k, rows=rows, launch=launch_label(rows, n, k), us=us,
-                GBps=gbs, pct_copy=100 * gbs / copy_gbs, bf16_us=bf16_us,
-                bf16_GBps=2 * n * k / bf16_us / 1e3, speedup=bf16_us / us, err=err)
+    out = []
+    for tiles in launches(rows, n, k, sweep):
+        got = fp8_run(x, w.data, w.scales, w.block, counters, tiles)
+        err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+        us = bench_us(lambda t=tiles: fp8_run(x, w.data, w.scales, w.block, counters, t))
+        gbs = weight_bytes(w) / us / 1e3
+        out.append(dict(kind="fp8", n=n, k=k, rows=rows, launch=label(tiles), us=us, GBps=gbs,
+                        pct_copy=100 * gbs / copy_gbs, bf16_us=bf16_us,
+                        bf16_GBps=2 * n * k / bf16_us / 1e3, speedup=bf16_us / us, err=err))
+    return out
 
 
 def run(args: "argparse.Namespace | list[str] | None" = None) -> list[dict]:
@@ -90,11 +109,11 @@ def run(args: "argparse.Namespace | list[str] | None" = None) -> list[dict]:
     rows: list[dict] = [dict(kind="ceilings", copy_GBps=copy, read_GBps=found["read_gbs"])]
     for n, k in args.shapes:
         for r in args.rows:
-            rows.append(case(n, k, r, copy))
-            c = rows[-1]
-            print(f"N={n:5d} K={k:5d} rows={r:3d} {c['us']:8.1f} us {c['GBps']:6.0f} GB/s "
-                  f"({c['pct_copy']:4.1f}% copy)  bf16 {c['bf16_us']:8.1f} us  "
-                  f"x{c['speedup']:.2f}  err {c['err']:.1e}", flush=True)
+            for c in case(n, k, r, copy, args.sweep):
+                rows.append(c)
+                print(f"N={n:5d} K={k:5d} rows={r:3d} {c['us']:8.1f} us {c['GBps']:6.0f} GB/s "
+                      f"({c['pct_copy']:4.1f}% copy)  bf16 {c['bf16_us']:8.1f} us  "
+                      f"x{c['speedup']:.2f}  err {c['err']:.1e}  {c['launch']}", flush=True)
         torch.cuda.empty_cache()
     print_table(rows[1:], COLUMNS, f"Block-FP8 GEMM ({torch.cuda.get_device_name()}, copy "
                 f"{copy:.0f} GB/s, read {found['read_gbs']:.0f} GB/s)")

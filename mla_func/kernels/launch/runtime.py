@@ -28,7 +28,7 @@ COUNTER_SLICES: dict[str, tuple[int, int]] = {
     "moe_route": (0, 256),  # one a token block of a split router launch (router.plan)
     "proj_add_rmsnorm": (256, 1),
     "moe_last_sum": (272, 1024),  # one an N-tile of the down GEMM, one for the norm
-    "fp8_linear": (1296, 256),  # one a column tile of a split few-row FP8 GEMM (fp8_tiles)
+    "fp8_linear": (1296, 1024),  # one a column tile of a split few-row FP8 GEMM (fp8_tiles)
 }
 COUNTER_SLOTS = max(first + n for first, n in COUNTER_SLICES.values())
 

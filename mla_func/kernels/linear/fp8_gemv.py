@@ -74,8 +74,8 @@ def _fp8_gemv_kernel(
             if DOT:
                 prod = tl.dot(xq, tl.trans(wq))
             else:  # one row: float32 products on the CUDA cores (exact), summed along K
-                prod = tl.sum(xq.to(tl.float32)[:, None, :] * wq.to(tl.float32)[None, :, :],
-                              axis=2)
+                x1 = tl.reshape(xq.to(tl.float32), [BK])
+                prod = tl.sum(wq.to(tl.float32) * x1[None, :], axis=1)[None, :]
             acc += prod * xs[:, None] * ws[None, :]
     y_ptrs = y_ptr + m64[:, None] * n_out + n64[None, :]
     mn_ok = m_ok[:, None] & n_ok[None, :]

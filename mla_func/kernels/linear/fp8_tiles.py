@@ -40,11 +40,11 @@ class Fp8Tiles:
     split: int = 1
 
 
-def k_split(n_out: int, n_in: int, block_n: int) -> int:
-    """K slices of a few-row launch: enough for about DECODE_PROGRAMS programs, at most one a
+def k_split(n_out: int, n_in: int, block_n: int, programs: int = DECODE_PROGRAMS) -> int:
+    """K slices of a few-row launch: enough for about `programs` programs, at most one a
     group and MAX_SPLIT, rounded so that every slice holds as many groups (but the last)."""
     tiles, groups = -(-n_out // block_n), -(-n_in // GROUP)
-    split = max(1, min(DECODE_PROGRAMS // tiles, groups, MAX_SPLIT))
+    split = max(1, min(programs // tiles, groups, MAX_SPLIT))
     steps = -(-groups // split)
     return -(-groups // steps)
 
