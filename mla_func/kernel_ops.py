@@ -46,6 +46,7 @@ from torch import Tensor
 from mla_func.config import MLAConfig
 from mla_func.custom_op import EagerOp, custom_op
 from mla_func.fp8 import Fp8Weight, Weight, dense
+from mla_func.kernels.linear import fp8_dequant as fused_dequant
 from mla_func.kernels.linear import fp8_linear as fused_fp8
 from mla_func.kernels.linear import norm as fused_norm
 from mla_func.kernels.linear import norm_linear as fused_norm_linear
@@ -104,6 +105,15 @@ def _fp8(w: Weight, opts: KernelOptions) -> bool:
     device with e4m3 tensor cores (`kernels.plan.fp8_gemm_runs`; before sm89 the weight is
     dequantised as on the reference path)."""
     return opts.fused and isinstance(w, Fp8Weight) and fp8_gemm_runs(w.data.device)
+
+
+def absorbed(w: Weight, dtype: torch.dtype, opts: KernelOptions) -> Tensor:
+    """An absorbed attention weight (W_UK, W_UV) in the activations' `dtype`: an FP8 one
+    dequantised (one launch on the fused path on CUDA: `linear.fp8_dequant`)."""
+    if opts.fused and isinstance(w, Fp8Weight) and w.data.is_cuda:
+        out = _call(fused_dequant.fp8_dequantize_op, opts)(w.data, w.scales, *w.block, dtype)
+        return out.reshape(w.shape)
+    return dense(w, dtype)
 
 
 def linear(x: Float[Tensor, "tokens width_in"], w: Float[Tensor, "*rows width_in"] | Fp8Weight,
@@ -217,5 +227,5 @@ def logits(x: Rows, index: Int[Tensor, " seqs"], lm_head: Float[Tensor, "local_v
     return _call(_logits_op, opts)(x, index, lm_head, tp.group, tp.size)
 
 
-__all__ = ["add_norm", "all_reduce", "dense", "embed", "experts_add_norm", "linear", "logits",
+__all__ = ["absorbed", "add_norm", "all_reduce", "dense", "embed", "experts_add_norm", "linear", "logits",
            "mlp", "norm", "norm_linear", "project_add_norm", "route"]

@@ -49,12 +49,12 @@ def project_qkv_a(
     return q.unflatten(-1, (-1, cfg.qk_head_dim)), kv  # this rank's heads
 
 
-def attention_weights(attn: Attention, params: Params) -> AttnWeights:
-    """The attention op's weights; W_UK and W_UV in the activations' dtype (`K.dense`)."""
+def attention_weights(attn: Attention, params: Params, opts: KernelOptions) -> AttnWeights:
+    """The attention op's weights; W_UK and W_UV in the activations' dtype (`K.absorbed`)."""
     cfg, dtype = params.cfg, params.dtype
-    return AttnWeights(attn.kv_a_norm, params.rope_inv_freq, K.dense(attn.w_uk, dtype),
-                       K.dense(attn.w_uv, dtype), cfg.softmax_scale, rope_attention_factor(cfg),
-                       cfg.rms_norm_eps)
+    return AttnWeights(attn.kv_a_norm, params.rope_inv_freq, K.absorbed(attn.w_uk, dtype, opts),
+                       K.absorbed(attn.w_uv, dtype, opts), cfg.softmax_scale,
+                       rope_attention_factor(cfg), cfg.rms_norm_eps)
 
 
 def attention_meta(batch: Batch) -> AttnMeta:
@@ -73,7 +73,7 @@ def layer_step(
     q, kv = project_qkv_a(attn, x, h, layer.input_norm, cfg, opts, state.counters)
     nope = cfg.qk_nope_head_dim
     o = attend(q[..., :nope], q[..., nope:], kv, state.cache, i,
-               attention_weights(attn, params), meta, opts.attention, opts.eager_direct)
+               attention_weights(attn, params, opts), meta, opts.attention, opts.eager_direct)
     h, x = K.project_add_norm(o.flatten(1, 2), attn.o_proj, h,
                               layer.post_attn_norm, eps, opts, state.counters, tp)
     mlp = layer.mlp

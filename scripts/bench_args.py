@@ -140,7 +140,7 @@ def fp8(p: argparse.ArgumentParser) -> None:
                    default=[(2048, 2048), (3072, 2048), (576, 2048), (7168, 18432)],
                    help="weights as NxK: N outputs, K inputs")
     p.add_argument("--sweep", action="store_true",
-                   help="also time other few-row launches (column tile, grid size, warps)")
+                   help="also time other launches (column tile, grid size, warps)")
 
 
 def precision(p: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ device-to-device copy bandwidth measured in the same run (`pct_copy`, docs/PERF.
 "Conventions"; the read-only rate beside it). Times are medians of `triton.testing.do_bench`
 over CUDA-graph replays (`bench_kernels_timing.bench_us`: L2 flushed before every replay, so
 the weight comes from memory). `launch` is `fp8_tiles`' choice for the shape (`--sweep`: then other
-few-row launches, `SWEEP`); `err` the
+launches, `SWEEP`); `err` the
 kernel against `fp8.linear_reference` (max abs / max abs).
 
 Default shapes (N outputs x K inputs): V2-Lite's o_proj (2048x2048), query (3072x2048) and
@@ -58,8 +58,8 @@ def weight_bytes(w: Fp8Weight) -> int:
     return w.data.numel() + 4 * w.scales.numel()
 
 
-# Few-row launches `--sweep` tries beside the default: (column tile, grid target, warps).
-SWEEP = [(bn, programs, warps) for bn in (64, 128) for programs in (512, 2048) for warps in (4, 8)]
+# Launches `--sweep` tries beside the default: (column tile, grid target, warps).
+SWEEP = [(bn, programs, warps) for bn in (64, 128) for programs in (256, 1024) for warps in (4, 8)]
 
 
 def label(t: Fp8Tiles) -> str:
@@ -67,11 +67,12 @@ def label(t: Fp8Tiles) -> str:
 
 
 def launches(rows: int, n: int, k: int, sweep: bool) -> list[Fp8Tiles]:
-    """`fp8_tiles`' launch, and with `sweep` the few-row variants of SWEEP."""
+    """`fp8_tiles`' launch, and with `sweep` its variants of SWEEP."""
     base = fp8_tiles(rows, n, k)
-    if not sweep or base.quant != "inline":
+    if not sweep:
         return [base]
-    return [base] + [replace(base, block_n=bn, num_warps=warps, split=k_split(n, k, bn, programs))
+    return [base] + [replace(base, block_n=bn, num_warps=warps,
+                             split=k_split(rows, n, k, base.block_m, bn, programs))
                      for bn, programs, warps in SWEEP]
 
 

@@ -85,11 +85,12 @@ def test_float32_activations_and_the_other_launch():
     _check(x, w, fp8_tiles(2, 40, 200))
 
 
-@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("rows", [1, 3, 70])
 def test_every_k_split_gives_the_product_and_leaves_the_counters_zero(rows):
-    """The few-row launch at every split of 5 groups (slices of 1-3 groups, the last one
-    shorter) against the reference and against one slice (float32 sums in another order:
-    1e-6), its counters zero after each launch; the default launch's split follows the grid."""
+    """Each launch form (one row, a few, many: x quantised apart, two row blocks) at every
+    split of 5 groups (slices of 1-3 groups, the last one shorter) against the reference and
+    against one slice (float32 sums in another order: 1e-6), its counters zero after each
+    launch; the default launch's split follows the grid."""
     from dataclasses import replace
 
     from mla_func.kernels.launch.runtime import Runtime, op_counters
@@ -98,7 +99,7 @@ def test_every_k_split_gives_the_product_and_leaves_the_counters_zero(rows):
     x = _x(rows, 600, torch.float32, 12)
     counters = Runtime(DEV).counters
     base = fp8_tiles(rows, 80, 600)
-    assert base.quant == "inline" and base.split == 5 and base.block_m == (1 if rows == 1 else 16)
+    assert base.split == 5 and base.block_m == {1: 1, 3: 16, 70: 64}[rows]
     whole = F.run(x, w.data, w.scales, w.block, counters, replace(base, split=1))
     for split in (2, 3, 5):
         y = F.run(x, w.data, w.scales, w.block, counters, replace(base, split=split))
@@ -108,17 +109,21 @@ def test_every_k_split_gives_the_product_and_leaves_the_counters_zero(rows):
     assert not counters.any()
 
 
-def test_the_few_row_launch_splits_to_fill_the_grid():
-    """About DECODE_PROGRAMS programs: V2-Lite's o_proj splits its 16 groups 8 ways, V3's
-    dense down projection (112 column tiles, 144 groups) 2 ways, a wide gate/up none."""
-    from mla_func.kernels.linear.fp8_tiles import DECODE_PROGRAMS, MAX_SPLIT, k_split
+def test_launches_split_k_to_fill_the_grid():
+    """About PROGRAMS programs: one row of V2-Lite's o_proj splits its 16 groups 16 ways, of
+    V3's dense down projection (56 column tiles, 144 groups) 9 ways; 128 rows of V2-Lite's
+    q + kv_a 4 ways; a wide gate/up and a prefill none."""
+    from mla_func.kernels.linear.fp8_tiles import MAX_SPLIT, PROGRAMS, k_split
 
-    assert k_split(2048, 2048, 64) == 8 and k_split(576, 2048, 64) == 16
-    assert k_split(7168, 18432, 64) == 2 and k_split(2 * 10944, 2048, 64) == 1
-    for n_out, n_in in ((2048, 2048), (3072, 2048), (576, 2048), (7168, 18432), (64, 128)):
-        split = k_split(n_out, n_in, 64)
-        tiles = -(-n_out // 64)
-        assert 1 <= split <= MAX_SPLIT and (split == 1 or tiles * split <= DECODE_PROGRAMS)
+    assert fp8_tiles(1, 2048, 2048).split == 16 and fp8_tiles(1, 7168, 18432).split == 9
+    assert fp8_tiles(128, 3648, 2048).split == 4 and fp8_tiles(1, 2 * 10944, 2048).split == 2
+    assert fp8_tiles(4096, 3648, 2048).split == 1 and fp8_tiles(1, 65536, 2048).split == 1
+    for rows, n_out, n_in in ((1, 2048, 2048), (8, 3072, 2048), (1, 576, 2048),
+                              (16, 7168, 18432), (1, 64, 128), (100, 2048, 10944)):
+        t = fp8_tiles(rows, n_out, n_in)
+        tiles = -(-rows // t.block_m) * -(-n_out // t.block_n)
+        assert 1 <= t.split <= MAX_SPLIT and (t.split == 1 or tiles * t.split <= PROGRAMS)
+        assert t.split == k_split(rows, n_out, n_in, t.block_m, t.block_n)
 
 
 def test_activation_quantisation_is_the_reference():
@@ -136,6 +141,22 @@ def test_activation_quantisation_is_the_reference():
     assert torch.equal(s, rs) and torch.equal(q.float(), rq.float())
     assert (s[1] == 1).all() and (q[1].float() == 0).all() and s[2, 0] == 1
     assert q[2, 1:4].float().tolist() == [32, -16, 2**-8]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequantise_in_one_launch_is_fp8_dequantize(dtype):
+    """The absorbed weights' dequantisation (`fp8_dequant`): two matrices of 40 x 200 on a
+    64 x 64 grid (blocks cut at both edges) equal `fp8.dequantize` bit for bit; bf16 off CUDA
+    only near (the interpreter's cast to bf16 truncates)."""
+    from mla_func.kernels.linear.fp8_dequant import fp8_dequantize_op
+
+    w = _weight(40, 200, (64, 64), 2, 21)
+    got = fp8_dequantize_op(w.data, w.scales, *w.block, dtype).reshape(w.shape)
+    want = dequantize(w, dtype)
+    if dtype == torch.float32 or DEV == "cuda":
+        assert got.dtype == dtype and torch.equal(got, want)
+    else:
+        torch.testing.assert_close(got, want, rtol=2**-7, atol=0)
 
 
 def test_grids_the_kernel_does_not_take_are_refused():

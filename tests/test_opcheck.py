@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import mla_func as mf
 from mla_func.fp8 import FP8, quantize
 from mla_func.kernels.launch.runtime import Runtime
-from mla_func.kernels.linear import fp8_linear, small_linear
+from mla_func.kernels.linear import fp8_dequant, fp8_linear, small_linear
 from mla_func.kernels.plan import KernelOptions
 from mla_func.moe import moe_experts_add_norm_op, moe_experts_op
 from mla_func.parallel.comm import _all_reduce, _all_reduce_add_norm
@@ -87,6 +87,8 @@ def _direct_calls() -> dict[str, tuple]:
     return {"mla_func::small_linear": (small_linear.small_linear.op, (r(2, 40), r(24, 40)), {}),
             "mla_func::fp8_linear": (fp8_linear.fp8_linear_op.op,
                                      (r(20, 160).bfloat16(), *fp8, counters), {}),
+            "mla_func::fp8_dequantize": (fp8_dequant.fp8_dequantize_op.op,
+                                         (*fp8, torch.bfloat16), {}),
             "mla_func::fp8_norm_linear": (fp8_linear.fp8_norm_linear_op.op,
                                           (r(1, 160), r(1, 160), r(160), 1e-6, *fp8, counters),
                                           {}),

@@ -20,11 +20,22 @@ deferred norm applies (`plan.norm_linear_normalises`: x may be unwritten) the no
 normalises the residual h first, then the GEMM runs (two launches; the bf16 path's one-row
 kernel does both in one).
 
-The launch is `fp8_tiles`' choice. At a few rows `fp8_gemv` runs: one launch split along K,
-each program quantising its own slice of x, the last to arrive at a column tile summing the
-slices (counters: the state's, as every counting op's). At many rows `_act_quant_kernel`
-quantises x once, then the tiled GEMM below runs. Either way the scales and values are the
-same. Shapes are static and nothing is read back: the op captures in CUDA graphs.
+One kernel runs every launch (`fp8_tiles` chooses it): a program computes ROWS x BLOCK_N
+outputs over a slice of K (`split` slices), so that even a one-row product, which only
+streams its weight, has about two waves of programs with wide weight tiles in flight. One
+row multiplies on the CUDA cores (float32 products of e4m3 values are exact); more rows take
+an e4m3 `tl.dot`. Where the activations are quantised is the launch's `quant`: at a few rows
+each program quantises its own slice of x ("inline", one launch), at many rows
+`_act_quant_kernel` quantises x once first ("apart": inline, every column tile would redo
+it). Either way the scales and values are the same.
+
+With split > 1 every program stores its float32 partial to a [split, rows, n_out] workspace
+and arrives at its output tile's counter (`launch.counters.last_to_arrive`); the last to
+arrive sums the partials in split order -- the same bits whatever the arrival order, so a
+graph replay equals eager -- writes y and leaves the counter zero. The counters are the
+state's (`op_counters(counters, "fp8_linear")`), as every counting op's: two launches on one
+state's counters must not overlap. Shapes are static and nothing is read back: the op
+captures in CUDA graphs.
 
 The cast to e4m3 goes through `kernels.e4m3.to_e4m3`, which rounds in float32 first so that
 the cast is exact in Triton's interpreter too (a few ALU operations an element).
@@ -42,7 +53,7 @@ from mla_func.custom_op import custom_op
 from mla_func.fp8 import FP8, Fp8Weight
 from mla_func.kernels.e4m3 import divide, group_scale, to_e4m3
 from mla_func.kernels.launch.runtime import call_counters, op_counters
-from mla_func.kernels.linear.fp8_gemv import gemv
+from mla_func.kernels.launch.counters import last_to_arrive
 from mla_func.kernels.linear.fp8_tiles import GROUP, Fp8Tiles, fp8_tiles
 from mla_func.kernels.linear.norm import rmsnorm
 from mla_func.kernels.plan import norm_linear_normalises as normalises
@@ -65,35 +76,71 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, n_in, sx, n_groups, GROUP: tl.constex
 
 @triton.jit(do_not_specialize=["n_rows"])
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _fp8_linear_kernel(
-    x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, n_rows, n_in, n_out, sx, sxs, rows_per_stack,
-    blocks_out, blocks_in, block_rows, block_cols,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BK: tl.constexpr, SUB: tl.constexpr,
+def _fp8_gemm_kernel(
+    x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, part_ptr, cnt_ptr, n_rows, n_in, n_out, sx, sxs,
+    rows_per_stack, blocks_out, blocks_in, block_rows, block_cols, steps,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BK: tl.constexpr, SUB: tl.constexpr,
+    SPLIT: tl.constexpr, DOT: tl.constexpr, QUANT: tl.constexpr,
 ):
-    """y[m, n] for BLOCK_M x BLOCK_N outputs. K steps of one activation group (SUB sub-steps
-    of BK columns, each with its weight scale); x is the activations' e4m3 values and xs
-    their scales (`_act_quant_kernel`)."""
-    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    """y[m, n] for ROWS rows m (block `program_id(2)`) and BLOCK_N columns n over K slice
+    `program_id(1)` (`steps` groups of SUB x BK columns), summed over the slices by the last
+    to arrive. QUANT: x is the activations, quantised here; else x is their e4m3 values and
+    xs their scales (`quantize_rows`)."""
+    tile, split, block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    m = block * ROWS + tl.arange(0, ROWS)
+    n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok, n_ok = m < n_rows, n < n_out
     m64, n64 = m.to(tl.int64), n.to(tl.int64)
-    # Each output row's scale row: its matrix's first, then its row block.
     s_row = (n // rows_per_stack) * blocks_out + (n % rows_per_stack) // block_rows
     kk = tl.arange(0, BK)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, n_in, SUB * BK):
-        xs = tl.load(xs_ptr + m64 * sxs + k0 // (SUB * BK), mask=m_ok, other=1.0)
+    acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    k_lo = split * steps * (SUB * BK)
+    k_hi = tl.minimum(n_in, k_lo + steps * (SUB * BK))
+    for k0 in range(k_lo, k_hi, SUB * BK):
+        if QUANT:
+            amax = tl.zeros([ROWS], dtype=tl.float32)
+            for j in tl.static_range(SUB):
+                k = k0 + j * BK + kk
+                x = tl.load(x_ptr + m64[:, None] * sx + k[None, :],
+                            mask=m_ok[:, None] & (k < n_in)[None, :], other=0.0)
+                amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
+            xs = group_scale(amax)
+        else:
+            xs = tl.load(xs_ptr + m64 * sxs + k0 // (SUB * BK), mask=m_ok, other=1.0)
         for j in tl.static_range(SUB):
             k = k0 + j * BK + kk
-            xq = tl.load(x_ptr + m64[:, None] * sx + k[None, :],
-                         mask=m_ok[:, None] & (k < n_in)[None, :], other=0.0)
+            k_ok = k < n_in
+            x = tl.load(x_ptr + m64[:, None] * sx + k[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                        other=0.0)
+            if QUANT:
+                xq = to_e4m3(divide(x.to(tl.float32), xs[:, None]))
+            else:
+                xq = x
             wq = tl.load(w_ptr + n64[:, None] * n_in + k[None, :],
-                         mask=n_ok[:, None] & (k < n_in)[None, :], other=0.0)
+                         mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             ws = tl.load(ws_ptr + s_row * blocks_in + (k0 + j * BK) // block_cols, mask=n_ok,
                          other=0.0)
-            acc += tl.dot(xq, tl.trans(wq)) * xs[:, None] * ws[None, :]
-    tl.store(y_ptr + m64[:, None] * n_out + n64[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & n_ok[None, :])
+            if DOT:
+                prod = tl.dot(xq, tl.trans(wq))
+            else:  # one row: float32 products on the CUDA cores (exact), summed along K
+                x1 = tl.reshape(xq.to(tl.float32), [BK])
+                prod = tl.sum(wq.to(tl.float32) * x1[None, :], axis=1)[None, :]
+            acc += prod * xs[:, None] * ws[None, :]
+    y_ptrs = y_ptr + m64[:, None] * n_out + n64[None, :]
+    mn_ok = m_ok[:, None] & n_ok[None, :]
+    if SPLIT == 1:
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mn_ok)
+    else:
+        part = part_ptr + m64[:, None] * n_out + n64[None, :]
+        tl.store(part + split * n_rows * n_out, acc, mask=mn_ok)
+        counter = cnt_ptr + block * tl.num_programs(0) + tile
+        if last_to_arrive(counter, SPLIT):
+            total = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+            for s in tl.static_range(SPLIT):
+                total += tl.load(part + s * n_rows * n_out, mask=mn_ok, other=0.0,
+                                 cache_modifier=".cg")
+            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=mn_ok)
+            tl.store(counter, 0)
 
 
 def step_columns(block_cols: int) -> int:
@@ -129,29 +176,34 @@ def run(x: Float[Tensor, "tokens width_in"], data: Tensor, scales: Tensor,
     """x w^T for w's e4m3 `data` [stack, width_out, width_in] (or its matrices stacked:
     [stack x width_out, width_in] with `scales` [stack, blocks_out, blocks_in]) on the grid
     `block`; `counters` a runtime's (`KVState.counters`; default a runtime of the call's own),
-    which the split few-row launch counts on; `tiles` default `fp8_tiles`' (tests pass
+    which a launch split along K counts on; `tiles` default `fp8_tiles`' (tests pass
     others)."""
     bk = step_columns(block[1])
+    stack, blocks_out, blocks_in = scales.shape
     n_in = data.shape[-1]
     n_out = data.numel() // n_in
     if x.stride(-1) != 1:
         x = x.contiguous()
     rows = x.shape[0]
     tiles = tiles or fp8_tiles(rows, n_out, n_in)
-    if rows == 0:
-        return x.new_empty(0, n_out)
-    data, scales = data.contiguous(), scales.contiguous()
-    if tiles.quant == "inline":
-        counters = op_counters(call_counters(counters, x.device), "fp8_linear")
-        return gemv(x, data, scales, block, bk, tiles, counters)
-    stack, blocks_out, blocks_in = scales.shape
     y = torch.empty(rows, n_out, dtype=x.dtype, device=x.device)
-    xq, xs = quantize_rows(x)
-    grid = (triton.cdiv(n_out, tiles.block_n), triton.cdiv(rows, tiles.block_m))
-    _fp8_linear_kernel[grid](
-        xq, xs, data, scales, y, rows, n_in, n_out, xq.stride(0), xs.stride(0), n_out // stack,
-        blocks_out, blocks_in, block[0], block[1], BLOCK_M=tiles.block_m,
-        BLOCK_N=tiles.block_n, BK=bk, SUB=GROUP // bk, num_warps=tiles.num_warps,
+    if rows == 0:
+        return y
+    inline = tiles.quant == "inline"
+    xq, xs = (x, scales) if inline else quantize_rows(x)  # xs unread when inline
+    grid = (triton.cdiv(n_out, tiles.block_n), tiles.split, triton.cdiv(rows, tiles.block_m))
+    part, slots = y, op_counters(call_counters(counters, x.device), "fp8_linear")
+    if tiles.split > 1:
+        if grid[0] * grid[2] > slots.numel():
+            raise ValueError(f"a split FP8 launch of {grid[0] * grid[2]} output tiles needs "
+                             f"as many counters; the op owns {slots.numel()}")
+        part = torch.empty(tiles.split, rows, n_out, dtype=torch.float32, device=x.device)
+    steps = triton.cdiv(triton.cdiv(n_in, GROUP), tiles.split)
+    _fp8_gemm_kernel[grid](
+        xq, xs, data.contiguous(), scales.contiguous(), y, part, slots, rows, n_in, n_out,
+        xq.stride(0), xs.stride(0), n_out // stack, blocks_out, blocks_in, block[0], block[1],
+        steps, ROWS=tiles.block_m, BLOCK_N=tiles.block_n, BK=bk, SUB=GROUP // bk,
+        SPLIT=tiles.split, DOT=tiles.block_m > 1, QUANT=inline, num_warps=tiles.num_warps,
         num_stages=tiles.num_stages)
     return y
 
