@@ -234,8 +234,6 @@ def align_rows(t: int, cfg: MLAConfig) -> list[dict]:
 def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
     args = argv if isinstance(argv, argparse.Namespace) else parse_args(argv)
     fp8 = args.weights == "fp8"
-    if fp8 and args.sweep:
-        raise SystemExit("bench_moe --sweep times the bf16 tiles: run it without --weights fp8")
     if not torch.cuda.is_available():  # after the options: --help and their errors work anywhere
         raise SystemExit("bench_moe needs a CUDA GPU; none is available")
     torch.manual_seed(0)
@@ -304,7 +302,8 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
                 "weights": "fp8" if in_fp8 else "bf16", **ceil})
         aligns += align_rows(t, cfg)
         if args.sweep:
-            sweeps += sweep(t, case_timer(x, layers, cfg, got if ref is None else ref), floor)
+            sweeps += sweep(t, case_timer(x, layers, cfg, got if ref is None else ref),
+                            fp8_floor if fp8 else floor, fp8)
     held = common.held_sustained_rate(held_start, common.sustained_matmul())
     for row in rows:  # (the sustained rate is bf16's: FP8 rows have none)
         row["x_floor_sustained"] = None if row["us"] is None or row["floor_us"] is None \
@@ -332,7 +331,7 @@ def run(argv: list[str] | argparse.Namespace | None = None) -> list[dict]:
               f"(start of run: {ceil['matmul_tflops']:.0f})")
     common.print_table(aligns, ["tokens", "impl", "us"], "expert alignment alone")
     if sweeps:
-        print_sweep(sweeps, args.tokens)
+        print_sweep(sweeps, args.tokens, fp8)
     for r in sweeps:
         r["config"] = short(r["config"])
     return rows + aligns + [{"sweep": True, **r} for r in sweeps]

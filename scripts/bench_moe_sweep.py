@@ -22,6 +22,9 @@ except ImportError:  # `python scripts/bench_moe.py`
 # (each new constexpr combination compiles in ~1-2 s, a case times in ~0.1-0.4 s).
 # (N, K, warps, stages) for both GEMMs; the default config's own tiles are always tried too.
 TILES = [(64, 64, 4, 4), (128, 64, 4, 4), (64, 128, 4, 3), (32, 128, 4, 4), (128, 128, 8, 3)]
+# Block-FP8 experts step K one 128-column scale group at a time (`moe.config.FP8_BLOCK_K`).
+TILES_FP8 = [(32, 128, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3), (128, 128, 8, 3), (128, 128, 4, 4),
+             (256, 128, 8, 3)]
 # block_m per (max tokens): V2-Lite gives an expert ~tokens * 6 / 64 rows (shared: tokens rows).
 BLOCK_MS = ((8, (16,)), (64, (16, 32)), (256, (16, 32, 64)), (1024, (32, 64, 128)),
             (1 << 62, (64, 128)))
@@ -38,11 +41,12 @@ def short(c: MoEConfig) -> str:
     return f"MoEConfig({c.block_m}, {c.gate_up}, {c.down}{flags})"
 
 
-def sweep(t: int, time_case: TimeCase, floor: float) -> list[dict]:
-    """Time configs at `t` tokens; a config whose error against the baseline is not under
-    0.05 (NaN included) is reported WRONG and counted as not run."""
+def sweep(t: int, time_case: TimeCase, floor: float, fp8: bool = False) -> list[dict]:
+    """Time configs at `t` tokens (`fp8`: of the block-FP8 experts, from their table's row);
+    a config whose error against the baseline is not under 0.05 (NaN included) is reported
+    WRONG and counted as not run."""
     rows, seen = [], {}
-    base = pick_config(t)
+    base = pick_config(t, fp8)
 
     def timed(c: MoEConfig) -> float | None:
         if c not in seen:
@@ -67,7 +71,8 @@ def sweep(t: int, time_case: TimeCase, floor: float) -> list[dict]:
 
     start = time.perf_counter()
     timed(base)
-    both = (("gate_up", TILES), ("down", TILES))
+    tiles = TILES_FP8 if fp8 else TILES
+    both = (("gate_up", tiles), ("down", tiles))
     if t <= DIRECT_SWEEP_MAX:  # the same GEMMs either way: tiles found for one serve both
         timed(replace(base, direct=not base.direct, last_sum=False, pdl=False))
         best = descend(replace(base, direct=True), both)
@@ -84,19 +89,20 @@ def _variant(c: MoEConfig) -> str:
     return "direct+last sum" if c.last_sum else "direct" if c.direct else "aligned"
 
 
-def print_sweep(sweeps: list[dict], tokens: list[int]) -> None:
-    """The best case per token count next to the default, then the best of each variant."""
+def print_sweep(sweeps: list[dict], tokens: list[int], fp8: bool = False) -> None:
+    """The best case per token count next to the default (`fp8`: the FP8 table's), then the
+    best of each variant."""
     best, per_variant = [], []
     for t in tokens:
         ok = [r for r in sweeps if r["tokens"] == t and r["us"] is not None]
         if not ok:
             continue
-        default = next((r for r in ok if r["config"] == pick_config(t)), None)
+        default = next((r for r in ok if r["config"] == pick_config(t, fp8)), None)
         win = min(ok, key=lambda r: r["us"])
         best.append({"tokens": t, "default_us": default and default["us"],
                      "best_us": win["us"], "x_floor": win["x_floor"],
                      "gain": default and default["us"] / win["us"],
-                     "default": short(pick_config(t)), "best": short(win["config"])})
+                     "default": short(pick_config(t, fp8)), "best": short(win["config"])})
         for v in dict.fromkeys(r["variant"] for r in ok):
             r = min((r for r in ok if r["variant"] == v), key=lambda r: r["us"])
             per_variant.append({**r, "config": short(r["config"])})
