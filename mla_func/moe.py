@@ -68,7 +68,7 @@ def _dense_weights(x: Tensor, gate_up: Weight, down: Weight, shared: DenseMLP | 
     return dense(gate_up, x.dtype), dense(down, x.dtype), shared
 
 
-def _fp8_operands(x: Tensor, impl: str, gate_up: Weight, down: Weight,
+def fp8_operands(x: Tensor, impl: str, gate_up: Weight, down: Weight,
                   shared: DenseMLP | None) -> tuple[tuple, dict] | None:
     """The Triton op's weights and FP8 keyword arguments where it runs block-FP8 GEMMs (the
     module docstring): the e4m3 data in the weights' layouts ((gate_up, down, shared_gate_up,
@@ -97,7 +97,7 @@ def _fp8_operands(x: Tensor, impl: str, gate_up: Weight, down: Weight,
     return tuple(data), {**dict(zip(names, scales, strict=False)), "block_rows": rows}
 
 
-def _scales(gate_up: Tensor | None, down: Tensor | None, shared_gate_up: Tensor | None,
+def fp8_scales(gate_up: Tensor | None, down: Tensor | None, shared_gate_up: Tensor | None,
             shared_down: Tensor | None, block_rows: list[int] | None):
     """The ops' FP8 arguments as `fused_experts` takes them (`Fp8Scales`; None: bf16)."""
     if gate_up is None:
@@ -127,7 +127,7 @@ def experts(
     module docstring); the sum is then over the pairs of the local experts only."""
     if impl not in IMPLS:
         raise ValueError(f"unknown experts impl {impl!r}; expected one of {IMPLS}")
-    fp8 = _fp8_operands(x, impl, gate_up, down, shared)
+    fp8 = fp8_operands(x, impl, gate_up, down, shared)
     if fp8 is not None:
         return moe_experts_op(x, weights, ids, *fp8[0], call_counters(counters, x.device), True,
                               *_given(first_expert), **fp8[1])
@@ -172,7 +172,7 @@ def experts_add_norm(
     `experts`; h is then residual + the rank's partial sum (a norm of the whole MoE's output
     needs the ranks' sum first: `experts`, the all-reduce, then the add and the norm)."""
     op = moe_experts_add_norm_op if direct else moe_experts_add_norm_op.dispatch
-    fp8 = _fp8_operands(x, impl, gate_up, down, shared)
+    fp8 = fp8_operands(x, impl, gate_up, down, shared)
     if fp8 is not None:
         return op(x, weights, ids, *fp8[0], residual, norm_weight, eps, defer_norm,
                   call_counters(counters, x.device), trigger, *_given(first_expert), **fp8[1])
@@ -209,7 +209,7 @@ def moe_experts_op(
     # Imported here: the kernels module reads TRITON_INTERPRET when it is first imported.
     from mla_func.kernels.moe.fused import fused_experts
 
-    scales = _scales(gate_up_scales, down_scales, shared_gate_up_scales, shared_down_scales,
+    scales = fp8_scales(gate_up_scales, down_scales, shared_gate_up_scales, shared_down_scales,
                      block_rows)
     return fused_experts(x, weights, ids, gate_up, down, shared_gate_up, shared_down,
                          counters=counters, trigger=trigger, first_expert=first_expert,
@@ -237,7 +237,7 @@ def moe_experts_add_norm_op(
 ) -> tuple[Tensor, Tensor]:
     from mla_func.kernels.moe.fused import fused_experts
 
-    scales = _scales(gate_up_scales, down_scales, shared_gate_up_scales, shared_down_scales,
+    scales = fp8_scales(gate_up_scales, down_scales, shared_gate_up_scales, shared_down_scales,
                      block_rows)
     return fused_experts(x, weights, ids, gate_up, down, shared_gate_up, shared_down,
                          add_norm=(residual, norm_weight, eps), defer_norm=defer_norm,
@@ -290,5 +290,6 @@ def sorted_torch(
     return buf[:pairs].view(tokens, topk, -1).sum(1).to(x.dtype)
 
 
-__all__ = ["IMPLS", "experts", "experts_add_norm", "moe_experts_add_norm_op", "moe_experts_op",
+__all__ = ["IMPLS", "experts", "experts_add_norm", "fp8_operands", "fp8_scales",
+           "moe_experts_add_norm_op", "moe_experts_op",
            "sorted_torch"]

@@ -59,7 +59,7 @@ def weight_bytes(w: Fp8Weight) -> int:
 
 
 # Launches `--sweep` tries beside the default: (column tile, grid target, warps).
-SWEEP = [(bn, programs, warps) for bn in (64, 128) for programs in (256, 1024) for warps in (4, 8)]
+SWEEP = [(bn, programs, warps) for bn in (64, 128) for programs in (128, 512) for warps in (4, 8)]
 
 
 def label(t: Fp8Tiles) -> str:

@@ -110,20 +110,21 @@ def test_every_k_split_gives_the_product_and_leaves_the_counters_zero(rows):
 
 
 def test_launches_split_k_to_fill_the_grid():
-    """About PROGRAMS programs: one row of V2-Lite's o_proj splits its 16 groups 16 ways, of
-    V3's dense down projection (56 column tiles, 144 groups) 9 ways; 128 rows of V2-Lite's
-    q + kv_a 4 ways; a wide gate/up and a prefill none."""
-    from mla_func.kernels.linear.fp8_tiles import MAX_SPLIT, PROGRAMS, k_split
+    """About FEW_ROW_PROGRAMS programs at a few rows, PROGRAMS at more: one row of V2-Lite's
+    o_proj splits its 16 groups 16 ways, of V3's dense down projection (56 column tiles, 144
+    groups) 9 ways; 128 rows of V2-Lite's o_proj 4 ways, of its q + kv_a 2; a wide gate/up
+    and a prefill none."""
+    from mla_func.kernels.linear.fp8_tiles import FEW_ROW_PROGRAMS, MAX_SPLIT, k_split
 
     assert fp8_tiles(1, 2048, 2048).split == 16 and fp8_tiles(1, 7168, 18432).split == 9
-    assert fp8_tiles(128, 3648, 2048).split == 4 and fp8_tiles(1, 2 * 10944, 2048).split == 2
+    assert fp8_tiles(128, 2048, 2048).split == 4 and fp8_tiles(128, 3648, 2048).split == 2
+    assert fp8_tiles(1, 2 * 10944, 2048).split == 2
     assert fp8_tiles(4096, 3648, 2048).split == 1 and fp8_tiles(1, 65536, 2048).split == 1
     for rows, n_out, n_in in ((1, 2048, 2048), (8, 3072, 2048), (1, 576, 2048),
                               (16, 7168, 18432), (1, 64, 128), (100, 2048, 10944)):
         t = fp8_tiles(rows, n_out, n_in)
         tiles = -(-rows // t.block_m) * -(-n_out // t.block_n)
-        assert 1 <= t.split <= MAX_SPLIT and (t.split == 1 or tiles * t.split <= PROGRAMS)
-        assert t.split == k_split(rows, n_out, n_in, t.block_m, t.block_n)
+        assert 1 <= t.split <= MAX_SPLIT and (t.split == 1 or tiles * t.split <= FEW_ROW_PROGRAMS)
 
 
 def test_activation_quantisation_is_the_reference():
