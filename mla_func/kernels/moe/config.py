@@ -112,18 +112,21 @@ FUSE_SHARED_MAX_TOKENS = 512
 # bf16 rows with BLOCK_K = 128, changed until ptxas reported no spill for sm90 (Triton 3.9,
 # ahead-of-time: `tests/test_moe_fp8.py`): 4 warps where a 16-row tile had 2, 8 warps for the
 # 64-row tiles' gate_up, and from 1024 tokens 64-row tiles (the 128-row ones spilled at every
-# N-tile but 32). Not yet timed on a GPU (docs/DECISIONS.md, `moe.config.FP8_CONFIGS`).
+# N-tile but 32). The 1-token, 65-128-token and last rows are then the best of
+# `bench moe --weights fp8 --sweep` on an H200 (2026-11-28: 43.8 -> 39.7, 358 -> 219 and
+# 3433 -> 2406 us a layer at 1, 128 and 4096 tokens); the other rows are not timed yet
+# (docs/DECISIONS.md, `moe.config.FP8_CONFIGS`).
 FP8_BLOCK_K = 128
 _K = FP8_BLOCK_K
 FP8_CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
-    (1, MoEConfig(16, (32, _K, 4, 3), (32, _K, 4, 3), direct=True, pdl=True, last_sum=True)),
+    (1, MoEConfig(16, (64, _K, 8, 3), (128, _K, 8, 3), direct=True, pdl=True, last_sum=True)),
     (2, MoEConfig(16, (32, _K, 4, 4), (128, _K, 4, 3), direct=True, pdl=True)),
     (3, MoEConfig(16, (32, _K, 4, 4), (64, _K, 4, 4), direct=True, pdl=True)),
     (4, MoEConfig(16, (32, _K, 4, 4), (128, _K, 4, 4), direct=True, pdl=True)),
     (8, MoEConfig(16, (32, _K, 4, 3), (64, _K, 4, 3), pdl=True, inline_align=True)),
     (16, MoEConfig(16, (32, _K, 4, 3), (64, _K, 4, 3), pdl=True, inline_align=True)),
     (64, MoEConfig(16, (32, _K, 4, 4), (64, _K, 4, 3), pdl=True, inline_align=True)),
-    (128, MoEConfig(32, (128, _K, 8, 3), (64, _K, 4, 3), pdl=True, inline_align=True)),
+    (128, MoEConfig(16, (256, _K, 8, 3), (128, _K, 4, 4), pdl=True, inline_align=True)),
     (256, MoEConfig(64, (64, _K, 8, 3), (64, _K, 4, 2), pdl=True)),
     (512, MoEConfig(64, (64, _K, 8, 4), (128, _K, 8, 4), pdl=True)),
     (1024, MoEConfig(64, (128, _K, 8, 3), (256, _K, 8, 3), pdl=True, tma=True,
@@ -132,7 +135,7 @@ FP8_CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
                      shared_stream=True, merge_tail=True)),
     (3584, MoEConfig(64, (64, _K, 8, 4), (128, _K, 8, 4), pdl=True, tma=True,
                      merge_tail=True)),
-    (1 << 62, MoEConfig(64, (64, _K, 8, 4), (128, _K, 8, 4), pdl=True, tma=True,
+    (1 << 62, MoEConfig(64, (128, _K, 8, 3), (256, _K, 8, 3), pdl=True, tma=True,
                         shared_stream=True, merge_tail=True)),
 )
 
