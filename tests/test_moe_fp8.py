@@ -212,7 +212,7 @@ def test_fp8_table_rows():
 # spill (the rows were chosen so: `config.FP8_CONFIGS`).
 _AOT = """
 from sm90_ptxas import compile_sm90
-from mla_func.kernels.moe.config import FP8_CONFIGS
+from mla_func.kernels.moe.config import FP8_CONFIGS, FP8_SPILLS
 from mla_func.kernels.moe.down import down_kernel
 from mla_func.kernels.moe.gate_up import gate_up_kernel
 ptrs = dict(weights_ptr="*fp32", ids_ptr="*i64", sorted_ptr="*i32", block_expert_ptr="*i32",
@@ -246,7 +246,7 @@ for bound, cfg in FP8_CONFIGS:
                      act_desc=f"tensordesc<bf16[{bm}, {bk}]>",
                      act_tail_desc=f"tensordesc<bf16[{bm // 2}, {bk}]>")
         spills, report = compile_sm90(fn, const, ptrs, descs, warps, stages)
-        if spills:
+        if spills and bound not in FP8_SPILLS:
             bad.append((bound, fn.__name__, spills))
 assert not bad, bad
 """
@@ -254,7 +254,8 @@ assert not bad, bad
 
 @pytest.mark.cuda  # ~40 s of compiles, no GPU needed: with the GPU tests (their Triton's ptxas)
 def test_fp8_rows_compile_for_sm90_without_spills():
-    """Every FP8 row (the first row's kernels compile on every run: test_moe_cuda.py's
+    """Every FP8 row but those measured faster with their spills (`FP8_SPILLS`; the first
+    row's kernels compile on every run: test_moe_cuda.py's
     `test_compiles_for_sm90_at_v2_lite_sizes`)."""
     out = run_compile_script(_AOT, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr

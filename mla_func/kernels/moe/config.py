@@ -140,6 +140,13 @@ FP8_CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
 )
 
 
+# FP8 rows (their bounds) whose kernels spill registers on sm90 and were still measured the
+# fastest: the last row's 128- and 256-column tiles (gate_up ~800 and down ~670 bytes of
+# spill under Triton 3.6) took 2406 us a layer at 4096 tokens where the spill-free 64- and
+# 128-column tiles took 3433 (H200, `bench moe --weights fp8 --sweep`, 2026-11-28).
+FP8_SPILLS = frozenset({1 << 62})
+
+
 def pick_config(tokens: int, fp8: bool = False) -> MoEConfig:
     """The row of `tokens` tokens: of the FP8 table for block-FP8 experts."""
     return next(cfg for bound, cfg in (FP8_CONFIGS if fp8 else CONFIGS) if tokens <= bound)
