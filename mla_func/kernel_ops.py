@@ -227,5 +227,5 @@ def logits(x: Rows, index: Int[Tensor, " seqs"], lm_head: Float[Tensor, "local_v
     return _call(_logits_op, opts)(x, index, lm_head, tp.group, tp.size)
 
 
-__all__ = ["absorbed", "add_norm", "all_reduce", "dense", "embed", "experts_add_norm", "linear", "logits",
-           "mlp", "norm", "norm_linear", "project_add_norm", "route"]
+__all__ = ["absorbed", "add_norm", "all_reduce", "dense", "embed", "experts_add_norm", "linear",
+           "logits", "mlp", "norm", "norm_linear", "project_add_norm", "route"]

@@ -114,7 +114,7 @@ def test_launches_split_k_to_fill_the_grid():
     o_proj splits its 16 groups 16 ways, of V3's dense down projection (56 column tiles, 144
     groups) 9 ways; 128 rows of V2-Lite's o_proj 4 ways, of its q + kv_a 2; a wide gate/up
     and a prefill none."""
-    from mla_func.kernels.linear.fp8_tiles import FEW_ROW_PROGRAMS, MAX_SPLIT, k_split
+    from mla_func.kernels.linear.fp8_tiles import FEW_ROW_PROGRAMS, MAX_SPLIT
 
     assert fp8_tiles(1, 2048, 2048).split == 16 and fp8_tiles(1, 7168, 18432).split == 9
     assert fp8_tiles(128, 2048, 2048).split == 4 and fp8_tiles(128, 3648, 2048).split == 2

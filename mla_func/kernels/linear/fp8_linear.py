@@ -52,8 +52,8 @@ from torch import Tensor
 from mla_func.custom_op import custom_op
 from mla_func.fp8 import FP8, Fp8Weight
 from mla_func.kernels.e4m3 import divide, group_scale, to_e4m3
-from mla_func.kernels.launch.runtime import call_counters, op_counters
 from mla_func.kernels.launch.counters import last_to_arrive
+from mla_func.kernels.launch.runtime import call_counters, op_counters
 from mla_func.kernels.linear.fp8_tiles import GROUP, Fp8Tiles, fp8_tiles
 from mla_func.kernels.linear.norm import rmsnorm
 from mla_func.kernels.plan import norm_linear_normalises as normalises
