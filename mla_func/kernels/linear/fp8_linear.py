@@ -22,7 +22,7 @@ kernel does both in one).
 
 One kernel runs every launch (`fp8_tiles` chooses it): a program computes ROWS x BLOCK_N
 outputs over a slice of K (`split` slices), so that even a one-row product, which only
-streams its weight, has about two waves of programs with wide weight tiles in flight. One
+streams its weight, keeps every SM busy with several programs' wide weight tiles. One
 row multiplies on the CUDA cores (float32 products of e4m3 values are exact); more rows take
 an e4m3 `tl.dot`. Where the activations are quantised is the launch's `quant`: at a few rows
 each program quantises its own slice of x ("inline", one launch), at many rows
@@ -91,6 +91,7 @@ def _fp8_gemm_kernel(
     n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok, n_ok = m < n_rows, n < n_out
     m64, n64 = m.to(tl.int64), n.to(tl.int64)
+    # Each output row's scale row: its matrix's first, then its row block.
     s_row = (n // rows_per_stack) * blocks_out + (n % rows_per_stack) // block_rows
     kk = tl.arange(0, BK)
     acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
@@ -192,8 +193,9 @@ def run(x: Float[Tensor, "tokens width_in"], data: Tensor, scales: Tensor,
     inline = tiles.quant == "inline"
     xq, xs = (x, scales) if inline else quantize_rows(x)  # xs unread when inline
     grid = (triton.cdiv(n_out, tiles.block_n), tiles.split, triton.cdiv(rows, tiles.block_m))
-    part, slots = y, op_counters(call_counters(counters, x.device), "fp8_linear")
+    part = slots = y  # unread without a split
     if tiles.split > 1:
+        slots = op_counters(call_counters(counters, x.device), "fp8_linear")
         if grid[0] * grid[2] > slots.numel():
             raise ValueError(f"a split FP8 launch of {grid[0] * grid[2]} output tiles needs "
                              f"as many counters; the op owns {slots.numel()}")
