@@ -80,7 +80,9 @@ def sweep(t: int, time_case: TimeCase, floor: float, fp8: bool = False) -> list[
     else:
         bms = next(bms for bound, bms in BLOCK_MS if t <= bound)
         for bm in sorted({*bms, base.block_m}):
-            descend(replace(base, block_m=bm), both)
+            best = descend(replace(base, block_m=bm), both)
+            if fp8:  # x quantised once before gate_up, or in its every column program
+                timed(replace(best, quant_x=not best.quant_x))
     print(f"  tokens {t}: {len(rows)} cases in {time.perf_counter() - start:.0f} s")
     return rows
 

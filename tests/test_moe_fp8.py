@@ -122,6 +122,23 @@ def test_activation_quantisation_rounds_as_torch():
     assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
 
 
+@pytest.mark.interpret
+def test_tokens_quantised_once_are_quant_rows():
+    """`quant_tokens` (x quantised before the gate_up GEMM, `MoEConfig.quant_x`) gives
+    `ops.moe_fp8.quantize_groups`' bits for tokens past one block and a partial last group;
+    bf16 experts refuse the option."""
+    from mla_func.kernels.moe.fp8_gemm import gate_up_x, quant_tokens
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(19, 200, generator=g) * torch.logspace(-3, 2, 19)[:, None]
+    x[4] = 0.0
+    q, s = quant_tokens(x)
+    want_q, want_s = quantize_groups(x)
+    assert torch.equal(s, want_s) and torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    with pytest.raises(ValueError, match="quant_x"):
+        gate_up_x(x, True, fp8=False)
+
+
 CASES = {  # name: (tokens, topk, n_exp, hidden, inter, shared, fold, config, skew)
     "aligned-folded": (3, 2, 4, 256, 128, 2, True, SMALL, False),
     "direct-last-sum-folded": (2, 2, 4, 256, 128, 1, True,
@@ -130,6 +147,12 @@ CASES = {  # name: (tokens, topk, n_exp, hidden, inter, shared, fold, config, sk
     "tma-merge-tail-apart": (36, 2, 4, 256, 128, 1, False,
                              dataclasses.replace(SMALL, block_m=32, tma=True, merge_tail=True),
                              True),
+    # x quantised once before gate_up (`quant_x`): the whole tiles, the folded shared tiles
+    # and the merged tails read its e4m3 rows and scales.
+    "aligned-folded-quant-x": (3, 2, 4, 256, 128, 2, True,
+                               dataclasses.replace(SMALL, quant_x=True), False),
+    "tma-merge-tail-apart-quant-x": (36, 2, 4, 256, 128, 1, False, dataclasses.replace(
+        SMALL, block_m=32, tma=True, merge_tail=True, quant_x=True), True),
     # K and moe_inter partial groups (192 = 1.5, 160 = 1.25): the shared MLP apart whatever
     # the token count (moe_inter is no whole number of groups: `fold_shared`).
     "partial-groups": (3, 2, 4, 192, 160, 1, None, SMALL, False),
@@ -226,9 +249,13 @@ for bound, cfg in FP8_CONFIGS:
         const = dict(PAIRS_PER_TOKEN=8, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32",
                      EVEN_K=True, FP8=True, ROUND=False, DIRECT=cfg.direct, TMA=cfg.tma,
                      MERGE_TAIL=cfg.merge_tail, LOCAL=False)
+        types = ptrs
         if gate:
             const.update(PDL=True, INLINE=cfg.inline_align, E_P2=128 if cfg.inline_align else 2,
-                         P_BLOCK=(256 if bm == 16 else 1024) if cfg.inline_align else 1)
+                         P_BLOCK=(256 if bm == 16 else 1024) if cfg.inline_align else 1,
+                         XQ=cfg.quant_x)
+            if cfg.quant_x:  # x comes quantised, its scales beside it
+                types = dict(ptrs, x_ptr="*fp8e4nv", xs_ptr="*fp32")
         else:
             last = cfg.last_sum
             const.update(LAST_SUM=last, HAS_EXTRA=False, ADD_NORM=last, TRIGGER=last,
@@ -245,7 +272,7 @@ for bound, cfg in FP8_CONFIGS:
         descs = dict(w_desc=f"tensordesc<fp8e4nv[{w_block}]>",
                      act_desc=f"tensordesc<bf16[{bm}, {bk}]>",
                      act_tail_desc=f"tensordesc<bf16[{bm // 2}, {bk}]>")
-        spills, report = compile_sm90(fn, const, ptrs, descs, warps, stages)
+        spills, report = compile_sm90(fn, const, types, descs, warps, stages)
         if spills and bound not in FP8_SPILLS:
             bad.append((bound, fn.__name__, spills))
 assert not bad, bad

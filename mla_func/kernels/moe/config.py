@@ -37,7 +37,10 @@ class MoEConfig:
     finds its routed M-tile from the routing itself (`moe_inline_align`, O(block_m x pairs)
     a program) and the first N-tile's programs write the tile table the down GEMM reads.
     `last_sum` (direct layout): no sum launch; the down GEMM's programs sum
-    the pairs (and add + norm) as their tail (`moe_sum.last_sum`): the same bits."""
+    the pairs (and add + norm) as their tail (`moe_sum.last_sum`): the same bits.
+    `quant_x` (block-FP8 experts): x is quantised once a token (`fp8_gemm.quant_tokens`)
+    before the gate_up GEMM, which then reads e4m3 rows instead of quantising each x tile
+    in every one of its column programs: the same bits."""
 
     block_m: int
     gate_up: tuple[int, int, int, int]
@@ -49,6 +52,7 @@ class MoEConfig:
     inline_align: bool = False
     last_sum: bool = False
     merge_tail: bool = False
+    quant_x: bool = False
 
 
 # (max tokens, config): the first row whose bound is >= the step's static token count.
@@ -127,15 +131,15 @@ FP8_CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (16, MoEConfig(16, (32, _K, 4, 3), (64, _K, 4, 3), pdl=True, inline_align=True)),
     (64, MoEConfig(16, (32, _K, 4, 4), (64, _K, 4, 3), pdl=True, inline_align=True)),
     (128, MoEConfig(16, (256, _K, 8, 3), (128, _K, 4, 4), pdl=True, inline_align=True)),
-    (256, MoEConfig(64, (64, _K, 8, 3), (64, _K, 4, 2), pdl=True)),
-    (512, MoEConfig(64, (64, _K, 8, 4), (128, _K, 8, 4), pdl=True)),
-    (1024, MoEConfig(64, (128, _K, 8, 3), (256, _K, 8, 3), pdl=True, tma=True,
+    (256, MoEConfig(64, (64, _K, 8, 3), (64, _K, 4, 2), pdl=True, quant_x=True)),
+    (512, MoEConfig(64, (64, _K, 8, 4), (128, _K, 8, 4), pdl=True, quant_x=True)),
+    (1024, MoEConfig(64, (128, _K, 8, 3), (256, _K, 8, 3), pdl=True, tma=True, quant_x=True,
                      shared_stream=True)),
-    (2560, MoEConfig(64, (64, _K, 8, 4), (128, _K, 8, 4), pdl=True, tma=True,
+    (2560, MoEConfig(64, (64, _K, 8, 4), (128, _K, 8, 4), pdl=True, tma=True, quant_x=True,
                      shared_stream=True, merge_tail=True)),
-    (3584, MoEConfig(64, (64, _K, 8, 4), (128, _K, 8, 4), pdl=True, tma=True,
+    (3584, MoEConfig(64, (64, _K, 8, 4), (128, _K, 8, 4), pdl=True, tma=True, quant_x=True,
                      merge_tail=True)),
-    (1 << 62, MoEConfig(64, (128, _K, 8, 3), (256, _K, 8, 3), pdl=True, tma=True,
+    (1 << 62, MoEConfig(64, (128, _K, 8, 3), (256, _K, 8, 3), pdl=True, tma=True, quant_x=True,
                         shared_stream=True, merge_tail=True)),
 )
 

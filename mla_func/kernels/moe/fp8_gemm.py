@@ -80,6 +80,49 @@ def mma(a, b, acc, a_s, b_s, PRECISION: tl.constexpr, FP8: tl.constexpr):
     return acc
 
 
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _quant_tokens_kernel(x_ptr, q_ptr, s_ptr, n_tokens, n_hidden, stride_x, n_groups,
+                         BLOCK_T: tl.constexpr, ROUND: tl.constexpr):
+    """BLOCK_T tokens' group `program_id(1)` by `quant_rows`: their e4m3 values and scales."""
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    g = tl.program_id(1)
+    k = g * GROUP + tl.arange(0, GROUP)
+    ok = (t < n_tokens)[:, None] & (k < n_hidden)[None, :]
+    t64 = t.to(tl.int64)
+    a = tl.load(x_ptr + t64[:, None] * stride_x + k[None, :], mask=ok, other=0.0)
+    q, s = quant_rows(a, ROUND)
+    tl.store(q_ptr + t64[:, None] * n_hidden + k[None, :], q, mask=ok)
+    tl.store(s_ptr + t64 * n_groups + g, s, mask=t < n_tokens)
+
+
+def quant_tokens(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(e4m3 values [tokens, hidden], float32 scales [tokens, hidden / GROUP]) of x per token
+    and GROUP columns, the bits `quant_rows` gives inside the gate_up K loop: with
+    `MoEConfig.quant_x` the gate_up GEMM reads these instead of quantising every x tile in
+    each of its column programs."""
+    tokens, hidden = x.shape
+    groups = triton.cdiv(hidden, GROUP)
+    q = torch.empty(tokens, hidden, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(tokens, groups, dtype=torch.float32, device=x.device)
+    if tokens:
+        _quant_tokens_kernel[(triton.cdiv(tokens, 16), groups)](
+            x, q, s, tokens, hidden, x.stride(0), groups, BLOCK_T=16,
+            ROUND=x.device.type != "cuda", num_warps=4)
+    return q, s
+
+
+def gate_up_x(x: Tensor, quant_x: bool, fp8: bool) -> tuple[Tensor, dict]:
+    """The gate_up launch's x and its keyword arguments: x itself, or with `quant_x`
+    (`MoEConfig.quant_x`, block-FP8 experts only) its `quant_tokens` image and scales."""
+    if not quant_x:
+        return x, {}
+    if not fp8:
+        raise ValueError("MoEConfig.quant_x quantises x for block-FP8 experts; these are not")
+    q, s = quant_tokens(x)
+    return q, dict(xs_ptr=s, stride_xs=s.stride(0), XQ=True)
+
+
 @dataclass(frozen=True)
 class Fp8Scales:
     """The block scales of block-FP8 expert weights, whose e4m3 data `fused_experts` takes in

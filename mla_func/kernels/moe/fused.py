@@ -88,7 +88,7 @@ from mla_func.kernels.linear.norm import add_rmsnorm
 from mla_func.kernels.moe.align import align, empty_layout
 from mla_func.kernels.moe.config import DIRECT_BLOCK_M, MoEConfig, fold_shared, pick_config
 from mla_func.kernels.moe.down import down_kernel
-from mla_func.kernels.moe.fp8_gemm import GROUP, Fp8Scales, check_weights, gemm_args
+from mla_func.kernels.moe.fp8_gemm import GROUP, Fp8Scales, check_weights, gate_up_x, gemm_args
 from mla_func.kernels.moe.fp8_gemm import shared_as_experts as shared_scales
 from mla_func.kernels.moe.gate_up import gate_up_kernel
 from mla_func.kernels.moe.inline_align import MAX_PAIRS as INLINE_MAX_PAIRS
@@ -280,16 +280,17 @@ def fused_experts(
         act = torch.empty(n_tiles * bm, n_inter, dtype=x.dtype, device=x.device)
         bn, bk, warps, stages = _fit(cfg.gate_up, n_inter, n_hidden, fp8)
         n_n = triton.cdiv(n_inter, bn)
+        x_in, x_args = gate_up_x(x, cfg.quant_x, fp8)
         gate_up_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
-            x, gate_up, s_gate_up, _desc(gate_up, [1, 2, bn, bk]) if cfg.tma else None, act,
-            *tiles, n_inter, n_hidden, n_routed, first, x.stride(0),
+            x_in, gate_up, s_gate_up, _desc(gate_up, [1, 2, bn, bk]) if cfg.tma else None, act,
+            *tiles, n_inter, n_hidden, n_routed, first, x_in.stride(0),
             gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
             s_gate_up.stride(0), s_gate_up.stride(1), s_gate_up.stride(2),
             BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_hidden % bk == 0, DIRECT=cfg.direct, **common,
             PDL=pdl, TMA=cfg.tma, INLINE=cfg.inline_align, MERGE_TAIL=cfg.merge_tail,
             E_P2=triton.next_power_of_2(n_routed + 1),
             P_BLOCK=triton.next_power_of_2(tokens * topk) if cfg.inline_align else 1,
-            num_warps=warps, num_stages=stages, **fp8_args[0],
+            num_warps=warps, num_stages=stages, **fp8_args[0], **x_args,
             **({"launch_pdl": True} if pdl else {}))
 
         out = torch.empty_like(x)

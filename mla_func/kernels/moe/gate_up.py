@@ -37,14 +37,15 @@ def _gate_up_rows(
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
     TMA: tl.constexpr, t_pair, t_ok, TAIL: tl.constexpr, q_ptr, qs_ptr, stride_qe, stride_qg,
     stride_qn, stride_sqe, stride_sqg, stride_sqn, blk_n, s_blk_n, FP8: tl.constexpr,
-    ROUND: tl.constexpr,
+    ROUND: tl.constexpr, xs_ptr, stride_xs, XQ: tl.constexpr,
 ):
     """silu(x W_gate^T) * (x W_up^T) of BM rows of expert e (token rows gathered from `pair`)
     and N-tile pid_n, stored to `act` rows act_row0... TAIL (`MoEConfig.merge_tail`): also
     BM // 2 more rows of expert e (`t_pair`, `t_ok`; `act` rows act_row0 + BM..), a second
     product on the same weight tiles of every K step. FP8: e4m3 weights, their block scales
     at `q_ptr` (routed, [experts, 2, blocks_out, blocks_in]) and `qs_ptr` (shared slices),
-    `blk_n` / `s_blk_n` rows a block; x quantised per row and K step (`fp8_gemm`)."""
+    `blk_n` / `s_blk_n` rows a block; x quantised per row and K step (`fp8_gemm`), or, XQ,
+    given quantised (e4m3 at x_ptr, its scales at xs_ptr: `fp8_gemm.quant_tokens`)."""
     shared = e >= n_routed
     base = expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
     stride_g = tl.where(shared, stride_sg, stride_wg)
@@ -57,8 +58,8 @@ def _gate_up_rows(
     g_ptrs = base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
     u_ptrs = g_ptrs + stride_g
     if TAIL:
-        t_ptrs = x_ptr + (t_pair // PAIRS_PER_TOKEN).to(tl.int64)[:, None] * stride_x \
-            + offs_k[None, :]
+        t_tok = (t_pair // PAIRS_PER_TOKEN).to(tl.int64)
+        t_ptrs = x_ptr + t_tok[:, None] * stride_x + offs_k[None, :]
     if FP8:  # the rows' weight scales at K block 0 (the next K blocks follow)
         stride_q = tl.where(shared, stride_sqg, stride_qg)  # gate's to up's
         if TMA:  # the [2 * BLOCK_N] columns of the double-width product: gate's, then up's
@@ -88,12 +89,16 @@ def _gate_up_rows(
         a_mask, b_mask = k_masks(row_ok, n_ok, k_ok, EVEN_K)
         a = tl.load(a_ptrs, mask=a_mask, other=0.0)
         a_s, a_ts, gs, us = None, None, None, None  # the scales (FP8): none loop-carried
-        if FP8:
+        if FP8 and XQ:  # x came quantised: this K step's scales of the rows
+            a_s = tl.load(xs_ptr + tok * stride_xs + k // BLOCK_K, mask=row_ok, other=1.0)
+        elif FP8:
             a, a_s = quant_rows(a, ROUND)
         if TAIL:
             t_mask, _ = k_masks(t_ok, n_ok, k_ok, EVEN_K)
             a_t = tl.load(t_ptrs, mask=t_mask, other=0.0)
-            if FP8:
+            if FP8 and XQ:
+                a_ts = tl.load(xs_ptr + t_tok * stride_xs + k // BLOCK_K, mask=t_ok, other=1.0)
+            elif FP8:
                 a_t, a_ts = quant_rows(a_t, ROUND)
             t_ptrs += BLOCK_K
         if TMA:  # the [1, 2, BLOCK_N, BLOCK_K] block of gate and up rows, one load
@@ -146,14 +151,17 @@ def gate_up_kernel(
     E_P2: tl.constexpr = 2, P_BLOCK: tl.constexpr = 1, MERGE_TAIL: tl.constexpr = False,
     LOCAL: tl.constexpr = False, q_ptr=None, qs_ptr=None, stride_qe=0, stride_qg=0,
     stride_qn=0, stride_sqe=0, stride_sqg=0, stride_sqn=0, blk_n=1, s_blk_n=1,
-    FP8: tl.constexpr = False, ROUND: tl.constexpr = False,
+    FP8: tl.constexpr = False, ROUND: tl.constexpr = False, xs_ptr=None, stride_xs=0,
+    XQ: tl.constexpr = False,
 ):
     """INLINE (aligned layout, whole tiles): the routed tiles find themselves from `ids`
     (`moe_inline_align`) and the first N-tile's programs write the tile table. MERGE_TAIL
     (aligned layout, whole tiles, no shared experts): a program also takes its expert's tail
     (`moe_tile.tail_tile`). LOCAL (expert parallelism): `ids` are global, the routed experts
     are first_expert.. (`moe_tile.local_expert`); the table of the aligned layout holds local
-    ids already. FP8: block-FP8 weights (`_gate_up_rows`; ROUND: off CUDA, `fp8_gemm`)."""
+    ids already. FP8: block-FP8 weights (`_gate_up_rows`; ROUND: off CUDA, `fp8_gemm`); XQ:
+    x given in e4m3 with its scales at xs_ptr (`MoEConfig.quant_x`): every tile then waits
+    for the kernel before it (the quantisation), the shared ones too."""
     if DIRECT:
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -161,7 +169,7 @@ def gate_up_kernel(
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
     if PDL:  # launched while the router (and alignment) run: routed tiles need their output
-        if not is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN, BLOCK_M, DIRECT):
+        if XQ or not is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN, BLOCK_M, DIRECT):
             tl.extra.cuda.gdc_wait()
     if MERGE_TAIL:
         e, pair, row_ok, merge, t_pair, t_ok = tail_tile(pid_m, sorted_ptr, block_expert_ptr,
@@ -175,7 +183,7 @@ def gate_up_kernel(
                 stride_se, stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K,
                 EVEN_K, PRECISION, PDL, TMA, t_pair, t_ok, True, q_ptr, qs_ptr, stride_qe,
                 stride_qg, stride_qn, stride_sqe, stride_sqg, stride_sqn, blk_n, s_blk_n, FP8,
-                ROUND)
+                ROUND, xs_ptr, stride_xs, XQ)
         else:
             _gate_up_rows(
                 x_ptr, w_ptr, ws_ptr, w_desc, act_ptr, e, pair, row_ok, pid_m * BLOCK_M,
@@ -183,7 +191,7 @@ def gate_up_kernel(
                 stride_se, stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K,
                 EVEN_K, PRECISION, PDL, TMA, None, None, False, q_ptr, qs_ptr, stride_qe,
                 stride_qg, stride_qn, stride_sqe, stride_sqg, stride_sqn, blk_n, s_blk_n, FP8,
-                ROUND)
+                ROUND, xs_ptr, stride_xs, XQ)
     else:
         if INLINE:
             e, pair, row_ok = inline_tile(pid_m, pid_n, ids_ptr, sorted_ptr, block_expert_ptr,
@@ -201,5 +209,6 @@ def gate_up_kernel(
             n_inter, n_hidden, n_routed, stride_x, stride_we, stride_wg, stride_wn, stride_se,
             stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
             PRECISION, PDL, TMA, None, None, False, q_ptr, qs_ptr, stride_qe, stride_qg,
-            stride_qn, stride_sqe, stride_sqg, stride_sqn, blk_n, s_blk_n, FP8, ROUND)
+            stride_qn, stride_sqe, stride_sqg, stride_sqn, blk_n, s_blk_n, FP8, ROUND, xs_ptr,
+            stride_xs, XQ)
 
