@@ -83,11 +83,12 @@ def mma(a, b, acc, a_s, b_s, PRECISION: tl.constexpr, FP8: tl.constexpr):
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _quant_tokens_kernel(x_ptr, q_ptr, s_ptr, n_tokens, n_hidden, stride_x, n_groups,
-                         BLOCK_T: tl.constexpr, ROUND: tl.constexpr):
-    """BLOCK_T tokens' group `program_id(1)` by `quant_rows`: their e4m3 values and scales."""
+                         BLOCK_T: tl.constexpr, GROUP_K: tl.constexpr, ROUND: tl.constexpr):
+    """BLOCK_T tokens' group `program_id(1)` (GROUP_K columns) by `quant_rows`: their e4m3
+    values and scales."""
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     g = tl.program_id(1)
-    k = g * GROUP + tl.arange(0, GROUP)
+    k = g * GROUP_K + tl.arange(0, GROUP_K)
     ok = (t < n_tokens)[:, None] & (k < n_hidden)[None, :]
     t64 = t.to(tl.int64)
     a = tl.load(x_ptr + t64[:, None] * stride_x + k[None, :], mask=ok, other=0.0)
@@ -107,7 +108,7 @@ def quant_tokens(x: Tensor) -> tuple[Tensor, Tensor]:
     s = torch.empty(tokens, groups, dtype=torch.float32, device=x.device)
     if tokens:
         _quant_tokens_kernel[(triton.cdiv(tokens, 16), groups)](
-            x, q, s, tokens, hidden, x.stride(0), groups, BLOCK_T=16,
+            x, q, s, tokens, hidden, x.stride(0), groups, BLOCK_T=16, GROUP_K=GROUP,
             ROUND=x.device.type != "cuda", num_warps=4)
     return q, s
 
