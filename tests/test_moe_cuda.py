@@ -91,7 +91,8 @@ for fn, (bm, bn, bk, warps, stages), const in [
                  EVEN_K=(1408 if fn is not gate_up_kernel else 2048) % bk == 0, **const)
     const = dict(FP8=False, ROUND=False) | const
     if fn is gate_up_kernel:
-        const = dict(INLINE=False, E_P2=2, P_BLOCK=1, MERGE_TAIL=False, LOCAL=False) | const
+        const = dict(INLINE=False, E_P2=2, P_BLOCK=1, MERGE_TAIL=False, LOCAL=False,
+                     XQ=False) | const
     if fn is down_kernel:
         const = dict(LAST_SUM=False, HAS_EXTRA=False, ADD_NORM=False, SUM_BLOCK=1,
                      TRIGGER=False, MERGE_TAIL=False, LOCAL=False) | const

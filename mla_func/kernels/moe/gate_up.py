@@ -89,17 +89,20 @@ def _gate_up_rows(
         a_mask, b_mask = k_masks(row_ok, n_ok, k_ok, EVEN_K)
         a = tl.load(a_ptrs, mask=a_mask, other=0.0)
         a_s, a_ts, gs, us = None, None, None, None  # the scales (FP8): none loop-carried
-        if FP8 and XQ:  # x came quantised: this K step's scales of the rows
-            a_s = tl.load(xs_ptr + tok * stride_xs + k // BLOCK_K, mask=row_ok, other=1.0)
-        elif FP8:
-            a, a_s = quant_rows(a, ROUND)
+        if FP8:
+            if XQ:  # x came quantised: this K step's scales of the rows
+                a_s = tl.load(xs_ptr + tok * stride_xs + k // BLOCK_K, mask=row_ok, other=1.0)
+            else:
+                a, a_s = quant_rows(a, ROUND)
         if TAIL:
             t_mask, _ = k_masks(t_ok, n_ok, k_ok, EVEN_K)
             a_t = tl.load(t_ptrs, mask=t_mask, other=0.0)
-            if FP8 and XQ:
-                a_ts = tl.load(xs_ptr + t_tok * stride_xs + k // BLOCK_K, mask=t_ok, other=1.0)
-            elif FP8:
-                a_t, a_ts = quant_rows(a_t, ROUND)
+            if FP8:
+                if XQ:
+                    a_ts = tl.load(xs_ptr + t_tok * stride_xs + k // BLOCK_K, mask=t_ok,
+                                   other=1.0)
+                else:
+                    a_t, a_ts = quant_rows(a_t, ROUND)
             t_ptrs += BLOCK_K
         if TMA:  # the [1, 2, BLOCK_N, BLOCK_K] block of gate and up rows, one load
             b = w_desc.load([e, 0, pid_n * BLOCK_N, k]).reshape(2 * BLOCK_N, BLOCK_K)
@@ -169,7 +172,9 @@ def gate_up_kernel(
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
     if PDL:  # launched while the router (and alignment) run: routed tiles need their output
-        if XQ or not is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN, BLOCK_M, DIRECT):
+        if XQ:  # every tile reads x from the quantisation before it
+            tl.extra.cuda.gdc_wait()
+        elif not is_shared_tile(pid_m, n_tokens, topk, PAIRS_PER_TOKEN, BLOCK_M, DIRECT):
             tl.extra.cuda.gdc_wait()
     if MERGE_TAIL:
         e, pair, row_ok, merge, t_pair, t_ok = tail_tile(pid_m, sorted_ptr, block_expert_ptr,
