@@ -81,8 +81,9 @@ def sweep(t: int, time_case: TimeCase, floor: float, fp8: bool = False) -> list[
         bms = next(bms for bound, bms in BLOCK_MS if t <= bound)
         for bm in sorted({*bms, base.block_m}):
             best = descend(replace(base, block_m=bm), both)
-            if fp8:  # x quantised once before gate_up, or in its every column program
+            if fp8:  # x / act quantised once before their GEMM, or in its every column program
                 timed(replace(best, quant_x=not best.quant_x))
+                timed(replace(best, quant_act=not best.quant_act))
     print(f"  tokens {t}: {len(rows)} cases in {time.perf_counter() - start:.0f} s")
     return rows
 

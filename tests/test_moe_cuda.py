@@ -95,7 +95,7 @@ for fn, (bm, bn, bk, warps, stages), const in [
                      XQ=False) | const
     if fn is down_kernel:
         const = dict(LAST_SUM=False, HAS_EXTRA=False, ADD_NORM=False, SUM_BLOCK=1,
-                     TRIGGER=False, MERGE_TAIL=False, LOCAL=False) | const
+                     TRIGGER=False, MERGE_TAIL=False, LOCAL=False, AQ=False) | const
     w_block = f"1, 2, {bn}, {bk}" if fn is gate_up_kernel else f"{bn}, {bk}"
     descs = dict(w_desc=f"tensordesc<bf16[{w_block}]>", act_desc=f"tensordesc<bf16[{bm}, {bk}]>",
                  act_tail_desc=f"tensordesc<bf16[{bm // 2}, {bk}]>")

@@ -147,12 +147,13 @@ CASES = {  # name: (tokens, topk, n_exp, hidden, inter, shared, fold, config, sk
     "tma-merge-tail-apart": (36, 2, 4, 256, 128, 1, False,
                              dataclasses.replace(SMALL, block_m=32, tma=True, merge_tail=True),
                              True),
-    # x quantised once before gate_up (`quant_x`): the whole tiles, the folded shared tiles
-    # and the merged tails read its e4m3 rows and scales.
+    # x quantised once before gate_up (`quant_x`), `act` before down (`quant_act`): the whole
+    # tiles, the folded shared tiles and the merged tails read e4m3 rows and their scales,
+    # through pointer and TMA loads.
     "aligned-folded-quant-x": (3, 2, 4, 256, 128, 2, True,
-                               dataclasses.replace(SMALL, quant_x=True), False),
+                               dataclasses.replace(SMALL, quant_x=True, quant_act=True), False),
     "tma-merge-tail-apart-quant-x": (36, 2, 4, 256, 128, 1, False, dataclasses.replace(
-        SMALL, block_m=32, tma=True, merge_tail=True, quant_x=True), True),
+        SMALL, block_m=32, tma=True, merge_tail=True, quant_x=True, quant_act=True), True),
     # K and moe_inter partial groups (192 = 1.5, 160 = 1.25): the shared MLP apart whatever
     # the token count (moe_inter is no whole number of groups: `fold_shared`).
     "partial-groups": (3, 2, 4, 192, 160, 1, None, SMALL, False),
@@ -259,7 +260,9 @@ for bound, cfg in FP8_CONFIGS:
         else:
             last = cfg.last_sum
             const.update(LAST_SUM=last, HAS_EXTRA=False, ADD_NORM=last, TRIGGER=last,
-                         SUM_BLOCK=2048 if last else 1)
+                         SUM_BLOCK=2048 if last else 1, AQ=cfg.quant_act)
+            if cfg.quant_act:  # act comes quantised, its scales beside it
+                types = dict(ptrs, act_ptr="*fp8e4nv", as_ptr="*fp32")
             if not cfg.merge_tail:
                 const["act_tail_desc"] = None
         if not cfg.tma:
@@ -269,9 +272,10 @@ for bound, cfg in FP8_CONFIGS:
             continue
         seen.add(key)
         w_block = f"1, 2, {bn}, {bk}" if gate else f"{bn}, {bk}"
+        act = "fp8e4nv" if cfg.quant_act else "bf16"
         descs = dict(w_desc=f"tensordesc<fp8e4nv[{w_block}]>",
-                     act_desc=f"tensordesc<bf16[{bm}, {bk}]>",
-                     act_tail_desc=f"tensordesc<bf16[{bm // 2}, {bk}]>")
+                     act_desc=f"tensordesc<{act}[{bm}, {bk}]>",
+                     act_tail_desc=f"tensordesc<{act}[{bm // 2}, {bk}]>")
         spills, report = compile_sm90(fn, const, types, descs, warps, stages)
         if spills and bound not in FP8_SPILLS:
             bad.append((bound, fn.__name__, spills))

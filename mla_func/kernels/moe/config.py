@@ -40,7 +40,8 @@ class MoEConfig:
     the pairs (and add + norm) as their tail (`moe_sum.last_sum`): the same bits.
     `quant_x` (block-FP8 experts): x is quantised once a token (`fp8_gemm.quant_tokens`)
     before the gate_up GEMM, which then reads e4m3 rows instead of quantising each x tile
-    in every one of its column programs: the same bits."""
+    in every one of its column programs: the same bits. `quant_act` likewise quantises
+    `act` (gate_up's output) once before the down GEMM."""
 
     block_m: int
     gate_up: tuple[int, int, int, int]
@@ -53,6 +54,7 @@ class MoEConfig:
     last_sum: bool = False
     merge_tail: bool = False
     quant_x: bool = False
+    quant_act: bool = False
 
 
 # (max tokens, config): the first row whose bound is >= the step's static token count.

@@ -5,7 +5,8 @@ bit-identically), which the pair sum (`pair_sum.py`) adds up per token; at a few
 sum as its programs' tail (`moe_sum.last_sum`). `act` is the gate_up GEMM's output
 (`gate_up.py`). Operands and layouts: `gemm.py`; the tiles and the launch:
 `fused_moe.fused_experts`. With FP8 the weights are block-FP8 and `act`'s rows are quantised
-per token group in the K loop (`fp8_gemm.py`); the routing weights and the store are the same.
+per token group in the K loop (`fp8_gemm.py`), or once before the launch (`quant_act`); the
+routing weights and the store are the same.
 """
 
 from typing import no_type_check
@@ -39,7 +40,8 @@ def _down_tile(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
     t_desc, t_ok, TAIL: tl.constexpr, q_ptr, qs_ptr, stride_qe, stride_qn, stride_sqe,
-    stride_sqn, blk_n, s_blk_n, FP8: tl.constexpr, ROUND: tl.constexpr,
+    stride_sqn, blk_n, s_blk_n, FP8: tl.constexpr, ROUND: tl.constexpr, as_ptr,
+    AQ: tl.constexpr,
 ):
     """act W_down^T of the BLOCK_M `act` rows from act_row0 and the N-tile of columns
     n0 + BLOCK_N, fp32, before the routing weights (`_weighted`; padding rows are dropped by
@@ -47,7 +49,8 @@ def _down_tile(
     also that of the BLOCK_M // 2 rows from act_row0 + BLOCK_M (`t_desc`: TMA blocks of that
     many rows) on the same weight tiles: returns both. FP8: e4m3 weights with their block
     scales (`q_ptr`: routed [experts, blocks_out, blocks_in], `qs_ptr`: shared slices),
-    `act` quantised per row and K step (`fp8_gemm`)."""
+    `act` quantised per row and K step (`fp8_gemm`), or, AQ, given in e4m3 with its scales
+    at as_ptr ([rows, groups]: `fp8_gemm.quant_tokens`, `MoEConfig.quant_act`)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     base = expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
     stride_n = tl.where(e >= n_routed, stride_sn, stride_wn)
@@ -81,10 +84,16 @@ def _down_tile(
                 a_t = tl.load(t_ptrs, mask=t_mask, other=0.0)
         a_s, a_ts, b_s = None, None, None  # the scales (FP8): none loop-carried
         if FP8:
-            a, a_s = quant_rows(a, ROUND)
+            if AQ:  # act came quantised: this K step's scales of the rows (padding too)
+                groups = tl.cdiv(n_inter, BLOCK_K)
+                a_s = tl.load(as_ptr + act_rows * groups + k // BLOCK_K)
+                if TAIL:
+                    a_ts = tl.load(as_ptr + t_rows * groups + k // BLOCK_K)
+            else:
+                a, a_s = quant_rows(a, ROUND)
+                if TAIL:
+                    a_t, a_ts = quant_rows(a_t, ROUND)
             b_s = tl.load(q_ptrs + k // BLOCK_K, mask=n_ok, other=0.0)
-            if TAIL:
-                a_t, a_ts = quant_rows(a_t, ROUND)
         acc = mma(a, b, acc, a_s, b_s, PRECISION, FP8)
         if TAIL:
             acc_t = mma(a_t, b, acc_t, a_ts, b_s, PRECISION, FP8)
@@ -114,18 +123,20 @@ def _down_rows(
     PAIRS_PER_TOKEN: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
     t_desc, t_pair, t_ok, TAIL: tl.constexpr, q_ptr, qs_ptr, stride_qe, stride_qn, stride_sqe,
-    stride_sqn, blk_n, s_blk_n, FP8: tl.constexpr, ROUND: tl.constexpr,
+    stride_sqn, blk_n, s_blk_n, FP8: tl.constexpr, ROUND: tl.constexpr, as_ptr,
+    AQ: tl.constexpr,
 ):
     """`_down_tile` of BM rows (TAIL: and BM // 2 more), stored to each pair's row of `out`."""
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < n_hidden
-    dtype = act_ptr.dtype.element_ty
+    dtype = out_ptr.dtype.element_ty  # the model's (`act` may be e4m3)
     if TAIL:  # the tail's rows first: one accumulator's epilogue at a time (registers)
         acc, acc_t = _down_tile(
             act_ptr, w_ptr, ws_ptr, act_desc, w_desc, act_row0, e, row_ok, pid_n * BLOCK_N,
             n_ok, n_hidden, n_inter, n_routed, stride_we, stride_wn, stride_se, stride_sn,
             BM, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, TMA, t_desc, t_ok, True, q_ptr, qs_ptr,
-            stride_qe, stride_qn, stride_sqe, stride_sqn, blk_n, s_blk_n, FP8, ROUND)
+            stride_qe, stride_qn, stride_sqe, stride_sqn, blk_n, s_blk_n, FP8, ROUND, as_ptr,
+            AQ)
         _store_pairs(out_ptr, _weighted(acc_t, t_pair, t_ok, weights_ptr, topk, dtype,
                                         PAIRS_PER_TOKEN), t_pair, t_ok, offs_n, n_ok, n_hidden)
     else:
@@ -133,7 +144,8 @@ def _down_rows(
                          pid_n * BLOCK_N, n_ok, n_hidden, n_inter, n_routed, stride_we,
                          stride_wn, stride_se, stride_sn, BM, BLOCK_N, BLOCK_K, EVEN_K,
                          PRECISION, TMA, None, None, False, q_ptr, qs_ptr, stride_qe,
-                         stride_qn, stride_sqe, stride_sqn, blk_n, s_blk_n, FP8, ROUND)
+                         stride_qn, stride_sqe, stride_sqn, blk_n, s_blk_n, FP8, ROUND, as_ptr,
+                         AQ)
     y = _weighted(acc, pair, row_ok, weights_ptr, topk, dtype, PAIRS_PER_TOKEN)
     _store_pairs(out_ptr, y, pair, row_ok, offs_n, n_ok, n_hidden)
 
@@ -152,7 +164,8 @@ def down_kernel(
     ADD_NORM: tl.constexpr = False, SUM_BLOCK: tl.constexpr = 1, TRIGGER: tl.constexpr = False,
     NORM: tl.constexpr = True, MERGE_TAIL: tl.constexpr = False, LOCAL: tl.constexpr = False,
     q_ptr=None, qs_ptr=None, stride_qe=0, stride_qn=0, stride_sqe=0, stride_sqn=0, blk_n=1,
-    s_blk_n=1, FP8: tl.constexpr = False, ROUND: tl.constexpr = False,
+    s_blk_n=1, FP8: tl.constexpr = False, ROUND: tl.constexpr = False, as_ptr=None,
+    AQ: tl.constexpr = False,
 ):
     """Each pair's weighted expert output to its own row of `out` ([pairs, hidden]); with
     MERGE_TAIL, M-tiles as in `gate_up_kernel` (`act_tail_desc`: TMA blocks of the tails'
@@ -161,7 +174,8 @@ def down_kernel(
     with ADD_NORM, and the norm into y unless NORM is off). TRIGGER (sm90): let the launch
     after start at once (PDL; it waits for this one's end before it reads). LOCAL (expert
     parallelism): as in `gate_up_kernel`; a pair of another rank's expert gets no row here.
-    FP8: block-FP8 weights (`_down_tile`; ROUND: off CUDA, `fp8_gemm`)."""
+    FP8: block-FP8 weights (`_down_tile`; ROUND: off CUDA, `fp8_gemm`); AQ: `act` given in
+    e4m3 with its scales at as_ptr."""
     if TRIGGER:
         tl.extra.cuda.gdc_launch_dependents()
     if DIRECT:
@@ -181,14 +195,16 @@ def down_kernel(
                 pid_m * BLOCK_M, e, pair, row_ok, pid_n, n_hidden, n_inter, n_routed, topk,
                 stride_we, stride_wn, stride_se, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N,
                 BLOCK_K, EVEN_K, PRECISION, TMA, act_tail_desc, t_pair, t_ok, True, q_ptr,
-                qs_ptr, stride_qe, stride_qn, stride_sqe, stride_sqn, blk_n, s_blk_n, FP8, ROUND)
+                qs_ptr, stride_qe, stride_qn, stride_sqe, stride_sqn, blk_n, s_blk_n, FP8, ROUND,
+                as_ptr, AQ)
         else:
             _down_rows(
                 act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr,
                 pid_m * BLOCK_M, e, pair, row_ok, pid_n, n_hidden, n_inter, n_routed, topk,
                 stride_we, stride_wn, stride_se, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N,
                 BLOCK_K, EVEN_K, PRECISION, TMA, None, None, None, False, q_ptr, qs_ptr,
-                stride_qe, stride_qn, stride_sqe, stride_sqn, blk_n, s_blk_n, FP8, ROUND)
+                stride_qe, stride_qn, stride_sqe, stride_sqn, blk_n, s_blk_n, FP8, ROUND,
+                as_ptr, AQ)
     else:
         e, pair, row_ok = tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
                                 n_tokens, topk, n_routed, first_expert, PAIRS_PER_TOKEN,
@@ -199,7 +215,8 @@ def down_kernel(
                 pid_m * BLOCK_M, e, pair, row_ok, pid_n, n_hidden, n_inter, n_routed, topk,
                 stride_we, stride_wn, stride_se, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N,
                 BLOCK_K, EVEN_K, PRECISION, TMA, None, None, None, False, q_ptr, qs_ptr,
-                stride_qe, stride_qn, stride_sqe, stride_sqn, blk_n, s_blk_n, FP8, ROUND)
+                stride_qe, stride_qn, stride_sqe, stride_sqn, blk_n, s_blk_n, FP8, ROUND,
+                as_ptr, AQ)
         if LAST_SUM:  # every M-tile's program arrives, the last of an N-tile sums it
             last_sum(out_ptr, extra_ptr, sum_ptr, res_ptr, y_ptr, nw_ptr, counter_ptr, ids_ptr,
                      pid_n, tl.num_programs(0), tl.num_programs(1), n_tokens, n_hidden, eps,

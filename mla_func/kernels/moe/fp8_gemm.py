@@ -113,15 +113,26 @@ def quant_tokens(x: Tensor) -> tuple[Tensor, Tensor]:
     return q, s
 
 
-def gate_up_x(x: Tensor, quant_x: bool, fp8: bool) -> tuple[Tensor, dict]:
-    """The gate_up launch's x and its keyword arguments: x itself, or with `quant_x`
-    (`MoEConfig.quant_x`, block-FP8 experts only) its `quant_tokens` image and scales."""
-    if not quant_x:
-        return x, {}
+def _quantised(rows: Tensor, option: str, on: bool, fp8: bool) -> tuple[Tensor, Tensor | None]:
+    """`rows` and no scales, or with `MoEConfig.<option>` on (block-FP8 experts only) their
+    `quant_tokens` image and scales."""
+    if not on:
+        return rows, None
     if not fp8:
-        raise ValueError("MoEConfig.quant_x quantises x for block-FP8 experts; these are not")
-    q, s = quant_tokens(x)
-    return q, dict(xs_ptr=s, stride_xs=s.stride(0), XQ=True)
+        raise ValueError(f"MoEConfig.{option} quantises for block-FP8 experts; these are not")
+    return quant_tokens(rows)
+
+
+def gate_up_x(x: Tensor, quant_x: bool, fp8: bool) -> tuple[Tensor, dict]:
+    """The gate_up launch's x and its keyword arguments (`MoEConfig.quant_x`)."""
+    x, s = _quantised(x, "quant_x", quant_x, fp8)
+    return x, {} if s is None else dict(xs_ptr=s, stride_xs=s.stride(0), XQ=True)
+
+
+def down_act(act: Tensor, quant_act: bool, fp8: bool) -> tuple[Tensor, dict]:
+    """The down launch's `act` and its keyword arguments (`MoEConfig.quant_act`)."""
+    act, s = _quantised(act, "quant_act", quant_act, fp8)
+    return act, {} if s is None else dict(as_ptr=s, AQ=True)
 
 
 @dataclass(frozen=True)

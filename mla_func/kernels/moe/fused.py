@@ -85,10 +85,11 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from mla_func.kernels.launch.pdl import supported as pdl_supported
 from mla_func.kernels.launch.runtime import Runtime, call_counters, op_counters
 from mla_func.kernels.linear.norm import add_rmsnorm
+from mla_func.kernels.moe import fp8_gemm
 from mla_func.kernels.moe.align import align, empty_layout
 from mla_func.kernels.moe.config import DIRECT_BLOCK_M, MoEConfig, fold_shared, pick_config
 from mla_func.kernels.moe.down import down_kernel
-from mla_func.kernels.moe.fp8_gemm import GROUP, Fp8Scales, check_weights, gate_up_x, gemm_args
+from mla_func.kernels.moe.fp8_gemm import GROUP, Fp8Scales, check_weights, gemm_args
 from mla_func.kernels.moe.fp8_gemm import shared_as_experts as shared_scales
 from mla_func.kernels.moe.gate_up import gate_up_kernel
 from mla_func.kernels.moe.inline_align import MAX_PAIRS as INLINE_MAX_PAIRS
@@ -280,7 +281,7 @@ def fused_experts(
         act = torch.empty(n_tiles * bm, n_inter, dtype=x.dtype, device=x.device)
         bn, bk, warps, stages = _fit(cfg.gate_up, n_inter, n_hidden, fp8)
         n_n = triton.cdiv(n_inter, bn)
-        x_in, x_args = gate_up_x(x, cfg.quant_x, fp8)
+        x_in, x_args = fp8_gemm.gate_up_x(x, cfg.quant_x, fp8)
         gate_up_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
             x_in, gate_up, s_gate_up, _desc(gate_up, [1, 2, bn, bk]) if cfg.tma else None, act,
             *tiles, n_inter, n_hidden, n_routed, first, x_in.stride(0),
@@ -294,6 +295,7 @@ def fused_experts(
             **({"launch_pdl": True} if pdl else {}))
 
         out = torch.empty_like(x)
+        act, act_args = fp8_gemm.down_act(act, cfg.quant_act, fp8)
         bn, bk, warps, stages = _fit(cfg.down, n_hidden, n_inter, fp8)
         strides = (down.stride(0), down.stride(1), s_down.stride(0), s_down.stride(1))
         buf = torch.empty(tokens * pairs_per_token, n_hidden, dtype=x.dtype, device=x.device)
@@ -316,7 +318,7 @@ def fused_experts(
             act, down, s_down, *descs, buf, weights, *tiles, n_hidden, n_inter, n_routed, first,
             *strides, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0,
             DIRECT=cfg.direct, **common, TMA=cfg.tma, MERGE_TAIL=cfg.merge_tail,
-            num_warps=warps, num_stages=stages, **tail, **fp8_args[1])
+            num_warps=warps, num_stages=stages, **tail, **fp8_args[1], **act_args)
     finally:
         if side is not None:
             main.wait_stream(side)  # the join: `extra` is read below, on this stream
