@@ -70,7 +70,7 @@ from mla_func.kernels.moe.align import align_torch, align_triton
 from mla_func.kernels.moe.config import MoEConfig, pick_config
 from mla_func.kernels.moe.fused import fused_experts
 from mla_func.kernels.router.route import route_fused
-from mla_func.moe import experts, fp8_operands, fp8_scales
+from mla_func.moe import experts
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import route
 from mla_func.params import DenseMLP
@@ -121,18 +121,9 @@ def counters(x: torch.Tensor) -> torch.Tensor:
 
 def fused_layer(x, layer, cfg, config=None):
     w, ids = route_fused(x, layer.router, None, cfg, counters(x))  # the model's CUDA path
-    if config is not None:
-        shared = DenseMLP(layer.shared_gate_up, layer.shared_down)
-        fp8 = fp8_operands(x, "triton", layer.gate_up, layer.down, shared)
-        if fp8 is not None:  # block-FP8 layers: the e4m3 data and their scales
-            (gate_up, down, shared_gate_up, shared_down), kw = fp8
-            return fused_experts(x, w, ids, gate_up, down, shared_gate_up, shared_down, config,
-                                 counters=counters(x), scales=fp8_scales(
-                                     kw["gate_up_scales"], kw["down_scales"],
-                                     kw.get("shared_gate_up_scales"),
-                                     kw.get("shared_down_scales"), kw["block_rows"]))
-        return fused_experts(x, w, ids, layer.gate_up, layer.down, layer.shared_gate_up,
-                             layer.shared_down, config, counters=counters(x))
+    if config is not None:  # (block-FP8 layers: their e4m3 data and scales)
+        weights, scales = fp8_bench.kernel_operands(x, layer)
+        return fused_experts(x, w, ids, *weights, config, counters=counters(x), scales=scales)
     shared = DenseMLP(layer.shared_gate_up, layer.shared_down)
     return experts(x, w, ids, layer.gate_up, layer.down, shared, impl="triton",
                    counters=counters(x))

@@ -17,6 +17,8 @@ from dataclasses import replace
 import torch
 
 from mla_func.fp8 import FP8, dequantize, quantize
+from mla_func.moe import fp8_operands, fp8_scales
+from mla_func.params import DenseMLP
 
 try:  # `python -m scripts.bench moe` / `python -m scripts.bench_moe`
     from scripts import bench_common as common
@@ -33,6 +35,20 @@ def quantize_layers(layers: list) -> list:
                     down=quantize(layer.down, BLOCK, 1, 1),
                     shared_gate_up=quantize(layer.shared_gate_up, BLOCK, 1, 1),
                     shared_down=quantize(layer.shared_down, BLOCK, 0, 1)) for layer in layers]
+
+
+def kernel_operands(x: torch.Tensor, layer) -> tuple[tuple, object]:
+    """The weights `fused_experts` takes for `layer` (routed gate_up, down, shared gate_up,
+    down) and their `Fp8Scales`: block-FP8 layers' e4m3 data and scales as `mla_func.moe`
+    passes them; a bf16 layer's weights as they are, no scales."""
+    shared = DenseMLP(layer.shared_gate_up, layer.shared_down)
+    fp8 = fp8_operands(x, "triton", layer.gate_up, layer.down, shared)
+    if fp8 is None:
+        return (layer.gate_up, layer.down, layer.shared_gate_up, layer.shared_down), None
+    data, kw = fp8
+    return data, fp8_scales(kw["gate_up_scales"], kw["down_scales"],
+                            kw.get("shared_gate_up_scales"), kw.get("shared_down_scales"),
+                            kw["block_rows"])
 
 
 def dense_layers(layers: list) -> dict[int, object]:
@@ -87,5 +103,5 @@ def title(ceil: dict) -> str:
     return f"fused / experts_only: FP8 experts, floor in FP8 bytes at {at}; the rest bf16"
 
 
-__all__ = ["BLOCK", "WEIGHT_BYTES", "dense_layers", "matmul_tflops", "quantize_layers", "title",
-           "variants"]
+__all__ = ["BLOCK", "WEIGHT_BYTES", "dense_layers", "kernel_operands", "matmul_tflops",
+           "quantize_layers", "title", "variants"]
