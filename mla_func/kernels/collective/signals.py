@@ -25,42 +25,35 @@ def _thread_index():
                                      is_pure=True, pack=1)
 
 
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _send(slot):
-    """Swap a peer's slot 0 -> 1 (release, system scope); spin while it still holds 1."""
-    return tl.inline_asm_elementwise(
-        """
-        {
+def _swap_asm(order: str, expect: int, new: int) -> str:
+    """PTX that swaps a slot `expect` -> `new` (a compare-and-swap with memory order `order`,
+    system scope), spinning until the slot held `expect`."""
+    return f"""
+        {{
             .reg .u32 %old;
-            .reg .pred %sent;
-            send_again:
-                atom.global.release.sys.cas.b32 %old, [$1], 0, 1;
-                setp.eq.u32 %sent, %old, 0;
-                @!%sent bra send_again;
+            .reg .pred %done;
+            again:
+                atom.global.{order}.sys.cas.b32 %old, [$1], {expect}, {new};
+                setp.eq.u32 %done, %old, {expect};
+                @!%done bra again;
             mov.u32 $0, %old;
-        }
-        """,
-        "=r,l", [slot], dtype=tl.int32, is_pure=False, pack=1)
+        }}
+        """
+
+
+# The send swaps a peer's slot 0 -> 1 (release: this program's writes go first), spinning
+# while it still holds the previous 1; the wait swaps this rank's slot 1 -> 0 (acquire),
+# spinning until the peer's 1 lands.
+_SEND = tl.constexpr(_swap_asm("release", 0, 1))
+_WAIT = tl.constexpr(_swap_asm("acquire", 1, 0))
 
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _wait(slot):
-    """Swap this rank's slot 1 -> 0 (acquire, system scope); spin until the peer's 1 lands."""
-    return tl.inline_asm_elementwise(
-        """
-        {
-            .reg .u32 %old;
-            .reg .pred %got;
-            wait_again:
-                atom.global.acquire.sys.cas.b32 %old, [$1], 1, 0;
-                setp.eq.u32 %got, %old, 1;
-                @!%got bra wait_again;
-            mov.u32 $0, %old;
-        }
-        """,
-        "=r,l", [slot], dtype=tl.int32, is_pure=False, pack=1)
+def _swap(slot, ASM: tl.constexpr):
+    """One slot swapped by `ASM` (`_SEND` or `_WAIT`)."""
+    return tl.inline_asm_elementwise(ASM, "=r,l", [slot], dtype=tl.int32, is_pure=False,
+                                     pack=1)
 
 
 @triton.jit
@@ -75,7 +68,7 @@ def rank_barrier(signal_pads, slot, RANK: tl.constexpr, WORLD: tl.constexpr):
     if peer < WORLD:
         pads = signal_pads.to(tl.pointer_type(tl.int64))
         theirs = tl.load(pads + peer).to(tl.pointer_type(tl.int32))
-        _send(theirs + slot * WORLD + RANK)
+        _swap(theirs + slot * WORLD + RANK, _SEND)
         mine = tl.load(pads + RANK).to(tl.pointer_type(tl.int32))
-        _wait(mine + slot * WORLD + peer)
+        _swap(mine + slot * WORLD + peer, _WAIT)
     tl.debug_barrier()  # no thread reads the peers' rows before every signal has landed
