@@ -67,6 +67,10 @@ def _down_tile(
     if FP8:  # the rows' weight scales at K block 0 (the next K blocks follow)
         q_ptrs = scale_ptrs(q_ptr, qs_ptr, e, n_routed, offs_n, stride_qe, stride_qn,
                             stride_sqe, stride_sqn, blk_n, s_blk_n)
+        if AQ:  # act's scales ([rows, groups]) at K block 0, padding rows too
+            as_ptrs = as_ptr + act_rows * tl.cdiv(n_inter, BLOCK_K)
+            if TAIL:
+                as_t_ptrs = as_ptr + t_rows * tl.cdiv(n_inter, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, n_inter, BLOCK_K):
         if TMA:
@@ -84,11 +88,10 @@ def _down_tile(
                 a_t = tl.load(t_ptrs, mask=t_mask, other=0.0)
         a_s, a_ts, b_s = None, None, None  # the scales (FP8): none loop-carried
         if FP8:
-            if AQ:  # act came quantised: this K step's scales of the rows (padding too)
-                groups = tl.cdiv(n_inter, BLOCK_K)
-                a_s = tl.load(as_ptr + act_rows * groups + k // BLOCK_K)
+            if AQ:  # act came quantised: this K step's scales of the rows
+                a_s = tl.load(as_ptrs + k // BLOCK_K)
                 if TAIL:
-                    a_ts = tl.load(as_ptr + t_rows * groups + k // BLOCK_K)
+                    a_ts = tl.load(as_t_ptrs + k // BLOCK_K)
             else:
                 a, a_s = quant_rows(a, ROUND)
                 if TAIL:
