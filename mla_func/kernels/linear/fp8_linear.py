@@ -16,9 +16,10 @@ scale), and a weight's `stack` of matrices is stacked into its output rows (thei
 apart). Widths need not divide anything: the last group and tiles are masked.
 
 `fp8_norm_linear` is a layer's first projection (`kernel_ops.norm_linear`): where the plan's
-deferred norm applies (`plan.norm_linear_normalises`: x may be unwritten) the norm kernel
-normalises the residual h first, then the GEMM runs (two launches; the bf16 path's one-row
-kernel does both in one).
+deferred norm applies (`plan.norm_linear_normalises`: one row, x may be unwritten) the GEMM
+normalises the residual h itself (NORM): each program sums the squares of the whole row,
+then normalises the columns it quantises (`norm.rms_scaled`, HF's rounding), rounded to x's
+dtype, so no norm launch runs before it (the bf16 path's one-row kernel does the same).
 
 One kernel runs every launch (`fp8_tiles` chooses it): a program computes ROWS x BLOCK_N
 outputs over a slice of K (`split` slices), so that even a one-row product, which only
@@ -55,7 +56,7 @@ from mla_func.kernels.e4m3 import divide, group_scale, to_e4m3
 from mla_func.kernels.launch.counters import last_to_arrive
 from mla_func.kernels.launch.runtime import call_counters, op_counters
 from mla_func.kernels.linear.fp8_tiles import GROUP, Fp8Tiles, fp8_tiles
-from mla_func.kernels.linear.norm import rmsnorm
+from mla_func.kernels.linear.norm import rms_scaled
 from mla_func.kernels.plan import norm_linear_normalises as normalises
 
 MIN_BLOCK_COLS = 32  # the e4m3 MMA's K
@@ -74,23 +75,46 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, n_in, sx, n_groups, GROUP: tl.constex
     tl.store(s_ptr + row * n_groups + g, s)
 
 
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _activations(x_ptr, h_ptr, nw_ptr, m64, m_ok, k, n_in, sx, sum_sq, eps, NORM: tl.constexpr):
+    """The activations of rows m64, columns k: x's, or (NORM) rmsnorm(h) * nw in x's dtype
+    from h's rows and their sums of squares."""
+    mask = m_ok[:, None] & (k < n_in)[None, :]
+    if NORM:
+        h = tl.load(h_ptr + m64[:, None] * sx + k[None, :], mask=mask, other=0.0)
+        x = rms_scaled(h.to(tl.float32), sum_sq, n_in, eps, nw_ptr, k[None, :],
+                       (k < n_in)[None, :], h.dtype).to(x_ptr.dtype.element_ty)
+    else:
+        x = tl.load(x_ptr + m64[:, None] * sx + k[None, :], mask=mask, other=0.0)
+    return x
+
+
 @triton.jit(do_not_specialize=["n_rows"])
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _fp8_gemm_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, part_ptr, cnt_ptr, n_rows, n_in, n_out, sx, sxs,
     rows_per_stack, blocks_out, blocks_in, block_rows, block_cols, steps,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BK: tl.constexpr, SUB: tl.constexpr,
-    SPLIT: tl.constexpr, DOT: tl.constexpr, QUANT: tl.constexpr,
+    SPLIT: tl.constexpr, DOT: tl.constexpr, QUANT: tl.constexpr, h_ptr=None, nw_ptr=None,
+    eps=0.0, NORM: tl.constexpr = False, NORM_BLOCK: tl.constexpr = 1,
 ):
     """y[m, n] for ROWS rows m (block `program_id(2)`) and BLOCK_N columns n over K slice
     `program_id(1)` (`steps` groups of SUB x BK columns), summed over the slices by the last
     to arrive. QUANT: x is the activations, quantised here; else x is their e4m3 values and
-    xs their scales (`quantize_rows`)."""
+    xs their scales (`quantize_rows`). NORM (with QUANT): the activations are rmsnorm(h) *
+    nw in x's dtype, made here from h's rows (row stride sx, NORM_BLOCK >= n_in); x unread."""
     tile, split, block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     m = block * ROWS + tl.arange(0, ROWS)
     n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok, n_ok = m < n_rows, n < n_out
     m64, n64 = m.to(tl.int64), n.to(tl.int64)
+    sum_sq = None
+    if NORM:  # the rows' sums of squares, over all of each row
+        c = tl.arange(0, NORM_BLOCK)
+        hr = tl.load(h_ptr + m64[:, None] * sx + c[None, :],
+                     mask=m_ok[:, None] & (c < n_in)[None, :], other=0.0).to(tl.float32)
+        sum_sq = tl.sum(hr * hr, axis=1)[:, None]
     # Each output row's scale row: its matrix's first, then its row block.
     s_row = (n // rows_per_stack) * blocks_out + (n % rows_per_stack) // block_rows
     kk = tl.arange(0, BK)
@@ -102,8 +126,8 @@ def _fp8_gemm_kernel(
             amax = tl.zeros([ROWS], dtype=tl.float32)
             for j in tl.static_range(SUB):
                 k = k0 + j * BK + kk
-                x = tl.load(x_ptr + m64[:, None] * sx + k[None, :],
-                            mask=m_ok[:, None] & (k < n_in)[None, :], other=0.0)
+                x = _activations(x_ptr, h_ptr, nw_ptr, m64, m_ok, k, n_in, sx, sum_sq, eps,
+                                 NORM)
                 amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
             xs = group_scale(amax)
         else:
@@ -111,8 +135,7 @@ def _fp8_gemm_kernel(
         for j in tl.static_range(SUB):
             k = k0 + j * BK + kk
             k_ok = k < n_in
-            x = tl.load(x_ptr + m64[:, None] * sx + k[None, :], mask=m_ok[:, None] & k_ok[None, :],
-                        other=0.0)
+            x = _activations(x_ptr, h_ptr, nw_ptr, m64, m_ok, k, n_in, sx, sum_sq, eps, NORM)
             if QUANT:
                 xq = to_e4m3(divide(x.to(tl.float32), xs[:, None]))
             else:
@@ -173,20 +196,30 @@ def quantize_rows(x: Float[Tensor, "tokens width_in"]
 
 def run(x: Float[Tensor, "tokens width_in"], data: Tensor, scales: Tensor,
         block: tuple[int, int], counters: Tensor | None = None,
-        tiles: Fp8Tiles | None = None) -> Tensor:
+        tiles: Fp8Tiles | None = None, norm: tuple[Tensor, Tensor, float] | None = None
+        ) -> Tensor:
     """x w^T for w's e4m3 `data` [stack, width_out, width_in] (or its matrices stacked:
     [stack x width_out, width_in] with `scales` [stack, blocks_out, blocks_in]) on the grid
     `block`; `counters` a runtime's (`KVState.counters`; default a runtime of the call's own),
     which a launch split along K counts on; `tiles` default `fp8_tiles`' (tests pass
-    others)."""
+    others). `norm` (h, weight, eps), one-row launches only: x is rmsnorm(h) * weight in x's
+    dtype, made by the GEMM's programs (x itself is not read)."""
     bk = step_columns(block[1])
     stack, blocks_out, blocks_in = scales.shape
     n_in = data.shape[-1]
     n_out = data.numel() // n_in
-    if x.stride(-1) != 1:
-        x = x.contiguous()
     rows = x.shape[0]
     tiles = tiles or fp8_tiles(rows, n_out, n_in)
+    kw: dict = {}
+    if norm is not None:
+        h, weight, eps = norm
+        if tiles.block_m != 1 or tiles.quant != "inline" or h.shape != x.shape:
+            raise ValueError(f"the FP8 GEMM normalises its rows itself in one-row launches "
+                             f"only: {tiles}, h {tuple(h.shape)}, x {tuple(x.shape)}")
+        kw = dict(h_ptr=h.contiguous(), nw_ptr=weight, eps=eps, NORM=True,
+                  NORM_BLOCK=triton.next_power_of_2(n_in))
+    elif x.stride(-1) != 1:
+        x = x.contiguous()
     y = torch.empty(rows, n_out, dtype=x.dtype, device=x.device)
     if rows == 0:
         return y
@@ -203,10 +236,11 @@ def run(x: Float[Tensor, "tokens width_in"], data: Tensor, scales: Tensor,
     steps = triton.cdiv(triton.cdiv(n_in, GROUP), tiles.split)
     _fp8_gemm_kernel[grid](
         xq, xs, data.contiguous(), scales.contiguous(), y, part, slots, rows, n_in, n_out,
-        xq.stride(0), xs.stride(0), n_out // stack, blocks_out, blocks_in, block[0], block[1],
-        steps, ROWS=tiles.block_m, BLOCK_N=tiles.block_n, BK=bk, SUB=GROUP // bk,
-        SPLIT=tiles.split, DOT=tiles.block_m > 1, QUANT=inline, num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages)
+        kw["h_ptr"].stride(0) if kw else xq.stride(0), xs.stride(0), n_out // stack,
+        blocks_out, blocks_in, block[0], block[1], steps, ROWS=tiles.block_m,
+        BLOCK_N=tiles.block_n, BK=bk, SUB=GROUP // bk, SPLIT=tiles.split,
+        DOT=tiles.block_m > 1, QUANT=inline, num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages, **kw)
     return y
 
 
@@ -228,11 +262,10 @@ def _(x, data, scales, block_rows, block_cols, counters):
 def fp8_norm_linear_op(x: Tensor, h: Tensor, weight: Tensor, eps: float, data: Tensor,
                        scales: Tensor, block_rows: int, block_cols: int,
                        counters: Tensor) -> Tensor:
-    """x w^T with x = rmsnorm(h) * weight, recomputed from h where the norm may be deferred
-    (`normalises(rows, width)`: x is not read)."""
-    if normalises(*h.shape):
-        x = rmsnorm(h, weight, eps)
-    return run(x, data, scales, (block_rows, block_cols), counters)
+    """x w^T with x = rmsnorm(h) * weight, made from h by the GEMM where the norm may be
+    deferred (`normalises(rows, width)`: x is not read)."""
+    norm = (h, weight, eps) if normalises(*h.shape) else None
+    return run(x, data, scales, (block_rows, block_cols), counters, norm=norm)
 
 
 @fp8_norm_linear_op.register_fake

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class MoEConfig:
     """How to run one static size: one M-tile for both GEMMs; (N, K, warps, stages) per GEMM.
-    `direct`: the direct layout (no alignment launch; block_m unused, DIRECT_BLOCK_M rows).
+    `direct`: the direct layout (no alignment launch): tiles of DIRECT_BLOCK_M rows, or of
+    one row where block_m is 1 (one token only: its products on the CUDA cores,
+    `fp8_gemm.mma`); block_m is otherwise unused there.
     The shared experts are folded in as experts up to FUSE_SHARED_MAX_TOKENS tokens, apart
     beyond. `pdl` (sm90+): the alignment and the gate_up kernel launch while the router runs;
     the shared experts' gate_up tiles start at once.
@@ -104,6 +106,12 @@ CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
 DIRECT_MAX_TOKENS = max(bound for bound, cfg in CONFIGS if cfg.direct)
 DIRECT_BLOCK_M = 16  # tl.dot's smallest M; also the most tokens the direct layout holds
 
+
+def direct_rows(cfg: MoEConfig) -> int:
+    """Rows of a direct-layout tile: one where the config asks for it (block_m 1), else
+    DIRECT_BLOCK_M."""
+    return 1 if cfg.block_m == 1 else DIRECT_BLOCK_M
+
 # Shared experts ride in the routed launches up to this many tokens (as extra experts every
 # token routes to); past it their `tokens` rows span many M-tiles, each re-reading the shared
 # weights, and `kernels.swiglu` (cuBLAS GEMMs) runs them apart. H200, 2026-11-22: folded 305 /
@@ -122,7 +130,9 @@ FUSE_SHARED_MAX_TOKENS = 512
 # `bench moe --weights fp8 --sweep` on an H200 (2026-11-28: 43.8 -> 39.7, 358 -> 219 and
 # 3433 -> 2406 us a layer at 1, 128 and 4096 tokens); the other rows are not timed yet
 # (docs/DECISIONS.md, `moe.config.FP8_CONFIGS`). `quant_x` from 256 tokens: 2388 -> 1887 us
-# at 4096 tokens (H200, the same sweep); the rows below 4096 take it untimed.
+# at 4096 tokens (H200, the same sweep); the rows below 4096 take it untimed. `quant_act` at
+# 65-128 tokens: 219 -> 208 us a layer at 128 (H200, 2026-11-28, the same sweep at b453c0e);
+# the other rows leave it off, untimed.
 FP8_BLOCK_K = 128
 _K = FP8_BLOCK_K
 FP8_CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
@@ -133,7 +143,8 @@ FP8_CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (8, MoEConfig(16, (32, _K, 4, 3), (64, _K, 4, 3), pdl=True, inline_align=True)),
     (16, MoEConfig(16, (32, _K, 4, 3), (64, _K, 4, 3), pdl=True, inline_align=True)),
     (64, MoEConfig(16, (32, _K, 4, 4), (64, _K, 4, 3), pdl=True, inline_align=True)),
-    (128, MoEConfig(16, (256, _K, 8, 3), (128, _K, 4, 4), pdl=True, inline_align=True)),
+    (128, MoEConfig(16, (256, _K, 8, 3), (128, _K, 4, 4), pdl=True, inline_align=True,
+                    quant_act=True)),
     (256, MoEConfig(64, (64, _K, 8, 3), (64, _K, 4, 2), pdl=True, quant_x=True)),
     (512, MoEConfig(64, (64, _K, 8, 4), (128, _K, 8, 4), pdl=True, quant_x=True)),
     (1024, MoEConfig(64, (128, _K, 8, 3), (256, _K, 8, 3), pdl=True, tma=True, quant_x=True,
