@@ -29,10 +29,6 @@ TILES_FP8 = [(32, 128, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3), (128, 128, 8, 3)
 BLOCK_MS = ((8, (16,)), (64, (16, 32)), (256, (16, 32, 64)), (1024, (32, 64, 128)),
             (1 << 62, (64, 128)))
 DIRECT_SWEEP_MAX = 4  # tokens up to which the direct path is tried
-# One token also in the direct layout's one-row tiles (`MoEConfig.block_m` 1, products on the
-# CUDA cores): narrower tiles and fewer warps than the tensor cores' (BLOCK_K 128 serves FP8).
-ROW_TILES = [(16, 128, 2, 4), (32, 128, 2, 4), (32, 128, 4, 3), (64, 128, 4, 3),
-             (64, 128, 8, 3), (128, 128, 4, 3)]
 
 # A config's (µs a layer, relative error against the baseline); µs None: it could not run.
 TimeCase = Callable[[MoEConfig], tuple[float | None, float | None]]
@@ -81,10 +77,6 @@ def sweep(t: int, time_case: TimeCase, floor: float, fp8: bool = False) -> list[
         timed(replace(base, direct=not base.direct, last_sum=False, pdl=False))
         best = descend(replace(base, direct=True), both)
         timed(replace(best, last_sum=not best.last_sum))  # the sum launch or the down's tail
-        if t == 1:
-            row = descend(replace(best, block_m=1), (("gate_up", ROW_TILES),
-                                                     ("down", ROW_TILES)))
-            timed(replace(row, last_sum=not row.last_sum))
     else:
         bms = next(bms for bound, bms in BLOCK_MS if t <= bound)
         for bm in sorted({*bms, base.block_m}):
@@ -97,8 +89,7 @@ def sweep(t: int, time_case: TimeCase, floor: float, fp8: bool = False) -> list[
 
 
 def _variant(c: MoEConfig) -> str:
-    rows = " 1-row" if c.direct and c.block_m == 1 else ""
-    return ("direct+last sum" if c.last_sum else "direct" if c.direct else "aligned") + rows
+    return "direct+last sum" if c.last_sum else "direct" if c.direct else "aligned"
 
 
 def print_sweep(sweeps: list[dict], tokens: list[int], fp8: bool = False) -> None:

@@ -222,27 +222,6 @@ def test_direct_matches_reference_and_aligned(tokens, topk, n_exp, hidden, inter
         assert torch.equal(got, aligned), cfg
 
 
-@pytest.mark.parametrize("shared,fold", [(2, None), (1, False), (0, None)])
-@pytest.mark.interpret
-def test_one_row_tiles_match_reference(shared, fold, nan_empty, monkeypatch):
-    """One token in the direct layout's one-row tiles (`MoEConfig.block_m` 1: products on
-    the CUDA cores), with the sum apart and as the down GEMM's tail, the shared experts
-    folded in or apart: the reference's values; more tokens, or the aligned layout, are
-    refused."""
-    x, w, ids, gu, dn, mlp = make(1, 6, 8, 48, 24, shared, seed=1)
-    s_gu, s_dn = (None, None) if mlp is None else (mlp.gate_up, mlp.down)
-    place_shared(monkeypatch, fold)
-    want = reference(x, w, ids, gu, dn, mlp)
-    for cfg in (DIRECT, DIRECT_LAST):
-        got = fused_experts(x, w, ids, gu, dn, s_gu, s_dn, dataclasses.replace(cfg, block_m=1))
-        close(got, want, 1e-5)
-    x2, w2, ids2, gu2, dn2, _ = make(2, 6, 8, 48, 24, 0, seed=1)
-    with pytest.raises(ValueError, match="1-row tiles takes at most 1 tokens"):
-        fused_experts(x2, w2, ids2, gu2, dn2, config=dataclasses.replace(DIRECT, block_m=1))
-    with pytest.raises(ValueError, match="need the direct layout"):
-        fused_experts(x, w, ids, gu, dn, config=dataclasses.replace(SMALL, block_m=1))
-
-
 @pytest.mark.parametrize("cfg,shared,fold,wide", [
     (SMALL, 2, None, False),        # shared experts folded in
     (SMALL, 1, False, False),       # shared MLP apart: added in the same final sum

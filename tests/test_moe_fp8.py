@@ -154,13 +154,6 @@ CASES = {  # name: (tokens, topk, n_exp, hidden, inter, shared, fold, config, sk
                                dataclasses.replace(SMALL, quant_x=True, quant_act=True), False),
     "tma-merge-tail-apart-quant-x": (36, 2, 4, 256, 128, 1, False, dataclasses.replace(
         SMALL, block_m=32, tma=True, merge_tail=True, quant_x=True, quant_act=True), True),
-    # One token in one-row tiles (block_m 1: the CUDA cores' product, `fp8_gemm.mma`), the
-    # shared experts folded in with the sum as the down GEMM's tail, and apart (their own
-    # launches in one-row tiles too).
-    "direct-one-row-folded": (1, 2, 4, 256, 128, 2, True, dataclasses.replace(
-        SMALL, block_m=1, direct=True, last_sum=True), False),
-    "direct-one-row-apart": (1, 2, 4, 256, 128, 1, False, dataclasses.replace(
-        SMALL, block_m=1, direct=True), False),
     # K and moe_inter partial groups (192 = 1.5, 160 = 1.25): the shared MLP apart whatever
     # the token count (moe_inter is no whole number of groups: `fold_shared`).
     "partial-groups": (3, 2, 4, 192, 160, 1, None, SMALL, False),
@@ -243,7 +236,7 @@ def test_fp8_table_rows():
 # spill (the rows were chosen so: `config.FP8_CONFIGS`).
 _AOT = """
 from sm90_ptxas import compile_sm90
-from mla_func.kernels.moe.config import FP8_CONFIGS, FP8_SPILLS, direct_rows
+from mla_func.kernels.moe.config import FP8_CONFIGS, FP8_SPILLS
 from mla_func.kernels.moe.down import down_kernel
 from mla_func.kernels.moe.gate_up import gate_up_kernel
 ptrs = dict(weights_ptr="*fp32", ids_ptr="*i64", sorted_ptr="*i32", block_expert_ptr="*i32",
@@ -251,7 +244,7 @@ ptrs = dict(weights_ptr="*fp32", ids_ptr="*i64", sorted_ptr="*i32", block_expert
             qs_ptr="*fp32", w_ptr="*fp8e4nv", ws_ptr="*fp8e4nv")
 seen, bad = set(), []
 for bound, cfg in FP8_CONFIGS:
-    bm = direct_rows(cfg) if cfg.direct else cfg.block_m
+    bm = 16 if cfg.direct else cfg.block_m
     for fn, (bn, bk, warps, stages) in ((gate_up_kernel, cfg.gate_up), (down_kernel, cfg.down)):
         gate = fn is gate_up_kernel
         const = dict(PAIRS_PER_TOKEN=8, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32",

@@ -19,9 +19,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class MoEConfig:
     """How to run one static size: one M-tile for both GEMMs; (N, K, warps, stages) per GEMM.
-    `direct`: the direct layout (no alignment launch): tiles of DIRECT_BLOCK_M rows, or of
-    one row where block_m is 1 (one token only: its products on the CUDA cores,
-    `fp8_gemm.mma`); block_m is otherwise unused there.
+    `direct`: the direct layout (no alignment launch; block_m unused, DIRECT_BLOCK_M rows).
     The shared experts are folded in as experts up to FUSE_SHARED_MAX_TOKENS tokens, apart
     beyond. `pdl` (sm90+): the alignment and the gate_up kernel launch while the router runs;
     the shared experts' gate_up tiles start at once.
@@ -105,12 +103,6 @@ CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
 
 DIRECT_MAX_TOKENS = max(bound for bound, cfg in CONFIGS if cfg.direct)
 DIRECT_BLOCK_M = 16  # tl.dot's smallest M; also the most tokens the direct layout holds
-
-
-def direct_rows(cfg: MoEConfig) -> int:
-    """Rows of a direct-layout tile: one where the config asks for it (block_m 1), else
-    DIRECT_BLOCK_M."""
-    return 1 if cfg.block_m == 1 else DIRECT_BLOCK_M
 
 # Shared experts ride in the routed launches up to this many tokens (as extra experts every
 # token routes to); past it their `tokens` rows span many M-tiles, each re-reading the shared

@@ -72,17 +72,8 @@ def scale_ptrs(q_ptr, qs_ptr, e, n_routed, offs_n, stride_qe, stride_qn, stride_
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def mma(a, b, acc, a_s, b_s, PRECISION: tl.constexpr, FP8: tl.constexpr):
     """acc + a b: with FP8 one K step of e4m3 tiles, its fp32 product scaled per row (a_s)
-    and per column (b_s) before it is added. A one-row a (the direct layout's tiles at one
-    token, `MoEConfig.block_m` 1) multiplies on the CUDA cores instead: float32 products
-    (exact for e4m3 and bf16 values) summed along K, no tensor-core tile of 15 padding rows
-    and no shared-memory staging of b."""
-    if a.shape[0] == 1:
-        prod = tl.sum(tl.trans(a).to(tl.float32) * b.to(tl.float32), axis=0, keep_dims=True)
-        if FP8:
-            acc += prod * (a_s[:, None] * b_s[None, :])
-        else:
-            acc += prod
-    elif FP8:
+    and per column (b_s) before it is added."""
+    if FP8:
         acc += tl.dot(a, b) * (a_s[:, None] * b_s[None, :])
     else:
         acc = tl.dot(a, b, acc, input_precision=PRECISION)

@@ -87,7 +87,7 @@ from mla_func.kernels.launch.runtime import Runtime, call_counters, op_counters
 from mla_func.kernels.linear.norm import add_rmsnorm
 from mla_func.kernels.moe import fp8_gemm
 from mla_func.kernels.moe.align import align, empty_layout
-from mla_func.kernels.moe.config import MoEConfig, direct_rows, fold_shared, pick_config
+from mla_func.kernels.moe.config import DIRECT_BLOCK_M, MoEConfig, fold_shared, pick_config
 from mla_func.kernels.moe.down import down_kernel
 from mla_func.kernels.moe.fp8_gemm import GROUP, Fp8Scales, check_weights, gemm_args
 from mla_func.kernels.moe.fp8_gemm import shared_as_experts as shared_scales
@@ -228,11 +228,8 @@ def fused_experts(
                          f" got {tokens} tokens x top-{topk}")
     if cfg.shared_stream and n_shared:
         raise ValueError("MoEConfig.shared_stream needs the shared experts apart")
-    if cfg.direct and tokens > direct_rows(cfg):
-        raise ValueError(f"the direct path of {direct_rows(cfg)}-row tiles takes at most "
-                         f"{direct_rows(cfg)} tokens; got {tokens}")
-    if cfg.block_m == 1 and not cfg.direct:
-        raise ValueError("one-row tiles (MoEConfig.block_m 1) need the direct layout")
+    if cfg.direct and tokens > DIRECT_BLOCK_M:
+        raise ValueError(f"the direct path takes at most {DIRECT_BLOCK_M} tokens")
     if cfg.last_sum and not cfg.direct:
         raise ValueError("last_sum needs the direct layout (MoEConfig.direct)")
     if add_norm is not None and (add_norm[0].shape != x.shape or add_norm[0].dtype != x.dtype):
@@ -263,11 +260,11 @@ def fused_experts(
                 else:
                     width = shared_down.shape[1]
                     swiglu_fp8(x, ids, *shared, scales.shared_gate_up, scales.shared_down,
-                               scales.shared_rows, direct_rows(cfg) if cfg.direct else cfg.block_m,
+                               scales.shared_rows, DIRECT_BLOCK_M if cfg.direct else cfg.block_m,
                                (_fit(cfg.gate_up, width, n_hidden, True),
                                 _fit(cfg.down, n_hidden, width, True)), extra)
         if cfg.direct:
-            bm, n_tiles = direct_rows(cfg), tokens * topk + n_shared
+            bm, n_tiles = DIRECT_BLOCK_M, tokens * topk + n_shared
             layout = (ids, ids, ids)  # no alignment: the kernels read the tiles off `ids`
         else:
             bm = cfg.block_m
