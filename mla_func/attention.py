@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float, Float32, Int
 from torch import Tensor
 
 from mla_func.custom_op import custom_op
@@ -76,7 +76,8 @@ def torch_attention(
     page_table = m.page_table[:, :pages_used]
     mha = attention_form(int(m.host[4]), m.mha_min_query) == "mha"
     form = ref.attend_mha if mha else ref.attend_absorbed
-    o = form(q_nope, q_pe, layer_cache, w.w_uk, w.w_uv, m.token_seq, m.positions, page_table,
+    w_uk, w_uv = w.dense(q_nope.dtype)
+    o = form(q_nope, q_pe, layer_cache, w_uk, w_uv, m.token_seq, m.positions, page_table,
              w.scale)
     return o if out is None else out.copy_(o)
 
@@ -142,11 +143,13 @@ def get_backend(name: str, device: torch.device | str | None = None) -> Attentio
 def mla_attention(
     q_nope: Tensor, q_pe: Tensor, kv: Tensor, cache: Tensor, layer: int, kv_norm: Tensor,
     inv_freq: Tensor, w_uk: Tensor, w_uv: Tensor, scale: float, rope_scale: float, eps: float,
+    uk_scales: Tensor | None, uv_scales: Tensor | None, block_rows: int, block_cols: int,
     slot_mapping: Tensor, token_seq: Tensor, positions: Tensor, page_table: Tensor,
     seq_lens: Tensor, host: Tensor, mha_min_query: int, backend: str,
 ) -> Tensor:
-    w, m = from_flat((kv_norm, inv_freq, w_uk, w_uv, scale, rope_scale, eps, slot_mapping,
-                      token_seq, positions, page_table, seq_lens, host, mha_min_query))
+    w, m = from_flat((kv_norm, inv_freq, w_uk, w_uv, scale, rope_scale, eps, uk_scales,
+                      uv_scales, block_rows, block_cols, slot_mapping, token_seq, positions,
+                      page_table, seq_lens, host, mha_min_query))
     # Contiguous, as the fake implementation says (the reference's einsum leaves the heads
     # outermost in memory): a compiler that trusts the fake's strides (Inductor) reads it so.
     return get_backend(backend).run(q_nope, q_pe, kv, cache, layer, w, m).contiguous()
@@ -182,6 +185,10 @@ def op_args(
     scale: float,
     rope_scale: float,
     eps: float,
+    uk_scales: Float32[Tensor, "heads _ _"] | None,
+    uv_scales: Float32[Tensor, "heads _ _"] | None,
+    block_rows: int,
+    block_cols: int,
     slot_mapping: Int[Tensor, " tokens"],
     token_seq: Int[Tensor, " tokens"],
     positions: Int[Tensor, " tokens"],
@@ -194,7 +201,8 @@ def op_args(
     operand's dims together (the pytrees' own checks see each alone, and the op's fake
     implementation, which `meta` tensors run, checks nothing)."""
     return (q_nope, q_pe, kv, cache, layer, kv_norm, inv_freq, w_uk, w_uv, scale, rope_scale,
-            eps, slot_mapping, token_seq, positions, page_table, seq_lens, host, mha_min_query)
+            eps, uk_scales, uv_scales, block_rows, block_cols, slot_mapping, token_seq,
+            positions, page_table, seq_lens, host, mha_min_query)
 
 
 def attend(

@@ -21,10 +21,10 @@ activations quantised per token and 128 columns, DeepSeek-V3's numerics), the no
 or the add+norm after in their own kernels; `kernels.plan` records it
 (`StepPlan.projections`). Elsewhere FP8 weights are read through `fp8.dense`, dequantised
 to the activations' dtype on the fly (CPU matmuls take no float8). W_UK and W_UV, the
-absorbed attention's per-head products (bmm in the attention op), are dequantised to the
-activations' dtype on both paths (`model.attention_weights`): the chosen precision, by this
-module, not measured against FP8 yet. The router, the norms, the embedding and lm_head stay
-float.
+absorbed attention's per-head products, are multiplied in the activations' dtype: on the
+fused path the attention op takes them in FP8 as stored and its kernels dequantise each
+tile as they load it (`absorbed`; the bits of dequantising the weight first), elsewhere they
+are dequantised before the op. The router, the norms, the embedding and lm_head stay float.
 
 The deferred norm (one decode row, fused path): a layer's first projection takes both the
 normalised residual x and the residual h (`norm_linear`). Where
@@ -46,7 +46,6 @@ from torch import Tensor
 from mla_func.config import MLAConfig
 from mla_func.custom_op import EagerOp, custom_op
 from mla_func.fp8 import Fp8Weight, Weight, dense
-from mla_func.kernels.linear import fp8_dequant as fused_dequant
 from mla_func.kernels.linear import fp8_linear as fused_fp8
 from mla_func.kernels.linear import norm as fused_norm
 from mla_func.kernels.linear import norm_linear as fused_norm_linear
@@ -107,13 +106,18 @@ def _fp8(w: Weight, opts: KernelOptions) -> bool:
     return opts.fused and isinstance(w, Fp8Weight) and fp8_gemm_runs(w.data.device)
 
 
-def absorbed(w: Weight, dtype: torch.dtype, opts: KernelOptions) -> Tensor:
-    """An absorbed attention weight (W_UK, W_UV) in the activations' `dtype`: an FP8 one
-    dequantised (one launch on the fused path on CUDA: `linear.fp8_dequant`)."""
-    if opts.fused and isinstance(w, Fp8Weight) and w.data.is_cuda:
-        out = _call(fused_dequant.fp8_dequantize_op, opts)(w.data, w.scales, *w.block, dtype)
-        return out.reshape(w.shape)
-    return dense(w, dtype)
+def absorbed(w_uk: Weight, w_uv: Weight, dtype: torch.dtype, opts: KernelOptions
+             ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, int, int]:
+    """The absorbed attention weights as the attention op takes them (`AttnWeights`' W_UK,
+    W_UV, their scales and block): on the fused path block-FP8 ones stored a matrix a head
+    on one grid as they are (the Triton backend's decode kernels dequantise their tiles as
+    they load them, its other paths and the torch backend before); else in the activations'
+    `dtype`."""
+    if (opts.fused and isinstance(w_uk, Fp8Weight) and isinstance(w_uv, Fp8Weight)
+            and w_uk.block == w_uv.block
+            and all(w.data.shape == w.shape for w in (w_uk, w_uv))):  # a matrix a head
+        return w_uk.data, w_uv.data, w_uk.scales, w_uv.scales, *w_uk.block
+    return dense(w_uk, dtype), dense(w_uv, dtype), None, None, 0, 0
 
 
 def linear(x: Float[Tensor, "tokens width_in"], w: Float[Tensor, "*rows width_in"] | Fp8Weight,

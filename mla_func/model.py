@@ -50,11 +50,13 @@ def project_qkv_a(
 
 
 def attention_weights(attn: Attention, params: Params, opts: KernelOptions) -> AttnWeights:
-    """The attention op's weights; W_UK and W_UV in the activations' dtype (`K.absorbed`)."""
-    cfg, dtype = params.cfg, params.dtype
-    return AttnWeights(attn.kv_a_norm, params.rope_inv_freq, K.absorbed(attn.w_uk, dtype, opts),
-                       K.absorbed(attn.w_uv, dtype, opts), cfg.softmax_scale,
-                       rope_attention_factor(cfg), cfg.rms_norm_eps)
+    """The attention op's weights; W_UK and W_UV as `K.absorbed` passes them."""
+    cfg = params.cfg
+    w_uk, w_uv, uk_scales, uv_scales, rows, cols = K.absorbed(attn.w_uk, attn.w_uv,
+                                                              params.dtype, opts)
+    return AttnWeights(attn.kv_a_norm, params.rope_inv_freq, w_uk, w_uv, cfg.softmax_scale,
+                       rope_attention_factor(cfg), cfg.rms_norm_eps, uk_scales, uv_scales, rows,
+                       cols)
 
 
 def attention_meta(batch: Batch) -> AttnMeta:

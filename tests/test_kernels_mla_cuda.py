@@ -134,9 +134,9 @@ def test_cuda_backend_decode_step_in_graph_matches_eager():
 
     def step():
         return torch.ops.mla_func.mla_attention(
-            q_nope, q_pe, kv, cache, 1, kv_norm, inv_freq, w_uk, w_uv, 0.07, 1.0, 1e-6,
-            cols["slot_mapping"], cols["token_seq"], cols["positions"], table, seq_lens,
-            batch.host, MHA_MIN_QUERY, "triton")
+            q_nope, q_pe, kv, cache, 1, kv_norm, inv_freq, w_uk, w_uv, 0.07, 1.0, 1e-6, None,
+            None, 0, 0, cols["slot_mapping"], cols["token_seq"], cols["positions"], table,
+            seq_lens, batch.host, MHA_MIN_QUERY, "triton")
 
     step()  # warm-up: compile, allocate the workspace
     graph = torch.cuda.CUDAGraph()

@@ -118,7 +118,7 @@ def backend_case(work, page_size, pad_rows=0, seed=0):
     args = [
         rnd(t, h, n), rnd(t, h, r), rnd(t, c + r), rnd(2, 40, page_size, c + r), 1,
         1 + 0.1 * rnd(c), inv_freq.repeat_interleave(2).to(DEV),
-        rnd(h, n, c, s=1 / 4), rnd(h, v, c, s=1 / 6), 0.25, 1.1, 1e-6,
+        rnd(h, n, c, s=1 / 4), rnd(h, v, c, s=1 / 6), 0.25, 1.1, 1e-6, None, None, 0, 0,
         pad(batch.slot_mapping, -1), pad(batch.token_seq, s), pad(batch.positions, 0),
         table, torch.cat([batch.seq_lens, torch.ones(pad_rows, dtype=torch.int32, device=DEV)]),
         batch.host, MHA_MIN_QUERY,
@@ -127,7 +127,7 @@ def backend_case(work, page_size, pad_rows=0, seed=0):
 
 
 # Where backend_case's args (the op's, `attention.op_args` order) hold the cache and the slots.
-CACHE_ARG, SLOTS_ARG = 3, 12
+CACHE_ARG, SLOTS_ARG = 3, 16
 # The runtime the "triton" backend's workspace belongs to: the caches these tests make are
 # its own (`Runtime.own`), as a state's cache is its state's.
 RUNTIME = Runtime(DEV)

@@ -14,7 +14,8 @@ from sm90_ptxas import ptxas_usage
 from mla_func.kernels.attention import decode as md
 from mla_func.kernels.attention import merge as mm
 
-TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
+TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32",
+         torch.float8_e4m3fn: "*fp8e4nv"}
 LAST_PTX = [""]
 
 def compile_sm90(kernel, args, kwargs):
@@ -116,31 +117,41 @@ for splits, pdl, warm in ((32, True, False), (128, False, False), (32, True, Tru
     assert spills == 0
     assert ("cp.async.bulk.prefetch.L2.global" in LAST_PTX[0]) == warm
 from mla_func.kernels.attention import absorb as ab
+from mla_func.fp8 import Fp8Weight
 bf = torch.bfloat16
-for heads, rows in ((16, 1), (128, 300)):  # one token block; several
+
+def weight(heads, rows, w8):  # W_UK / W_UV: bf16, or block FP8 as V2-Lite's checkpoint holds it
+    if not w8:
+        return torch.empty(heads, rows, 512, dtype=bf)
+    return Fp8Weight(torch.empty(heads, rows, 512, dtype=torch.float8_e4m3fn),
+                     torch.empty(heads, 1, 4), (128, 128), (heads, rows, 512))
+
+# one token block; several; one with block-FP8 W_UK
+for heads, rows, w8 in ((16, 1, False), (128, 300, False), (16, 1, True)):
     q = torch.empty(rows, heads, 192, dtype=bf)  # q_nope, q_pe: slices of q, as the model's
     new = ab.NewRows(q[..., 128:], torch.empty(rows, 3648, dtype=bf)[:, -576:],
                      torch.empty(rows, dtype=torch.int32), torch.empty(rows, dtype=torch.int32),
                      torch.empty(512, dtype=bf), torch.empty(64), 1.0, 1e-6)
     _, call, kwargs = ab.absorb_launch(
-        q[..., :128], torch.empty(heads, 128, 512, dtype=bf),
+        q[..., :128], weight(heads, 128, w8),
         torch.empty(heads, rows, 512, dtype=bf), torch.empty(100, 64, 576, dtype=bf), new,
         torch.empty(rows, heads, 64, dtype=bf))
     kwargs["PDL"] = True  # absorb_launch turns it off off CUDA: the split may launch early
     regs, spills, smem, _, _ = compile_sm90(ab._absorb_prologue_kernel, call, kwargs)
     assert "griddepcontrol.launch_dependents" in LAST_PTX[0]
-    print("absorb", heads, rows, "regs", regs, "spills", spills, "smem", smem)
+    print("absorb", heads, rows, w8, "regs", regs, "spills", spills, "smem", smem)
     assert spills == 0
 from mla_func.kernels.attention import merge_uv as uv
-for rows, splits, pdl in ((1, 32, True), (8, 29, True), (2, 128, False)):
+for rows, splits, pdl, w8 in ((1, 32, True, False), (8, 29, True, False),
+                              (2, 128, False, False), (1, 32, True, True)):
     po, pl = torch.empty(rows, 16, splits, 512), torch.empty(rows, 16, splits)
-    w_uv = torch.empty(16, 128, 512, dtype=torch.bfloat16)
+    w_uv = weight(16, 128, w8)
     out = torch.empty(rows, 16, 128, dtype=torch.bfloat16)
     shares = torch.empty(uv.shares_numel(rows, 16, 512, 128))
     _, call, kwargs = uv.merge_uv_launch(po, pl, torch.empty(rows, dtype=torch.int32), w_uv, out,
                                          32, pdl, shares, torch.zeros(rows * 16, dtype=torch.int32))
     regs, spills, smem, _, _ = compile_sm90(uv._merge_uv_kernel, call, kwargs)
-    print("merge_uv", rows, splits, pdl, "regs", regs, "spills", spills, "smem", smem)
+    print("merge_uv", rows, splits, pdl, w8, "regs", regs, "spills", spills, "smem", smem)
     assert spills == 0
     assert ("griddepcontrol.wait" in LAST_PTX[0]) == pdl
     if pdl:  # the W_UV rows are loaded before the wait; the projection after may launch
@@ -188,10 +199,11 @@ def test_decode_compiles_for_sm90():
     pipeliner double-buffer the KV tile at 3 stages.
     shared_p at 128 heads: spill-free at page 64, still double-buffered (the scratch reload and its
     barrier do not stop the pipeliner), and every dot splits over the two warpgroups. The fused
-    absorb + prologue compiles spill-free at 16 and 128 heads; so does the merge fused with
-    W_UV, which loads its W_UV rows before it waits when launched as a dependent and lets
-    the output projection after it launch at once; that projection (proj_norm) compiles
-    spill-free and loads its weight rows before it waits, as do small_linear and norm_linear.
+    absorb + prologue compiles spill-free at 16 and 128 heads, and with a block-FP8 W_UK;
+    so does the merge fused with W_UV (bf16 or block FP8), which loads its W_UV rows before
+    it waits when launched as a dependent and lets the output projection after it launch at
+    once; that projection (proj_norm) compiles spill-free and loads its weight rows before
+    it waits, as do small_linear and norm_linear.
     The decode's FP8-cache plan at 16 heads compiles spill-free, its tile double-buffered."""
     out = run_compile_script(_SM90, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -24,6 +24,7 @@ from mla_func.kernels.linear import fp8_dequant, fp8_linear, small_linear
 from mla_func.kernels.plan import KernelOptions
 from mla_func.moe import moe_experts_add_norm_op, moe_experts_op
 from mla_func.parallel.comm import _all_reduce, _all_reduce_add_norm
+from mla_func.quantize import quantize_fp8
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NAMESPACE = "mla_func::"
@@ -40,19 +41,25 @@ class _Record(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.name()
         if name.startswith(NAMESPACE):
-            key = name if "attention" not in name else f"{name} {args[-1]} {args[0].shape[0]}"
+            key = name
+            if "attention" in name:  # its backend, rows, and W_UK / W_UV in block FP8 (W_UK's
+                fp8 = args[12] is not None  # scales: `attention.op_args`' 13th)
+                key += f" {args[-1]} {args[0].shape[0]}" + (" fp8" if fp8 else "")
             clone = torch.utils._pytree.tree_map_only(torch.Tensor, torch.clone, (args, kwargs))
             self.calls.setdefault(key, (func, *clone))  # (op, args, kwargs)
         return func(*args, **(kwargs or {}))
 
 
-def _model_calls(backend: str) -> dict[str, tuple]:
+def _model_calls(backend: str, fp8: bool = False) -> dict[str, tuple]:
     """The custom-op calls of two steps of a small q_lora config (q_lora adds a norm of the
     query) on the fused path with `backend`: two prompts in the MHA form, then their two
-    decodes in the absorbed one (more than one row: its result's layout shows)."""
+    decodes in the absorbed one (more than one row: its result's layout shows); `fp8`: its
+    weights in block FP8 (`quantize_fp8`)."""
     cfg = dataclasses.replace(mf.MLAConfig.preset("tiny"), q_lora_rank=24,
                               num_hidden_layers=2)
     params = mf.init_params(cfg, seed=1, device=DEVICE)
+    if fp8:
+        params = quantize_fp8(params)
     state = mf.init_state(cfg, num_pages=8, page_size=4, device=DEVICE)
     opts = KernelOptions(attention=backend, fused=True, experts="triton")
     a, b = state.allocator.reserve(0, 6), state.allocator.reserve(1, 4)
@@ -150,9 +157,21 @@ def _registered() -> set[str]:
 @pytest.fixture(scope="module")
 def calls() -> dict[str, tuple]:
     found = {**_model_calls("torch"), **_direct_calls()}
+    backends = ["torch"]
     if DEVICE == "cuda" or _triton_attention_runs_here():
         found.update({k: v for k, v in _model_calls("triton").items() if "attention" in k})
+        backends.append("triton")
+    for backend in backends:  # the attention op with block-FP8 W_UK / W_UV
+        found.update({k: v for k, v in _model_calls(backend, fp8=True).items()
+                      if "attention" in k})
     return found
+
+
+def _schema(op) -> torch.FunctionSchema:
+    """The op's schema: a recorded call's overload has it, a `custom_op` holds its text."""
+    if isinstance(op._schema, torch.FunctionSchema):
+        return op._schema
+    return torch._C.parse_schema(op._name + op._schema)
 
 
 def _triton_attention_runs_here() -> bool:
@@ -165,9 +184,11 @@ def test_every_op_is_checked(calls):
     seen = {k.split(" ")[0] for k in calls}
     assert seen == _registered(), sorted(_registered() ^ seen)
     forms = {tuple(k.split(" ")[1:]) for k in calls if "attention" in k}
-    want = {("torch", "8"), ("torch", "2")}  # the prefill and the decode call
+    backends = ["torch"]
     if DEVICE == "cuda" or _triton_attention_runs_here():
-        want |= {("triton", "8"), ("triton", "2")}
+        backends.append("triton")
+    # the prefill and the decode call, with float and block-FP8 W_UK / W_UV
+    want = {(b, rows, *fp8) for b in backends for rows in ("8", "2") for fp8 in ((), ("fp8",))}
     assert forms == want, forms
 
 
@@ -192,10 +213,14 @@ def test_opcheck(calls, monkeypatch):
             # has no float8 kernel: compare their bytes here instead, and run the rest.
             utils = dict(test_utils=("test_autograd_registration", "test_faketensor",
                                      "test_aot_dispatch_dynamic"))
-            before = [a.clone() for a in args if isinstance(a, torch.Tensor)]
+            # (Only the arguments the schema does not write: the attention's cache changes.)
+            written = {i for i, a in enumerate(_schema(op).arguments)
+                       if a.alias_info is not None and a.alias_info.is_write}
+            kept = [i for i, a in enumerate(args)
+                    if isinstance(a, torch.Tensor) and i not in written]
+            before = [args[i].clone() for i in kept]
             op(*args, **kwargs)
-            after = [a for a in args if isinstance(a, torch.Tensor)]
-            assert all(_same_bytes(a, b) for a, b in zip(before, after, strict=True)), key
+            assert all(_same_bytes(args[i], b) for i, b in zip(kept, before, strict=True)), key
         result = torch.library.opcheck(op, args, kwargs, raise_exception=False, **utils)
         bad = {test: str(r) for test, r in result.items() if r != "SUCCESS"}
         if bad:

@@ -1,11 +1,13 @@
-"""Rounding to e4m3 in float32, before the cast: the FP8 kernels' one conversion.
+"""Rounding to e4m3 (and bf16) in float32, before the cast: the FP8 kernels' conversions.
 
 Every Triton kernel that writes e4m3 (the projections' and the experts' activation
 quantisation, the FP8 cache's rows) rounds here first, so that the cast itself is exact and
 the bits are the same on a GPU (whose cast rounds to nearest even) and in Triton's
 interpreter (3.9: its float32 -> e4m3 cast drops the carry of a mantissa that rounds up into
 the exponent, 31.5 -> 16, and truncates subnormals). `fp8.quantize_matrix` and the torch
-references round as the GPU does.
+references round as the GPU does. Its float32 -> bf16 cast truncates: `to_bf16` rounds to
+nearest even in integer arithmetic, and `dequantize` (a block-FP8 weight's tile as the
+activations' dtype) goes through it.
 """
 
 from typing import no_type_check
@@ -54,4 +56,27 @@ def group_scale(amax):
     return tl.where(amax > 0, divide(amax, tl.full(amax.shape, 448.0, tl.float32)), 1.0)
 
 
-__all__ = ["E4M3_MAX", "divide", "group_scale", "round_e4m3", "to_e4m3"]
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def to_bf16(x):
+    """float32 x rounded to nearest even bf16 (finite x)."""
+    b = x.to(tl.uint32, bitcast=True)
+    b = b + 0x7FFF + ((b >> 16) & 1)
+    return (b >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def dequantize(q, s, dtype: tl.constexpr):
+    """Block-FP8 values q times their block scales s (broadcast to q) as `dtype`: a float32
+    product rounded once, the bits of `fp8.dequantize` (bf16 through `to_bf16`)."""
+    v = q.to(tl.float32) * s
+    if dtype == tl.bfloat16:
+        out = to_bf16(v)
+    else:
+        out = v.to(dtype)
+    return out
+
+
+__all__ = ["E4M3_MAX", "dequantize", "divide", "group_scale", "round_e4m3", "to_bf16",
+           "to_e4m3"]

@@ -7,14 +7,19 @@ numbers): they are flattened once, where the op is called (`flat`), and rebuilt 
 
 from dataclasses import dataclass, fields
 
-from jaxtyping import Float, Int
+import torch
+from jaxtyping import Float, Float32, Int
 from torch import Tensor
+
+from mla_func.fp8 import Fp8Weight, dense
 
 
 @dataclass(frozen=True)
 class AttnWeights:
     """One layer's attention weights and numbers: the latent norm, the rope frequencies, the
-    absorbed W_UK / W_UV, the softmax and rope scales and the norm's eps."""
+    absorbed W_UK / W_UV, the softmax and rope scales and the norm's eps. W_UK / W_UV are
+    float, or block FP8 as stored: e4m3 values with their scales per block of `block_rows` x
+    `block_cols` (one grid for both; float weights: no scales, a 0 x 0 block)."""
 
     kv_norm: Float[Tensor, " kv_lora"]
     inv_freq: Float[Tensor, " qk_rope"]
@@ -23,6 +28,24 @@ class AttnWeights:
     scale: float
     rope_scale: float
     eps: float
+    uk_scales: Float32[Tensor, "heads _ _"] | None = None
+    uv_scales: Float32[Tensor, "heads _ _"] | None = None
+    block_rows: int = 0
+    block_cols: int = 0
+
+    def absorbed(self) -> tuple[Tensor | Fp8Weight, Tensor | Fp8Weight]:
+        """(W_UK, W_UV): float tensors, or block-FP8 weights (`fp8.Fp8Weight`)."""
+        if self.uk_scales is None or self.uv_scales is None:
+            return self.w_uk, self.w_uv
+        block = (self.block_rows, self.block_cols)
+        return (Fp8Weight(self.w_uk, self.uk_scales, block, tuple(self.w_uk.shape)),
+                Fp8Weight(self.w_uv, self.uv_scales, block, tuple(self.w_uv.shape)))
+
+    def dense(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """(W_UK, W_UV) as float tensors, block-FP8 ones dequantised to `dtype` in torch (the
+        reference's `fp8.dequantize`)."""
+        uk, uv = self.absorbed()
+        return dense(uk, dtype), dense(uv, dtype)
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,14 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.cache_fp8 import is_fp8
+from mla_func.fp8 import Fp8Weight
 from mla_func.kernels.attention.cache_write import write_row_args
-from mla_func.kernels.attention.fp8_rows import row_constexprs
+from mla_func.kernels.attention.fp8_rows import (
+    row_constexprs,
+    weight_args,
+    weight_scales,
+    weight_tile,
+)
 from mla_func.kernels.attention.rope import prologue_blocks, prologue_row
 from mla_func.kernels.launch.pdl import supported as pdl_supported
 from mla_func.ops.attention import CacheLayer
@@ -57,11 +63,12 @@ class NewRows:
 def _absorb_prologue_kernel(
     q_nope, w_uk, q_lat, q_src, q_pe, kv, cache, slots, positions, kv_norm, inv_freq,
     sn_t, sn_h, sw_h, sw_k, sl_h, sl_t, sq_t, sq_h, stride_kv, stride_row, rope_scale, eps,
-    tokens, heads, qk_nope, col_blocks, token_blocks,
-    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+    tokens, heads, qk_nope, col_blocks, token_blocks, uk_s, ss_h, ss_r, block_rows,
+    block_cols, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
     ROPE: tl.constexpr, KV_LORA: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_L: tl.constexpr,
     ROWS: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr, GS: tl.constexpr,
     GROUPS: tl.constexpr, ROPE_AT: tl.constexpr, PDL: tl.constexpr = False,
+    W8: tl.constexpr = 0,
 ):
     if PDL:  # the split kernel may launch now: it warms L2 with old cache rows, then waits
         tl.extra.cuda.gdc_launch_dependents()
@@ -77,7 +84,10 @@ def _absorb_prologue_kernel(
         cm = c < KV_LORA
         dtype = q_lat.dtype.element_ty  # what the bmm it replaces multiplied in
         w = tl.load(w_uk + h * sw_h + k[:, None] * sw_k + c[None, :],
-                    mask=km[:, None] & cm[None, :], other=0.0).to(dtype)
+                    mask=km[:, None] & cm[None, :], other=0.0)
+        # Block FP8 (W8): dequantised to the query's dtype, `fp8.dequantize`'s bits.
+        ws = weight_scales(uk_s, h, k, c, km, cm, ss_h, ss_r, block_rows, block_cols, W8)
+        w = weight_tile(w, ws, q_nope.dtype.element_ty, W8).to(dtype)
         t0 = tb * ROWS
         for ts in range(t0, tl.minimum(t0 + ROWS, tokens), BLOCK_T):
             t = (ts + tl.arange(0, BLOCK_T)).to(tl.int64)
@@ -97,7 +107,7 @@ def _absorb_prologue_kernel(
 
 
 def absorb_launch(q_nope: Float[Tensor, "tokens heads qk_nope"],
-                  w_uk: Float[Tensor, "heads qk_nope kv_lora"],
+                  w_uk: Float[Tensor, "heads qk_nope kv_lora"] | Fp8Weight,
                   q_lat: Float[Tensor, "heads tokens kv_lora"],
                   cache: CacheLayer,
                   new: NewRows, q_pe: Float[Tensor, "tokens heads qk_rope"],
@@ -106,6 +116,7 @@ def absorb_launch(q_nope: Float[Tensor, "tokens heads qk_nope"],
     the same)."""
     tokens, heads, qk_nope = q_nope.shape
     kv_lora = w_uk.shape[-1]
+    w_uk, fp8, w8 = weight_args(w_uk)
     rope = new.q_pe.shape[-1]
     # Column offsets are added unscaled: every innermost dimension must be contiguous.
     for t in (q_nope, w_uk, q_lat, new.q_pe, q_pe):
@@ -121,20 +132,20 @@ def absorb_launch(q_nope: Float[Tensor, "tokens heads qk_nope"],
             q_nope.stride(0), q_nope.stride(1), w_uk.stride(0), w_uk.stride(1),
             q_lat.stride(0), q_lat.stride(1), new.q_pe.stride(0), new.q_pe.stride(1),
             stride_kv, stride_row, new.rope_scale, new.eps,
-            tokens, heads, qk_nope, col_blocks, token_blocks)
+            tokens, heads, qk_nope, col_blocks, token_blocks, *fp8)
     blocks = prologue_blocks(heads, kv_lora)
     kwargs = dict(
         BLOCK_T=BLOCK_T, BLOCK_K=max(16, triton.next_power_of_2(qk_nope)), BLOCK_C=block_c,
         ROPE=rope, KV_LORA=kv_lora, BLOCK_H=blocks["BLOCK_H"], BLOCK_L=blocks["BLOCK_C"],
         ROWS=ROWS, PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32",
-        PDL=pdl_supported(q_lat.device), num_warps=4,
+        PDL=pdl_supported(q_lat.device), W8=w8, num_warps=4,
         **row_constexprs(cache, kv_lora, blocks["BLOCK_C"]))
     return (heads * col_blocks * token_blocks + tokens,), args, kwargs
 
 
 def absorb_prologue(
     q_nope: Float[Tensor, "tokens heads qk_nope"],
-    w_uk: Float[Tensor, "heads qk_nope kv_lora"],
+    w_uk: Float[Tensor, "heads qk_nope kv_lora"] | Fp8Weight,
     q_lat: Float[Tensor, "heads tokens kv_lora"],
     q_pe: Float[Tensor, "tokens heads qk_rope"],
     cache: CacheLayer,
@@ -142,7 +153,8 @@ def absorb_prologue(
 ) -> tuple[Float[Tensor, "heads tokens kv_lora"], Float[Tensor, "tokens heads qk_rope"]]:
     """q_lat[h, t] = q_nope[t, h] . w_uk[h] (fp32 accumulation, multiplied and stored in
     q_lat's dtype), q_pe = new.q_pe rotated, and the new rows' cache write, in one launch;
-    (q_lat, q_pe) are returned. q_nope may be a strided view (a slice of the projected q)."""
+    (q_lat, q_pe) are returned. q_nope may be a strided view (a slice of the projected q).
+    A block-FP8 w_uk is read as e4m3, each tile dequantised to q_nope's dtype as loaded."""
     if q_nope.shape[0] == 0:
         return q_lat, q_pe
     grid, args, kwargs = absorb_launch(q_nope, w_uk, q_lat, cache, new, q_pe)

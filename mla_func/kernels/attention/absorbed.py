@@ -9,6 +9,9 @@ rotated, cache rows normed, rotated and written) in the same grid (the backend's
 The value product is a cuBLAS bmm written straight in [tokens, heads, v_head] order, or, where
 the plan says `uv` (a few rows), part of the merge itself (merge_uv.py). The products run in the
 cache's dtype, or for an FP8 cache (`cache_fp8`) in the query's, which its tiles dequantise to.
+Block-FP8 W_UK / W_UV (`fp8.Fp8Weight`) are read as e4m3 by the fused launches, which
+dequantise each tile as they load it; the cuBLAS products take them dequantised first
+(`dense_weight`): the same bits either way.
 """
 
 import torch
@@ -16,6 +19,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mla_func.cache_fp8 import compute_dtype, is_fp8
+from mla_func.fp8 import Fp8Weight
 from mla_func.kernels.attention.absorb import NewRows, absorb_prologue
 from mla_func.kernels.attention.decode import mla_decode
 from mla_func.kernels.attention.decode_plan import (
@@ -30,15 +34,24 @@ from mla_func.kernels.attention.decode_plan import (
 )
 from mla_func.kernels.attention.decode_ws import device_ok as ws_device
 from mla_func.kernels.attention.merge_uv import merge_uv, shares_numel
+from mla_func.kernels.linear.fp8_dequant import fp8_dequantize_op
 from mla_func.ops.attention import CacheLayer
+
+
+def dense_weight(w: Tensor | Fp8Weight, dtype: torch.dtype) -> Tensor:
+    """w as a float tensor: a block-FP8 weight dequantised to `dtype` in one launch
+    (`linear.fp8_dequant`, `fp8.dequantize`'s bits), a float one as it is."""
+    if isinstance(w, Fp8Weight):
+        return fp8_dequantize_op(w.data, w.scales, *w.block, dtype).reshape(w.shape)
+    return w
 
 
 def attend_absorbed(
     q_nope: Float[Tensor, "tokens heads qk_nope"],
     q_pe: RopeRows | None,
     cache: CacheLayer,
-    w_uk: Float[Tensor, "heads qk_nope kv_lora"],
-    w_uv: Float[Tensor, "heads v_head kv_lora"],
+    w_uk: Float[Tensor, "heads qk_nope kv_lora"] | Fp8Weight,
+    w_uv: Float[Tensor, "heads v_head kv_lora"] | Fp8Weight,
     token_seq: RowIndex,
     positions: RowIndex,
     page_table: PageTable,
@@ -69,14 +82,19 @@ def attend_absorbed(
     if plan.shared_p:
         scratch = workspace.shared_p(q_nope.device, dtype, tokens, heads, plan)
     if new is None:
-        torch.bmm(q_nope.transpose(0, 1).to(dtype), w_uk.to(dtype), out=q_lat)
+        torch.bmm(q_nope.transpose(0, 1).to(dtype),
+                  dense_weight(w_uk, q_nope.dtype).to(dtype), out=q_lat)
     else:  # an earlier launch on the stream: the split kernel sees the new rows
         q_pe = workspace.q_pe(q_nope.device, new.q_pe.dtype, tokens, heads, new.q_pe.shape[-1])
         absorb_prologue(q_nope, w_uk, q_lat, q_pe, cache, new)
-    w_uv = w_uv.to(dtype)
     uv = plan.uv and plan.num_splits > 1
+    if not (uv and isinstance(w_uv, Fp8Weight) and q_nope.dtype == dtype):
+        # (The fused merge dequantises straight to the products' dtype: where the weights'
+        # dtype, the query's, is another, W_UV is dequantised to it first, as the bmm's is.)
+        w_uv = dense_weight(w_uv, q_nope.dtype).to(dtype)
+    warm = w_uv.data if isinstance(w_uv, Fp8Weight) else w_uv
     mla_decode(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, o_lat,
-               part_o, part_lse, scratch, warm=w_uv, merge=not uv, shrunk=workspace.shrunk)
+               part_o, part_lse, scratch, warm=warm, merge=not uv, shrunk=workspace.shrunk)
     # Written straight in [tokens, heads, v_head] order (cuBLAS takes the strided output), so
     # o_proj reads it without a transposing copy.
     o = out if out is not None and out.dtype == dtype else torch.empty(

@@ -13,7 +13,9 @@ query absorption (absorb.py); otherwise the prologue kernel (rope.py) and the ca
 first, each on its own. The kernels are tuned for bf16/fp16 operands (`plan.KERNEL_DTYPES`);
 float32 runs where its tiles fit, and where they do not the call ends in one line that says so.
 An FP8 cache (`cache_fp8`) is quantised where rows are written and dequantised where they are
-read: the decode kernel's tiles, the MHA form's gather.
+read: the decode kernel's tiles, the MHA form's gather. Block-FP8 W_UK / W_UV
+(`AttnWeights.absorbed`) go as they are to the decode path's kernels, which dequantise their
+tiles (absorb.py, merge_uv.py); a prefill dequantises them first (`absorbed.dense_weight`).
 """
 
 from jaxtyping import Float
@@ -21,7 +23,7 @@ from torch import Tensor
 from triton.runtime.errors import OutOfResources
 
 from mla_func.kernels.attention.absorb import NewRows
-from mla_func.kernels.attention.absorbed import attend_absorbed
+from mla_func.kernels.attention.absorbed import attend_absorbed, dense_weight
 from mla_func.kernels.attention.cache_write import write_cache
 from mla_func.kernels.attention.decode import DecodeWorkspace
 from mla_func.kernels.attention.prefill import mha_prefill
@@ -76,22 +78,23 @@ class TritonMLA:
             # The prologue and the cache write ride in the launch that absorbs the query.
             new = NewRows(q_pe, kv, m.slot_mapping, m.positions, w.kv_norm, w.inv_freq,
                           w.rope_scale, w.eps)
-            return attend_absorbed(q_nope, None, layer_cache, w.w_uk, w.w_uv, m.token_seq,
+            return attend_absorbed(q_nope, None, layer_cache, *w.absorbed(), m.token_seq,
                                    m.positions, m.page_table, w.scale, ws, new=new, out=out)
         q_pe, kv_new = mla_prologue(q_pe, kv, w.kv_norm, m.positions, w.inv_freq, w.rope_scale,
                                     w.eps)
         write_cache(layer_cache, kv_new, m.slot_mapping, w.kv_norm.shape[0])
+        w_uk, w_uv = (dense_weight(x, q_nope.dtype) for x in w.absorbed())
         if out is None:
             out = q_nope.new_empty(q_nope.shape[0], q_nope.shape[1], w.w_uv.shape[1])
         out[num_tokens:].zero_()  # rows past the host count (none when the caller is the op)
         d = num_decodes
         if d:
             attend_absorbed(
-                q_nope[:d], q_pe[:d], layer_cache, w.w_uk, w.w_uv, m.token_seq[:d],
+                q_nope[:d], q_pe[:d], layer_cache, w_uk, w_uv, m.token_seq[:d],
                 m.positions[:d], m.page_table, w.scale, DecodeWorkspace(), out=out[:d])
         rows = slice(d, num_tokens)
         mha_prefill(
-            q_nope[rows], q_pe[rows], layer_cache, w.w_uk, w.w_uv, m.token_seq[rows],
+            q_nope[rows], q_pe[rows], layer_cache, w_uk, w_uv, m.token_seq[rows],
             m.positions[rows], m.page_table[d:num_seqs], w.scale, max_seq_len, max_query_len,
             first_seq=d, out=out[rows], shrunk=self.prefill_shrunk)
         return out

@@ -18,12 +18,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.cache_fp8 import is_fp8, pack_rows
-from mla_func.kernels.attention.fp8_rows import (
-    rope_values,
-    row_constexprs,
-    store_latent,
-    to_bf16,
-)
+from mla_func.kernels.attention.fp8_rows import rope_values, row_constexprs, store_latent
+from mla_func.kernels.e4m3 import to_bf16
 from mla_func.ops.attention import CacheLayer
 
 

@@ -8,14 +8,16 @@ is the row `pack_rows` writes. A row pointer is a uint8 pointer to the row's fir
 scales and the rope values are read through pointers recast to their dtypes, never through a
 second tensor of the same storage (the interpreter copies each argument's storage back whole).
 
-Rounding is done in arithmetic (`kernels.e4m3.round_e4m3`, `to_bf16`): Triton's interpreter
+Rounding is done in arithmetic (`kernels.e4m3.round_e4m3`, `e4m3.to_bf16`): Triton's interpreter
 does not round to nearest even (3.9: float32 -> bf16 truncates, float32 -> e4m3 drops the
 carry into the exponent), so a cast would write other bytes there than on a GPU and in torch;
 rounded first, the casts only carry exact values. Divisions are IEEE (`div_rn`), as torch's.
 
 Tiles are dequantised in registers (e4m3 -> float32, times the row's group scale, -> the
 dtype the dots run in) and then multiplied as a float cache's tiles: the split-KV decode
-(decode.py) keeps one path for both caches.
+(decode.py) keeps one path for both caches. Block-FP8 W_UK / W_UV reach the same kernels'
+neighbours as e4m3 values and block scales (`weight_args`: absorb.py, merge_uv.py), their
+tiles dequantised as loaded (`e4m3.dequantize`).
 """
 
 from typing import no_type_check
@@ -25,16 +27,8 @@ import triton.language as tl
 from torch import Tensor
 
 from mla_func.cache_fp8 import GROUP, is_fp8, layout_of
-from mla_func.kernels.e4m3 import E4M3_MAX, round_e4m3
-
-
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def to_bf16(x):
-    """float32 x rounded to nearest even bf16 (finite x)."""
-    b = x.to(tl.uint32, bitcast=True)
-    b = b + 0x7FFF + ((b >> 16) & 1)
-    return (b >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+from mla_func.fp8 import Fp8Weight
+from mla_func.kernels.e4m3 import E4M3_MAX, dequantize, round_e4m3
 
 
 @triton.jit
@@ -86,6 +80,43 @@ def load_latent(rows, c, nm, kv_lora, BLOCK_N: tl.constexpr, BLOCK_C: tl.constex
     return v * s
 
 
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def weight_scales(s_ptr, h, rows, cols, row_ok, col_ok, ss_h, ss_r, block_rows, block_cols,
+                  W8: tl.constexpr):
+    """The block scales of head h's `rows` x `cols` tile of a block-FP8 W_UK / W_UV, to
+    broadcast over it (`weight_args`' W8: 1, one a column block, a [1, cols] row; 2, one an
+    element); None for a float weight (W8 0)."""
+    s = None
+    if W8 == 1:
+        s = tl.load(s_ptr + h * ss_h + cols // block_cols, mask=col_ok, other=0.0)[None, :]
+    elif W8 == 2:
+        s = tl.load(s_ptr + h * ss_h + (rows // block_rows)[:, None] * ss_r
+                    + (cols // block_cols)[None, :], mask=row_ok[:, None] & col_ok[None, :],
+                    other=0.0)
+    return s
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def weight_tile(w, s, dtype: tl.constexpr, W8: tl.constexpr, HALVES: tl.constexpr = False):
+    """A loaded tile `w` of W_UK / W_UV: a float one as it is, a block-FP8 one dequantised to
+    `dtype` with its scales `s` (`weight_scales`). HALVES: the two halves of its columns one
+    after the other, joined back (merge_uv's [128, 64] tile dequantised whole spills on
+    sm90; the same values)."""
+    if W8 and HALVES:
+        rows: tl.constexpr = w.shape[0]
+        half: tl.constexpr = w.shape[1] // 2
+        s = tl.broadcast_to(s, w.shape)
+        w0, w1 = tl.split(tl.permute(tl.reshape(w, [rows, 2, half]), (0, 2, 1)))
+        s0, s1 = tl.split(tl.permute(tl.reshape(s, [rows, 2, half]), (0, 2, 1)))
+        w = tl.join(dequantize(w0, s0, dtype), dequantize(w1, s1, dtype))
+        w = tl.reshape(tl.permute(w, (0, 2, 1)), [rows, 2 * half])
+    elif W8:
+        w = dequantize(w, s, dtype)
+    return w
+
+
 def row_constexprs(cache: Tensor, kv_lora: int | None, block_c: int) -> dict:
     """The constexprs of a kernel that reads or writes `cache`'s rows, holding c_kv in a
     block of `block_c` columns: FP8, the columns a scale covers (GS, a power of two: one group
@@ -99,5 +130,21 @@ def row_constexprs(cache: Tensor, kv_lora: int | None, block_c: int) -> dict:
     return dict(FP8=True, GS=min(GROUP, block_c), GROUPS=lay.groups, ROPE_AT=lay.rope_at)
 
 
-__all__ = ["load_latent", "rope_values", "row_constexprs", "store_latent",
-           "to_bf16"]
+def weight_args(w: Tensor | Fp8Weight) -> tuple[Tensor, tuple, int]:
+    """A W_UK / W_UV operand of the decode kernels (absorb.py, merge_uv.py): (its values,
+    (scales, their head and row-block strides, block rows, block columns), the kernels' W8):
+    W8 0 for a float weight (no scales, its numbers placeholders), 1 for a block-FP8 one
+    whose head's rows are one row block (a scale a column block: V2's and V3's 128 rows a
+    head in 128-row blocks), 2 for any other grid (a scale looked up an element)."""
+    if not isinstance(w, Fp8Weight):
+        return w, (None, 0, 0, 1, 1), 0
+    if w.scales.stride(-1) != 1 or w.data.shape != w.shape:
+        raise ValueError(f"block-FP8 W_UK / W_UV: data {tuple(w.data.shape)} against its "
+                         f"shape {w.shape}, scales' strides {w.scales.stride()}: expected "
+                         "one matrix a head and contiguous scale rows")
+    w8 = 1 if w.block[0] >= w.shape[1] else 2
+    return w.data, (w.scales, w.scales.stride(0), w.scales.stride(1), *w.block), w8
+
+
+__all__ = ["load_latent", "rope_values", "row_constexprs", "store_latent", "weight_args",
+           "weight_scales", "weight_tile"]

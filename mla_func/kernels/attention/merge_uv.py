@@ -22,6 +22,9 @@ once. Two earlier forms were measured and not kept (docs/PERF.md, "Tried and not
 (row, head, block of value columns) over all kv_lora columns (each program read all of the
 row's splits, slower from 65 splits reached on).
 
+A block-FP8 W_UV (`fp8.Fp8Weight`) is read as e4m3 with its block scales and dequantised to
+o's dtype as loaded (`e4m3.dequantize`): the bits of a W_UV dequantised before the launch.
+
 Graph capture: the counters and the scratch come from the caller (`DecodeWorkspace`); the
 counters must be zero before the first launch, and every launch leaves them zero.
 """
@@ -33,6 +36,8 @@ import triton.language as tl
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mla_func.fp8 import Fp8Weight
+from mla_func.kernels.attention.fp8_rows import weight_args, weight_scales, weight_tile
 from mla_func.kernels.attention.merge import ACTIVE_MIN_SPLITS, merged, reached_splits
 from mla_func.kernels.launch.counters import last_to_arrive
 
@@ -47,10 +52,10 @@ NUM_WARPS = 4
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _merge_uv_kernel(
     part_o, part_lse, positions, w_uv, out, shares, counters, heads, kv_lora, v_head,
-    num_splits, s_wh, s_wv, so_t, so_h,
+    num_splits, s_wh, s_wv, so_t, so_h, uv_s, ss_h, ss_r, block_rows, block_cols,
     BLOCK_V: tl.constexpr, COLS: tl.constexpr, COL_BLOCKS_P2: tl.constexpr,
     SPLITS_P2: tl.constexpr, BLOCK_N: tl.constexpr, ACTIVE: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, W8: tl.constexpr = 0,
 ):
     if PDL:  # the launch after (the output projection, proj_norm.py) loads its weights now
         tl.extra.cuda.gdc_launch_dependents()
@@ -64,6 +69,7 @@ def _merge_uv_kernel(
     # W_UV does not depend on the split kernel: loaded while it runs (launched early).
     wt = tl.load(w_uv + h * s_wh + v[:, None] * s_wv + c[None, :],
                  mask=vm[:, None] & cm[None, :], other=0.0)
+    ws = weight_scales(uv_s, h, v, c, vm, cm, ss_h, ss_r, block_rows, block_cols, W8)
     active = num_splits  # splits past the row's keys wrote lse = -inf: they weigh 0
     if ACTIVE:  # ...and are not read (the positions are the split kernel's input)
         active = reached_splits(positions, t, num_splits, BLOCK_N)
@@ -72,7 +78,9 @@ def _merge_uv_kernel(
     one = tl.arange(0, 1)  # the merge of one head: a [1, COLS] tile
     o_lat = tl.reshape(merged(part_o, part_lse, t, h + one, one == 0, c, cm, heads, kv_lora,
                               num_splits, active, 1, COLS, SPLITS_P2), [COLS])
-    o_lat = o_lat.to(w_uv.dtype.element_ty)  # rounded as the o_lat buffer holds it
+    # Block FP8 (W8): e4m3 held across the merge, dequantised to o's dtype only now.
+    wt = weight_tile(wt, ws, out.dtype.element_ty, W8, True)
+    o_lat = o_lat.to(wt.dtype)  # rounded as the o_lat buffer holds it
     share = tl.sum(wt.to(tl.float32) * o_lat.to(tl.float32)[None, :], 1)  # [BLOCK_V]
     row = t * heads + h
     tl.store(shares + (row * COL_BLOCKS_P2 + cb) * BLOCK_V + v, share)
@@ -103,7 +111,7 @@ def merge_uv_launch(
     part_o: Float[Tensor, "tokens heads _ kv_lora"],
     part_lse: Float[Tensor, "tokens heads _"],
     positions: Int[Tensor, " tokens"],
-    w_uv: Float[Tensor, "heads v_head kv_lora"],
+    w_uv: Float[Tensor, "heads v_head kv_lora"] | Fp8Weight,
     out: Float[Tensor, "tokens heads v_head"],
     block_n: int,
     pdl: bool,
@@ -114,6 +122,7 @@ def merge_uv_launch(
     the same)."""
     tokens, heads, splits, kv_lora = part_o.shape
     v_head = w_uv.shape[1]
+    w_uv, fp8, w8 = weight_args(w_uv)
     assert w_uv.shape == (heads, v_head, kv_lora) and w_uv.stride(-1) == 1
     assert w_uv.stride(1) == kv_lora and out.stride(-1) == 1
     cols, n_cb, cb_p2, v_p2 = _blocks(kv_lora, v_head)
@@ -121,9 +130,10 @@ def merge_uv_launch(
     assert counters.numel() >= tokens * heads
     p2 = triton.next_power_of_2(splits)
     args = (part_o, part_lse, positions, w_uv, out, shares, counters, heads, kv_lora, v_head,
-            splits, w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1))
+            splits, w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1), *fp8)
     kwargs = dict(BLOCK_V=v_p2, COLS=cols, COL_BLOCKS_P2=cb_p2, SPLITS_P2=p2, BLOCK_N=block_n,
-                  ACTIVE=splits >= ACTIVE_MIN_SPLITS, PDL=pdl, num_warps=NUM_WARPS,
+                  ACTIVE=splits >= ACTIVE_MIN_SPLITS, PDL=pdl, W8=w8,
+                  num_warps=NUM_WARPS,
                   **({"launch_pdl": True} if pdl else {}))
     return (tokens, heads, n_cb), args, kwargs
 
@@ -132,18 +142,18 @@ def merge_uv(
     part_o: Float[Tensor, "tokens heads _ kv_lora"],
     part_lse: Float[Tensor, "tokens heads _"],
     positions: Int[Tensor, " tokens"],
-    w_uv: Float[Tensor, "heads v_head kv_lora"],
+    w_uv: Float[Tensor, "heads v_head kv_lora"] | Fp8Weight,
     out: Float[Tensor, "tokens heads v_head"],
     block_n: int,
     pdl: bool,
     shares: Float[Tensor, " _"],
     counters: Int[Tensor, " _"],
 ) -> Float[Tensor, "tokens heads v_head"]:
-    """o[t, h] = (LSE merge of row t's partials for head h, in w_uv's dtype) @ W_UV[h]^T, into
-    `out` (any strides with unit last); `block_n`: the split kernel's key block (from which a
-    row's reached splits follow). `pdl`: launched as a programmatic dependent of the split
-    kernel (sm90; it triggers it). `shares`: fp32 scratch of `shares_numel` elements;
-    `counters`: tokens * heads int32 zeros, left zero."""
+    """o[t, h] = (LSE merge of row t's partials for head h, in W_UV's dtype; a block-FP8
+    W_UV's: out's) @ W_UV[h]^T, into `out` (any strides with unit last); `block_n`: the
+    split kernel's key block (from which a row's reached splits follow). `pdl`: launched as
+    a programmatic dependent of the split kernel (sm90; it triggers it). `shares`: fp32
+    scratch of `shares_numel` elements; `counters`: tokens * heads int32 zeros, left zero."""
     if part_o.shape[2] < 2:
         raise ValueError("merge_uv merges split partials: a single split writes o_lat itself")
     grid, args, kwargs = merge_uv_launch(part_o, part_lse, positions, w_uv, out, block_n, pdl,

@@ -19,7 +19,8 @@ import triton.language as tl
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mla_func.kernels.attention.fp8_rows import rope_values, store_latent, to_bf16
+from mla_func.kernels.attention.fp8_rows import rope_values, store_latent
+from mla_func.kernels.e4m3 import to_bf16
 from mla_func.kernels.linear.norm import rms_scaled
 
 

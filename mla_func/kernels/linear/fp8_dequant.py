@@ -1,11 +1,12 @@
 """A block-FP8 weight dequantised in one launch: (e4m3 value x its block's scale) in the
 activations' dtype, `fp8.dequantize`'s bits (a float32 product, then one rounding).
 
-The absorbed attention weights W_UK / W_UV are multiplied in the activations' dtype
-(`model.attention_weights`: the chosen precision of the absorption), so an FP8 model
-dequantises them every step. In torch that is four elementwise launches a weight (the scales
-spread twice, the product, the cast); here it is one, reading the e4m3 bytes and the scales
-and writing the result.
+The absorbed attention weights W_UK / W_UV are multiplied in the activations' dtype (the
+chosen precision of the absorption, `kernel_ops.absorbed`). The decode kernels dequantise
+their tiles themselves; the attention's other paths (a prefill, the cuBLAS products) take
+the weight dequantised by this launch first. In torch that is four elementwise launches a
+weight (the scales spread twice, the product, the cast); here it is one, reading the e4m3
+bytes and the scales and writing the result.
 """
 
 from typing import no_type_check
@@ -16,6 +17,7 @@ import triton.language as tl
 from torch import Tensor
 
 from mla_func.custom_op import custom_op
+from mla_func.kernels.e4m3 import dequantize
 
 BLOCK_ROWS, BLOCK_COLS = 16, 128  # a program's tile of one matrix of the stack
 
@@ -30,10 +32,10 @@ def _dequant_kernel(q_ptr, s_ptr, out_ptr, rows, cols, blocks_out, blocks_in, bl
     c = tl.program_id(1) * BC + tl.arange(0, BC)
     ok = (r < rows)[:, None] & (c < cols)[None, :]
     at = m * rows * cols + r.to(tl.int64)[:, None] * cols + c[None, :]
-    q = tl.load(q_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    q = tl.load(q_ptr + at, mask=ok, other=0.0)
     s = tl.load(s_ptr + m * blocks_out * blocks_in + (r // block_rows)[:, None] * blocks_in
                 + (c // block_cols)[None, :], mask=ok, other=0.0)
-    tl.store(out_ptr + at, (q * s).to(out_ptr.dtype.element_ty), mask=ok)
+    tl.store(out_ptr + at, dequantize(q, s, out_ptr.dtype.element_ty), mask=ok)
 
 
 @custom_op("mla_func::fp8_dequantize", mutates_args=())
