@@ -22,9 +22,10 @@ or the add+norm after in their own kernels; `kernels.plan` records it
 (`StepPlan.projections`). Elsewhere FP8 weights are read through `fp8.dense`, dequantised
 to the activations' dtype on the fly (CPU matmuls take no float8). W_UK and W_UV, the
 absorbed attention's per-head products, are multiplied in the activations' dtype: on the
-fused path the attention op takes them in FP8 as stored and its kernels dequantise each
-tile as they load it (`absorbed`; the bits of dequantising the weight first), elsewhere they
-are dequantised before the op. The router, the norms, the embedding and lm_head stay float.
+fused path the attention op takes them in FP8 as stored and its decode kernels read e4m3
+(`absorbed`: the query's absorption dequantises each tile as it loads it, the bits of
+dequantising the weight first; the merge with W_UV scales its e4m3 product once, each weight
+exact), elsewhere they are dequantised before the op. The router, the norms, the embedding and lm_head stay float.
 
 The deferred norm (one decode row, fused path): a layer's first projection takes both the
 normalised residual x and the residual h (`norm_linear`). Where
@@ -110,8 +111,8 @@ def absorbed(w_uk: Weight, w_uv: Weight, dtype: torch.dtype, opts: KernelOptions
              ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, int, int]:
     """The absorbed attention weights as the attention op takes them (`AttnWeights`' W_UK,
     W_UV, their scales and block): on the fused path block-FP8 ones stored a matrix a head
-    on one grid as they are (the Triton backend's decode kernels dequantise their tiles as
-    they load them, its other paths and the torch backend before); else in the activations'
+    on one grid as they are (the Triton backend's decode kernels read them as e4m3, its
+    other paths and the torch backend dequantise them first); else in the activations'
     `dtype`."""
     if (opts.fused and isinstance(w_uk, Fp8Weight) and isinstance(w_uv, Fp8Weight)
             and w_uk.block == w_uv.block

@@ -1,8 +1,10 @@
 """Block-FP8 W_UK / W_UV through the attention op (`AttnWeights.absorbed`): the Triton backend's
-decode kernels read them as e4m3 and dequantise each tile as they load it (absorb.py,
-merge_uv.py); its other paths and the torch backend dequantise them first. Every path gives
-the bits of the same op run on the weights dequantised beforehand (`fp8.dequantize`): in
-the interpreter on a CPU, compiled on a GPU (where these run on CUDA tensors)."""
+decode kernels read them as e4m3 (absorb.py, merge_uv.py); its other paths and the torch
+backend dequantise them first. Every path gives the bits of the same op run on the weights
+dequantised beforehand (`fp8.dequantize`), but one: the decode's merge multiplying by a W_UV
+whose program columns lie in one scale block scales the e4m3 product once (each weight
+exact, not rounded to the activations' dtype first), close to those bits. In the
+interpreter on a CPU, compiled on a GPU (where these run on CUDA tensors)."""
 
 import os
 
@@ -12,7 +14,7 @@ import torch
 if not torch.cuda.is_available():  # before any @triton.jit kernel is defined (CPU only)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from mla_helpers import DEV, SMALL  # noqa: E402
+from mla_helpers import DEV, SMALL, rel_err  # noqa: E402
 from test_kernels_mla_prefill import CACHE_ARG, backend_case  # noqa: E402
 
 from mla_func.batch import SeqWork  # noqa: E402
@@ -22,11 +24,12 @@ from mla_func.kernels.attention import decode_plan  # noqa: E402
 from mla_func.kernels.launch.runtime import Runtime  # noqa: E402
 
 UK, UV, SCALES, BLOCK = 7, 8, 12, 14  # where op_args holds them
-# Block rows x columns: a head's 16 rows in one block and four column blocks of kv_lora 32 (one
-# scale a column block: the kernels' W8 1, as V2's and V3's 128-row heads), or two row blocks
-# and two column blocks (a scale looked up an element: W8 2).
-GRIDS = [(16, 8), (8, 16)]
-GRID = GRIDS[1]
+# Block rows x columns: a head's 16 rows in one block (the kernels' W8 1, as V2's and V3's
+# 128-row heads), with kv_lora's 32 columns in one block (merge_uv scales its product: its
+# programs take 32 columns here) or in four (it dequantises a tile); two row blocks and two
+# column blocks (a scale looked up an element: W8 2).
+GRIDS = [(16, 32), (16, 8), (8, 16)]
+GRID = GRIDS[2]
 FLOATS = (0, 1, 2, CACHE_ARG, 5)  # q_nope, q_pe, kv, the cache, the latent norm
 
 
@@ -64,13 +67,15 @@ WORK = {  # a pure decode step (the absorb + prologue launch), one with a 70-tok
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
 @pytest.mark.parametrize("dtype,grid", [(torch.float32, GRIDS[0]), (torch.bfloat16, GRIDS[0]),
-                                        (torch.bfloat16, GRIDS[1])])
+                                        (torch.bfloat16, GRIDS[1]), (torch.bfloat16, GRIDS[2])])
 @pytest.mark.parametrize("work,uv", [("decode", True), ("decode", False), ("prefill", True)])
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_fp8_absorbed_weights_give_their_dequantisations_bits(backend, work, uv, dtype, grid,
                                                               monkeypatch):
-    """The op on block-FP8 W_UK / W_UV equals the op on their dequantisation, bit for bit:
-    the decode's merge multiplying by W_UV itself (`uv`) and the bmm after it, a prefill."""
+    """The op on block-FP8 W_UK / W_UV against the op on their dequantisation: the same bits
+    on every path (the decode's merge multiplying by W_UV itself, `uv`, or the bmm after it,
+    a prefill), but the merge that scales its e4m3 product once: there the cache rows' bits
+    and outputs within the weights' rounding to the activations' dtype."""
     if not uv:
         monkeypatch.setattr(decode_plan, "UV_MAX_ROWS", 0)
     merged_fp8 = []
@@ -86,8 +91,14 @@ def test_fp8_absorbed_weights_give_their_dequantisations_bits(backend, work, uv,
     got, got_cache = _run(fp8, backend)
     fused = list(merged_fp8)
     want, want_cache = _run(dense, backend)
-    assert torch.equal(got, want) and torch.equal(got_cache, want_cache)
+    assert torch.equal(got_cache, want_cache)
     assert got.isfinite().all() and got.abs().max() > 0
+    scaled = backend == "triton" and work == "decode" and uv and grid[1] % 32 == 0
+    if scaled:
+        tol = 1e-6 if dtype == torch.float32 else 1e-2  # bf16: the weights' rounding
+        assert rel_err(got, want) < tol
+    else:
+        assert torch.equal(got, want)
     # The Triton decode step's merge read the e4m3 W_UV itself; a prefill step's decode rows
     # merge with it dequantised first.
     triton_uv = backend == "triton" and uv
@@ -112,10 +123,11 @@ def test_fp8_weights_are_checked():
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fp8_model_steps_give_the_bits_of_dequantised_absorbed_weights(dtype, monkeypatch):
+def test_fp8_model_steps_against_dequantised_absorbed_weights(dtype, monkeypatch):
     """A `quantize_fp8` model on the fused path with the Triton attention: a prefill step,
-    then a decode step, whose logits are those of the same steps with W_UK / W_UV handed to
-    the op dequantised (`kernel_ops.absorbed` on its float branch), bit for bit."""
+    then a decode step, against the same steps with W_UK / W_UV handed to the op
+    dequantised (`kernel_ops.absorbed` on its float branch): the prefill's logits bit for
+    bit, the decode's (whose merge scales its e4m3 product) within the weights' rounding."""
     import mla_func as mf
     from mla_func import kernel_ops
     from mla_func.fp8 import dense
@@ -146,6 +158,8 @@ def test_fp8_model_steps_give_the_bits_of_dequantised_absorbed_weights(dtype, mo
         first, state = mf.forward(params, state, batch)
         batch = mf.make_batch([mf.SeqWork([9], len(prompt), pages)], 4, 8, DEV,
                               kernels=opts)
-        logits.append(torch.cat([first, mf.forward(params, state, batch)[0]]))
+        logits.append((first, mf.forward(params, state, batch)[0]))
     assert calls and all(calls)  # every layer's op took the FP8 weights
-    assert torch.equal(*logits) and logits[0].isfinite().all()
+    (first, decode), (want_first, want_decode) = logits
+    assert torch.equal(first, want_first) and decode.isfinite().all()
+    assert rel_err(decode, want_decode) < (1e-5 if dtype == torch.float32 else 2e-2)

@@ -9,9 +9,9 @@ rotated, cache rows normed, rotated and written) in the same grid (the backend's
 The value product is a cuBLAS bmm written straight in [tokens, heads, v_head] order, or, where
 the plan says `uv` (a few rows), part of the merge itself (merge_uv.py). The products run in the
 cache's dtype, or for an FP8 cache (`cache_fp8`) in the query's, which its tiles dequantise to.
-Block-FP8 W_UK / W_UV (`fp8.Fp8Weight`) are read as e4m3 by the fused launches, which
-dequantise each tile as they load it; the cuBLAS products take them dequantised first
-(`dense_weight`): the same bits either way.
+Block-FP8 W_UK / W_UV (`fp8.Fp8Weight`) are read as e4m3 by the fused launches (absorb.py
+dequantises each tile as it loads it: the bits of the weight dequantised first; merge_uv.py
+scales its e4m3 product); the cuBLAS products take them dequantised first (`dense_weight`).
 """
 
 import torch
@@ -88,9 +88,7 @@ def attend_absorbed(
         q_pe = workspace.q_pe(q_nope.device, new.q_pe.dtype, tokens, heads, new.q_pe.shape[-1])
         absorb_prologue(q_nope, w_uk, q_lat, q_pe, cache, new)
     uv = plan.uv and plan.num_splits > 1
-    if not (uv and isinstance(w_uv, Fp8Weight) and q_nope.dtype == dtype):
-        # (The fused merge dequantises straight to the products' dtype: where the weights'
-        # dtype, the query's, is another, W_UV is dequantised to it first, as the bmm's is.)
+    if not (uv and isinstance(w_uv, Fp8Weight)):  # the fused merge reads e4m3 itself
         w_uv = dense_weight(w_uv, q_nope.dtype).to(dtype)
     warm = w_uv.data if isinstance(w_uv, Fp8Weight) else w_uv
     mla_decode(q_lat, q_pe, cache, page_table, token_seq, positions, scale, plan, o_lat,

@@ -14,8 +14,8 @@ first, each on its own. The kernels are tuned for bf16/fp16 operands (`plan.KERN
 float32 runs where its tiles fit, and where they do not the call ends in one line that says so.
 An FP8 cache (`cache_fp8`) is quantised where rows are written and dequantised where they are
 read: the decode kernel's tiles, the MHA form's gather. Block-FP8 W_UK / W_UV
-(`AttnWeights.absorbed`) go as they are to the decode path's kernels, which dequantise their
-tiles (absorb.py, merge_uv.py); a prefill dequantises them first (`absorbed.dense_weight`).
+(`AttnWeights.absorbed`) go as they are to the decode path's kernels, which read e4m3
+(absorb.py, merge_uv.py); a prefill dequantises them first (`absorbed.dense_weight`).
 """
 
 from jaxtyping import Float

@@ -99,20 +99,10 @@ def weight_scales(s_ptr, h, rows, cols, row_ok, col_ok, ss_h, ss_r, block_rows, 
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def weight_tile(w, s, dtype: tl.constexpr, W8: tl.constexpr, HALVES: tl.constexpr = False):
+def weight_tile(w, s, dtype: tl.constexpr, W8: tl.constexpr):
     """A loaded tile `w` of W_UK / W_UV: a float one as it is, a block-FP8 one dequantised to
-    `dtype` with its scales `s` (`weight_scales`). HALVES: the two halves of its columns one
-    after the other, joined back (merge_uv's [128, 64] tile dequantised whole spills on
-    sm90; the same values)."""
-    if W8 and HALVES:
-        rows: tl.constexpr = w.shape[0]
-        half: tl.constexpr = w.shape[1] // 2
-        s = tl.broadcast_to(s, w.shape)
-        w0, w1 = tl.split(tl.permute(tl.reshape(w, [rows, 2, half]), (0, 2, 1)))
-        s0, s1 = tl.split(tl.permute(tl.reshape(s, [rows, 2, half]), (0, 2, 1)))
-        w = tl.join(dequantize(w0, s0, dtype), dequantize(w1, s1, dtype))
-        w = tl.reshape(tl.permute(w, (0, 2, 1)), [rows, 2 * half])
-    elif W8:
+    `dtype` with its scales `s` (`weight_scales`)."""
+    if W8:
         w = dequantize(w, s, dtype)
     return w
 

@@ -22,8 +22,13 @@ once. Two earlier forms were measured and not kept (docs/PERF.md, "Tried and not
 (row, head, block of value columns) over all kv_lora columns (each program read all of the
 row's splits, slower from 65 splits reached on).
 
-A block-FP8 W_UV (`fp8.Fp8Weight`) is read as e4m3 with its block scales and dequantised to
-o's dtype as loaded (`e4m3.dequantize`): the bits of a W_UV dequantised before the launch.
+A block-FP8 W_UV (`fp8.Fp8Weight`) is read as e4m3. Where a program's columns lie in one
+scale block (V2's and V3's: 64 columns, blocks of 128 rows x 128 columns) the e4m3 values
+multiply o_lat as they are and the share is scaled once: each weight exact (a bf16 W_UV
+dequantised first rounds each to bf16), so not that path's bits. On a finer grid each tile
+is dequantised to o's dtype (`e4m3.dequantize`: the dequantised weight's bits). Dequantising
+the [128, 64] tile in registers spilled on sm90 (156 bytes, Triton 3.9) and, in two halves
+after the merge, made the launch 6.5 us against bf16's 4.3 (H200, V2-Lite, B=1, 4527454).
 
 Graph capture: the counters and the scratch come from the caller (`DecodeWorkspace`); the
 counters must be zero before the first launch, and every launch leaves them zero.
@@ -69,7 +74,11 @@ def _merge_uv_kernel(
     # W_UV does not depend on the split kernel: loaded while it runs (launched early).
     wt = tl.load(w_uv + h * s_wh + v[:, None] * s_wv + c[None, :],
                  mask=vm[:, None] & cm[None, :], other=0.0)
-    ws = weight_scales(uv_s, h, v, c, vm, cm, ss_h, ss_r, block_rows, block_cols, W8)
+    ws = None
+    if W8 == 1:  # block FP8, the program's columns in one column block: one scale
+        ws = tl.load(uv_s + h * ss_h + (cb * COLS) // block_cols)
+    elif W8 == 2:
+        ws = weight_scales(uv_s, h, v, c, vm, cm, ss_h, ss_r, block_rows, block_cols, W8)
     active = num_splits  # splits past the row's keys wrote lse = -inf: they weigh 0
     if ACTIVE:  # ...and are not read (the positions are the split kernel's input)
         active = reached_splits(positions, t, num_splits, BLOCK_N)
@@ -78,10 +87,13 @@ def _merge_uv_kernel(
     one = tl.arange(0, 1)  # the merge of one head: a [1, COLS] tile
     o_lat = tl.reshape(merged(part_o, part_lse, t, h + one, one == 0, c, cm, heads, kv_lora,
                               num_splits, active, 1, COLS, SPLITS_P2), [COLS])
-    # Block FP8 (W8): e4m3 held across the merge, dequantised to o's dtype only now.
-    wt = weight_tile(wt, ws, out.dtype.element_ty, W8, True)
-    o_lat = o_lat.to(wt.dtype)  # rounded as the o_lat buffer holds it
+    if W8 == 2:  # block FP8 on a finer grid: dequantised to o's dtype
+        wt = weight_tile(wt, ws, out.dtype.element_ty, W8)
+    # Rounded as the o_lat buffer holds it (W_UV's dtype; block FP8: o's).
+    o_lat = o_lat.to(out.dtype.element_ty if W8 else wt.dtype)
     share = tl.sum(wt.to(tl.float32) * o_lat.to(tl.float32)[None, :], 1)  # [BLOCK_V]
+    if W8 == 1:  # the e4m3 values' product, scaled once
+        share = share * ws
     row = t * heads + h
     tl.store(shares + (row * COL_BLOCKS_P2 + cb) * BLOCK_V + v, share)
     cnt = counters + row
@@ -123,6 +135,9 @@ def merge_uv_launch(
     tokens, heads, splits, kv_lora = part_o.shape
     v_head = w_uv.shape[1]
     w_uv, fp8, w8 = weight_args(w_uv)
+    cols = _blocks(kv_lora, v_head)[0]
+    if w8 == 1 and fp8[4] % cols:  # a program's columns span two scale blocks
+        w8 = 2
     assert w_uv.shape == (heads, v_head, kv_lora) and w_uv.stride(-1) == 1
     assert w_uv.stride(1) == kv_lora and out.stride(-1) == 1
     cols, n_cb, cb_p2, v_p2 = _blocks(kv_lora, v_head)
