@@ -24,7 +24,7 @@ except ImportError:  # `python scripts/bench_moe.py`
 TILES = [(64, 64, 4, 4), (128, 64, 4, 4), (64, 128, 4, 3), (32, 128, 4, 4), (128, 128, 8, 3)]
 # Block-FP8 experts step K one 128-column scale group at a time (`moe.config.FP8_BLOCK_K`).
 TILES_FP8 = [(32, 128, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3), (128, 128, 8, 3), (128, 128, 4, 4),
-             (256, 128, 8, 3)]
+             (256, 128, 8, 3), (16, 128, 2, 4), (32, 128, 2, 3), (32, 128, 2, 4)]
 # block_m per (max tokens): V2-Lite gives an expert ~tokens * 6 / 64 rows (shared: tokens rows).
 BLOCK_MS = ((8, (16,)), (64, (16, 32)), (256, (16, 32, 64)), (1024, (32, 64, 128)),
             (1 << 62, (64, 128)))
