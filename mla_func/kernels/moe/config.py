@@ -118,13 +118,12 @@ FUSE_SHARED_MAX_TOKENS = 512
 # bf16 rows with BLOCK_K = 128, changed until ptxas reported no spill for sm90 (Triton 3.9,
 # ahead-of-time: `tests/test_moe_fp8.py`): 4 warps where a 16-row tile had 2, 8 warps for the
 # 64-row tiles' gate_up, and from 1024 tokens 64-row tiles (the 128-row ones spilled at every
-# N-tile but 32). The 1-token, 65-128-token and last rows are then the best of
-# `bench moe --weights fp8 --sweep` on an H200 (2026-11-28: 43.8 -> 39.7, 358 -> 219 and
-# 3433 -> 2406 us a layer at 1, 128 and 4096 tokens); the other rows are not timed yet
-# (docs/DECISIONS.md, `moe.config.FP8_CONFIGS`). `quant_x` from 256 tokens: 2388 -> 1887 us
-# at 4096 tokens (H200, the same sweep); the rows below 4096 take it untimed. `quant_act` at
-# 65-128 tokens: 219 -> 208 us a layer at 128 (H200, 2026-11-28, the same sweep at b453c0e);
-# the other rows leave it off, untimed.
+# N-tile but 32). The rows of 1, 5-8, 9-16, 17-64, 65-128 tokens and the last are then the
+# best of `bench moe --weights fp8 --sweep` on an H200 (2026-11-28, a layer at 1 / 8 / 16 /
+# 64 / 128 / 4096 tokens: 43.8 -> 39.7, 150 -> 112, 174 -> 147, 244 -> 175, 358 -> 219 ->
+# 208 and 3433 -> 2406 -> 1887 us); the 2-4, 129-1024 and 1025-3584-token rows are not
+# timed (docs/DECISIONS.md, `moe.config.FP8_CONFIGS`). `quant_x` (x quantised once) is on
+# where a sweep chose it and from 256 tokens, `quant_act` where a sweep chose it.
 FP8_BLOCK_K = 128
 _K = FP8_BLOCK_K
 FP8_CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
@@ -134,8 +133,10 @@ FP8_CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (4, MoEConfig(16, (32, _K, 4, 4), (128, _K, 4, 4), direct=True, pdl=True)),
     (8, MoEConfig(16, (128, _K, 4, 4), (128, _K, 8, 3), pdl=True, inline_align=True,
                   quant_x=True)),
-    (16, MoEConfig(16, (32, _K, 4, 3), (64, _K, 4, 3), pdl=True, inline_align=True)),
-    (64, MoEConfig(16, (32, _K, 4, 4), (64, _K, 4, 3), pdl=True, inline_align=True)),
+    (16, MoEConfig(16, (64, _K, 4, 3), (128, _K, 8, 3), pdl=True, inline_align=True,
+                   quant_x=True)),
+    (64, MoEConfig(16, (128, _K, 4, 4), (128, _K, 4, 4), pdl=True, inline_align=True,
+                   quant_act=True)),
     (128, MoEConfig(16, (256, _K, 8, 3), (128, _K, 4, 4), pdl=True, inline_align=True,
                     quant_act=True)),
     (256, MoEConfig(64, (64, _K, 8, 3), (64, _K, 4, 2), pdl=True, quant_x=True)),
