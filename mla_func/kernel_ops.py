@@ -25,7 +25,8 @@ absorbed attention's per-head products, are multiplied in the activations' dtype
 fused path the attention op takes them in FP8 as stored and its decode kernels read e4m3
 (`absorbed`: the query's absorption dequantises each tile as it loads it, the bits of
 dequantising the weight first; the merge with W_UV scales its e4m3 product once, each weight
-exact), elsewhere they are dequantised before the op. The router, the norms, the embedding and lm_head stay float.
+exact), elsewhere they are dequantised before the op. The router, the norms, the embedding
+and lm_head stay float.
 
 The deferred norm (one decode row, fused path): a layer's first projection takes both the
 normalised residual x and the residual h (`norm_linear`). Where

@@ -65,11 +65,17 @@ WORK = {  # a pure decode step (the absorb + prologue launch), one with a 70-tok
 }
 
 
+BF16 = torch.bfloat16
+# (backend, work, uv, dtype, grid): the Triton decode's merge with W_UV on every grid (and
+# float32), its merge + bmm, a Triton prefill, the torch backend's both forms.
+CASES = [("triton", "decode", True, torch.float32, GRIDS[0]),
+         *[("triton", "decode", True, BF16, g) for g in GRIDS],
+         ("triton", "decode", False, BF16, GRIDS[0]), ("triton", "prefill", True, BF16, GRIDS[2]),
+         ("torch", "decode", True, BF16, GRIDS[2]), ("torch", "prefill", True, BF16, GRIDS[0])]
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
-@pytest.mark.parametrize("dtype,grid", [(torch.float32, GRIDS[0]), (torch.bfloat16, GRIDS[0]),
-                                        (torch.bfloat16, GRIDS[1]), (torch.bfloat16, GRIDS[2])])
-@pytest.mark.parametrize("work,uv", [("decode", True), ("decode", False), ("prefill", True)])
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("backend,work,uv,dtype,grid", CASES)
 def test_fp8_absorbed_weights_give_their_dequantisations_bits(backend, work, uv, dtype, grid,
                                                               monkeypatch):
     """The op on block-FP8 W_UK / W_UV against the op on their dequantisation: the same bits

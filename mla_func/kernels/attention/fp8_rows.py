@@ -8,16 +8,17 @@ is the row `pack_rows` writes. A row pointer is a uint8 pointer to the row's fir
 scales and the rope values are read through pointers recast to their dtypes, never through a
 second tensor of the same storage (the interpreter copies each argument's storage back whole).
 
-Rounding is done in arithmetic (`kernels.e4m3.round_e4m3`, `e4m3.to_bf16`): Triton's interpreter
+Rounding is done in arithmetic (`kernels.e4m3.round_e4m3`, `to_bf16`): Triton's interpreter
 does not round to nearest even (3.9: float32 -> bf16 truncates, float32 -> e4m3 drops the
 carry into the exponent), so a cast would write other bytes there than on a GPU and in torch;
 rounded first, the casts only carry exact values. Divisions are IEEE (`div_rn`), as torch's.
 
 Tiles are dequantised in registers (e4m3 -> float32, times the row's group scale, -> the
 dtype the dots run in) and then multiplied as a float cache's tiles: the split-KV decode
-(decode.py) keeps one path for both caches. Block-FP8 W_UK / W_UV reach the same kernels'
-neighbours as e4m3 values and block scales (`weight_args`: absorb.py, merge_uv.py), their
-tiles dequantised as loaded (`e4m3.dequantize`).
+(decode.py) keeps one path for both caches. Block-FP8 W_UK / W_UV reach the decode's other
+launches (absorb.py, merge_uv.py) as e4m3 values and block scales: `weight_args` passes
+them, `weight_scales` loads a tile's scales and `weight_tile` dequantises it
+(`e4m3.dequantize`).
 """
 
 from typing import no_type_check

@@ -135,20 +135,18 @@ def merge_uv_launch(
     tokens, heads, splits, kv_lora = part_o.shape
     v_head = w_uv.shape[1]
     w_uv, fp8, w8 = weight_args(w_uv)
-    cols = _blocks(kv_lora, v_head)[0]
-    if w8 == 1 and fp8[4] % cols:  # a program's columns span two scale blocks
-        w8 = 2
     assert w_uv.shape == (heads, v_head, kv_lora) and w_uv.stride(-1) == 1
     assert w_uv.stride(1) == kv_lora and out.stride(-1) == 1
     cols, n_cb, cb_p2, v_p2 = _blocks(kv_lora, v_head)
+    if w8 == 1 and fp8[4] % cols:  # a program's columns span two scale blocks
+        w8 = 2
     assert shares.numel() >= shares_numel(tokens, heads, kv_lora, v_head)
     assert counters.numel() >= tokens * heads
     p2 = triton.next_power_of_2(splits)
     args = (part_o, part_lse, positions, w_uv, out, shares, counters, heads, kv_lora, v_head,
             splits, w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1), *fp8)
     kwargs = dict(BLOCK_V=v_p2, COLS=cols, COL_BLOCKS_P2=cb_p2, SPLITS_P2=p2, BLOCK_N=block_n,
-                  ACTIVE=splits >= ACTIVE_MIN_SPLITS, PDL=pdl, W8=w8,
-                  num_warps=NUM_WARPS,
+                  ACTIVE=splits >= ACTIVE_MIN_SPLITS, PDL=pdl, W8=w8, num_warps=NUM_WARPS,
                   **({"launch_pdl": True} if pdl else {}))
     return (tokens, heads, n_cb), args, kwargs
 
