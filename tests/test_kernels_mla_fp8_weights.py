@@ -37,10 +37,9 @@ def _fp8(w: torch.Tensor, grid: tuple[int, int] = GRID) -> Fp8Weight:
     return Fp8Weight(*quantize_matrix(w, grid), grid, tuple(w.shape))
 
 
-def _cases(args: list, dtype: torch.dtype, grid: tuple[int, int]
-           ) -> tuple[list, list, Fp8Weight]:
-    """(the op's args with block-FP8 W_UK / W_UV, the same with them dequantised to dtype,
-    the FP8 W_UV); the float operands in dtype."""
+def _cases(args: list, dtype: torch.dtype, grid: tuple[int, int]) -> tuple[list, list]:
+    """(the op's args with block-FP8 W_UK / W_UV, the same with them dequantised to dtype);
+    the float operands in dtype."""
     args = [a.to(dtype) if i in FLOATS else a for i, a in enumerate(args)]
     uk, uv = _fp8(args[UK], grid), _fp8(args[UV], grid)
     fp8 = list(args)
@@ -48,7 +47,7 @@ def _cases(args: list, dtype: torch.dtype, grid: tuple[int, int]
     fp8[BLOCK], fp8[BLOCK + 1] = grid
     dense = list(args)
     dense[UK], dense[UV] = dequantize(uk, dtype), dequantize(uv, dtype)
-    return fp8, dense, uv
+    return fp8, dense
 
 
 def _run(args: list, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,8 +75,8 @@ CASES = [("triton", "decode", True, torch.float32, GRIDS[0]),
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
 @pytest.mark.parametrize("backend,work,uv,dtype,grid", CASES)
-def test_fp8_absorbed_weights_give_their_dequantisations_bits(backend, work, uv, dtype, grid,
-                                                              monkeypatch):
+def test_fp8_absorbed_weights_against_their_dequantisation(backend, work, uv, dtype, grid,
+                                                           monkeypatch):
     """The op on block-FP8 W_UK / W_UV against the op on their dequantisation: the same bits
     on every path (the decode's merge multiplying by W_UV itself, `uv`, or the bmm after it,
     a prefill), but the merge that scales its e4m3 product once: there the cache rows' bits
@@ -93,12 +92,13 @@ def test_fp8_absorbed_weights_give_their_dequantisations_bits(backend, work, uv,
 
     monkeypatch.setattr(mla_absorbed, "merge_uv", spy)
     _, args = backend_case(WORK[work], 16, seed=5)
-    fp8, dense, _ = _cases(args, dtype, grid)
+    fp8, dense = _cases(args, dtype, grid)
     got, got_cache = _run(fp8, backend)
     fused = list(merged_fp8)
     want, want_cache = _run(dense, backend)
     assert torch.equal(got_cache, want_cache)
     assert got.isfinite().all() and got.abs().max() > 0
+    # merge_uv's programs take kv_lora's 32 columns here: one scale block, or four.
     scaled = backend == "triton" and work == "decode" and uv and grid[1] % 32 == 0
     if scaled:
         tol = 1e-6 if dtype == torch.float32 else 1e-2  # bf16: the weights' rounding
