@@ -7,7 +7,7 @@ interpreter (3.9: its float32 -> e4m3 cast drops the carry of a mantissa that ro
 the exponent, 31.5 -> 16, and truncates subnormals). `fp8.quantize_matrix` and the torch
 references round as the GPU does. Its float32 -> bf16 cast truncates: `to_bf16` rounds to
 nearest even in integer arithmetic, and `dequantize` (a block-FP8 weight's tile as the
-activations' dtype) goes through it.
+activations' dtype, its scales per element from `block_scales`) goes through it.
 """
 
 from typing import no_type_check
@@ -78,5 +78,14 @@ def dequantize(q, s, dtype: tl.constexpr):
     return out
 
 
-__all__ = ["E4M3_MAX", "dequantize", "divide", "group_scale", "round_e4m3", "to_bf16",
-           "to_e4m3"]
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def block_scales(s_ptr, rows, cols, mask, stride_row, block_rows, block_cols):
+    """The block scales of a [rows, cols] tile of one block-FP8 matrix, one an element: its
+    scales at s_ptr, a row of blocks `stride_row` apart, contiguous along the columns."""
+    return tl.load(s_ptr + (rows // block_rows)[:, None] * stride_row
+                   + (cols // block_cols)[None, :], mask=mask, other=0.0)
+
+
+__all__ = ["E4M3_MAX", "block_scales", "dequantize", "divide", "group_scale", "round_e4m3",
+           "to_bf16", "to_e4m3"]

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from mla_func.cache_fp8 import GROUP, is_fp8, layout_of
 from mla_func.fp8 import Fp8Weight
-from mla_func.kernels.e4m3 import E4M3_MAX, dequantize, round_e4m3
+from mla_func.kernels.e4m3 import E4M3_MAX, block_scales, dequantize, round_e4m3
 
 
 @triton.jit
@@ -92,9 +92,8 @@ def weight_scales(s_ptr, h, rows, cols, row_ok, col_ok, ss_h, ss_r, block_rows, 
     if W8 == 1:
         s = tl.load(s_ptr + h * ss_h + cols // block_cols, mask=col_ok, other=0.0)[None, :]
     elif W8 == 2:
-        s = tl.load(s_ptr + h * ss_h + (rows // block_rows)[:, None] * ss_r
-                    + (cols // block_cols)[None, :], mask=row_ok[:, None] & col_ok[None, :],
-                    other=0.0)
+        s = block_scales(s_ptr + h * ss_h, rows, cols, row_ok[:, None] & col_ok[None, :], ss_r,
+                         block_rows, block_cols)
     return s
 
 

@@ -17,7 +17,7 @@ import triton.language as tl
 from torch import Tensor
 
 from mla_func.custom_op import custom_op
-from mla_func.kernels.e4m3 import dequantize
+from mla_func.kernels.e4m3 import block_scales, dequantize
 
 BLOCK_ROWS, BLOCK_COLS = 16, 128  # a program's tile of one matrix of the stack
 
@@ -33,8 +33,8 @@ def _dequant_kernel(q_ptr, s_ptr, out_ptr, rows, cols, blocks_out, blocks_in, bl
     ok = (r < rows)[:, None] & (c < cols)[None, :]
     at = m * rows * cols + r.to(tl.int64)[:, None] * cols + c[None, :]
     q = tl.load(q_ptr + at, mask=ok, other=0.0)
-    s = tl.load(s_ptr + m * blocks_out * blocks_in + (r // block_rows)[:, None] * blocks_in
-                + (c // block_cols)[None, :], mask=ok, other=0.0)
+    s = block_scales(s_ptr + m * blocks_out * blocks_in, r, c, ok, blocks_in, block_rows,
+                     block_cols)
     tl.store(out_ptr + at, dequantize(q, s, out_ptr.dtype.element_ty), mask=ok)
 
 
