@@ -79,14 +79,23 @@ from mla_func.validation import (
     seq_limit,
 )
 
-# Default token budget of a step. A prefill of 8192 tokens keeps the GPU busy where smaller
-# chunks leave it waiting on the host; a larger budget delays the decodes that share a step
-# with a prefill chunk (docs/DECISIONS.md, `engine.MAX_BATCH_TOKENS`).
+# Default token budget of a step, per rank of a tensor-parallel group. A prefill of 8192
+# tokens keeps one GPU busy where smaller chunks leave it waiting on the host; a larger budget
+# delays the decodes that share a step with a prefill chunk. Each of N ranks does 1/N of a
+# token's work while the host's work per step stays, so N ranks take N times the tokens
+# (docs/DECISIONS.md, `engine.MAX_BATCH_TOKENS`).
 MAX_BATCH_TOKENS = 8192
+
+
+def default_batch_tokens(ranks: int) -> int:
+    """The engine's token budget of a step on a group of `ranks` (MAX_BATCH_TOKENS a rank)."""
+    return MAX_BATCH_TOKENS * ranks
+
 
 __all__ = [
     "AUTO_PROGRESS_DELAY_S", "MODES", "EmptyPromptError", "Engine", "Prompt", "PromptTooLongError",
-    "Request", "RequestError", "TokenIdError", "check_mode", "check_prompt", "seq_limit",
+    "Request", "RequestError", "TokenIdError", "check_mode", "check_prompt", "default_batch_tokens",
+    "seq_limit",
 ]
 
 
@@ -128,7 +137,7 @@ class Engine:
     def __init__(
         self, cfg: MLAConfig, params: Params, *, num_pages: int, mode: str = "eager",
         attention_backend: str = "auto", page_size: int = 16,
-        max_batch_tokens: int = MAX_BATCH_TOKENS,
+        max_batch_tokens: int | None = None,
         max_seqs: int = 64, max_seq_len: int | None = None,
         eos_token_id: int | Sequence[int] | Literal["config"] | None = "config",
         return_logits: bool = False, progress: bool | None = None,
@@ -146,6 +155,8 @@ class Engine:
         kernels = options_for(params.device, kernels, attention_backend, unset="auto",
                               dtype=params.dtype)  # float32 on CUDA: the reference ops
         get_backend(kernels.attention, params.device)
+        if max_batch_tokens is None:
+            max_batch_tokens = default_batch_tokens(params.tp.size)
         for name, value in (("page_size", page_size), ("max_batch_tokens", max_batch_tokens),
                             ("max_seqs", max_seqs), ("max_graph_tokens", max_graph_tokens)):
             positive_int(name, value)

@@ -26,7 +26,7 @@ from torch import Tensor
 from mla_func.cache_fp8 import check_kv_dtype
 from mla_func.config import MLAConfig
 from mla_func.dims import TOKENS_MAX_CAPTURED
-from mla_func.engine import MAX_BATCH_TOKENS, Engine
+from mla_func.engine import Engine
 from mla_func.kernels.plan import KernelOptions
 from mla_func.parallel.shard import on_mesh
 from mla_func.params import Params
@@ -69,7 +69,7 @@ def generate(
     max_new_tokens: int = 8, mode: str = "eager", attention_backend: str = "auto",
     return_logits: bool = False, *,
     page_size: int = 16, num_pages: int | None = None,
-    max_batch_tokens: int = MAX_BATCH_TOKENS,
+    max_batch_tokens: int | None = None,
     max_seqs: int = 64, eos_token_id: int | Sequence[int] | Literal["config"] | None = "config",
     progress: bool | None = None, on_error: str = "raise",
     max_graph_tokens: int = TOKENS_MAX_CAPTURED, kernels: KernelOptions | None = None,
@@ -79,15 +79,16 @@ def generate(
 
     `num_pages=None` sizes the cache so that `max_seqs` requests can run at once; eos_token_id
     "config" means cfg.eos_token_ids (every id a config.json list gives), None disables it, an
-    id or a sequence of ids replaces them; progress None shows a bar only on runs
-    longer than a couple of seconds; graph modes capture steps of up to `max_graph_tokens`
-    tokens (and `max_batch_tokens`), larger ones run eagerly. `kernels`: which implementation
-    runs each op (default: the device's for the weights' dtype, with `attention_backend`;
-    "auto": "triton" on CUDA, "torch" elsewhere and for float32 weights, which run the
-    reference ops; named in the progress line and in the result). `mesh`: a 1-D DeviceMesh
-    (or ProcessGroup) to run tensor parallel on, every rank calling `generate` with the same
-    arguments: whole `params` are sharded for it (`parallel.shard_params`); params already
-    sharded run on their own group (a `mesh` must then be theirs). `kv_dtype` "fp8": the
+    id or a sequence of ids replaces them; progress None shows a bar only on runs longer than a
+    couple of seconds; `max_batch_tokens`: a step's token budget (None: the engine's,
+    `engine.default_batch_tokens`, 8192 a rank); graph modes capture steps of up to
+    `max_graph_tokens` tokens (and `max_batch_tokens`), larger ones run eagerly. `kernels`:
+    which implementation runs each op (default: the device's for the weights' dtype, with
+    `attention_backend`; "auto": "triton" on CUDA, "torch" elsewhere and for float32 weights,
+    which run the reference ops; named in the progress line and in the result). `mesh`: a 1-D
+    DeviceMesh (or ProcessGroup) to run tensor parallel on, every rank calling `generate` with
+    the same arguments: whole `params` are sharded for it (`parallel.shard_params`); params
+    already sharded run on their own group (a `mesh` must then be theirs). `kv_dtype` "fp8": the
     latent cache in FP8 (`cache_fp8`: 656 bytes a token a layer at V2/V3's sizes, 1.76x the
     tokens of bf16); "auto": floats in the weights' dtype."""
     params = on_mesh(params, mesh)

@@ -117,6 +117,9 @@ def tp(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gen-requests", type=int, default=128)
     p.add_argument("--gen-prompt", type=int, default=512)
     p.add_argument("--gen-new", type=int, default=256)
+    p.add_argument("--gen-batch-tokens", type=int_at_least(1), nargs="+", default=None,
+                   help="generate's step budgets, each run on one GPU and sharded (default: "
+                        "the engine's, 8192 a rank)")
     p.add_argument("--skip-generate", action="store_true")
     p.add_argument("--page-size", type=int, default=16)
 

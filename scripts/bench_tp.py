@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 import mla_func as mf
+from mla_func.engine import default_batch_tokens
 from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.plan import KernelOptions, default_options
 from mla_func.parallel.comm import all_reduce, all_reduce_add_norm, prepare
@@ -115,18 +116,21 @@ def bench_model(cfg, params, args, ceil, label: str, **forms: bool
     return rows, capture
 
 
-def bench_generate(cfg, params, args, label: str) -> dict:
+def bench_generate(cfg, params, args, label: str, budget: int | None) -> dict:
+    """`generate`'s output tokens/s on the workload of `args`, steps of `budget` tokens (None:
+    the engine's default for these params, `engine.default_batch_tokens`)."""
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(2, cfg.vocab_size, (args.gen_requests, args.gen_prompt),
                             generator=g).tolist()
     kw = dict(mode="full_and_piecewise", attention_backend="triton", eos_token_id=None,
               page_size=args.page_size, max_seqs=args.gen_requests, progress=False,
-              kv_dtype=args.kv_dtype)
+              kv_dtype=args.kv_dtype, max_batch_tokens=budget)
     mf.generate(cfg, params, prompts, 2, **kw)  # warm-up: Triton's first compiles
     torch.cuda.synchronize()
     out = mf.generate(cfg, params, prompts, args.gen_new, **kw)
     new = sum(len(t) for t in out.tokens)
-    return {"what": label, "out_tok_s": new / out.wall_time_s, "loop_s": out.wall_time_s,
+    return {"what": label, "budget": budget or default_batch_tokens(params.tp.size),
+            "out_tok_s": new / out.wall_time_s, "loop_s": out.wall_time_s,
             "setup_s": out.setup_time_s, "steps": out.steps}
 
 
@@ -143,6 +147,7 @@ def run(argv: list[str]) -> dict:
     result: dict = {"gpu": torch.cuda.get_device_name(), "ranks": tp.size, "ceilings": ceil,
                     "all_reduce": bench_all_reduce(tp, args.allreduce_rows, args.hidden)}
     cfg = mf.MLAConfig.preset(args.preset)
+    budgets = args.gen_batch_tokens or [None]
     one = "tp=1 (rank 0 alone)"
     decode, captures, gens = [], [], []
     if args.no_baseline:  # this rank's share only, drawn a layer at a time
@@ -156,7 +161,7 @@ def run(argv: list[str]) -> dict:
             decode += rows
             captures.append(cap)
             if not args.skip_generate:
-                gens.append(bench_generate(cfg, whole, args, one))
+                gens += [bench_generate(cfg, whole, args, one, b) for b in budgets]
             print(f"one GPU measured in {time.perf_counter() - t0:.0f} s", flush=True)
         dist.barrier()
         params = shard_params(whole, tp)
@@ -172,7 +177,7 @@ def run(argv: list[str]) -> dict:
                               one_shot=False)[0]
     captures.append({**cap, "rank": tp.rank})
     if not args.skip_generate:
-        gens.append(bench_generate(cfg, params, args, label))
+        gens += [bench_generate(cfg, params, args, label, b) for b in budgets]
     allcaps = [None] * tp.size
     dist.all_gather_object(allcaps, captures[-1])
     result.update(decode=decode, capture=captures[:-1] + allcaps if main else [],

@@ -94,7 +94,8 @@ def parser() -> argparse.ArgumentParser:
                          "token a layer at V2/V3's sizes instead of 1,152 in bf16)")
     ap.add_argument("--page-size", type=int_at_least(1), default=16)
     ap.add_argument("--max-batch-tokens", type=int_at_least(1), default=None,
-                    help="tokens per step (default: the engine's, engine.MAX_BATCH_TOKENS)")
+                    help="tokens per step (default: the engine's, 8192 a rank: "
+                         "engine.default_batch_tokens)")
     ap.add_argument("--max-seqs", type=int_at_least(1), default=64)
     ap.add_argument("--max-graph-tokens", type=int_at_least(1), default=None,
                     help="graph modes: steps of more tokens run eagerly (default: the "
@@ -115,8 +116,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     import torch
 
-    from mla_func.engine import MAX_BATCH_TOKENS
-
     if args.tp > 1 and int(os.environ.get("WORLD_SIZE", 1)) != args.tp:
         ap.error(f"argument --tp: {args.tp} processes, {os.environ.get('WORLD_SIZE', 1)} "
                  f"started; run torchrun --nproc-per-node {args.tp} scripts/generate.py "
@@ -129,7 +128,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.preset = "tiny"
     if args.dtype is None:
         args.dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
-    args.max_batch_tokens = args.max_batch_tokens or MAX_BATCH_TOKENS
     return args
 
 

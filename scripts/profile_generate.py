@@ -99,7 +99,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--new", type=_positive, default=256)
     p.add_argument("--page-size", type=_positive, default=64)
     p.add_argument("--max-batch-tokens", type=_positive, default=None,
-                   help="tokens per step (default: the engine's, engine.MAX_BATCH_TOKENS)")
+                   help="tokens per step (default: the engine's, 8192 on one GPU)")
     p.add_argument("--max-seq-len", type=_positive, default=None,
                    help="the engine's (page-table width); default prompt + new - 1, as "
                         "generate() sizes it")

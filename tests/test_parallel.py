@@ -153,6 +153,23 @@ def test_divergent_schedule_raises_on_every_rank(tmp_path):
         assert "the ranks scheduled different steps" in text and "rank 1:" in text
 
 
+def _budget(rank: int, world: int, out: Path) -> None:
+    from mla_func.engine import MAX_BATCH_TOKENS
+
+    params = shard_params(mf.init_params(TINY, seed=1), rank_group())
+    engine = mf.Engine(TINY, params, num_pages=8, eos_token_id=None)
+    given = mf.Engine(TINY, params, num_pages=8, eos_token_id=None, max_batch_tokens=100)
+    (out / f"budget_{rank}").write_text(
+        f"{engine.max_batch_tokens / MAX_BATCH_TOKENS} {given.max_batch_tokens}")
+
+
+def test_the_default_step_budget_is_per_rank(tmp_path):
+    """Each of N ranks does 1/N of a token's work, so the engine's default budget is
+    MAX_BATCH_TOKENS a rank (`engine.default_batch_tokens`); a given budget stays as given."""
+    run_ranks(2, _budget, tmp_path, tmp_path, timeout=120)
+    assert [(tmp_path / f"budget_{r}").read_text() for r in range(2)] == ["2.0 100"] * 2
+
+
 def test_shard_params_splits_and_checks():
     cfg = CONFIGS["v3-qlora"]
     params = mf.init_params(cfg, seed=2)
