@@ -96,10 +96,12 @@ def test_tp2_v3_shape_matches_one_gpu(tmp_path):
 def _fused_sum(rank: int, world: int, out: Path) -> None:
     """`all_reduce_add_norm` (one launch) against the one-shot all-reduce and then the fused
     add + norm, bitwise; replayed from a CUDA graph on new inputs; opcheck."""
+    from mla_func.kernels.collective.reduce_norm import all_reduce_add_rmsnorm
     from mla_func.kernels.launch.runtime import Runtime
     from mla_func.kernels.linear.norm import add_rmsnorm
     from mla_func.parallel.comm import (
         _all_reduce_add_norm,
+        _symmetric_buffer,
         all_reduce,
         all_reduce_add_norm,
         prepare,
@@ -121,11 +123,15 @@ def _fused_sum(rank: int, world: int, out: Path) -> None:
     def apart(x, h, w):
         return add_rmsnorm(h, all_reduce(x, tp, opts, counters), w, eps)
 
-    # 40 rows: programs loop over rows past MAX_PROGRAMS (32); 128 x 7168: the largest sum.
+    # The kernel itself at every size (the plan picks it for some): 200 rows, its programs
+    # loop over rows past MAX_PROGRAMS (128); 128 x 7168: the largest one-shot sum.
+    buf, handle = _symmetric_buffer(runtime, tp.group, bf16)
     for i, (rows, width) in enumerate(((1, 2048), (8, 2048), (40, 2048), (128, 2048),
-                                       (1, 7168), (40, 7168), (128, 7168))):
+                                       (200, 2048), (1, 7168), (40, 7168), (128, 7168))):
         x, h, w = inputs(rows, width, i)
-        got, want = all_reduce_add_norm(x, h, w, eps, tp, opts, counters), apart(x, h, w)
+        got, want = all_reduce_add_rmsnorm(x, h, w, eps, buf, handle), apart(x, h, w)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), (rows, width)
+        got = all_reduce_add_norm(x, h, w, eps, tp, opts, counters)  # the plan's form
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), (rows, width)
     x, h, w = inputs(8, 2048, 50)
     graph = torch.cuda.CUDAGraph()
@@ -152,5 +158,6 @@ def _fused_sum(rank: int, world: int, out: Path) -> None:
 
 def test_fused_sum_add_norm_matches_apart(tmp_path):
     """The one-launch sum + residual add + norm equals the one-shot sum, then the add and
-    norm, bitwise at 1-128 rows of 2048 and 7168, from a graph too."""
+    norm, bitwise at 1-200 rows of 2048 and 1-128 of 7168 (the kernel, and the plan's form),
+    from a graph too."""
     run_ranks(2, _fused_sum, tmp_path, tmp_path, device="cuda", timeout=300)

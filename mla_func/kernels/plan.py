@@ -43,6 +43,7 @@ from mla_func.kernels.plan_rules import (
     ONE_SHOT_MAX_BYTES,
     PROJ_NORM_MAX_ROWS,
     PROJ_NORM_MAX_WIDTH,
+    REDUCE_NORM_FROM_ROWS,
     REDUCE_NORM_MAX_ROWS,
     REDUCE_NORM_WIDE,
     ROUTER_MAX_EXPERTS,
@@ -296,8 +297,9 @@ def fp8_gemms(cfg: MLAConfig, rows: int, ranks: int = 1) -> tuple[tuple[str, str
 
 __all__ = ["DeviceSpec", "EXPERTS_IMPLS", "KERNEL_DTYPES", "KernelOptions", "MHA_MIN_QUERY",
            "NORM_LINEAR_MAX_WIDTH", "ONE_SHOT_MAX_BYTES", "PROJ_NORM_MAX_ROWS",
-           "PROJ_NORM_MAX_WIDTH", "REDUCE_NORM_MAX_ROWS", "REDUCE_NORM_WIDE", "ROUTER_MAX_EXPERTS",
-           "ROUTER_ROWS_MAX", "SMALL_LINEAR_MAX_ROWS", "StepPlan", "WEIGHTS", "all_reduce_form",
+           "PROJ_NORM_MAX_WIDTH", "REDUCE_NORM_FROM_ROWS", "REDUCE_NORM_MAX_ROWS",
+           "REDUCE_NORM_WIDE", "ROUTER_MAX_EXPERTS", "ROUTER_ROWS_MAX", "SMALL_LINEAR_MAX_ROWS",
+           "StepPlan", "WEIGHTS", "all_reduce_form",
            "attention_form", "default_options", "device_spec", "experts_precision",
            "fp8_gemm_runs", "fp8_gemms", "norm_linear_normalises", "options_for", "plan_step",
            "proj_norm_rows", "reduce_norm_fused", "router_rows", "small_linear_rows"]

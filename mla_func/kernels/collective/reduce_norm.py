@@ -18,8 +18,10 @@ same pattern):
 
 With two ranks the result is bitwise that of the two launches apart (a sum of two terms is
 the same in either order). Programs take rows `pid, pid + GRID, ...`; at most `MAX_PROGRAMS`
-programs, each with two barrier slots per rank at the end of the signal pad (PyTorch's own
-kernels use its start).
+programs, each with two barrier slot rows at the end of the signal pad (PyTorch's own kernels
+use its first `TORCH_SLOT_ROWS`). A program a row up to MAX_PROGRAMS rows: each row's reads
+over NVLink are a round trip of their own, and a program that loops over rows waits for
+them one after another.
 """
 
 from typing import no_type_check
@@ -32,7 +34,8 @@ from torch import Tensor
 from mla_func.kernels.collective.signals import rank_barrier
 from mla_func.kernels.linear.norm import rms_scaled
 
-MAX_PROGRAMS = 32  # the most programs (and barrier slot rows) of one launch
+MAX_PROGRAMS = 128  # the most programs of one launch (each with two barrier slot rows)
+TORCH_SLOT_ROWS = 32  # the slot rows left to PyTorch's symmetric-memory kernels
 
 
 @triton.jit
@@ -71,12 +74,13 @@ def _reduce_add_norm_kernel(x_ptr, h_ptr, w_ptr, h_out_ptr, y_ptr, buffers, sign
 def slot_base(pad_bytes: int, world: int) -> int:
     """The first slot row this kernel uses: 2 * MAX_PROGRAMS rows of `world` slots at the end
     of a pad of `pad_bytes` (a ValueError where the pad is too small to leave PyTorch's
-    kernels their MAX_PROGRAMS rows at its start)."""
-    slots = pad_bytes // 4
-    base = slots // world - 2 * MAX_PROGRAMS
-    if base < MAX_PROGRAMS:
+    kernels their TORCH_SLOT_ROWS rows at its start)."""
+    rows = TORCH_SLOT_ROWS + 2 * MAX_PROGRAMS
+    base = pad_bytes // 4 // world - 2 * MAX_PROGRAMS
+    if base < TORCH_SLOT_ROWS:
         raise ValueError(f"a symmetric-memory signal pad of {pad_bytes} bytes holds too few "
-                         f"slots for {world} ranks (needs {3 * MAX_PROGRAMS * world * 4})")
+                         f"slots for {world} ranks (needs {rows * world * 4}: "
+                         "torch.distributed._symmetric_memory.set_signal_pad_size)")
     return base
 
 
@@ -101,4 +105,4 @@ def all_reduce_add_rmsnorm(x: Tensor, h: Tensor, weight: Tensor, eps: float, buf
     return h_out, y
 
 
-__all__ = ["MAX_PROGRAMS", "all_reduce_add_rmsnorm", "slot_base"]
+__all__ = ["MAX_PROGRAMS", "TORCH_SLOT_ROWS", "all_reduce_add_rmsnorm", "slot_base"]
