@@ -134,16 +134,22 @@ def quantize_activations(x: Float[Tensor, "tokens width_in"], group: int = 128
                          ) -> tuple[Float8e4m3fn[Tensor, "tokens width_in"],
                                     Float32[Tensor, "tokens act_groups"]]:
     """(e4m3 values, float32 scales): each row's runs of `group` columns (the last may be
-    partial) scaled so that their largest |value| is e4m3's largest (amax / 448; an all-zero
-    run gets scale 1), rounded to nearest even."""
+    partial) scaled so that their largest |value| is e4m3's largest. DeepSeek's act_quant:
+    scale amax / 448 (1 for an all-zero run); the values x * (448 / amax), rounded to nearest
+    even: one division a run, as every FP8 kernel quantises (`kernels.e4m3.group_scales`)."""
     tokens, cols = x.shape
     groups = math.ceil(cols / group)
     padded = x.new_zeros(tokens, groups * group, dtype=torch.float32)
     padded[:, :cols] = x.float()
-    amax = padded.view(tokens, groups, group).abs().amax(-1)
-    scales = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    full = scales.repeat_interleave(group, 1)[:, :cols]
-    return (x.float() / full).clamp(-FP8_MAX, FP8_MAX).to(FP8), scales
+    padded = padded.view(tokens, groups, group)
+    amax = padded.abs().amax(-1)
+    nonzero = amax > 0
+    scales = torch.where(nonzero, amax / FP8_MAX, 1.0)
+    # A tensor divided by a tensor: rounded once (a number over a tensor is its reciprocal
+    # times the number in torch, rounded twice).
+    inv = torch.where(nonzero, torch.full_like(amax, FP8_MAX) / amax, 1.0)
+    q = (padded * inv[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return q.view(tokens, -1)[:, :cols], scales
 
 
 def linear_reference(x: Float[Tensor, "tokens width_in"], w: Fp8Weight, group: int = 128

@@ -22,7 +22,7 @@ from sm90_ptxas import run_compile_script
 
 import mla_func as mf
 from mla_func import kernel_ops
-from mla_func.fp8 import FP8, dequantize, quantize
+from mla_func.fp8 import FP8, dequantize, quantize, quantize_activations
 from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.moe.config import CONFIGS, FP8_BLOCK_K, FP8_CONFIGS, MoEConfig, pick_config
 from mla_func.kernels.moe.fp8_gemm import Fp8Scales, quant_rows
@@ -31,7 +31,7 @@ from mla_func.kernels.plan import KernelOptions
 from mla_func.moe import experts
 from mla_func.ops.mlp import swiglu
 from mla_func.ops.moe import experts_reference, route
-from mla_func.ops.moe_fp8 import experts_fp8, quantize_groups
+from mla_func.ops.moe_fp8 import experts_fp8
 from mla_func.params import DenseMLP
 from mla_func.quantize import quantize_fp8
 
@@ -106,7 +106,7 @@ def _quant_kernel(a_ptr, q_ptr, s_ptr, ROWS: tl.constexpr, COLS: tl.constexpr):
 @pytest.mark.interpret
 def test_activation_quantisation_rounds_as_torch():
     """`quant_rows` (in the interpreter, which rounds on e4m3's grid first) gives the bits
-    of `ops.moe_fp8.quantize_groups`: the scales, and values at e4m3's ties, in its
+    of `fp8.quantize_activations`: the scales, and values at e4m3's ties, in its
     subnormals and at its largest, an all-zero row."""
     g = torch.Generator().manual_seed(3)
     a = torch.randn(16, 128, generator=g) * torch.logspace(-6, 4, 16)[:, None]
@@ -117,7 +117,7 @@ def test_activation_quantisation_rounds_as_torch():
     a[3, 1:] *= 1e-4  # below e4m3's smallest normal, relative to the row's largest
     q, s = torch.empty(16, 128, dtype=FP8), torch.empty(16)
     _quant_kernel[(1,)](a, q, s, 16, 128)
-    want_q, want_s = quantize_groups(a)
+    want_q, want_s = quantize_activations(a)
     assert torch.equal(s, want_s[:, 0])
     assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
 
@@ -125,7 +125,7 @@ def test_activation_quantisation_rounds_as_torch():
 @pytest.mark.interpret
 def test_tokens_quantised_once_are_quant_rows():
     """`quant_tokens` (x quantised before the gate_up GEMM, `MoEConfig.quant_x`) gives
-    `ops.moe_fp8.quantize_groups`' bits for tokens past one block and a partial last group;
+    `fp8.quantize_activations`' bits for tokens past one block and a partial last group;
     bf16 experts refuse the option."""
     from mla_func.kernels.moe.fp8_gemm import gate_up_x, quant_tokens
 
@@ -133,7 +133,7 @@ def test_tokens_quantised_once_are_quant_rows():
     x = torch.randn(19, 200, generator=g) * torch.logspace(-3, 2, 19)[:, None]
     x[4] = 0.0
     q, s = quant_tokens(x)
-    want_q, want_s = quantize_groups(x)
+    want_q, want_s = quantize_activations(x)
     assert torch.equal(s, want_s) and torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
     with pytest.raises(ValueError, match="quant_x"):
         gate_up_x(x, True, fp8=False)

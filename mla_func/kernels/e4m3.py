@@ -42,18 +42,14 @@ def to_e4m3(v):
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def divide(a, b):
-    """a / b rounded to nearest (IEEE, as torch divides), b broadcast to a."""
-    a, b = tl.broadcast(a, b)
-    return tl.math.div_rn(a, b)
-
-
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def group_scale(amax):
-    """An activation group's scale from its largest |value| (DeepSeek's act_quant): amax / 448
-    rounded as torch divides, 1 for an all-zero group."""
-    return tl.where(amax > 0, divide(amax, tl.full(amax.shape, 448.0, tl.float32)), 1.0)
+def group_scales(amax):
+    """(scale, inverse) of activation groups from their largest |value| (float32): DeepSeek's
+    act_quant scale amax / 448 and 448 / amax, both rounded as torch divides; (1, 1) for an
+    all-zero group. The values are x * inverse (`fp8.quantize_activations`): one division a
+    group, not one an element."""
+    e4m3_max = tl.full(amax.shape, 448.0, tl.float32)
+    amax = tl.where(amax > 0, amax, e4m3_max)
+    return tl.math.div_rn(amax, e4m3_max), tl.math.div_rn(e4m3_max, amax)
 
 
 @triton.jit
@@ -87,5 +83,5 @@ def block_scales(s_ptr, rows, cols, mask, stride_row, block_rows, block_cols):
                    + (cols // block_cols)[None, :], mask=mask, other=0.0)
 
 
-__all__ = ["E4M3_MAX", "block_scales", "dequantize", "divide", "group_scale", "round_e4m3",
+__all__ = ["E4M3_MAX", "block_scales", "dequantize", "group_scales", "round_e4m3",
            "to_bf16", "to_e4m3"]

@@ -1,45 +1,25 @@
 """The experts' block-FP8 GEMMs in torch: the numerics of the Triton experts' FP8 form
 (`kernels/moe/fp8_gemm.py`), the reference its tests compare with.
 
-DeepSeek-V3's fine-grained quantisation (arXiv:2412.19437, 3.3), as its inference code runs
-it: the weights in e4m3 with a float32 scale a block of rows x 128 columns (`fp8.Fp8Weight`),
-the activations quantised per token in groups of 128 columns (`quantize_groups`: scale
+DeepSeek-V3's fine-grained quantisation (arXiv:2412.19437, 3.3), as its inference code runs it:
+the weights in e4m3 with a float32 scale a block of rows x 128 columns (`fp8.Fp8Weight`), the
+activations quantised per token in groups of 128 columns (`fp8.quantize_activations`: scale
 amax / 448), each group's product of e4m3 values in fp32, scaled by the token's scale times the
 weight row's and summed over the groups (`fp8_linear`). An expert (`expert_fp8`) rounds its
 SwiGLU activation to x's dtype and quantises it again for the down product; each pair's result
 is rounded to x's dtype, weighted in fp32 and rounded again, and a token's pairs add up in fp32
-(the shared experts' output first where they run apart, their pairs last where folded in):
-the kernels' order, so that the two differ only in the order of each group's fp32 sum.
+(the shared experts' output first where they run apart, their pairs last where folded in): the
+kernels' order, so that the two differ only in the order of each group's fp32 sum.
 """
-
-import math
 
 import torch
 from jaxtyping import Float, Float8e4m3fn, Float32, Int
 from torch import Tensor
 
-from mla_func.fp8 import FP8, FP8_MAX, Fp8Weight
+from mla_func.fp8 import Fp8Weight, quantize_activations
 from mla_func.params import DenseMLP
 
 GROUP = 128  # columns a scale covers along K (`kernels.moe.config.FP8_BLOCK_K`)
-
-
-def quantize_groups(x: Float[Tensor, "rows width"]
-                    ) -> tuple[Float8e4m3fn[Tensor, "rows width"], Float32[Tensor, "rows groups"]]:
-    """(e4m3 values, scales) of x per row in groups of GROUP columns (the last may be
-    partial): scale amax / 448 (1 for an all-zero group), values x * (448 / amax) rounded to
-    nearest even (the kernels' `quant_rows`)."""
-    rows, width = x.shape
-    groups = math.ceil(width / GROUP)
-    padded = x.new_zeros(rows, groups * GROUP, dtype=torch.float32)
-    padded[:, :width] = x.float()
-    padded = padded.view(rows, groups, GROUP)
-    amax = padded.abs().amax(-1)
-    nonzero = amax > 0
-    scale = torch.where(nonzero, amax / FP8_MAX, 1.0)
-    inv = torch.where(nonzero, FP8_MAX / amax, 1.0)
-    q = (padded * inv[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    return q.view(rows, -1)[:, :width], scale
 
 
 def row_scales(w: Fp8Weight) -> Float32[Tensor, "stack width_out groups"]:
@@ -54,7 +34,7 @@ def row_scales(w: Fp8Weight) -> Float32[Tensor, "stack width_out groups"]:
 def fp8_linear(x: Float[Tensor, "rows width_in"], w: Float8e4m3fn[Tensor, "width_out width_in"],
                scales: Float32[Tensor, "width_out groups"]) -> Float32[Tensor, "rows width_out"]:
     """x w^T in fp32: x quantised per token group, one scaled product a group."""
-    q, s = quantize_groups(x)
+    q, s = quantize_activations(x, GROUP)
     acc = x.new_zeros(x.shape[0], w.shape[0], dtype=torch.float32)
     for g in range(s.shape[1]):
         cols = slice(g * GROUP, (g + 1) * GROUP)
@@ -121,4 +101,4 @@ def experts_fp8(
     return acc.to(x.dtype)
 
 
-__all__ = ["GROUP", "expert_fp8", "experts_fp8", "fp8_linear", "quantize_groups", "row_scales"]
+__all__ = ["GROUP", "expert_fp8", "experts_fp8", "fp8_linear", "row_scales"]

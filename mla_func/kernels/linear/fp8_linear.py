@@ -3,7 +3,8 @@
 DeepSeek-V3's inference numerics (arXiv:2412.19437 3.3; its inference/kernel.py `act_quant`
 and `fp8_gemm`): the weight is e4m3 with one float32 scale per block of `block` (rows,
 columns); the activations x (bf16/fp16/fp32) are quantised per token in groups of 128
-columns (scale = amax / 448, e4m3 rounded to nearest even); each K step multiplies e4m3 by
+columns (scale = amax / 448, the values x * (448 / amax) in e4m3 rounded to nearest even,
+`kernels.e4m3.group_scales`, as the experts' kernels quantise); each K step multiplies e4m3 by
 e4m3 on the tensor cores into a fresh float32 tile, scales it by the product of the two
 scales and adds it to a float32 accumulator (the promotion that keeps the MMA's limited
 accumulator precision to one step); the output is in x's dtype. `fp8.linear_reference` is
@@ -52,7 +53,7 @@ from torch import Tensor
 
 from mla_func.custom_op import custom_op
 from mla_func.fp8 import FP8, Fp8Weight
-from mla_func.kernels.e4m3 import divide, group_scale, to_e4m3
+from mla_func.kernels.e4m3 import group_scales, to_e4m3
 from mla_func.kernels.launch.counters import last_to_arrive
 from mla_func.kernels.launch.runtime import call_counters, op_counters
 from mla_func.kernels.linear.fp8_tiles import GROUP, Fp8Tiles, fp8_tiles
@@ -70,8 +71,8 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, n_in, sx, n_groups, GROUP: tl.constex
     k = g * GROUP + tl.arange(0, GROUP)
     ok = k < n_in
     x = tl.load(x_ptr + row * sx + k, mask=ok, other=0.0).to(tl.float32)
-    s = group_scale(tl.max(tl.abs(x), axis=0))
-    tl.store(q_ptr + row * n_in + k, to_e4m3(divide(x, s)), mask=ok)
+    s, inv = group_scales(tl.max(tl.abs(x), axis=0))
+    tl.store(q_ptr + row * n_in + k, to_e4m3(x * inv), mask=ok)
     tl.store(s_ptr + row * n_groups + g, s)
 
 
@@ -129,15 +130,16 @@ def _fp8_gemm_kernel(
                 x = _activations(x_ptr, h_ptr, nw_ptr, m64, m_ok, k, n_in, sx, sum_sq, eps,
                                  NORM)
                 amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
-            xs = group_scale(amax)
+            xs, x_inv = group_scales(amax)
         else:
             xs = tl.load(xs_ptr + m64 * sxs + k0 // (SUB * BK), mask=m_ok, other=1.0)
+            x_inv = xs  # unread: x comes quantised
         for j in tl.static_range(SUB):
             k = k0 + j * BK + kk
             k_ok = k < n_in
             x = _activations(x_ptr, h_ptr, nw_ptr, m64, m_ok, k, n_in, sx, sum_sq, eps, NORM)
             if QUANT:
-                xq = to_e4m3(divide(x.to(tl.float32), xs[:, None]))
+                xq = to_e4m3(x.to(tl.float32) * x_inv[:, None])
             else:
                 xq = x
             wq = tl.load(w_ptr + n64[:, None] * n_in + k[None, :],

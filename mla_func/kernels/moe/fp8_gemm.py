@@ -32,7 +32,7 @@ import triton.language as tl
 from jaxtyping import Float32
 from torch import Tensor
 
-from mla_func.kernels.e4m3 import round_e4m3
+from mla_func.kernels.e4m3 import group_scales, round_e4m3
 from mla_func.kernels.moe.config import FP8_BLOCK_K as GROUP
 
 
@@ -40,15 +40,9 @@ from mla_func.kernels.moe.config import FP8_BLOCK_K as GROUP
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def quant_rows(a, ROUND: tl.constexpr):
     """Each row of the [rows, GROUP] tile `a` in e4m3 and its fp32 scale (DeepSeek's
-    act_quant: scale amax / 448, e4m3's largest value; 1 for an all-zero row): (e4m3 tile,
-    [rows] scales). The values are a * (448 / amax), a product an element where act_quant
-    divides by the scale (one division a row, not an element); the divisions round as torch's
-    (`div_rn`), so `ops.moe_fp8` gets the same bits."""
-    amax = tl.max(tl.abs(a), axis=1).to(tl.float32)  # exact in a's dtype: no fp32 tile kept
-    e4m3_max = tl.full(amax.shape, 448.0, tl.float32)
-    amax = tl.where(amax > 0, amax, e4m3_max)  # an all-zero row: scale 1
-    s = tl.div_rn(amax, e4m3_max)
-    inv = tl.div_rn(e4m3_max, amax)
+    act_quant's scale amax / 448; 1 for an all-zero row): (e4m3 tile, [rows] scales), the
+    values a * (448 / amax) (`e4m3.group_scales`; `fp8.quantize_activations`' bits)."""
+    s, inv = group_scales(tl.max(tl.abs(a), axis=1).to(tl.float32))  # amax exact in a's dtype
     v = tl.minimum(tl.maximum(a.to(tl.float32) * inv[:, None], -448.0), 448.0)
     if ROUND:
         v = round_e4m3(v)
