@@ -125,11 +125,11 @@ def _fused_sum(rank: int, world: int, out: Path) -> None:
 
     # The kernel itself at every size (the plan picks it for some): 200 rows, its programs
     # loop over rows past MAX_PROGRAMS (128); 128 x 7168: the largest one-shot sum.
-    buf, handle = _symmetric_buffer(runtime, tp.group, bf16)
+    buffer = _symmetric_buffer(runtime, tp.group, bf16)
     for i, (rows, width) in enumerate(((1, 2048), (8, 2048), (40, 2048), (128, 2048),
                                        (200, 2048), (1, 7168), (40, 7168), (128, 7168))):
         x, h, w = inputs(rows, width, i)
-        got, want = all_reduce_add_rmsnorm(x, h, w, eps, buf, handle), apart(x, h, w)
+        got, want = all_reduce_add_rmsnorm(x, h, w, eps, *buffer), apart(x, h, w)
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), (rows, width)
         got = all_reduce_add_norm(x, h, w, eps, tp, opts, counters)  # the plan's form
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), (rows, width)

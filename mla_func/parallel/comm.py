@@ -44,20 +44,24 @@ def _group(name: str):
     return _resolve_process_group(name)
 
 
-def _symmetric_buffer(runtime: Runtime, group: str, dtype: torch.dtype) -> tuple[Tensor, Any]:
-    """This runtime's symmetric buffer of `dtype` for `group` (ONE_SHOT_MAX_BYTES) and its
-    rendezvous handle, made and exchanged with the other ranks at the first call: every rank
-    must call it together, and not while a graph is being captured (`prepare` makes it
+def _symmetric_buffer(runtime: Runtime, group: str, dtype: torch.dtype
+                      ) -> tuple[Tensor, Any, Tensor]:
+    """This runtime's symmetric buffer of `dtype` for `group` (three thirds of
+    ONE_SHOT_MAX_BYTES: PyTorch's one-shot sum's, then the two halves the one-launch sub-layer
+    end alternates between), its rendezvous handle and that end's phase (int32 zeros, read and
+    flipped by its launches), made and exchanged with the other ranks at the first call: every
+    rank must call it together, and not while a graph is being captured (`prepare` makes it
     before)."""
-    def make() -> tuple[Tensor, Any]:
+    def make() -> tuple[Tensor, Any, Tensor]:
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError("the one-shot all-reduce's symmetric buffer is made while a "
                                "graph is captured: call parallel.comm.prepare first")
         import torch.distributed._symmetric_memory as symm_mem
 
-        buf = symm_mem.empty(ONE_SHOT_MAX_BYTES // dtype.itemsize, dtype=dtype,
+        buf = symm_mem.empty(3 * (ONE_SHOT_MAX_BYTES // dtype.itemsize), dtype=dtype,
                              device=runtime.device)
-        return buf, symm_mem.rendezvous(buf, group)
+        phase = torch.zeros(2, dtype=torch.int32, device=runtime.device)
+        return buf, symm_mem.rendezvous(buf, group), phase
 
     return runtime.resource(f"symm_mem:{group}:{dtype}", make)
 
@@ -65,7 +69,7 @@ def _symmetric_buffer(runtime: Runtime, group: str, dtype: torch.dtype) -> tuple
 def _sum(x: Tensor, owner: Tensor, group: str, one_shot: bool) -> Tensor:
     """The sum of x over the ranks, in the plan's form for x's bytes."""
     if all_reduce_form(x.numel() * x.element_size(), x.is_cuda, one_shot) == "one_shot":
-        buf, _ = _symmetric_buffer(Runtime.of(owner), group, x.dtype)
+        buf = _symmetric_buffer(Runtime.of(owner), group, x.dtype)[0]
         out = torch.empty_like(x)
         local = x.contiguous()
         torch.ops.symm_mem.one_shot_all_reduce_copy_out(
@@ -107,8 +111,8 @@ def _all_reduce_add_norm(x: Tensor, h: Tensor, weight: Tensor, eps: float, owner
                          one_shot):
         from mla_func.kernels.collective.reduce_norm import all_reduce_add_rmsnorm
 
-        buf, handle = _symmetric_buffer(Runtime.of(owner), group, x.dtype)
-        return all_reduce_add_rmsnorm(x, h, weight, eps, buf, handle)
+        return all_reduce_add_rmsnorm(x, h, weight, eps,
+                                      *_symmetric_buffer(Runtime.of(owner), group, x.dtype))
     total = _sum(x, owner, group, one_shot)
     if fused:
         return fused_norm.add_rmsnorm(h, total, weight, eps)
