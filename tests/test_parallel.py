@@ -288,17 +288,9 @@ def test_scripts_under_torchrun(tmp_path):
 
 def test_plan_picks_each_sums_form():
     """The plan's forms of a sum over ranks: the one-shot launch up to ONE_SHOT_MAX_BYTES on
-    CUDA (NCCL past it, and gloo's on the CPU), and the sum, add and norm as one launch up to
-    REDUCE_NORM_MAX_ROWS rows, from REDUCE_NORM_FROM_ROWS rows, or for rows REDUCE_NORM_WIDE
-    wide (docs/DECISIONS.md)."""
-    from mla_func.kernels.plan import (
-        ONE_SHOT_MAX_BYTES,
-        REDUCE_NORM_FROM_ROWS,
-        REDUCE_NORM_MAX_ROWS,
-        REDUCE_NORM_WIDE,
-        all_reduce_form,
-        reduce_norm_fused,
-    )
+    CUDA (NCCL past it, and gloo's on the CPU), and the sum, add and norm as one launch at
+    every one-shot size (docs/DECISIONS.md)."""
+    from mla_func.kernels.plan import ONE_SHOT_MAX_BYTES, all_reduce_form, reduce_norm_fused
 
     assert all_reduce_form(ONE_SHOT_MAX_BYTES, True) == "one_shot"
     assert all_reduce_form(ONE_SHOT_MAX_BYTES + 2, True) == "nccl"
@@ -308,10 +300,8 @@ def test_plan_picks_each_sums_form():
         flags = {"cuda": True, "fused": True, "reduce_norm": True, "one_shot": True, **opts}
         return reduce_norm_fused(rows, width, 2, **flags)
 
-    assert fused(REDUCE_NORM_MAX_ROWS, 2048) and not fused(REDUCE_NORM_MAX_ROWS + 1, 2048)
-    assert fused(REDUCE_NORM_FROM_ROWS, 2048) and not fused(REDUCE_NORM_FROM_ROWS - 1, 2048)
-    assert fused(448, 2048) and not fused(449, 2048)  # the one-shot size bounds it
-    assert fused(128, REDUCE_NORM_WIDE) and not fused(129, 7168)  # past the one-shot size
+    assert all(fused(rows, 2048) for rows in (1, 8, 31, 128, 448)) and not fused(449, 2048)
+    assert fused(1, 7168) and fused(128, 7168) and not fused(129, 7168)  # the one-shot size
     for off in ("cuda", "fused", "reduce_norm", "one_shot"):
         assert not fused(1, 2048, **{off: False}), off
 

@@ -29,13 +29,6 @@ MHA_MIN_QUERY = 64
 # over NVLink, one launch) instead of NCCL's (docs/DECISIONS.md,
 # `kernels.plan.ONE_SHOT_MAX_BYTES`).
 ONE_SHOT_MAX_BYTES = 128 * 7168 * 2
-# ... and its sum, residual add and norm run as one launch (`kernels.collective.reduce_norm`)
-# up to REDUCE_NORM_MAX_ROWS rows, from REDUCE_NORM_FROM_ROWS rows on, or at any one-shot
-# size for rows REDUCE_NORM_WIDE wide; in between (8 rows of 2048) the sum and then the add +
-# norm measured faster (docs/DECISIONS.md).
-REDUCE_NORM_MAX_ROWS = 4
-REDUCE_NORM_FROM_ROWS = 32
-REDUCE_NORM_WIDE = 4096
 # What `plan_step(weights=...)` names: float weights, or block FP8 (`fp8.Fp8Weight`).
 WEIGHTS = ("bf16", "fp8")
 # The weights' dtypes the fused kernels and the triton attention backend are tuned for: their
@@ -117,13 +110,12 @@ def all_reduce_form(nbytes: int, cuda: bool, one_shot: bool = True) -> str:
 def reduce_norm_fused(rows: int, width: int, itemsize: int, cuda: bool, fused: bool,
                       reduce_norm: bool, one_shot: bool) -> bool:
     """Whether a sub-layer's sum over ranks of `rows` rows `width` wide, its residual add and
-    its norm run as one launch (`kernels.collective.reduce_norm`): a one-shot sum with the
-    fused kernels on (the options' `fused`, `reduce_norm`, `one_shot`), of a few rows, of
-    many, or of wide ones."""
+    its norm run as one launch (`kernels.collective.reduce_norm`): at every one-shot size
+    with the fused kernels on (the options' `fused`, `reduce_norm`, `one_shot`; it measured
+    as fast as the sum and then the add + norm or faster at 1-128 rows of 2048 and 7168,
+    docs/DECISIONS.md)."""
     one = all_reduce_form(rows * width * itemsize, cuda, one_shot) == "one_shot"
-    return (fused and reduce_norm and one
-            and (rows <= REDUCE_NORM_MAX_ROWS or rows >= REDUCE_NORM_FROM_ROWS
-                 or width >= REDUCE_NORM_WIDE))
+    return fused and reduce_norm and one
 
 
 def experts_precision(weights: str, experts: str, device: DeviceSpec,
@@ -147,8 +139,7 @@ def attention_form(max_query_len: int, mha_min_query: int = MHA_MIN_QUERY) -> st
 
 __all__ = ["DeviceSpec", "EXPERTS_IMPLS", "KERNEL_DTYPES", "MHA_MIN_QUERY",
            "NORM_LINEAR_MAX_WIDTH", "ONE_SHOT_MAX_BYTES", "PROJ_NORM_MAX_ROWS",
-           "PROJ_NORM_MAX_WIDTH", "REDUCE_NORM_FROM_ROWS", "REDUCE_NORM_MAX_ROWS",
-           "REDUCE_NORM_WIDE", "ROUTER_MAX_EXPERTS", "ROUTER_ROWS_MAX", "SMALL_LINEAR_MAX_ROWS",
+           "PROJ_NORM_MAX_WIDTH", "ROUTER_MAX_EXPERTS", "ROUTER_ROWS_MAX", "SMALL_LINEAR_MAX_ROWS",
            "WEIGHTS", "all_reduce_form",
            "attention_form", "device_spec", "experts_precision", "fp8_gemm_runs",
            "norm_linear_normalises", "proj_norm_rows", "reduce_norm_fused", "router_rows",
