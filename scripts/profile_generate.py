@@ -1,21 +1,25 @@
 """Where the time of `generate` goes: each step's GPU time by kind, or cProfile of the loop.
 
     python -m scripts.profile_generate [--requests 128] [--prompt 512] [--new 256] [--timeline]
+    torchrun --nproc-per-node N -m scripts.profile_generate --tp N [--timeline]
 
 Builds the engine (cache, graph capture) and runs the workload once with 2 new tokens (1 with
-`--new 1`; first compiles) outside the measurement. `--timeline` (the method of
-docs/PERF.md's generate table) wraps the engine's step function: per step its token, sequence
-and decode counts, the path the compiled step takes (full, piecewise, eager), the host time of
-the call and CUDA events around it (no sync), then prints, per kind of step (decode / prefill /
-mixed, by path), the steps, tokens, host ms and GPU ms, and the GPU's idle time before them.
-Without it, cProfile over `Engine.run`: the functions with the most own time (a CUDA sync inside
-a function, such as the argmax's `.tolist()`, shows up as that function's time). `--preset tiny
+`--new 1`; first compiles) outside the measurement. `--timeline` (the method of docs/PERF.md's
+generate table) wraps the engine's step function: per step its token, sequence and decode
+counts, the path the compiled step takes (full, piecewise, eager), the host time of the call and
+CUDA events around it (no sync), then prints, per kind of step (decode / prefill / mixed, by
+path), the steps, tokens, host ms and GPU ms, and the GPU's idle time before them. Without it,
+cProfile over `Engine.run`: the functions with the most own time (a CUDA sync inside a function,
+such as the argmax's `.tolist()`, shows up as that function's time). `--tp N` (under torchrun)
+runs this rank's share of the random weights (`parallel.shard.random_shard`) on a
+tensor-parallel group, every rank the same requests; rank 0 prints its own steps. `--preset tiny
 --device cpu --mode eager` runs on a CPU (host times only); the graph modes and `--device cuda`
 need a CUDA GPU.
 """
 
 import argparse
 import cProfile
+import os
 import pstats
 import statistics
 import sys
@@ -99,7 +103,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--new", type=_positive, default=256)
     p.add_argument("--page-size", type=_positive, default=64)
     p.add_argument("--max-batch-tokens", type=_positive, default=None,
-                   help="tokens per step (default: the engine's, 8192 on one GPU)")
+                   help="tokens per step (default: the engine's, 8192 a rank: "
+                        "engine.default_batch_tokens)")
+    p.add_argument("--tp", type=_positive, default=1,
+                   help="ranks of a tensor-parallel group: torchrun --nproc-per-node N -m "
+                        "scripts.profile_generate --tp N (rank 0 prints)")
     p.add_argument("--max-seq-len", type=_positive, default=None,
                    help="the engine's (page-table width); default prompt + new - 1, as "
                         "generate() sizes it")
@@ -115,9 +123,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.max_seq_len is not None and args.max_seq_len < need:
         p.error(f"argument --max-seq-len: {args.max_seq_len} is less than --prompt + --new - 1 "
                 f"= {need}, the cache positions of each request")
-    from mla_func.engine import MAX_BATCH_TOKENS  # after the command line: torch's import
-
-    args.max_batch_tokens = args.max_batch_tokens or MAX_BATCH_TOKENS
+    if args.tp > 1 and int(os.environ.get("WORLD_SIZE", 1)) != args.tp:
+        p.error(f"argument --tp: {args.tp} processes, {os.environ.get('WORLD_SIZE', 1)} "
+                f"started; run torchrun --nproc-per-node {args.tp} -m scripts.profile_generate "
+                f"--tp {args.tp} ...")
     return args
 
 
@@ -135,32 +144,51 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"profile_generate: {' and '.join(needs)} need{'s' * (len(needs) == 1)} "
                          "a CUDA GPU; none is available (on a CPU: --preset tiny --device cpu "
                          "--mode eager)")
+    tp = None
+    if args.tp > 1:
+        from mla_func.parallel.group import init_from_env
+
+        tp, device = init_from_env(torch.device(args.device).type)
+        args.device = str(device)
     try:  # the package's input errors (sizes, backend, prompt too long) are ValueErrors
         cfg = mf.MLAConfig.preset(args.preset)
         dtype = torch.bfloat16 if cuda else torch.float32
-        check_memory(cfg, dtype, args.device)
-        params = mf.init_params(cfg, seed=0, device=args.device, dtype=dtype)
+        check_memory(cfg, dtype, args.device, tp)
+        if tp is None:
+            params = mf.init_params(cfg, seed=0, device=args.device, dtype=dtype)
+        else:  # this rank's share only, drawn a layer at a time
+            from mla_func.parallel.shard import random_shard
+
+            params = random_shard(cfg, tp, 0, args.device, dtype, "bf16")
         need = -(-(args.prompt + args.new) // args.page_size)
         engine = mf.Engine(cfg, params, num_pages=args.requests * need + 2, mode=args.mode,
                            attention_backend=args.backend or ("triton" if cuda else "torch"),
                            page_size=args.page_size, max_batch_tokens=args.max_batch_tokens,
                            max_seqs=args.requests, eos_token_id=None, progress=False,
                            max_seq_len=args.max_seq_len or args.prompt + args.new - 1)
-        measure(engine, cfg, args, cuda)
+        measure(engine, cfg, args, cuda, tp is None or tp.rank == 0)
     except ValueError as err:
-        print(f"error: {cli_words(str(err), parser(), RENAME)}", file=sys.stderr)
+        where = f"rank {tp.rank}: " if tp is not None else ""  # every rank's error is shown
+        print(f"error: {where}{cli_words(str(err), parser(), RENAME)}", file=sys.stderr)
         return 2
+    if tp is not None:
+        from mla_func.parallel.group import finish
+
+        finish(tp)
     return 0
 
 
 def measure(engine: "mf.Engine", cfg: "mf.MLAConfig", args: argparse.Namespace,
-            cuda: bool) -> None:
-    """A warm-up run of the workload, then the measured one; prints what it found."""
+            cuda: bool, main: bool = True) -> None:
+    """A warm-up run of the workload, then the measured one; prints what it found (`main`:
+    this process prints; the ranks of a group but one stay quiet)."""
     import torch
 
     from scripts.bench_common import print_table
 
-    prompts = torch.randint(2, cfg.vocab_size, (args.requests, args.prompt)).tolist()
+    # The same prompts in every process: the ranks of a group must schedule alike.
+    prompts = torch.randint(2, cfg.vocab_size, (args.requests, args.prompt),
+                            generator=torch.Generator().manual_seed(0)).tolist()
 
     def sync() -> None:
         if cuda:
@@ -189,6 +217,8 @@ def measure(engine: "mf.Engine", cfg: "mf.MLAConfig", args: argparse.Namespace,
     if args.timeline:
         engine._step_fn = timed_steps(engine._step_fn, log)
     wall = run(args.new, prof)
+    if not main:
+        return
     how = "" if args.timeline else " (under cProfile)"
     print(f"{engine.steps - steps_before} steps, loop {wall * 1e3:.1f} ms{how}, "
           f"{args.requests * args.new / wall:.0f} output tokens/s")

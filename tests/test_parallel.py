@@ -265,7 +265,8 @@ def _torchrun(*args: str) -> subprocess.CompletedProcess:
 def test_scripts_under_torchrun(tmp_path):
     """`torchrun --nproc-per-node 2 scripts/generate.py --tp 2` prints once (rank 0) the
     tokens one process prints; `capture.py --tp 2` writes a shard's plan once; `--tp 2`
-    without torchrun says how to launch it."""
+    without torchrun says how to launch it; `profile_generate --tp 2 --timeline` prints
+    rank 0's steps by kind once."""
     argv = ["scripts/generate.py", "--preset", "tiny", "--prompts", "3", "--max-new-tokens", "5"]
     one = subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=ROOT,
                          timeout=120, check=True).stdout
@@ -284,6 +285,13 @@ def test_scripts_under_torchrun(tmp_path):
                            cwd=ROOT, timeout=60)
     assert alone.returncode == 2
     assert "run torchrun --nproc-per-node 2 scripts/generate.py --tp 2" in alone.stderr
+    prof = _torchrun("-m", "scripts.profile_generate", "--tp", "2", "--preset", "tiny",
+                     "--device", "cpu", "--mode", "eager", "--timeline", "--requests", "3",
+                     "--prompt", "6", "--new", "3", "--page-size", "4")
+    assert prof.returncode == 0, prof.stderr
+    table = [line for line in prof.stdout.splitlines() if ", eager" in line]
+    assert prof.stdout.count("steps by kind") == 1 and {r.split()[0] for r in table} >= {
+        "decode,", "prefill,"}, prof.stdout
 
 
 def test_plan_picks_each_sums_form():
