@@ -24,7 +24,7 @@ stream order. PyTorch's one-shot sum uses the buffer's first third, these halves
 
 With two ranks the result is bitwise that of the two launches apart (a sum of two terms is
 the same in either order). Programs take rows `pid, pid + GRID, ...`; at most `MAX_PROGRAMS`
-programs, each with two barrier slot rows at the end of the signal pad (PyTorch's own kernels
+programs, each with one barrier slot row at the end of the signal pad (PyTorch's own kernels
 use its first `TORCH_SLOT_ROWS`). A program a row up to MAX_PROGRAMS rows: each row's reads
 over NVLink are a round trip of their own, and a program that loops over rows waits for
 them one after another.
