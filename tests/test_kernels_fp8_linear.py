@@ -199,7 +199,7 @@ from sm90_ptxas import compile_sm90
 from mla_func.kernels.linear.fp8_dequant import _dequant_kernel
 from mla_func.kernels.linear.fp8_linear import _fp8_gemm_kernel
 from mla_func.kernels.linear.fp8_tiles import fp8_tiles
-from mla_func.kernels.moe.fp8_gemm import _quant_tokens_kernel
+from mla_func.kernels.act_quant import _quant_tokens_kernel
 bad = []
 gemm = dict(w_ptr="*fp8e4nv", ws_ptr="*fp32", xs_ptr="*fp32", part_ptr="*fp32", cnt_ptr="*i32",
             eps="fp32")

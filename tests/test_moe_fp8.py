@@ -23,9 +23,10 @@ from sm90_ptxas import run_compile_script
 import mla_func as mf
 from mla_func import kernel_ops
 from mla_func.fp8 import FP8, dequantize, quantize, quantize_activations
+from mla_func.kernels.act_quant import quant_rows, quant_tokens
 from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.moe.config import CONFIGS, FP8_BLOCK_K, FP8_CONFIGS, MoEConfig, pick_config
-from mla_func.kernels.moe.fp8_gemm import Fp8Scales, quant_rows
+from mla_func.kernels.moe.fp8_gemm import Fp8Scales
 from mla_func.kernels.moe.fused import fused_experts
 from mla_func.kernels.plan import KernelOptions
 from mla_func.moe import experts
@@ -127,12 +128,12 @@ def test_tokens_quantised_once_are_quant_rows():
     """`quant_tokens` (x quantised before the gate_up GEMM, `MoEConfig.quant_x`) gives
     `fp8.quantize_activations`' bits for tokens past one block and a partial last group;
     bf16 experts refuse the option."""
-    from mla_func.kernels.moe.fp8_gemm import gate_up_x, quant_tokens
+    from mla_func.kernels.moe.fp8_gemm import gate_up_x
 
     g = torch.Generator().manual_seed(5)
     x = torch.randn(19, 200, generator=g) * torch.logspace(-3, 2, 19)[:, None]
     x[4] = 0.0
-    q, s = quant_tokens(x)
+    q, s = quant_tokens(x, FP8_BLOCK_K)
     want_q, want_s = quantize_activations(x)
     assert torch.equal(s, want_s) and torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
     with pytest.raises(ValueError, match="quant_x"):

@@ -28,8 +28,8 @@ streams its weight, keeps every SM busy with several programs' wide weight tiles
 row multiplies on the CUDA cores (float32 products of e4m3 values are exact); more rows take
 an e4m3 `tl.dot`. Where the activations are quantised is the launch's `quant`: at a few rows
 each program quantises its own slice of x ("inline", one launch), at many rows
-`_act_quant_kernel` quantises x once first ("apart": inline, every column tile would redo
-it). Either way the scales and values are the same.
+`act_quant.quant_tokens` quantises x once first ("apart": inline, every column tile would
+redo it). Either way the scales and values are the same.
 
 With split > 1 every program stores its float32 partial to a [split, rows, n_out] workspace
 and arrives at its output tile's counter (`launch.counters.last_to_arrive`); the last to
@@ -52,7 +52,8 @@ from jaxtyping import Float, Float8e4m3fn, Float32, Int
 from torch import Tensor
 
 from mla_func.custom_op import custom_op
-from mla_func.fp8 import FP8, Fp8Weight
+from mla_func.fp8 import Fp8Weight
+from mla_func.kernels.act_quant import quant_tokens
 from mla_func.kernels.e4m3 import group_scales, to_e4m3
 from mla_func.kernels.launch.counters import last_to_arrive
 from mla_func.kernels.launch.runtime import call_counters, op_counters
@@ -61,19 +62,6 @@ from mla_func.kernels.linear.norm import rms_scaled
 from mla_func.kernels.plan import norm_linear_normalises as normalises
 
 MIN_BLOCK_COLS = 32  # the e4m3 MMA's K
-
-
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _act_quant_kernel(x_ptr, q_ptr, s_ptr, n_in, sx, n_groups, GROUP: tl.constexpr):
-    """One program a (row, group): the group's scale and its e4m3 values."""
-    row, g = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    k = g * GROUP + tl.arange(0, GROUP)
-    ok = k < n_in
-    x = tl.load(x_ptr + row * sx + k, mask=ok, other=0.0).to(tl.float32)
-    s, inv = group_scales(tl.max(tl.abs(x), axis=0))
-    tl.store(q_ptr + row * n_in + k, to_e4m3(x * inv), mask=ok)
-    tl.store(s_ptr + row * n_groups + g, s)
 
 
 @triton.jit
@@ -185,15 +173,9 @@ def step_columns(block_cols: int) -> int:
 def quantize_rows(x: Float[Tensor, "tokens width_in"]
                   ) -> tuple[Float8e4m3fn[Tensor, "tokens width_in"],
                              Float32[Tensor, "tokens act_groups"]]:
-    """(e4m3 values, scales) of x per token and GROUP columns (`fp8.quantize_activations`)."""
-    rows, n_in = x.shape
-    groups = triton.cdiv(n_in, GROUP)
-    q = torch.empty(rows, n_in, dtype=FP8, device=x.device)
-    s = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
-    if rows:
-        _act_quant_kernel[(rows, groups)](x, q, s, n_in, x.stride(0), groups, GROUP=GROUP,
-                                          num_warps=1)
-    return q, s
+    """(e4m3 values, scales) of x per token and GROUP columns (`act_quant.quant_tokens`,
+    `fp8.quantize_activations`' bits)."""
+    return quant_tokens(x, GROUP)
 
 
 def run(x: Float[Tensor, "tokens width_in"], data: Tensor, scales: Tensor,

@@ -38,7 +38,7 @@ class MoEConfig:
     a program) and the first N-tile's programs write the tile table the down GEMM reads.
     `last_sum` (direct layout): no sum launch; the down GEMM's programs sum
     the pairs (and add + norm) as their tail (`moe_sum.last_sum`): the same bits.
-    `quant_x` (block-FP8 experts): x is quantised once a token (`fp8_gemm.quant_tokens`)
+    `quant_x` (block-FP8 experts): x is quantised once a token (`act_quant.quant_tokens`)
     before the gate_up GEMM, which then reads e4m3 rows instead of quantising each x tile
     in every one of its column programs: the same bits. `quant_act` likewise quantises
     `act` (gate_up's output) once before the down GEMM."""

@@ -14,7 +14,8 @@ from typing import no_type_check
 import triton
 import triton.language as tl
 
-from mla_func.kernels.moe.fp8_gemm import mma, quant_rows, scale_ptrs
+from mla_func.kernels.act_quant import quant_rows
+from mla_func.kernels.moe.fp8_gemm import mma, scale_ptrs
 from mla_func.kernels.moe.gemm import expert_base, k_masks
 from mla_func.kernels.moe.pair_sum import last_sum
 from mla_func.kernels.moe.tile import tail_tile, tile
@@ -50,7 +51,7 @@ def _down_tile(
     many rows) on the same weight tiles: returns both. FP8: e4m3 weights with their block
     scales (`q_ptr`: routed [experts, blocks_out, blocks_in], `qs_ptr`: shared slices),
     `act` quantised per row and K step (`fp8_gemm`), or, AQ, given in e4m3 with its scales
-    at as_ptr ([rows, groups]: `fp8_gemm.quant_tokens`, `MoEConfig.quant_act`)."""
+    at as_ptr ([rows, groups]: `act_quant.quant_tokens`, `MoEConfig.quant_act`)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     base = expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
     stride_n = tl.where(e >= n_routed, stride_sn, stride_wn)

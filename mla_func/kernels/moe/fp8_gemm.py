@@ -2,10 +2,10 @@
 DeepSeek-V3's fine-grained quantisation (arXiv:2412.19437, 3.3) as its inference code runs it
 (`act_quant` + `fp8_gemm`): weights in e4m3 with one float32 scale per block of rows x 128
 columns (`fp8.Fp8Weight`), activations quantised per token in groups of 128 columns (scale
-amax / 448; `quant_rows`), each K step of 128 columns one e4m3 `tl.dot` whose fp32 result is
-scaled by the row's activation scale times the columns' weight scales and added to an fp32
-accumulator (`mma`; within a K step the tensor cores' own accumulation, as DeepSeek's
-promotion to fp32 every 128 columns).
+amax / 448; `act_quant.quant_rows`), each K step of 128 columns one e4m3 `tl.dot` whose
+fp32 result is scaled by the row's activation scale times the columns' weight scales and
+added to an fp32 accumulator (`mma`; within a K step the tensor cores' own accumulation, as
+DeepSeek's promotion to fp32 every 128 columns).
 
 Here the activations are quantised inside the K loop, from the rows the bf16 kernels load (x
 gathered by pair, `act` in the down GEMM), so the layouts, the tiles, the epilogues and the
@@ -32,21 +32,8 @@ import triton.language as tl
 from jaxtyping import Float32
 from torch import Tensor
 
-from mla_func.kernels.e4m3 import group_scales, round_e4m3
+from mla_func.kernels.act_quant import quant_tokens
 from mla_func.kernels.moe.config import FP8_BLOCK_K as GROUP
-
-
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def quant_rows(a, ROUND: tl.constexpr):
-    """Each row of the [rows, GROUP] tile `a` in e4m3 and its fp32 scale (DeepSeek's
-    act_quant's scale amax / 448; 1 for an all-zero row): (e4m3 tile, [rows] scales), the
-    values a * (448 / amax) (`e4m3.group_scales`; `fp8.quantize_activations`' bits)."""
-    s, inv = group_scales(tl.max(tl.abs(a), axis=1).to(tl.float32))  # amax exact in a's dtype
-    v = tl.minimum(tl.maximum(a.to(tl.float32) * inv[:, None], -448.0), 448.0)
-    if ROUND:
-        v = round_e4m3(v)
-    return v.to(tl.float8e4nv), s
 
 
 @triton.jit
@@ -74,39 +61,6 @@ def mma(a, b, acc, a_s, b_s, PRECISION: tl.constexpr, FP8: tl.constexpr):
     return acc
 
 
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _quant_tokens_kernel(x_ptr, q_ptr, s_ptr, n_tokens, n_hidden, stride_x, n_groups,
-                         BLOCK_T: tl.constexpr, GROUP_K: tl.constexpr, ROUND: tl.constexpr):
-    """BLOCK_T tokens' group `program_id(1)` (GROUP_K columns) by `quant_rows`: their e4m3
-    values and scales."""
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    g = tl.program_id(1)
-    k = g * GROUP_K + tl.arange(0, GROUP_K)
-    ok = (t < n_tokens)[:, None] & (k < n_hidden)[None, :]
-    t64 = t.to(tl.int64)
-    a = tl.load(x_ptr + t64[:, None] * stride_x + k[None, :], mask=ok, other=0.0)
-    q, s = quant_rows(a, ROUND)
-    tl.store(q_ptr + t64[:, None] * n_hidden + k[None, :], q, mask=ok)
-    tl.store(s_ptr + t64 * n_groups + g, s, mask=t < n_tokens)
-
-
-def quant_tokens(x: Tensor) -> tuple[Tensor, Tensor]:
-    """(e4m3 values [tokens, hidden], float32 scales [tokens, hidden / GROUP]) of x per token
-    and GROUP columns, the bits `quant_rows` gives inside the gate_up K loop: with
-    `MoEConfig.quant_x` the gate_up GEMM reads these instead of quantising every x tile in
-    each of its column programs."""
-    tokens, hidden = x.shape
-    groups = triton.cdiv(hidden, GROUP)
-    q = torch.empty(tokens, hidden, dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty(tokens, groups, dtype=torch.float32, device=x.device)
-    if tokens:
-        _quant_tokens_kernel[(triton.cdiv(tokens, 16), groups)](
-            x, q, s, tokens, hidden, x.stride(0), groups, BLOCK_T=16, GROUP_K=GROUP,
-            ROUND=x.device.type != "cuda", num_warps=4)
-    return q, s
-
-
 def _quantised(rows: Tensor, option: str, on: bool, fp8: bool) -> tuple[Tensor, Tensor | None]:
     """`rows` and no scales, or with `MoEConfig.<option>` on (block-FP8 experts only) their
     `quant_tokens` image and scales."""
@@ -114,7 +68,7 @@ def _quantised(rows: Tensor, option: str, on: bool, fp8: bool) -> tuple[Tensor, 
         return rows, None
     if not fp8:
         raise ValueError(f"MoEConfig.{option} quantises for block-FP8 experts; these are not")
-    return quant_tokens(rows)
+    return quant_tokens(rows, GROUP)
 
 
 def gate_up_x(x: Tensor, quant_x: bool, fp8: bool) -> tuple[Tensor, dict]:

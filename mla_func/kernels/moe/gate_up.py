@@ -12,7 +12,8 @@ from typing import no_type_check
 import triton
 import triton.language as tl
 
-from mla_func.kernels.moe.fp8_gemm import mma, quant_rows, scale_ptrs
+from mla_func.kernels.act_quant import quant_rows
+from mla_func.kernels.moe.fp8_gemm import mma, scale_ptrs
 from mla_func.kernels.moe.gemm import expert_base, k_masks
 from mla_func.kernels.moe.inline_align import inline_tile
 from mla_func.kernels.moe.tile import is_shared_tile, tail_tile, tile
@@ -45,7 +46,7 @@ def _gate_up_rows(
     product on the same weight tiles of every K step. FP8: e4m3 weights, their block scales
     at `q_ptr` (routed, [experts, 2, blocks_out, blocks_in]) and `qs_ptr` (shared slices),
     `blk_n` / `s_blk_n` rows a block; x quantised per row and K step (`fp8_gemm`), or, XQ,
-    given quantised (e4m3 at x_ptr, its scales at xs_ptr: `fp8_gemm.quant_tokens`)."""
+    given quantised (e4m3 at x_ptr, its scales at xs_ptr: `act_quant.quant_tokens`)."""
     shared = e >= n_routed
     base = expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
     stride_g = tl.where(shared, stride_sg, stride_wg)
