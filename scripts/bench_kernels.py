@@ -137,8 +137,9 @@ SWEEP_CASES = ((16, 1, 1024), (16, 1, 4096), (16, 32, 1024), (16, 32, 4096), (16
                (16, 128, 4096), (128, 1, 4096), (128, 128, 4096))
 
 
-def sweep_axes(heads: int, splits: int, capacity: int) -> list[list[dict]]:
-    """Values per plan field, tried one axis at a time around the best plan so far."""
+def sweep_axes(heads: int, splits: int, capacity: int, fp8: bool = False) -> list[list[dict]]:
+    """Values per plan field, tried one axis at a time around the best plan so far (on an FP8
+    cache also its kernel at 16 heads a program, `DecodePlan.group_scores`)."""
     most = max(1, min(MAX_SPLITS, capacity // 16))
     near = sorted({max(1, min(most, int(splits * f))) for f in (0.25, 0.5, 1, 2, 4)})
     axes = [
@@ -149,6 +150,8 @@ def sweep_axes(heads: int, splits: int, capacity: int) -> list[list[dict]]:
     ]
     if heads > 16:
         axes.append([dict(block_h=b) for b in (16, 32, 64)])
+    if fp8:
+        axes.append([dict(group_scores=b, block_h=16, num_warps=4) for b in (True, False)])
     return axes
 
 
@@ -186,7 +189,7 @@ def sweep_case(heads: int, batch: int, ctx: int, ceil: dict, seconds: float,
     best_us = default_us = timed(default)
     for _ in range(2):
         start = best
-        for axis in sweep_axes(heads, default.num_splits, capacity):
+        for axis in sweep_axes(heads, default.num_splits, capacity, default.fp8):
             for fields in axis:
                 if time.monotonic() > deadline:
                     break

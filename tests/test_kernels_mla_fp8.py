@@ -67,18 +67,35 @@ def test_fp8_cache_write_is_pack_rows(kv_lora, rope):
         write_cache(cache, kv, slots)
 
 
-@pytest.mark.parametrize("page_size, splits", [(4, 1), (16, 5), (1, 3)])
-def test_fp8_decode_matches_reference(page_size, splits):
-    """Tight against the reference reading the same FP8 cache (the same dequantised values,
-    float32 products); loose (LOOSE) against the float cache the rows were packed from."""
+# Two groups of 128 c_kv values a row: each group's scale enters the scores apart.
+GROUPED = dict(SMALL, kv_lora=256)
+
+
+@pytest.mark.parametrize("group_scores", [False, True])
+@pytest.mark.parametrize("page_size, splits, dims", [(4, 1, SMALL), (16, 5, SMALL),
+                                                     (1, 3, SMALL), (16, 2, GROUPED)])
+def test_fp8_decode_matches_reference(page_size, splits, dims, group_scores):
+    """Both FP8 forms of the split kernel (the tile dequantised; the group scales on the
+    scores, decode_fp8.py): tight against the reference reading the same FP8 cache (the same
+    dequantised values, float32 products), loose (LOOSE) against the float cache the rows
+    were packed from."""
     lens = [1, 5, 23, 40]
-    p = make_problem([n - 1 for n in lens], [1] * len(lens), page_size, SMALL, seed=splits)
+    p = make_problem([n - 1 for n in lens], [1] * len(lens), page_size, dims, seed=splits)
     f = fp8_problem(p)
-    plan = replace(plan_decode(len(lens), 64, 4, SMALL["heads"], fp8=True), num_splits=splits,
-                   block_n=16)
+    plan = replace(plan_decode(len(lens), 64, 4, dims["heads"], fp8=True), num_splits=splits,
+                   block_n=16, group_scores=group_scores)
     got = attend_absorbed(*ref_args(f), fp8_workspace(f, splits), plan)
     assert rel_err(got, ref.attend_absorbed(*ref_args(f))) < TOL
     assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < LOOSE
+
+
+def test_fp8_plans_pick_the_kernel_by_heads_a_program():
+    """Up to 16 heads the plan runs decode_fp8.py's kernel, above them the dequantising one
+    (64 heads a program); neither is the warp-specialised kernel, which reads bf16 rows."""
+    small = plan_decode(32, 4096, 132, 16, ws=True, fp8=True)
+    large = plan_decode(32, 4096, 132, 128, ws=True, fp8=True)
+    assert (small.group_scores, small.block_h, small.fp8, small.ws) == (True, 16, True, False)
+    assert (large.group_scores, large.block_h, large.fp8, large.ws) == (False, 64, True, False)
 
 
 def test_fp8_decode_refuses_a_plan_that_does_not_say_fp8():
@@ -88,6 +105,10 @@ def test_fp8_decode_refuses_a_plan_that_does_not_say_fp8():
     with pytest.raises(ValueError, match="fp8"):
         mla_decode(bufs[0], p["q_pe"], p["cache"], p["page_table"], p["token_seq"],
                    p["positions"], p["scale"], plan_decode(1, 16, 4, h), *bufs[1:])
+    float_plan = replace(plan_decode(1, 16, 4, h), group_scores=True)
+    with pytest.raises(ValueError, match="group_scores"):  # on a bf16 cache
+        mla_decode(bufs[0], p["q_pe"], p["cache"].float(), p["page_table"], p["token_seq"],
+                   p["positions"], p["scale"], float_plan, *bufs[1:])
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")

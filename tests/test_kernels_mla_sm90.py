@@ -69,7 +69,7 @@ for heads, page, fields, clean, buffers in [
     args = tensors(heads, 32, 4096, page, 4)
     scratch = (torch.empty(32 * 2 * 4 * 2 * 64 * plan.block_n, dtype=torch.bfloat16),
                torch.empty(32 * 2 * 4 * 2 * 64))
-    _, call, kwargs = md.split_launch(*args[:7], plan, *args[7:], scratch)
+    kernel, _, call, kwargs = md.split_launch(*args[:7], plan, *args[7:], scratch)
     kwargs["PDL"] = True  # split_launch turns it off off CUDA (4 splits: a merge follows)
     kwargs["ASM_SYNC"] = True  # split_launch picks the interpreter's barrier off CUDA
     if plan.early:  # split_launch turns it off off CUDA
@@ -77,7 +77,7 @@ for heads, page, fields, clean, buffers in [
         assert kwargs["L2_KEYS"] == plan.num_warps * 32
     else:  # the kernel's defaults, as constants
         kwargs.update(EARLY=False, L2_KEYS=0, ROW_BYTES=0)
-    regs, spills, smem, bufs, warps = compile_sm90(md._split_kernel, call, kwargs)
+    regs, spills, smem, bufs, warps = compile_sm90(kernel, call, kwargs)
     ptx = LAST_PTX[0]
     # Early: the L2 prefetch, then the wait, before the first load of q_lat.
     assert ("cp.async.bulk.prefetch.L2.global" in ptx) == plan.early
@@ -89,17 +89,26 @@ for heads, page, fields, clean, buffers in [
     assert smem <= 232448  # sm90's shared memory per block
     if plan.shared_p:  # no dot with every warp along its 64 rows: no duplicated score tile
         assert plan.block_n == 64 and warps == {("4", "2")}, warps
-# The FP8 cache (656-byte rows): the plan's 32-key tiles in 3 stages at 16 heads, spill-free,
-# the FP8 tile double-buffered though it is dequantised in registers before the dots.
+# The FP8 cache (656-byte rows): at 16 heads the plan's decode_fp8.py kernel (32-key tiles in
+# 4 stages, one e4m3 conversion a value pair, no dequantising multiply), at 128 heads the
+# dequantising form of the split kernel (64 heads a program); both spill-free.
 TYPES[torch.uint8] = "*u8"
-plan = replace(md.plan_decode(128, 4096, 132, 16, fp8=True), num_splits=4)
-args = list(tensors(16, 32, 4096, 64, 4))
-args[2] = torch.empty(32 * 4096 // 64 + 1, 64, 656, dtype=torch.uint8)
-_, call, kwargs = md.split_launch(*args[:7], plan, *args[7:])
-kwargs.update(PDL=True, ASM_SYNC=True, **md.early_launch(plan, args[2]))
-regs, spills, smem, bufs, _ = compile_sm90(md._split_kernel, call, kwargs)
-print("split fp8", plan, "regs", regs, "spills", spills, "smem", smem, bufs)
-assert (plan.block_n, plan.num_stages, spills, bufs) == (32, 3, 0, 2) and smem <= 232448
+for heads, group_scores in ((16, True), (128, False)):
+    plan = replace(md.plan_decode(32, 4096, 132, heads, fp8=True), num_splits=4)
+    args = list(tensors(heads, 32, 4096, 64, 4))
+    args[2] = torch.empty(32 * 4096 // 64 + 1, 64, 656, dtype=torch.uint8)
+    scratch = (torch.empty(32 * 2 * 4 * 2 * 64 * plan.block_n, dtype=torch.bfloat16),
+               torch.empty(32 * 2 * 4 * 2 * 64))
+    kernel, _, call, kwargs = md.split_launch(*args[:7], plan, *args[7:], scratch)
+    kwargs.update(PDL=True, **md.early_launch(plan, args[2]))
+    if not group_scores:
+        kwargs["ASM_SYNC"] = True
+    regs, spills, smem, bufs, _ = compile_sm90(kernel, call, kwargs)
+    print("split fp8", heads, plan, "regs", regs, "spills", spills, "smem", smem, bufs)
+    assert plan.group_scores == group_scores
+    assert (kernel is md.split_fp8_kernel) == group_scores
+    assert spills == 0 and smem <= 232448
+    assert "cvt.rn.f16x2.e4m3x2" in LAST_PTX[0]
 # 32 and 128 splits (all in one tile), not launched early; W_UV warmed in L2 before the wait
 for splits, pdl, warm in ((32, True, False), (128, False, False), (32, True, True)):
     mc = mm.merge_cols(512, splits)
@@ -204,6 +213,7 @@ def test_decode_compiles_for_sm90():
     it waits when launched as a dependent and lets the output projection after it launch at
     once; that projection (proj_norm) compiles spill-free and loads its weight rows before
     it waits, as do small_linear and norm_linear.
-    The decode's FP8-cache plan at 16 heads compiles spill-free, its tile double-buffered."""
+    The FP8 cache's split kernels compile spill-free at their plans' tiles: decode_fp8.py's
+    at 16 heads, the dequantising form at 128."""
     out = run_compile_script(_SM90, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr

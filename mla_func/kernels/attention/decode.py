@@ -35,12 +35,15 @@ program the two warpgroups split the score tile instead of both computing it; `w
 heads a program) runs the split in decode_ws.py's warp-specialised Gluon kernel instead
 (same partials, same merge).
 
-An FP8 cache (`mla_func.cache_fp8`, FlashMLA's 656-byte rows) runs the same kernel with `FP8`
-set: each key tile's e4m3 c_kv and its rows' group scales are loaded and dequantised in
-registers (`fp8_rows.load_latent`: e4m3 x scale in float32, then the dots' dtype, q_lat's),
-the bf16 rope values through a recast pointer, and the tile then feeds the same score and value
-products: the cache is read in half the bytes, the math is the float cache's on the values the
-cache holds. The plan says so (`DecodePlan.fp8`, never `ws`: decode_ws.py reads bf16 rows).
+An FP8 cache (`mla_func.cache_fp8`, FlashMLA's 656-byte rows) runs, at 16 heads a program,
+decode_fp8.py's form of the split kernel (`DecodePlan.group_scores`: the rows' group scales
+multiply the scores and the probabilities, never the key tile); at 64 heads a program this
+kernel with `FP8` set: each key tile's e4m3 c_kv is dequantised in registers
+(`fp8_rows.load_latent`: e4m3 x scale in float32, then the dots' dtype, q_lat's), the bf16
+rope values read through a recast pointer, and the tile then feeds the same score and value
+products. Either way the cache is read in half the bytes, and the partials and the merge are
+the float cache's. The plan says which (`DecodePlan.fp8`, never `ws`: decode_ws.py reads bf16
+rows).
 
 The whole absorbed attention around these launches (the absorbed query, the value product) is
 absorbed.py's `attend_absorbed`.
@@ -55,6 +58,7 @@ from torch import Tensor
 from triton.runtime.errors import OutOfResources
 
 from mla_func.cache_fp8 import compute_dtype, is_fp8
+from mla_func.kernels.attention.decode_fp8 import split_fp8_kernel
 from mla_func.kernels.attention.decode_plan import (
     MAX_SPLITS,
     DecodePlan,
@@ -78,6 +82,7 @@ from mla_func.kernels.attention.decode_ws import supported as ws_supported
 from mla_func.kernels.attention.fp8_rows import load_latent, rope_values, row_constexprs
 from mla_func.kernels.attention.merge import launch_merge, split_chunk
 from mla_func.kernels.attention.p_scratch import through_memory
+from mla_func.kernels.attention.paging import tile_pages
 from mla_func.kernels.launch.l2_prefetch import prefetch_rows
 from mla_func.kernels.launch.pdl import supported as pdl_supported
 from mla_func.ops.attention import CacheLayer
@@ -88,20 +93,6 @@ __all__ = ["MAX_SPLITS", "DecodePlan", "DecodeWorkspace", "effective_plan", "mla
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-@triton.jit
-@no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def _tile_pages(pt, n0, nn, end, page_size, max_pages, PAGE_TILES: tl.constexpr):
-    """Page ids of the key tile at n0: one scalar (PAGE_TILES: the tile lies in one page) or
-    one per key. Keys at or past `end` load nothing; a row past its page table reads the
-    scratch page 0 instead of another row's pages."""
-    if PAGE_TILES:
-        n = n0
-    else:
-        n = n0 + nn
-    slot = n // page_size
-    return tl.load(pt + slot, mask=(n < end) & (slot < max_pages), other=0)
 
 
 @triton.jit(do_not_specialize=["s_pt", "max_pages", "num_splits"])  # fewer compiled variants
@@ -143,7 +134,7 @@ def _split_kernel(
     # Page tiles: loop-invariant offsets from one scalar row base per tile.
     kv_off = nn[:, None] * s_row + c[None, :]
     kp_off = nn[:, None] * s_row + kv_lora + r[None, :]
-    nxt = _tile_pages(pt, start, nn, end, page_size, max_pages, PAGE_TILES)
+    nxt = tile_pages(pt, start, nn, end, page_size, max_pages, PAGE_TILES)
     if EARLY:  # launched while the absorb kernel runs: the batch's metadata and the old cache
         if L2_KEYS > 0:  # rows are ready, its q_lat, q_pe and new rows are not yet
             if hb == 0:  # the other head blocks read the same rows
@@ -167,7 +158,7 @@ def _split_kernel(
         n = n0 + nn
         nm = n < end
         page = nxt  # loaded one iteration ahead
-        nxt = _tile_pages(pt, n0 + BLOCK_N, nn, end, page_size, max_pages, PAGE_TILES)
+        nxt = tile_pages(pt, n0 + BLOCK_N, nn, end, page_size, max_pages, PAGE_TILES)
         if PAGE_TILES:  # n0 is a multiple of BLOCK_N, which divides page_size
             tile = cache + (page.to(tl.int64) * page_size + n0 % page_size) * s_row
             kv_ptr = tile + kv_off
@@ -243,9 +234,10 @@ def mla_decode(
     that ran out of resources are recorded (`DecodeWorkspace.shrunk`; default: nowhere)."""
     assert q_lat.stride(-1) == 1 and q_pe.stride(-1) == 1 and out.stride(-1) == 1
     assert cache.stride(-1) == 1 and cache.stride(0) == cache.shape[1] * cache.stride(1)
-    if plan.fp8 != is_fp8(cache):
-        raise ValueError(f"the decode plan's fp8={plan.fp8} does not describe the cache "
-                         f"({cache.dtype}): plan it with plan_decode(..., fp8=...)")
+    if plan.fp8 != is_fp8(cache) or (plan.group_scores and not plan.fp8):
+        raise ValueError(f"the decode plan's fp8={plan.fp8} (group_scores="
+                         f"{plan.group_scores}) does not describe the cache ({cache.dtype}): "
+                         "plan it with plan_decode(..., fp8=...)")
     shrunk = {} if shrunk is None else shrunk
     plan = effective_plan(plan, shrunk)
     if plan.ws and ws_supported(cache, q_lat.shape[0], plan.block_n):  # decode_ws.py
@@ -267,10 +259,10 @@ def _launch_split(q_lat, q_pe, cache, page_table, token_seq, positions, scale, p
     resources)."""
     while True:
         try:
-            grid, args, kwargs = split_launch(q_lat, q_pe, cache, page_table, token_seq,
-                                              positions, scale, plan, out, part_o, part_lse,
-                                              scratch)
-            _split_kernel[grid](*args, **kwargs)
+            kernel, grid, args, kwargs = split_launch(q_lat, q_pe, cache, page_table,
+                                                      token_seq, positions, scale, plan, out,
+                                                      part_o, part_lse, scratch)
+            kernel[grid](*args, **kwargs)
             return plan
         except OutOfResources:
             smaller = smaller_plan(plan)
@@ -282,15 +274,31 @@ def _launch_split(q_lat, q_pe, cache, page_table, token_seq, positions, scale, p
 def split_launch(q_lat: LatentRows, q_pe: RopeRows, cache: CacheLayer, page_table: PageTable,
                  token_seq: RowIndex, positions: RowIndex, scale: float, plan: DecodePlan,
                  out: LatentRows, part_o: PartialO, part_lse: PartialLse,
-                 scratch: tuple[Tensor, Tensor] | None = None) -> tuple[tuple, tuple, dict]:
-    """(grid, arguments, keyword arguments) of the split kernel for `plan` (the sm90 compile
-    test reads the same)."""
+                 scratch: tuple[Tensor, Tensor] | None = None) -> tuple:
+    """(kernel, grid, arguments, keyword arguments) of the split launch for `plan`:
+    `_split_kernel`, or decode_fp8.py's `split_fp8_kernel` where the plan says
+    `group_scores` (the sm90 compile test reads the same)."""
     heads, tokens, kv_lora = q_lat.shape
     splits = plan.num_splits
     if splits > 1:
         assert part_o.shape[2] == splits and part_lse.shape[2] == splits
-    head_blocks = _cdiv(heads, plan.block_h)
+    grid = (_cdiv(heads, plan.block_h), splits, tokens)
     block_c = triton.next_power_of_2(kv_lora)
+    rows = (q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1), cache.stride(1),
+            page_table.stride(0), out.stride(0), out.stride(1), heads, kv_lora, q_pe.shape[-1],
+            cache.shape[1], page_table.shape[1], scale * 1.4426950408889634, splits)
+    kwargs = dict(
+        SPLIT=splits > 1, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n,
+        BLOCK_R=max(16, triton.next_power_of_2(q_pe.shape[-1])),
+        PAGE_TILES=cache.shape[1] % plan.block_n == 0, PDL=pdl(plan, q_lat.device),
+        num_warps=plan.num_warps, num_stages=plan.num_stages)
+    if plan.early and pdl_supported(q_lat.device):
+        kwargs.update(early_launch(plan, cache))
+    tensors = (q_lat, q_pe, cache, page_table, token_seq, positions, part_o, part_lse, out)
+    fp8 = row_constexprs(cache, kv_lora, block_c)
+    if plan.group_scores:
+        del fp8["FP8"]
+        return split_fp8_kernel, grid, tensors + rows, kwargs | fp8
     p_buf, a_buf = part_lse, part_lse  # unused unless shared_p
     if plan.shared_p:
         assert scratch is not None, "plan.shared_p needs the scratch buffers"
@@ -298,21 +306,8 @@ def split_launch(q_lat: LatentRows, q_pe: RopeRows, cache: CacheLayer, page_tabl
         p_numel, a_numel = shared_p_numel(plan, tokens, heads)
         assert p_buf.dtype == compute_dtype(cache, q_lat.dtype) and a_buf.dtype == torch.float32
         assert p_buf.numel() >= p_numel and a_buf.numel() >= a_numel
-    args = (q_lat, q_pe, cache, page_table, token_seq, positions, part_o, part_lse, out,
-            p_buf, a_buf,
-            q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1), cache.stride(1),
-            page_table.stride(0), out.stride(0), out.stride(1), heads, kv_lora, q_pe.shape[-1],
-            cache.shape[1], page_table.shape[1], scale * 1.4426950408889634, splits)
-    kwargs = dict(
-        SPLIT=splits > 1, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, BLOCK_C=block_c,
-        BLOCK_R=max(16, triton.next_power_of_2(q_pe.shape[-1])),
-        PAGE_TILES=cache.shape[1] % plan.block_n == 0,
-        PDL=pdl(plan, q_lat.device), SHARED_P=plan.shared_p, ASM_SYNC=cache.is_cuda,
-        **row_constexprs(cache, kv_lora, block_c),
-        num_warps=plan.num_warps, num_stages=plan.num_stages)
-    if plan.early and pdl_supported(q_lat.device):
-        kwargs.update(early_launch(plan, cache))
-    return (head_blocks, splits, tokens), args, kwargs
+    kwargs.update(BLOCK_C=block_c, SHARED_P=plan.shared_p, ASM_SYNC=cache.is_cuda, **fp8)
+    return _split_kernel, grid, tensors + (p_buf, a_buf) + rows, kwargs
 
 
 def early_launch(plan: DecodePlan, cache: Tensor) -> dict:

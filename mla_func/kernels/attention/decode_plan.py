@@ -74,9 +74,11 @@ class DecodePlan:
     # it takes the cache (`mla_decode_ws.supported`: bf16, 576-wide rows); the Triton kernel
     # runs the plan elsewhere.
     ws: bool = False
-    # The cache is FP8 (`cache_fp8`): the Triton split kernel dequantises its tiles; never
-    # `ws` (decode_ws.py reads bf16 rows only).
+    # The cache is FP8 (`cache_fp8`): never `ws` (decode_ws.py reads bf16 rows only).
     fp8: bool = False
+    # With `fp8`: decode_fp8.py's split kernel, the rows' group scales on the scores and the
+    # probabilities (16 heads a program); else the Triton kernel dequantises its tiles.
+    group_scores: bool = False
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -115,10 +117,10 @@ def plan_decode(
 
     `ws`: the device runs the warp-specialised kernel (decode_ws.py, sm90): above 16
     heads the plan is `_ws_plan`'s where its splits cover WS_MIN_KEYS keys or more. `fp8`:
-    the cache is FP8 (`cache_fp8`): the Triton kernel's plan whatever `ws` (decode_ws.py
-    reads bf16 rows); at 16 heads a program 32-key tiles in 3 stages (`_fp8_plan`)."""
+    the cache is FP8 (`cache_fp8`): a Triton plan whatever `ws` (decode_ws.py reads bf16
+    rows), at up to 16 heads decode_fp8.py's (`_fp8_plan`)."""
     if fp8:
-        return _fp8_plan(plan_decode(num_rows, max_seq_len, num_sms, heads, page_size))
+        return _fp8_plan(num_rows, max_seq_len, num_sms, heads, page_size)
     if ws and heads > 16:
         plan = _ws_plan(num_rows, max_seq_len, num_sms, heads)
         if max_seq_len >= WS_MIN_KEYS * plan.num_splits:
@@ -143,16 +145,22 @@ def plan_decode(
                       uv=num_rows <= UV_MAX_ROWS and heads <= UV_MAX_HEADS)
 
 
-def _fp8_plan(plan: DecodePlan) -> DecodePlan:
-    """The Triton plan `plan` for an FP8 cache. Its tiles are dequantised in registers and
-    staged again in shared memory for the dots, so 64-key tiles at 16 heads a program need
-    255 registers and spill 92 bytes (sm90 ahead-of-time compile, V2-Lite sizes); 32-key
-    tiles in 3 stages compile spill-free with the FP8 tile double-buffered (126 KB of shared
-    memory). 64-head programs keep their tiles (spill-free at pages of 64). Not yet timed on a
-    GPU (docs/DECISIONS.md, `decode_plan._fp8_plan`)."""
-    if plan.block_h <= 16:
-        plan = replace(plan, block_n=32, num_stages=3)
-    return replace(plan, fp8=True)
+def _fp8_plan(num_rows: int, max_seq_len: int, num_sms: int, heads: int, page_size: int
+              ) -> DecodePlan:
+    """An FP8 cache's plan. Up to 16 heads: decode_fp8.py's kernel (`group_scores`), 32-key
+    tiles in 4 stages and the fewest splits that fill two programs an SM (also where they
+    cover few keys: its programs hold 255 registers, two an SM). Above: the Triton kernel's
+    64-head plan dequantising its tiles (32-key tiles in 3 stages at 16 heads a program were
+    its plan before). docs/DECISIONS.md, `decode_plan._fp8_plan`."""
+    if heads > 16:
+        plan = plan_decode(num_rows, max_seq_len, num_sms, heads, page_size)
+        return replace(plan, fp8=True)
+    most = max(1, min(MAX_SPLITS, _cdiv(max(1, max_seq_len), 32)))
+    splits = _fill_splits(max(1, num_rows), most, num_sms * 2)
+    return DecodePlan(splits, 16, 32, num_warps=4, num_stages=4, early=True,
+                      warm=num_rows <= WARM_MAX_ROWS,
+                      uv=num_rows <= UV_MAX_ROWS and heads <= UV_MAX_HEADS, fp8=True,
+                      group_scores=True)
 
 
 def _fill_splits(programs_per_split: int, most: int, slots: int) -> int:

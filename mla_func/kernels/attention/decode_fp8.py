@@ -1,0 +1,134 @@
+"""The split-KV decode over the FP8 latent cache: group scales on the scores, not on the tile.
+
+An FP8 cache row (`mla_func.cache_fp8`, FlashMLA's 656 bytes) holds c_kv as e4m3 values q8
+with one float32 scale a group of GS columns, and k_pe in bf16. With q = [q_lat, q_pe] and
+c_kv[n, c] = q8[n, c] * sc[n, g(c)] (DeepSeek-V2, arXiv:2405.04434, 2.1 and appendix C):
+
+    score[h, n] = sum_g sc[n, g] * (q_lat[h, g] . q8[n, g]) + q_pe[h] . k_pe[n]
+    o_lat[h, g] = sum_n (p[h, n] * sc[n, g]) . q8[n, g]
+
+so the scales multiply [heads, keys] tiles (one a group) and never the [keys, kv_lora] tile,
+which is only converted to q_lat's dtype (e4m3 values are exact in bf16). The latent products
+run group by group: GROUPS dots of GS columns, one float32 accumulator a group. The products
+are exact where decode.py's dequantised tiles round e4m3 x scale to bf16; p * sc is rounded
+to bf16 as p is there.
+
+At 16 heads a program this form is faster than dequantising the tile (`DecodePlan.group_scores`,
+docs/DECISIONS.md); at 64 it keeps four accumulators and tiles and spills, and decode.py's
+`_split_kernel` runs those plans. Splits, pages, the early launch and the partials are
+`_split_kernel`'s (same arguments, same merge).
+"""
+
+from typing import no_type_check
+
+import triton
+import triton.language as tl
+
+from mla_func.kernels.attention.fp8_rows import rope_values
+from mla_func.kernels.attention.merge import split_chunk
+from mla_func.kernels.attention.paging import tile_pages
+from mla_func.kernels.launch.l2_prefetch import prefetch_rows
+
+
+@triton.jit(do_not_specialize=["s_pt", "max_pages", "num_splits"])  # fewer compiled variants
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def split_fp8_kernel(
+    q_lat, q_pe, cache, page_table, token_seq, positions, part_o, part_lse, out,
+    sq_h, sq_t, sp_t, sp_h, s_row, s_pt, so_h, so_t,
+    heads, kv_lora, rope, page_size, max_pages, scale_log2, num_splits,
+    SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr, PAGE_TILES: tl.constexpr, PDL: tl.constexpr,
+    GS: tl.constexpr, GROUPS: tl.constexpr, ROPE_AT: tl.constexpr,
+    EARLY: tl.constexpr = False, L2_KEYS: tl.constexpr = 0, ROW_BYTES: tl.constexpr = 0,
+):
+    if PDL:  # the merge may launch once every program has started; it waits for our end
+        tl.extra.cuda.gdc_launch_dependents()
+    hb = tl.program_id(0)
+    split = tl.program_id(1)
+    t = tl.program_id(2).to(tl.int64)
+    seq = tl.load(token_seq + t).to(tl.int64)
+    kv_len = tl.load(positions + t).to(tl.int32) + 1
+    chunk = split_chunk(kv_len, num_splits, BLOCK_N)
+    start = split * chunk
+    end = tl.minimum(start + chunk, kv_len)
+
+    h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    cg = tl.arange(0, GS)
+    r = tl.arange(0, BLOCK_R)
+    hm = h < heads
+    rm = r < rope
+    pt = page_table + seq * s_pt
+    nn = tl.arange(0, BLOCK_N)
+    nxt = tile_pages(pt, start, nn, end, page_size, max_pages, PAGE_TILES)
+    if EARLY:  # launched while the absorb kernel runs: the batch's metadata and the old cache
+        if L2_KEYS > 0:  # rows are ready, its q_lat, q_pe and new rows are not yet
+            if hb == 0:  # the other head blocks read the same rows
+                prefetch_rows(cache, pt, start, end, page_size, max_pages, s_row, ROW_BYTES,
+                              L2_KEYS)
+        tl.extra.cuda.gdc_wait()
+    ql = ()  # q_lat's groups, in its dtype: the products' (e4m3 values are exact in it)
+    for g in tl.static_range(GROUPS):
+        c = g * GS + cg
+        ql = ql + (tl.load(q_lat + h[:, None] * sq_h + t * sq_t + c[None, :],
+                           mask=hm[:, None] & (c < kv_lora)[None, :], other=0.0),)
+    qp = tl.load(q_pe + t * sp_t + h[:, None] * sp_h + r[None, :],
+                 mask=hm[:, None] & rm[None, :], other=0.0).to(q_lat.dtype.element_ty)
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    lsum = tl.zeros([BLOCK_H], tl.float32)
+    acc = ()
+    for _g in tl.static_range(GROUPS):
+        acc = acc + (tl.zeros([BLOCK_H, GS], tl.float32),)
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + nn
+        nm = n < end
+        page = nxt  # loaded one iteration ahead
+        nxt = tile_pages(pt, n0 + BLOCK_N, nn, end, page_size, max_pages, PAGE_TILES)
+        if PAGE_TILES:  # n0 is a multiple of BLOCK_N, which divides page_size
+            rows = cache + (page.to(tl.int64) * page_size + n0 % page_size) * s_row + nn * s_row
+        else:
+            rows = cache + (page.to(tl.int64) * page_size + n % page_size) * s_row
+        kp = tl.load(rope_values(rows, ROPE_AT)[:, None] + r[None, :],
+                     mask=nm[:, None] & rm[None, :], other=0.0).to(qp.dtype)
+        s = tl.dot(qp, tl.trans(kp))
+        sc_at = (rows + kv_lora).to(tl.pointer_type(tl.float32), bitcast=True)
+        kv = ()
+        sc = ()
+        for g in tl.static_range(GROUPS):
+            c = g * GS + cg
+            q8 = tl.load(rows[:, None] + c[None, :], mask=nm[:, None] & (c < kv_lora)[None, :],
+                         other=0)
+            kv = kv + (q8.to(tl.float8e4nv, bitcast=True).to(qp.dtype),)
+            sc = sc + (tl.load(sc_at + g, mask=nm, other=0.0),)
+            s += tl.dot(ql[g], tl.trans(kv[g])) * sc[g][None, :]
+        s = tl.where(nm[None, :], s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        lsum = lsum * alpha + tl.sum(p, 1)
+        m = m_new
+        new = ()
+        for g in tl.static_range(GROUPS):
+            pg = (p * sc[g][None, :]).to(qp.dtype)
+            new = new + (tl.dot(pg, kv[g], acc[g] * alpha[:, None]),)
+        acc = new
+
+    safe = tl.where(lsum > 0, lsum, 1.0)
+    # A tensor, not a scalar: the interpreter rejects scalar-and-tensor masks.
+    live = (h * 0 + start) < kv_len
+    base = (t * heads + h) * num_splits + split
+    if SPLIT:
+        lse = tl.where(lsum > 0, m + tl.log2(safe), float("-inf"))
+        tl.store(part_lse + base, lse, mask=hm)  # -inf from empty splits: they weigh 0
+    for g in tl.static_range(GROUPS):
+        c = g * GS + cg
+        o = acc[g] / safe[:, None]
+        cm = (c < kv_lora)[None, :]
+        if SPLIT:
+            tl.store(part_o + base[:, None] * kv_lora + c[None, :], o,
+                     mask=(hm & live)[:, None] & cm)
+        else:
+            tl.store(out + h[:, None] * so_h + t * so_t + c[None, :],
+                     o.to(out.dtype.element_ty), mask=hm[:, None] & cm)
+
+
+__all__ = ["split_fp8_kernel"]
