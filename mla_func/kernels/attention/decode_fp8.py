@@ -95,11 +95,16 @@ def split_fp8_kernel(
         sc = ()
         for g in tl.static_range(GROUPS):
             c = g * GS + cg
-            q8 = tl.load(rows[:, None] + c[None, :], mask=nm[:, None] & (c < kv_lora)[None, :],
-                         other=0)
+            cm = c < kv_lora
+            # The group's bytes loaded twice, as [keys, c] for the value product and as
+            # [c, keys] for the scores: each load has one use, so the pipeliner streams both
+            # into shared memory ahead of the dots (one load with two uses stayed a register
+            # load, converted apart for each dot; the second read hits L2).
+            q8 = tl.load(rows[:, None] + c[None, :], mask=nm[:, None] & cm[None, :], other=0)
+            k8 = tl.load(rows[None, :] + c[:, None], mask=nm[None, :] & cm[:, None], other=0)
             kv = kv + (q8.to(tl.float8e4nv, bitcast=True).to(qp.dtype),)
             sc = sc + (tl.load(sc_at + g, mask=nm, other=0.0),)
-            s += tl.dot(ql[g], tl.trans(kv[g])) * sc[g][None, :]
+            s += tl.dot(ql[g], k8.to(tl.float8e4nv, bitcast=True).to(qp.dtype)) * sc[g][None, :]
         s = tl.where(nm[None, :], s * scale_log2, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp2(m - m_new)

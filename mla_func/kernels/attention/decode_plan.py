@@ -148,16 +148,16 @@ def plan_decode(
 def _fp8_plan(num_rows: int, max_seq_len: int, num_sms: int, heads: int, page_size: int
               ) -> DecodePlan:
     """An FP8 cache's plan. Up to 16 heads: decode_fp8.py's kernel (`group_scores`), 32-key
-    tiles in 4 stages and the fewest splits that fill two programs an SM (also where they
-    cover few keys: its programs hold 255 registers, two an SM). Above: the Triton kernel's
-    64-head plan dequantising its tiles (32-key tiles in 3 stages at 16 heads a program were
-    its plan before). docs/DECISIONS.md, `decode_plan._fp8_plan`."""
+    tiles in 3 stages (94 KB of shared memory; 4 stages leave one program an SM) and the
+    fewest splits that fill two programs an SM, also where they cover few keys. Above: the
+    Triton kernel's 64-head plan, its tiles dequantised (docs/DECISIONS.md,
+    `decode_plan._fp8_plan`)."""
     if heads > 16:
         plan = plan_decode(num_rows, max_seq_len, num_sms, heads, page_size)
         return replace(plan, fp8=True)
     most = max(1, min(MAX_SPLITS, _cdiv(max(1, max_seq_len), 32)))
     splits = _fill_splits(max(1, num_rows), most, num_sms * 2)
-    return DecodePlan(splits, 16, 32, num_warps=4, num_stages=4, early=True,
+    return DecodePlan(splits, 16, 32, num_warps=4, num_stages=3, early=True,
                       warm=num_rows <= WARM_MAX_ROWS,
                       uv=num_rows <= UV_MAX_ROWS and heads <= UV_MAX_HEADS, fp8=True,
                       group_scores=True)
