@@ -71,22 +71,42 @@ def test_fp8_cache_write_is_pack_rows(kv_lora, rope):
 GROUPED = dict(SMALL, kv_lora=256)
 
 
-@pytest.mark.parametrize("group_scores", [False, True])
+# decode_fp8.py's float16 products round p * scale / top to float16 (2**-11).
+F16_TOL = 2e-3
+
+
+@pytest.mark.parametrize("group_scores, f16", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("page_size, splits, dims", [(4, 1, SMALL), (16, 5, SMALL),
                                                      (1, 3, SMALL), (16, 2, GROUPED)])
-def test_fp8_decode_matches_reference(page_size, splits, dims, group_scores):
-    """Both FP8 forms of the split kernel (the tile dequantised; the group scales on the
-    scores, decode_fp8.py): tight against the reference reading the same FP8 cache (the same
-    dequantised values, float32 products), loose (LOOSE) against the float cache the rows
-    were packed from."""
+def test_fp8_decode_matches_reference(page_size, splits, dims, group_scores, f16):
+    """The FP8 forms of the split kernel (the tile dequantised; the group scales on the
+    scores, decode_fp8.py, in the query's dtype or float16): tight against the reference
+    reading the same FP8 cache (the same dequantised values, float32 products; F16_TOL for
+    float16 ones), loose (LOOSE) against the float cache the rows were packed from."""
     lens = [1, 5, 23, 40]
     p = make_problem([n - 1 for n in lens], [1] * len(lens), page_size, dims, seed=splits)
     f = fp8_problem(p)
     plan = replace(plan_decode(len(lens), 64, 4, dims["heads"], fp8=True), num_splits=splits,
-                   block_n=16, group_scores=group_scores)
+                   block_n=16, group_scores=group_scores, f16=f16)
     got = attend_absorbed(*ref_args(f), fp8_workspace(f, splits), plan)
-    assert rel_err(got, ref.attend_absorbed(*ref_args(f))) < TOL
+    assert rel_err(got, ref.attend_absorbed(*ref_args(f))) < (F16_TOL if f16 else TOL)
     assert rel_err(got, ref.attend_absorbed(*ref_args(p))) < LOOSE
+
+
+@pytest.mark.parametrize("power", [-24, 24])
+def test_fp8_decode_f16_products_keep_any_query_range(power):
+    """Queries far outside float16's range (|q| ~ 2**24 overflows it, 2**-24 lies below its
+    subnormals), the softmax scale divided by as much: float16 products match the reference,
+    finite, since one power of two moves the query into range first."""
+    lens = [3, 17, 40]
+    p = make_problem([n - 1 for n in lens], [1] * len(lens), 16, GROUPED, seed=3)
+    p = dict(p, q_nope=p["q_nope"] * 2.0**power, scale=p["scale"] * 2.0**-power)
+    f = fp8_problem(p)
+    plan = replace(plan_decode(len(lens), 64, 4, GROUPED["heads"], fp8=True), num_splits=2,
+                   block_n=16, f16=True)
+    got = attend_absorbed(*ref_args(f), fp8_workspace(f, 2), plan)
+    assert torch.isfinite(got).all()
+    assert rel_err(got, ref.attend_absorbed(*ref_args(f))) < F16_TOL
 
 
 def test_fp8_plans_pick_the_kernel_by_heads_a_program():
@@ -96,6 +116,10 @@ def test_fp8_plans_pick_the_kernel_by_heads_a_program():
     large = plan_decode(32, 4096, 132, 128, ws=True, fp8=True)
     assert (small.group_scores, small.block_h, small.fp8, small.ws) == (True, 16, True, False)
     assert (large.group_scores, large.block_h, large.fp8, large.ws) == (False, 64, True, False)
+    # float16 products for 16-bit queries only, and only in decode_fp8.py's kernel
+    assert small.f16 and not large.f16
+    assert not plan_decode(32, 4096, 132, 16, fp8=True, dtype=torch.float32).f16
+    assert not plan_decode(1, 4096, 132, 16, fp8=True).f16  # under F16_MIN_ROWS
 
 
 def test_fp8_decode_refuses_a_plan_that_does_not_say_fp8():

@@ -108,10 +108,13 @@ for heads, group_scores in ((16, True), (128, False)):
     print("split fp8", heads, plan, "regs", regs, "spills", spills, "smem", smem, bufs)
     assert plan.group_scores == group_scores
     assert (kernel is md.split_fp8_kernel) == group_scores
-    # decode_fp8.py's kernel at 255 registers: spill-free under Triton 3.6 (the GPU's), 20
+    # decode_fp8.py's kernel at 255 registers: spill-free under Triton 3.6 (the GPU's), 12
     # bytes spilled under 3.9
     assert spills <= (32 if group_scores else 0) and smem <= 232448
     assert "cvt.rn.f16x2.e4m3x2" in LAST_PTX[0]
+    # float16 products (bf16 queries): one conversion a value pair, none after it
+    assert plan.f16 == group_scores
+    assert not plan.f16 or "cvt.bf16.f16" not in LAST_PTX[0]
     if group_scores:  # each group's e4m3 tile streamed into two shared buffers, twice over
         for shape in ("2x32x128xi8", "2x128x32xi8"):
             assert LAST_TTGIR[0].count(f"local_alloc : () -> !ttg.memdesc<{shape}") == 4

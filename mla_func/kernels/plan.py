@@ -264,7 +264,7 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
     if options.attention == "triton" and tokens == seqs and max_query_len == 1:
         decode = plan_decode(tokens, max_pages * page_size, device.sms,
                              cfg.num_attention_heads // ranks, page_size=page_size,
-                             ws=device.sm90, fp8=cache == "fp8")
+                             ws=device.sm90, fp8=cache == "fp8", dtype=dtype)
     nbytes, cuda = tokens * cfg.hidden_size * dtype.itemsize, device.type == "cuda"
     reduce = "none" if ranks == 1 else all_reduce_form(nbytes, cuda, options.one_shot)
     return StepPlan(tokens, seqs, options, device, qkv_a, o_proj, router, router_launch,

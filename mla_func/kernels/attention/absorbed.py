@@ -74,7 +74,7 @@ def attend_absorbed(
         capacity = page_table.shape[1] * cache.shape[1]
         plan = plan_decode(tokens, capacity, num_sms(q_nope.device), heads,
                            page_size=cache.shape[1], ws=ws_device(q_nope.device),
-                           fp8=is_fp8(cache))
+                           fp8=is_fp8(cache), dtype=q_nope.dtype)
     dtype = compute_dtype(cache, q_nope.dtype)
     q_lat, o_lat, part_o, part_lse = workspace.get(
         q_nope.device, dtype, tokens, heads, kv_lora, plan.num_splits)

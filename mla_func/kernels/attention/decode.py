@@ -234,10 +234,11 @@ def mla_decode(
     that ran out of resources are recorded (`DecodeWorkspace.shrunk`; default: nowhere)."""
     assert q_lat.stride(-1) == 1 and q_pe.stride(-1) == 1 and out.stride(-1) == 1
     assert cache.stride(-1) == 1 and cache.stride(0) == cache.shape[1] * cache.stride(1)
-    if plan.fp8 != is_fp8(cache) or (plan.group_scores and not plan.fp8):
-        raise ValueError(f"the decode plan's fp8={plan.fp8} (group_scores="
-                         f"{plan.group_scores}) does not describe the cache ({cache.dtype}): "
-                         "plan it with plan_decode(..., fp8=...)")
+    if plan.fp8 != is_fp8(cache) or (plan.group_scores and not plan.fp8) or (
+            plan.f16 and not plan.group_scores):
+        raise ValueError(f"the decode plan's fp8={plan.fp8}, group_scores="
+                         f"{plan.group_scores}, f16={plan.f16} do not describe the cache "
+                         f"({cache.dtype}) or agree: plan it with plan_decode(..., fp8=...)")
     shrunk = {} if shrunk is None else shrunk
     plan = effective_plan(plan, shrunk)
     if plan.ws and ws_supported(cache, q_lat.shape[0], plan.block_n):  # decode_ws.py
@@ -298,7 +299,7 @@ def split_launch(q_lat: LatentRows, q_pe: RopeRows, cache: CacheLayer, page_tabl
     fp8 = row_constexprs(cache, kv_lora, block_c)
     if plan.group_scores:
         del fp8["FP8"]
-        return split_fp8_kernel, grid, tensors + rows, kwargs | fp8
+        return split_fp8_kernel, grid, tensors + rows, kwargs | fp8 | dict(F16=plan.f16)
     p_buf, a_buf = part_lse, part_lse  # unused unless shared_p
     if plan.shared_p:
         assert scratch is not None, "plan.shared_p needs the scratch buffers"

@@ -8,10 +8,16 @@ c_kv[n, c] = q8[n, c] * sc[n, g(c)] (DeepSeek-V2, arXiv:2405.04434, 2.1 and appe
     o_lat[h, g] = sum_n (p[h, n] * sc[n, g]) . q8[n, g]
 
 so the scales multiply [heads, keys] tiles (one a group) and never the [keys, kv_lora] tile,
-which is only converted to q_lat's dtype (e4m3 values are exact in bf16). The latent products
-run group by group: GROUPS dots of GS columns, one float32 accumulator a group. The products
-are exact where decode.py's dequantised tiles round e4m3 x scale to bf16; p * sc is rounded
-to bf16 as p is there.
+which is only converted: e4m3 values are exact in bf16 and in float16. The latent products run
+group by group: GROUPS dots of GS columns, one float32 accumulator a group. In the query's
+dtype (bf16) the products are exact where decode.py's dequantised tiles round e4m3 x scale
+to bf16, and p * sc is rounded to bf16 as p is there. `F16` (`DecodePlan.f16`) runs them in
+float16, to which e4m3 converts in one instruction a value pair (bf16 takes three; the
+conversions were the kernel's largest instruction count): the query's latent part is first
+multiplied by one power of two that brings its largest |value| into [2^14, 2^15), exact in
+float16 down to 2^-28 of that value, and the scores by its inverse; p enters the value
+product as p * sc / top, top the tile's largest scale of the group (so <= 1), the product
+then multiplied by top.
 
 At 16 heads a program this form is faster than dequantising the tile (`DecodePlan.group_scores`,
 docs/DECISIONS.md); at 64 it keeps four accumulators and tiles and spills, and decode.py's
@@ -30,6 +36,37 @@ from mla_func.kernels.attention.paging import tile_pages
 from mla_func.kernels.launch.l2_prefetch import prefetch_rows
 
 
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _pow2(e):
+    """The float32 2**e (e an int32, clamped to float32's normal range), built from its bits."""
+    return (tl.minimum(tl.maximum(e + 127, 1), 254) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _f16_range(qs, GROUPS: tl.constexpr):
+    """(2**k, 2**-k): the power of two that brings the largest |value| of the float32 tiles
+    `qs` into [2^14, 2^15); (1, 1) where they are all zero."""
+    amax = tl.max(tl.max(tl.abs(qs[0]), 1), 0)
+    for g in tl.static_range(1, GROUPS):
+        amax = tl.maximum(amax, tl.max(tl.max(tl.abs(qs[g]), 1), 0))
+    e = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # amax in [2^e, 2^(e+1))
+    k = tl.where(amax > 0, 14 - e, 0)
+    return _pow2(k), _pow2(-k)
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def _latent(x, like, F16: tl.constexpr):
+    """`x` in the latent products' dtype: float16 (F16), else `like`'s (the query's)."""
+    if F16:
+        y = x.to(tl.float16)
+    else:
+        y = x.to(like.dtype)
+    return y
+
+
 @triton.jit(do_not_specialize=["s_pt", "max_pages", "num_splits"])  # fewer compiled variants
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def split_fp8_kernel(
@@ -38,7 +75,7 @@ def split_fp8_kernel(
     heads, kv_lora, rope, page_size, max_pages, scale_log2, num_splits,
     SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr, PAGE_TILES: tl.constexpr, PDL: tl.constexpr,
-    GS: tl.constexpr, GROUPS: tl.constexpr, ROPE_AT: tl.constexpr,
+    GS: tl.constexpr, GROUPS: tl.constexpr, ROPE_AT: tl.constexpr, F16: tl.constexpr,
     EARLY: tl.constexpr = False, L2_KEYS: tl.constexpr = 0, ROW_BYTES: tl.constexpr = 0,
 ):
     if PDL:  # the merge may launch once every program has started; it waits for our end
@@ -66,13 +103,21 @@ def split_fp8_kernel(
                 prefetch_rows(cache, pt, start, end, page_size, max_pages, s_row, ROW_BYTES,
                               L2_KEYS)
         tl.extra.cuda.gdc_wait()
-    ql = ()  # q_lat's groups, in its dtype: the products' (e4m3 values are exact in it)
+    qs = ()
     for g in tl.static_range(GROUPS):
         c = g * GS + cg
-        ql = ql + (tl.load(q_lat + h[:, None] * sq_h + t * sq_t + c[None, :],
-                           mask=hm[:, None] & (c < kv_lora)[None, :], other=0.0),)
+        qs = qs + (tl.load(q_lat + h[:, None] * sq_h + t * sq_t + c[None, :],
+                           mask=hm[:, None] & (c < kv_lora)[None, :], other=0.0
+                           ).to(tl.float32),)
+    up = 1.0
+    down = 1.0
+    if F16:  # float16 holds q * up exactly down to 2^-28 of its largest value
+        up, down = _f16_range(qs, GROUPS)
     qp = tl.load(q_pe + t * sp_t + h[:, None] * sp_h + r[None, :],
                  mask=hm[:, None] & rm[None, :], other=0.0).to(q_lat.dtype.element_ty)
+    ql = ()
+    for g in tl.static_range(GROUPS):
+        ql = ql + (_latent(qs[g] * up, qp, F16),)
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     lsum = tl.zeros([BLOCK_H], tl.float32)
     acc = ()
@@ -102,9 +147,10 @@ def split_fp8_kernel(
             # load, converted apart for each dot; the second read hits L2).
             q8 = tl.load(rows[:, None] + c[None, :], mask=nm[:, None] & cm[None, :], other=0)
             k8 = tl.load(rows[None, :] + c[:, None], mask=nm[None, :] & cm[:, None], other=0)
-            kv = kv + (q8.to(tl.float8e4nv, bitcast=True).to(qp.dtype),)
+            kv = kv + (_latent(q8.to(tl.float8e4nv, bitcast=True), qp, F16),)
             sc = sc + (tl.load(sc_at + g, mask=nm, other=0.0),)
-            s += tl.dot(ql[g], k8.to(tl.float8e4nv, bitcast=True).to(qp.dtype)) * sc[g][None, :]
+            kt = _latent(k8.to(tl.float8e4nv, bitcast=True), qp, F16)
+            s += tl.dot(ql[g], kt) * (sc[g] * down)[None, :]
         s = tl.where(nm[None, :], s * scale_log2, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp2(m - m_new)
@@ -113,8 +159,14 @@ def split_fp8_kernel(
         m = m_new
         new = ()
         for g in tl.static_range(GROUPS):
-            pg = (p * sc[g][None, :]).to(qp.dtype)
-            new = new + (tl.dot(pg, kv[g], acc[g] * alpha[:, None]),)
+            if F16:  # p * sc / top <= 1 (float16's range), the product then times top
+                top = tl.max(sc[g], 0)
+                top = tl.where(top > 0, top, 1.0)
+                pg = (p * (sc[g] / top)[None, :]).to(tl.float16)
+                new = new + (acc[g] * alpha[:, None] + tl.dot(pg, kv[g]) * top,)
+            else:
+                pg = (p * sc[g][None, :]).to(qp.dtype)
+                new = new + (tl.dot(pg, kv[g], acc[g] * alpha[:, None]),)
         acc = new
 
     safe = tl.where(lsum > 0, lsum, 1.0)

@@ -55,6 +55,10 @@ WS_EARLY_MAX_ROWS = 4
 # query loads, the fp32 partials of every head, the merge's reads of them) outweighs the
 # second wave's overlap (docs/DECISIONS.md, `decode_plan.TWO_WAVE_KEYS`).
 TWO_WAVE_KEYS = 256
+# decode_fp8.py's float16 products (`DecodePlan.f16`) from this many rows: at 1 row (32-128
+# splits of a tile or a few each) bringing the query into float16's range costs more than
+# the conversions save (docs/DECISIONS.md, `decode_plan.F16_MIN_ROWS`).
+F16_MIN_ROWS = 32
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,9 @@ class DecodePlan:
     # With `fp8`: decode_fp8.py's split kernel, the rows' group scales on the scores and the
     # probabilities (16 heads a program); else the Triton kernel dequantises its tiles.
     group_scores: bool = False
+    # With `group_scores`: the latent products in float16, to which e4m3 converts in one
+    # instruction a value pair (bf16 takes three), the query moved into its range.
+    f16: bool = False
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -87,7 +94,7 @@ def _cdiv(a: int, b: int) -> int:
 
 def plan_decode(
     num_rows: int, max_seq_len: int, num_sms: int, heads: int = 16, page_size: int = 64,
-    ws: bool = False, fp8: bool = False,
+    ws: bool = False, fp8: bool = False, dtype: torch.dtype = torch.bfloat16,
 ) -> DecodePlan:
     """The launch shape for `num_rows` query rows (the bucket) whose keys may reach
     `max_seq_len` (the cache capacity of one sequence, not any real length): the fewest splits
@@ -118,9 +125,13 @@ def plan_decode(
     `ws`: the device runs the warp-specialised kernel (decode_ws.py, sm90): above 16
     heads the plan is `_ws_plan`'s where its splits cover WS_MIN_KEYS keys or more. `fp8`:
     the cache is FP8 (`cache_fp8`): a Triton plan whatever `ws` (decode_ws.py reads bf16
-    rows), at up to 16 heads decode_fp8.py's (`_fp8_plan`)."""
+    rows), at up to 16 heads decode_fp8.py's (`_fp8_plan`), its latent products in float16
+    from F16_MIN_ROWS rows of queries in a 16-bit `dtype` (as exact as bf16's or more), in
+    `dtype` otherwise."""
     if fp8:
-        return _fp8_plan(num_rows, max_seq_len, num_sms, heads, page_size)
+        plan = _fp8_plan(num_rows, max_seq_len, num_sms, heads, page_size)
+        f16 = plan.group_scores and dtype.itemsize == 2 and num_rows >= F16_MIN_ROWS
+        return replace(plan, f16=f16)
     if ws and heads > 16:
         plan = _ws_plan(num_rows, max_seq_len, num_sms, heads)
         if max_seq_len >= WS_MIN_KEYS * plan.num_splits:
