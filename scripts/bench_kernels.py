@@ -139,7 +139,8 @@ SWEEP_CASES = ((16, 1, 1024), (16, 1, 4096), (16, 32, 1024), (16, 32, 4096), (16
 
 def sweep_axes(heads: int, splits: int, capacity: int, fp8: bool = False) -> list[list[dict]]:
     """Values per plan field, tried one axis at a time around the best plan so far (on an FP8
-    cache also its kernel at 16 heads a program, `DecodePlan.group_scores`)."""
+    cache also its kernel at 16 heads a program: decode_fp8.py's in float16 or bf16
+    products, or the dequantising one; `DecodePlan.group_scores`, `f16`)."""
     most = max(1, min(MAX_SPLITS, capacity // 16))
     near = sorted({max(1, min(most, int(splits * f))) for f in (0.25, 0.5, 1, 2, 4)})
     axes = [
@@ -151,7 +152,8 @@ def sweep_axes(heads: int, splits: int, capacity: int, fp8: bool = False) -> lis
     if heads > 16:
         axes.append([dict(block_h=b) for b in (16, 32, 64)])
     if fp8:
-        axes.append([dict(group_scores=b, block_h=16, num_warps=4) for b in (True, False)])
+        axes.append([dict(group_scores=g, f16=f, block_h=16, num_warps=4)
+                     for g, f in ((True, True), (True, False), (False, False))])
     return axes
 
 

@@ -90,10 +90,12 @@ def decode_inputs(heads: int, batch: int, ctx: int, page: int, seed: int = 0,
 
 def plan_label(plan: DecodePlan) -> str:
     """Short name of a plan: tiling (heads, keys, warps, stages); shared-p: p through scratch;
-    ws: the warp-specialised kernel; fp8: an FP8 cache, group-scores: decode_fp8.py's kernel."""
+    ws: the warp-specialised kernel; fp8: an FP8 cache, group-scores: decode_fp8.py's kernel,
+    f16: its float16 products."""
     return (f"h{plan.block_h}n{plan.block_n}w{plan.num_warps}s{plan.num_stages}"
             f"{' shared-p' if plan.shared_p else ''}{' ws' if plan.ws else ''}"
-            f"{' fp8' if plan.fp8 else ''}{' group-scores' if plan.group_scores else ''}")
+            f"{' fp8' if plan.fp8 else ''}{' group-scores' if plan.group_scores else ''}"
+            f"{' f16' if plan.f16 else ''}")
 
 
 def time_plan(p: dict, plan: DecodePlan, strict: bool = False,

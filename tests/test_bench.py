@@ -464,3 +464,26 @@ def test_bench_precision_compares_where_both_runs_agree():
     # sequence 0: three positions at 0.01; sequence 1: position 0 exact, position 1 (where the
     # tokens part) far off, position 2 not compared
     assert got["max_rel_err"] > 0.5 and got["median_rel_err"] == pytest.approx(0.01, rel=1e-4)
+
+
+def test_decode_sweep_axes_only_build_plans_the_decode_takes():
+    """The kernel sweep's axes around an FP8-cache plan at 16 heads: decode_fp8.py's kernel in
+    float16 and in bf16 products, and the dequantising kernel; every plan they build agrees
+    with itself (`mla_decode` refuses f16 without group_scores), and the labels tell them
+    apart."""
+    from dataclasses import replace
+
+    from mla_func.kernels.attention.decode_plan import plan_decode
+    from scripts.bench_kernels import sweep_axes
+    from scripts.bench_kernels_timing import plan_label
+
+    default = plan_decode(128, 4096, 132, 16, fp8=True)
+    kernels = sweep_axes(16, default.num_splits, 4096, fp8=True)[-1]
+    plans = [replace(default, **fields) for fields in kernels]
+    assert [(p.group_scores, p.f16) for p in plans] == [(True, True), (True, False),
+                                                        (False, False)]
+    assert all(p.fp8 and (p.group_scores or not p.f16) for p in plans)
+    assert len({plan_label(p) for p in plans}) == 3
+    # a bf16 cache's sweep never sets the FP8 kernels' fields
+    assert not any("group_scores" in f or "f16" in f for axis in sweep_axes(16, 2, 4096)
+                   for f in axis)

@@ -331,3 +331,5 @@ def test_v3_plans_over_eight_ranks():
         # 7168-wide rows: each sub-layer's sum, add and norm in one launch at every size
         assert plan.all_reduce == "one_shot" and plan.reduce_norm, b
         assert plan.decode is not None and plan.decode.fp8 and not plan.decode.ws, b
+        # 16 heads a rank: decode_fp8.py's kernel, float16 products from 32 sequences
+        assert plan.decode.group_scores and plan.decode.f16 == (b >= 32), b
