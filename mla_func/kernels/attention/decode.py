@@ -80,10 +80,9 @@ from mla_func.kernels.attention.decode_plan import (
 from mla_func.kernels.attention.decode_ws import decode_ws
 from mla_func.kernels.attention.decode_ws import supported as ws_supported
 from mla_func.kernels.attention.fp8_rows import load_latent, rope_values, row_constexprs
-from mla_func.kernels.attention.merge import launch_merge, split_chunk
+from mla_func.kernels.attention.merge import launch_merge
 from mla_func.kernels.attention.p_scratch import through_memory
-from mla_func.kernels.attention.paging import tile_pages
-from mla_func.kernels.launch.l2_prefetch import prefetch_rows
+from mla_func.kernels.attention.paging import early_wait, split_keys, store_lse, tile_pages
 from mla_func.kernels.launch.pdl import supported as pdl_supported
 from mla_func.ops.attention import CacheLayer
 
@@ -116,11 +115,7 @@ def _split_kernel(
         program = (t * num_splits + split) * tl.num_programs(0) + hb
         p_buf += program * (2 * BLOCK_H * BLOCK_N)
         a_buf += program * (2 * BLOCK_H)
-    seq = tl.load(token_seq + t).to(tl.int64)
-    kv_len = tl.load(positions + t).to(tl.int32) + 1
-    chunk = split_chunk(kv_len, num_splits, BLOCK_N)
-    start = split * chunk
-    end = tl.minimum(start + chunk, kv_len)
+    seq, kv_len, start, end = split_keys(token_seq, positions, t, split, num_splits, BLOCK_N)
 
     h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     c = tl.arange(0, BLOCK_C)
@@ -135,12 +130,8 @@ def _split_kernel(
     kv_off = nn[:, None] * s_row + c[None, :]
     kp_off = nn[:, None] * s_row + kv_lora + r[None, :]
     nxt = tile_pages(pt, start, nn, end, page_size, max_pages, PAGE_TILES)
-    if EARLY:  # launched while the absorb kernel runs: the batch's metadata and the old cache
-        if L2_KEYS > 0:  # rows are ready, its q_lat, q_pe and new rows are not yet
-            if hb == 0:  # the other head blocks read the same rows
-                prefetch_rows(cache, pt, start, end, page_size, max_pages, s_row, ROW_BYTES,
-                              L2_KEYS)
-        tl.extra.cuda.gdc_wait()
+    if EARLY:  # launched while the absorb kernel runs
+        early_wait(cache, pt, start, end, page_size, max_pages, s_row, hb, ROW_BYTES, L2_KEYS)
     q = tl.load(q_lat + h[:, None] * sq_h + t * sq_t + c[None, :],
                 mask=hm[:, None] & cm[None, :], other=0.0)
     qp = tl.load(q_pe + t * sp_t + h[:, None] * sp_h + r[None, :],
@@ -203,8 +194,7 @@ def _split_kernel(
         # A tensor, not a scalar: the interpreter rejects scalar-and-tensor masks.
         live = (h * 0 + start) < kv_len
         base = (t * heads + h) * num_splits + split
-        lse = tl.where(lsum > 0, m + tl.log2(safe), float("-inf"))
-        tl.store(part_lse + base, lse, mask=hm)  # -inf from empty splits: they weigh 0
+        store_lse(part_lse, base, m, lsum, hm)
         tl.store(part_o + base[:, None] * kv_lora + c[None, :], o,
                  mask=(hm & live)[:, None] & cm[None, :])
 

@@ -12,12 +12,12 @@ which is only converted: e4m3 values are exact in bf16 and in float16. The laten
 group by group: GROUPS dots of GS columns, one float32 accumulator a group. In the query's
 dtype (bf16) the products are exact where decode.py's dequantised tiles round e4m3 x scale
 to bf16, and p * sc is rounded to bf16 as p is there. `F16` (`DecodePlan.f16`) runs them in
-float16, to which e4m3 converts in one instruction a value pair (bf16 takes three: ~390 of
-the bf16 form's PTX instructions were conversions, against 68 tensor-core ones): the query's latent part is first
-multiplied by one power of two that brings its largest |value| into [2^14, 2^15), exact in
-float16 down to 2^-28 of that value, and the scores by its inverse; p enters the value
-product as p * sc / top, top the tile's largest scale of the group (so <= 1), the product
-then multiplied by top.
+float16, to which e4m3 converts in one instruction a value pair (bf16 takes three: ~390
+of the bf16 form's PTX instructions were conversions, against 68 tensor-core ones): the
+query's latent part is first multiplied by one power of two that brings its largest |value|
+into [2^14, 2^15), exact in float16 down to 2^-28 of that value, and the scores by its
+inverse; p enters the value product as p * sc / top, top the tile's largest scale of the
+group (so <= 1), the product then multiplied by top.
 
 At 16 heads a program this form is faster than dequantising the tile (`DecodePlan.group_scores`,
 docs/DECISIONS.md); at 64 it keeps four accumulators and tiles and spills, and decode.py's
@@ -31,9 +31,7 @@ import triton
 import triton.language as tl
 
 from mla_func.kernels.attention.fp8_rows import rope_values
-from mla_func.kernels.attention.merge import split_chunk
-from mla_func.kernels.attention.paging import tile_pages
-from mla_func.kernels.launch.l2_prefetch import prefetch_rows
+from mla_func.kernels.attention.paging import early_wait, split_keys, store_lse, tile_pages
 
 
 @triton.jit
@@ -83,11 +81,7 @@ def split_fp8_kernel(
     hb = tl.program_id(0)
     split = tl.program_id(1)
     t = tl.program_id(2).to(tl.int64)
-    seq = tl.load(token_seq + t).to(tl.int64)
-    kv_len = tl.load(positions + t).to(tl.int32) + 1
-    chunk = split_chunk(kv_len, num_splits, BLOCK_N)
-    start = split * chunk
-    end = tl.minimum(start + chunk, kv_len)
+    seq, kv_len, start, end = split_keys(token_seq, positions, t, split, num_splits, BLOCK_N)
 
     h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     cg = tl.arange(0, GS)
@@ -97,12 +91,8 @@ def split_fp8_kernel(
     pt = page_table + seq * s_pt
     nn = tl.arange(0, BLOCK_N)
     nxt = tile_pages(pt, start, nn, end, page_size, max_pages, PAGE_TILES)
-    if EARLY:  # launched while the absorb kernel runs: the batch's metadata and the old cache
-        if L2_KEYS > 0:  # rows are ready, its q_lat, q_pe and new rows are not yet
-            if hb == 0:  # the other head blocks read the same rows
-                prefetch_rows(cache, pt, start, end, page_size, max_pages, s_row, ROW_BYTES,
-                              L2_KEYS)
-        tl.extra.cuda.gdc_wait()
+    if EARLY:  # launched while the absorb kernel runs
+        early_wait(cache, pt, start, end, page_size, max_pages, s_row, hb, ROW_BYTES, L2_KEYS)
     qs = ()
     for g in tl.static_range(GROUPS):
         c = g * GS + cg
@@ -174,8 +164,7 @@ def split_fp8_kernel(
     live = (h * 0 + start) < kv_len
     base = (t * heads + h) * num_splits + split
     if SPLIT:
-        lse = tl.where(lsum > 0, m + tl.log2(safe), float("-inf"))
-        tl.store(part_lse + base, lse, mask=hm)  # -inf from empty splits: they weigh 0
+        store_lse(part_lse, base, m, lsum, hm)
     for g in tl.static_range(GROUPS):
         c = g * GS + cg
         o = acc[g] / safe[:, None]

@@ -1,9 +1,26 @@
-"""Page-table lookups of the split-KV decode kernels (decode.py, decode_fp8.py)."""
+"""What the split-KV decode kernels (decode.py, decode_fp8.py) share: a program's keys, the
+page lookups of its key tiles, its early start behind the absorb kernel."""
 
 from typing import no_type_check
 
 import triton
 import triton.language as tl
+
+from mla_func.kernels.attention.merge import split_chunk
+from mla_func.kernels.launch.l2_prefetch import prefetch_rows
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def split_keys(token_seq, positions, t, split, num_splits, BLOCK_N: tl.constexpr):
+    """(sequence, keys, first key, end) of query row t's split `split`: row t sees keys
+    0..positions[t] of sequence token_seq[t], read on the device, cut into `num_splits`
+    chunks of whole key tiles (`merge.split_chunk`); empty past the row's length."""
+    seq = tl.load(token_seq + t).to(tl.int64)
+    kv_len = tl.load(positions + t).to(tl.int32) + 1
+    chunk = split_chunk(kv_len, num_splits, BLOCK_N)
+    start = split * chunk
+    return seq, kv_len, start, tl.minimum(start + chunk, kv_len)
 
 
 @triton.jit
@@ -20,4 +37,28 @@ def tile_pages(pt, n0, nn, end, page_size, max_pages, PAGE_TILES: tl.constexpr):
     return tl.load(pt + slot, mask=(n < end) & (slot < max_pages), other=0)
 
 
-__all__ = ["tile_pages"]
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def early_wait(cache, pt, start, end, page_size, max_pages, s_row, hb,
+               ROW_BYTES: tl.constexpr, L2_KEYS: tl.constexpr):
+    """A split launched while the absorb kernel runs (`DecodePlan.early`): the batch's
+    metadata and the old cache rows are ready, its q_lat, q_pe and new rows are not yet. The
+    first head block warms L2 with up to L2_KEYS rows of its chunk (the other head blocks read
+    the same rows), then every program waits for the absorb kernel's end."""
+    if L2_KEYS > 0:
+        if hb == 0:
+            prefetch_rows(cache, pt, start, end, page_size, max_pages, s_row, ROW_BYTES,
+                          L2_KEYS)
+    tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def store_lse(part_lse, base, m, lsum, hm):
+    """A split's log2-sum-exp of its scores, per head; -inf from an empty split, which the
+    merge weighs 0."""
+    safe = tl.where(lsum > 0, lsum, 1.0)
+    tl.store(part_lse + base, tl.where(lsum > 0, m + tl.log2(safe), float("-inf")), mask=hm)
+
+
+__all__ = ["early_wait", "split_keys", "store_lse", "tile_pages"]
