@@ -207,6 +207,35 @@ def test_shard_params_splits_and_checks():
                    mf.make_batch([mf.SeqWork([3, 4], 0, [1])], 4, 2))
 
 
+def test_eight_way_shards_tile_the_whole_model():
+    """Issue 50's split on the CPU (8 ranks, no process group): every leaf of a V3-shaped tiny
+    model (8 heads, 16 experts, q_lora, noaux_tc) is either the same on every rank or cut
+    along one axis into 8 shards that concatenate to it; block-FP8 shards (their scales cut
+    with them) dequantise to the shards of the dequantised model."""
+    from mla_func.params import tensor_leaves
+
+    cfg = CONFIGS["v3-qlora"].with_(num_attention_heads=8, n_routed_experts=16)
+    params = mf.init_params(cfg, seed=4)
+    whole = dict(tensor_leaves(params))
+    shards = [dict(tensor_leaves(shard_params(params, TensorParallel(r, 8)))) for r in range(8)]
+    cut = set()
+    for name, w in whole.items():
+        parts = [s[name] for s in shards]
+        if all(x.shape == w.shape for x in parts):
+            assert all(torch.equal(x, w) for x in parts), name
+            continue
+        axes = [d for d in range(w.dim()) if parts[0].shape[d] * 8 == w.shape[d]]
+        assert any(torch.equal(torch.cat(parts, d), w) for d in axes), name
+        cut.add(name.rsplit(".", 1)[-1])
+    assert cut == {"embed", "lm_head", "w_uk", "w_uv", "o_proj", "q_b_proj", "gate_up", "down"}
+    q = quantize_fp8(params)
+    for rank in range(8):
+        got = tensor_leaves(dequantize_fp8(shard_params(q, TensorParallel(rank, 8))))
+        want = tensor_leaves(shard_params(dequantize_fp8(q), TensorParallel(rank, 8)))
+        assert [n for n, _ in got] == [n for n, _ in want]
+        assert all(torch.equal(x, y) for (_, x), (_, y) in zip(got, want, strict=True)), rank
+
+
 @pytest.mark.parametrize("weights", ["bf16", "fp8"])
 def test_random_shard_is_the_shard_of_the_whole_draw(weights):
     """`random_shard` (each layer drawn, quantised and cut before the next) gives exactly the
