@@ -166,10 +166,12 @@ def test_fp8_backend_matches_torch_backend(long_prompt):
 
 
 @pytest.mark.cuda
-def test_cuda_fp8_decode_v2_lite_sizes():
+@pytest.mark.parametrize("form", ["plan", "f16", "dequantised"])
+def test_cuda_fp8_decode_v2_lite_sizes(form):
     """16 heads, V2-Lite's latent (512 + 64) in bf16 on the GPU: the written rows are
-    `pack_rows`'s, and the FP8 decode (its plan, the Triton kernel) matches the reference
-    on the same cache, and the bf16 cache within LOOSE."""
+    `pack_rows`'s, and the FP8 decode matches the reference on the same cache, and the bf16
+    cache within LOOSE: the plan's (decode_fp8.py in bf16 products at these 4 rows), its
+    float16 products, and the dequantising kernel."""
     dims = {"heads": 16, "nope": 128, "rope": 64, "v": 128, "kv_lora": 512}
     lens = [1, 1000, 4097, 300]
     p = make_problem([n - 1 for n in lens], [1] * len(lens), 64, dims, "cuda",
@@ -183,6 +185,9 @@ def test_cuda_fp8_decode_v2_lite_sizes():
     assert torch.equal(got_cache, want_cache)
     plan = plan_decode(len(lens), p["page_table"].shape[1] * 64, num_sms(torch.device("cuda")),
                        16, page_size=64, fp8=True)
+    assert plan.group_scores and not plan.f16
+    if form != "plan":
+        plan = replace(plan, f16=form == "f16", group_scores=form == "f16")
     got = attend_absorbed(*ref_args(f), fp8_workspace(f, plan.num_splits), plan)
     f32 = {k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v
            for k, v in f.items()}
