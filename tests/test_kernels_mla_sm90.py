@@ -91,8 +91,8 @@ for heads, page, fields, clean, buffers in [
     if plan.shared_p:  # no dot with every warp along its 64 rows: no duplicated score tile
         assert plan.block_n == 64 and warps == {("4", "2")}, warps
 # The FP8 cache (656-byte rows): at 16 heads the plan's decode_fp8.py kernel (32-key tiles in
-# 4 stages, one e4m3 conversion a value pair, no dequantising multiply), at 128 heads the
-# dequantising form of the split kernel (64 heads a program); both spill-free.
+# 3 stages, float16 products at 32 rows: one e4m3 conversion a value pair), at 128 heads the
+# dequantising form of the split kernel (64 heads a program).
 TYPES[torch.uint8] = "*u8"
 for heads, group_scores in ((16, True), (128, False)):
     plan = replace(md.plan_decode(32, 4096, 132, heads, fp8=True), num_splits=4)
