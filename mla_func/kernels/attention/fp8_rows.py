@@ -13,9 +13,10 @@ does not round to nearest even (3.9: float32 -> bf16 truncates, float32 -> e4m3 
 carry into the exponent), so a cast would write other bytes there than on a GPU and in torch;
 rounded first, the casts only carry exact values. Divisions are IEEE (`div_rn`), as torch's.
 
-Tiles are dequantised in registers (e4m3 -> float32, times the row's group scale, -> the
-dtype the dots run in) and then multiplied as a float cache's tiles: the split-KV decode
-(decode.py) keeps one path for both caches. Block-FP8 W_UK / W_UV reach the decode's other
+`load_latent` dequantises a tile in registers (e4m3 -> float32, times the row's group
+scale), which the split-KV decode at 64 heads a program (decode.py) then multiplies as a float
+cache's tiles; at 16 heads decode_fp8.py reads the rows itself, the scales on its scores.
+Block-FP8 W_UK / W_UV reach the decode's other
 launches (absorb.py, merge_uv.py) as e4m3 values and block scales: `weight_args` passes
 them, `weight_scales` loads a tile's scales and `weight_tile` dequantises it
 (`e4m3.dequantize`).
