@@ -3,13 +3,15 @@
 Every script in scripts/ reads its command line before it imports torch or mla_func (seconds
 of imports), so that `--help` and a mistyped option answer at once; the checks that need the
 package (a CUDA device, a size the engine refuses) come after. This module owns what that
-first reading needs: the argparse types (`int_at_least`, `device_name`), the names the
+first reading needs: the argparse types (`int_at_least`, `device_name`), `check_ranks`
+(--tp against the processes torchrun started), the names the
 options take (dtypes, presets, modes), each the package's own table written out here and
 checked against it by tests/test_scripts_help.py, and `cli_words`, which rewrites the
 package's messages (`mode='eager'`) in a script's terms (`--mode eager`).
 """
 
 import argparse
+import os
 import re
 from collections.abc import Callable, Mapping
 
@@ -59,3 +61,12 @@ def cli_words(message: str, parser: argparse.ArgumentParser,
         return f"{flag} {m[2]}" if m[1] else flag
 
     return _ARGUMENT.sub(option, message)
+
+
+def check_ranks(parser: argparse.ArgumentParser, tp: int, command: str) -> None:
+    """`--tp` against the processes torchrun started (its WORLD_SIZE): where they differ, a
+    parser error naming the torchrun line that runs `command` on `tp` processes."""
+    started = os.environ.get("WORLD_SIZE", 1)
+    if tp > 1 and int(started) != tp:
+        parser.error(f"argument --tp: {tp} processes, {started} started; run torchrun "
+                     f"--nproc-per-node {tp} {command} --tp {tp} ...")

@@ -11,14 +11,29 @@ Usage:
 """
 
 import argparse
-import os
 import sys
 import time
 
 try:  # `python -m scripts.generate`, and the tests
-    from scripts.cli import DTYPE_NAMES, MODES, PRESET_NAMES, cli_words, device_name, int_at_least
+    from scripts.cli import (
+        DTYPE_NAMES,
+        MODES,
+        PRESET_NAMES,
+        check_ranks,
+        cli_words,
+        device_name,
+        int_at_least,
+    )
 except ImportError:  # `python scripts/generate.py`: this folder is on the path
-    from cli import DTYPE_NAMES, MODES, PRESET_NAMES, cli_words, device_name, int_at_least
+    from cli import (
+        DTYPE_NAMES,
+        MODES,
+        PRESET_NAMES,
+        check_ranks,
+        cli_words,
+        device_name,
+        int_at_least,
+    )
 
 SHOW_TOKENS = 12  # tokens a printed prompt shows before it counts the rest
 RENAME = {"attention_backend": "backend"}  # package argument -> this script's option
@@ -116,10 +131,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     import torch
 
-    if args.tp > 1 and int(os.environ.get("WORLD_SIZE", 1)) != args.tp:
-        ap.error(f"argument --tp: {args.tp} processes, {os.environ.get('WORLD_SIZE', 1)} "
-                 f"started; run torchrun --nproc-per-node {args.tp} scripts/generate.py "
-                 f"--tp {args.tp} ...")
+    check_ranks(ap, args.tp, "scripts/generate.py")
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     elif args.device.startswith("cuda") and not torch.cuda.is_available():

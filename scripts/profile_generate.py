@@ -19,7 +19,6 @@ need a CUDA GPU.
 
 import argparse
 import cProfile
-import os
 import pstats
 import statistics
 import sys
@@ -27,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from scripts.cli import MODES, PRESET_NAMES, cli_words, device_name, int_at_least
+from scripts.cli import MODES, PRESET_NAMES, check_ranks, cli_words, device_name, int_at_least
 
 if TYPE_CHECKING:  # imported after the command line is read (`--help` at once)
     import mla_func as mf
@@ -123,10 +122,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.max_seq_len is not None and args.max_seq_len < need:
         p.error(f"argument --max-seq-len: {args.max_seq_len} is less than --prompt + --new - 1 "
                 f"= {need}, the cache positions of each request")
-    if args.tp > 1 and int(os.environ.get("WORLD_SIZE", 1)) != args.tp:
-        p.error(f"argument --tp: {args.tp} processes, {os.environ.get('WORLD_SIZE', 1)} "
-                f"started; run torchrun --nproc-per-node {args.tp} -m scripts.profile_generate "
-                f"--tp {args.tp} ...")
+    check_ranks(p, args.tp, "-m scripts.profile_generate")
     return args
 
 

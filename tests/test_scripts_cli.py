@@ -305,3 +305,26 @@ def test_generate_with_fp8_weights_and_cache(capsys):
     assert main(["--preset", "tiny", "--device", "cpu", "--prompts", "2", "--max-new-tokens",
                  "2", "--weights", "fp8", "--kv-dtype", "fp8"]) == 0
     assert "fp8 weights, fp8 cache" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("module, command", [("generate", "scripts/generate.py"),
+                                             ("profile_generate", "-m scripts.profile_generate")])
+@pytest.mark.parametrize("world", [None, "3"])
+def test_tp_without_as_many_processes_names_the_torchrun_line(module, command, world,
+                                                               monkeypatch, capsys):
+    """`--tp 2` where torchrun did not start 2 processes (none, or 3) ends at the command line
+    with the torchrun line that runs the script on 2; a matching WORLD_SIZE
+    passes (`cli.check_ranks`)."""
+    import importlib
+
+    script = importlib.import_module(f"scripts.{module}")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    if world:
+        monkeypatch.setenv("WORLD_SIZE", world)
+    with pytest.raises(SystemExit):
+        script.parse_args(["--tp", "2"])
+    started = world or "1"
+    assert (f"argument --tp: 2 processes, {started} started; run torchrun --nproc-per-node 2 "
+            f"{command} --tp 2 ...") in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert script.parse_args(["--tp", "2"]).tp == 2
