@@ -19,6 +19,7 @@ from mla_func.kernels.moe.fp8_gemm import mma, scale_ptrs
 from mla_func.kernels.moe.gemm import expert_base, k_masks
 from mla_func.kernels.moe.pair_sum import last_sum
 from mla_func.kernels.moe.tile import tail_tile, tile
+from mla_func.kernels.swap_ab import WGMMA_M, acc_rows, acc_zeros
 
 
 @triton.jit
@@ -51,7 +52,9 @@ def _down_tile(
     many rows) on the same weight tiles: returns both. FP8: e4m3 weights with their block
     scales (`q_ptr`: routed [experts, blocks_out, blocks_in], `qs_ptr`: shared slices),
     `act` quantised per row and K step (`fp8_gemm`), or, AQ, given in e4m3 with its scales
-    at as_ptr ([rows, groups]: `act_quant.quant_tokens`, `MoEConfig.quant_act`)."""
+    at as_ptr ([rows, groups]: `act_quant.quant_tokens`, `MoEConfig.quant_act`). SWAP: FP8
+    tiles of fewer rows than a warp-group MMA multiply as w act^T (`kernels.swap_ab`)."""
+    SWAP: tl.constexpr = FP8 and BLOCK_M < WGMMA_M and BLOCK_N >= WGMMA_M
     offs_n = n0 + tl.arange(0, BLOCK_N)
     base = expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
     stride_n = tl.where(e >= n_routed, stride_sn, stride_wn)
@@ -62,7 +65,7 @@ def _down_tile(
     if TAIL:
         t_rows = (act_row0 + BLOCK_M + tl.arange(0, BLOCK_M // 2)).to(tl.int64)
         t_ptrs = act_ptr + t_rows[:, None] * n_inter + offs_k[None, :]
-        acc_t = tl.zeros((BLOCK_M // 2, BLOCK_N), dtype=tl.float32)
+        acc_t = acc_zeros(BLOCK_M // 2, BLOCK_N, SWAP)
     if TMA:  # rows of the [experts * hidden, moe_inter] view, and of `act`
         row_w = e * n_hidden + n0
     if FP8:  # the rows' weight scales at K block 0 (the next K blocks follow)
@@ -72,7 +75,7 @@ def _down_tile(
             as_ptrs = as_ptr + act_rows * tl.cdiv(n_inter, BLOCK_K)
             if TAIL:
                 as_t_ptrs = as_ptr + t_rows * tl.cdiv(n_inter, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = acc_zeros(BLOCK_M, BLOCK_N, SWAP)
     for k in range(0, n_inter, BLOCK_K):
         if TMA:
             a = act_desc.load([act_row0, k])
@@ -98,16 +101,16 @@ def _down_tile(
                 if TAIL:
                     a_t, a_ts = quant_rows(a_t, ROUND)
             b_s = tl.load(q_ptrs + k // BLOCK_K, mask=n_ok, other=0.0)
-        acc = mma(a, b, acc, a_s, b_s, PRECISION, FP8)
+        acc = mma(a, b, acc, a_s, b_s, PRECISION, FP8, SWAP)
         if TAIL:
-            acc_t = mma(a_t, b, acc_t, a_ts, b_s, PRECISION, FP8)
+            acc_t = mma(a_t, b, acc_t, a_ts, b_s, PRECISION, FP8, SWAP)
             t_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     if TAIL:
-        return acc, acc_t
+        return acc_rows(acc, SWAP), acc_rows(acc_t, SWAP)
     else:
-        return acc
+        return acc_rows(acc, SWAP)
 
 
 @triton.jit

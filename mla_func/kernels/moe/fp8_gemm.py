@@ -7,10 +7,8 @@ fp32 result is scaled by the row's activation scale times the columns' weight sc
 added to an fp32 accumulator (`mma`; within a K step the tensor cores' own accumulation, as
 DeepSeek's promotion to fp32 every 128 columns).
 
-Here the activations are quantised inside the K loop, from the rows the bf16 kernels load (x
-gathered by pair, `act` in the down GEMM), so the layouts, the tiles, the epilogues and the
-launches stay the bf16 kernels'. A weight scale is loaded per output column (its row block),
-so the block rows may be any size (a grid cut finer by heads or tensor-parallel slices).
+Few-row tiles (the decode rows, block_m 16) multiply swapped, w x^T (`mma`'s SWAP,
+`kernels.swap_ab`): the e4m3 bytes then reach the tensor cores unconverted.
 
 The cast to e4m3 rounds to nearest even on a GPU. Triton's interpreter (3.9) does not: its
 float-to-fp8 conversion drops the carry of a mantissa that rounds up into the exponent (7.9
@@ -51,10 +49,14 @@ def scale_ptrs(q_ptr, qs_ptr, e, n_routed, offs_n, stride_qe, stride_qn, stride_
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def mma(a, b, acc, a_s, b_s, PRECISION: tl.constexpr, FP8: tl.constexpr):
+def mma(a, b, acc, a_s, b_s, PRECISION: tl.constexpr, FP8: tl.constexpr,
+        SWAP: tl.constexpr = False):
     """acc + a b: with FP8 one K step of e4m3 tiles, its fp32 product scaled per row (a_s)
-    and per column (b_s) before it is added."""
-    if FP8:
+    and per column (b_s) before it is added; SWAP: acc and the product [columns, rows]
+    (b^T a^T, `kernels.swap_ab`), the same scales."""
+    if SWAP:
+        acc += tl.dot(tl.trans(b), tl.trans(a)) * (a_s[None, :] * b_s[:, None])
+    elif FP8:
         acc += tl.dot(a, b) * (a_s[:, None] * b_s[None, :])
     else:
         acc = tl.dot(a, b, acc, input_precision=PRECISION)

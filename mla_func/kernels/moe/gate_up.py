@@ -17,6 +17,7 @@ from mla_func.kernels.moe.fp8_gemm import mma, scale_ptrs
 from mla_func.kernels.moe.gemm import expert_base, k_masks
 from mla_func.kernels.moe.inline_align import inline_tile
 from mla_func.kernels.moe.tile import is_shared_tile, tail_tile, tile
+from mla_func.kernels.swap_ab import WGMMA_M, acc_rows, acc_zeros
 
 
 @triton.jit
@@ -46,7 +47,10 @@ def _gate_up_rows(
     product on the same weight tiles of every K step. FP8: e4m3 weights, their block scales
     at `q_ptr` (routed, [experts, 2, blocks_out, blocks_in]) and `qs_ptr` (shared slices),
     `blk_n` / `s_blk_n` rows a block; x quantised per row and K step (`fp8_gemm`), or, XQ,
-    given quantised (e4m3 at x_ptr, its scales at xs_ptr: `act_quant.quant_tokens`)."""
+    given quantised (e4m3 at x_ptr, its scales at xs_ptr: `act_quant.quant_tokens`). SWAP:
+    pointer-loaded FP8 tiles of fewer rows than a warp-group MMA multiply as w x^T
+    (`kernels.swap_ab`)."""
+    SWAP: tl.constexpr = FP8 and not TMA and BM < WGMMA_M and BLOCK_N >= WGMMA_M
     shared = e >= n_routed
     base = expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
     stride_g = tl.where(shared, stride_sg, stride_wg)
@@ -79,12 +83,12 @@ def _gate_up_rows(
         acc = tl.zeros((BM, 2 * BLOCK_N), dtype=tl.float32)  # twice the width)
         if TAIL:
             acc_t = tl.zeros((BM // 2, 2 * BLOCK_N), dtype=tl.float32)
-    else:
-        acc_g = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
+    else:  # SWAP (`kernels.swap_ab`): the accumulators [BLOCK_N, rows], transposed after the loop
+        acc_g = acc_zeros(BM, BLOCK_N, SWAP)
+        acc_u = acc_zeros(BM, BLOCK_N, SWAP)
         if TAIL:
-            acc_tg = tl.zeros((BM // 2, BLOCK_N), dtype=tl.float32)
-            acc_tu = tl.zeros((BM // 2, BLOCK_N), dtype=tl.float32)
+            acc_tg = acc_zeros(BM // 2, BLOCK_N, SWAP)
+            acc_tu = acc_zeros(BM // 2, BLOCK_N, SWAP)
     for k in range(0, n_hidden, BLOCK_K):
         k_ok = offs_k + k < n_hidden
         a_mask, b_mask = k_masks(row_ok, n_ok, k_ok, EVEN_K)
@@ -118,11 +122,11 @@ def _gate_up_rows(
             if FP8:
                 gs = tl.load(qg_ptrs + k // BLOCK_K, mask=q_ok, other=0.0)
                 us = tl.load(qu_ptrs + k // BLOCK_K, mask=q_ok, other=0.0)
-            acc_g = mma(a, g, acc_g, a_s, gs, PRECISION, FP8)
-            acc_u = mma(a, u, acc_u, a_s, us, PRECISION, FP8)
+            acc_g = mma(a, g, acc_g, a_s, gs, PRECISION, FP8, SWAP)
+            acc_u = mma(a, u, acc_u, a_s, us, PRECISION, FP8, SWAP)
             if TAIL:
-                acc_tg = mma(a_t, g, acc_tg, a_ts, gs, PRECISION, FP8)
-                acc_tu = mma(a_t, u, acc_tu, a_ts, us, PRECISION, FP8)
+                acc_tg = mma(a_t, g, acc_tg, a_ts, gs, PRECISION, FP8, SWAP)
+                acc_tu = mma(a_t, u, acc_tu, a_ts, us, PRECISION, FP8, SWAP)
         a_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
@@ -131,6 +135,10 @@ def _gate_up_rows(
         if TAIL:
             acc_tg, acc_tu = tl.split(tl.permute(acc_t.reshape(BM // 2, 2, BLOCK_N),
                                                  (0, 2, 1)))
+    else:
+        acc_g, acc_u = acc_rows(acc_g, SWAP), acc_rows(acc_u, SWAP)
+        if TAIL:
+            acc_tg, acc_tu = acc_rows(acc_tg, SWAP), acc_rows(acc_tu, SWAP)
     act = acc_g * tl.sigmoid(acc_g) * acc_u
     if TAIL:
         act_t = acc_tg * tl.sigmoid(acc_tg) * acc_tu
