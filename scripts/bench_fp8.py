@@ -6,8 +6,9 @@ over the time (`GBps`: e4m3 data and float32 scales; bf16: two bytes an element)
 device-to-device copy bandwidth measured in the same run (`pct_copy`, docs/PERF.md
 "Conventions"; the read-only rate beside it). Times are medians of `triton.testing.do_bench`
 over CUDA-graph replays (`bench_kernels_timing.bench_us`: L2 flushed before every replay, so
-the weight comes from memory). `launch` is `fp8_tiles`' choice for the shape (`--sweep`: then
-other launches, `SWEEP`); `err` the kernel against `fp8.linear_reference` (max abs / max abs).
+the weight comes from memory). `launch` is `fp8_tiles`' choice for the shape (`--sweep`: then other
+launches, `SWEEP`); `err` the
+kernel against `fp8.linear_reference` (max abs / max abs).
 
 Default shapes (N outputs x K inputs): V2-Lite's o_proj (2048x2048), query (3072x2048) and
 kv_a (576x2048) projections, and V3's dense MLP down projection (7168x18432).
@@ -57,12 +58,8 @@ def weight_bytes(w: Fp8Weight) -> int:
     return w.data.numel() + 4 * w.scales.numel()
 
 
-# Launches `--sweep` tries beside the default: (column tile, grid target, warps), each at the
-# default's rows a tile, and at one row also at ONE_ROW_TILES (a one-row tile multiplies on
-# the CUDA cores, a 16-row one, 15 rows masked, on the tensor cores swapped: `swap_ab`).
-SWEEP = [(bn, programs, warps) for bn in (64, 128) for programs in (128, 256, 512)
-         for warps in (4, 8)]
-ONE_ROW_TILES = (1, 16)
+# Launches `--sweep` tries beside the default: (column tile, grid target, warps).
+SWEEP = [(bn, programs, warps) for bn in (64, 128) for programs in (128, 512) for warps in (4, 8)]
 
 
 def label(t: Fp8Tiles) -> str:
@@ -70,15 +67,13 @@ def label(t: Fp8Tiles) -> str:
 
 
 def launches(rows: int, n: int, k: int, sweep: bool) -> list[Fp8Tiles]:
-    """`fp8_tiles`' launch, and with `sweep` its variants of SWEEP (each once)."""
+    """`fp8_tiles`' launch, and with `sweep` its variants of SWEEP."""
     base = fp8_tiles(rows, n, k)
     if not sweep:
         return [base]
-    tiles = ONE_ROW_TILES if rows == 1 else (base.block_m,)
-    return list(dict.fromkeys(
-        [base] + [replace(base, block_m=m, block_n=bn, num_warps=warps,
-                          split=k_split(rows, n, k, m, bn, programs))
-                  for m in tiles for bn, programs, warps in SWEEP]))
+    return [base] + [replace(base, block_n=bn, num_warps=warps,
+                             split=k_split(rows, n, k, base.block_m, bn, programs))
+                     for bn, programs, warps in SWEEP]
 
 
 def case(n: int, k: int, rows: int, copy_gbs: float, sweep: bool = False,

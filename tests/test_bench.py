@@ -487,16 +487,3 @@ def test_decode_sweep_axes_only_build_plans_the_decode_takes():
     # a bf16 cache's sweep never sets the FP8 kernels' fields
     assert not any("group_scores" in f or "f16" in f for axis in sweep_axes(16, 2, 4096)
                    for f in axis)
-
-
-def test_fp8_sweep_launches_each_variant_once_and_both_one_row_tiles():
-    """`bench fp8 --sweep`: the default launch first, no launch twice, and at one row both the
-    CUDA-core tile and the swapped 16-row one."""
-    from mla_func.kernels.linear.fp8_tiles import fp8_tiles
-    from scripts.bench_fp8 import launches
-
-    for rows in (1, 8, 128):
-        got = launches(rows, 7168, 18432, sweep=True)
-        assert got[0] == fp8_tiles(rows, 7168, 18432) and len(set(got)) == len(got) > 1
-        assert launches(rows, 7168, 18432, sweep=False) == got[:1]
-        assert {t.block_m for t in got} == ({1, 16} if rows == 1 else {got[0].block_m})

@@ -1,15 +1,14 @@
-"""Ahead-of-time sm90 compiles (no GPU needed) of the block-FP8 GEMMs' few-row tiles: the
-swapped product (`kernels.swap_ab`) is an e4m3 warp-group MMA fed from shared memory, with
-no e4m3 conversion in the kernel, where the unswapped order (a 16-row tile on M) converts
-every weight to float16 for the warp-level MMA; at the token counts of V2-Lite's decode
-rows (the experts' 1- and 128-token rows, the projections at 1 and 8 rows)."""
+"""Ahead-of-time sm90 compiles (no GPU needed) of the block-FP8 expert GEMMs' 16-row tiles:
+the swapped product (`kernels.swap_ab`) is an e4m3 warp-group MMA fed from shared memory,
+with no e4m3 conversion in the kernel, where the unswapped order (a weight tile under the
+warp-group MMA's 64 rows) converts every weight to float16 for the warp-level MMA; at the
+FP8 table's 1- and 128-token rows."""
 
 from sm90_ptxas import run_compile_script
 
 _SCRIPT = r"""
 import triton
 from triton.backends.compiler import GPUTarget
-from mla_func.kernels.linear.fp8_linear import _fp8_gemm_kernel
 from mla_func.kernels.moe.config import pick_config
 from mla_func.kernels.moe.down import down_kernel
 from mla_func.kernels.moe.gate_up import gate_up_kernel
@@ -50,13 +49,6 @@ for tokens, swap in ((1, True), (128, True), (1, False)):
             types["act_ptr"] = "*fp8e4nv" if cfg.quant_act else "*bf16"
         cases.append((f"{fn.__name__} {tokens} tokens", swap,
                       compile_ir(fn, const, types, warps, stages)))
-lin = dict(w_ptr="*fp8e4nv", ws_ptr="*fp32", xs_ptr="*fp32", part_ptr="*fp32",
-           cnt_ptr="*i32", eps="fp32", x_ptr="*bf16")
-for bn, warps, norm in ((128, 8, False), (128, 4, True), (32, 4, False)):
-    const = dict(ROWS=16, BLOCK_N=bn, BK=128, SUB=1, SPLIT=4, DOT=True, QUANT=True, NORM=norm,
-                 NORM_BLOCK=512 if norm else 1)
-    cases.append((f"fp8_linear 16 x {bn} norm={norm}", bn >= 64,
-                   compile_ir(_fp8_gemm_kernel, const, lin, warps, 3)))
 bad = []
 for name, swap, (ttgir, ptx) in cases:
     wgmma = "warp_group_dot " in ttgir and "wgmma.mma_async.sync.aligned" in ptx

@@ -25,10 +25,8 @@ dtype, so no norm launch runs before it (the bf16 path's one-row kernel does the
 One kernel runs every launch (`fp8_tiles` chooses it): a program computes ROWS x BLOCK_N
 outputs over a slice of K (`split` slices), so that even a one-row product, which only
 streams its weight, keeps every SM busy with several programs' wide weight tiles. One
-row multiplies on the CUDA cores (float32 products of e4m3 values are exact) where its tile is
-one row; tiles of more rows take an e4m3 `tl.dot`, swapped (w x^T: `kernels.swap_ab`) where
-they are fewer than a warp-group MMA's rows, so that the e4m3 bytes reach the tensor cores
-unconverted. Where the activations are quantised is the launch's `quant`: at a few rows
+row multiplies on the CUDA cores (float32 products of e4m3 values are exact); more rows take
+an e4m3 `tl.dot`. Where the activations are quantised is the launch's `quant`: at a few rows
 each program quantises its own slice of x ("inline", one launch), at many rows
 `act_quant.quant_tokens` quantises x once first ("apart": inline, every column tile would
 redo it). Either way the scales and values are the same.
@@ -62,10 +60,8 @@ from mla_func.kernels.launch.runtime import call_counters, op_counters
 from mla_func.kernels.linear.fp8_tiles import GROUP, Fp8Tiles, fp8_tiles
 from mla_func.kernels.linear.norm import rms_scaled
 from mla_func.kernels.plan import norm_linear_normalises as normalises
-from mla_func.kernels.swap_ab import WGMMA_M, acc_rows, acc_zeros
 
 MIN_BLOCK_COLS = 32  # the e4m3 MMA's K
-NORM_TILE = 8192  # elements of h a program holds at once to sum squares (NORM)
 
 
 @triton.jit
@@ -96,27 +92,22 @@ def _fp8_gemm_kernel(
     `program_id(1)` (`steps` groups of SUB x BK columns), summed over the slices by the last
     to arrive. QUANT: x is the activations, quantised here; else x is their e4m3 values and
     xs their scales (`quantize_rows`). NORM (with QUANT): the activations are rmsnorm(h) *
-    nw in x's dtype, made here from h's rows (row stride sx, their squares summed NORM_BLOCK
-    columns at a time); x unread."""
+    nw in x's dtype, made here from h's rows (row stride sx, NORM_BLOCK >= n_in); x unread."""
     tile, split, block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     m = block * ROWS + tl.arange(0, ROWS)
     n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok, n_ok = m < n_rows, n < n_out
     m64, n64 = m.to(tl.int64), n.to(tl.int64)
     sum_sq = None
-    if NORM:  # the rows' sums of squares, over all of each row, NORM_BLOCK columns a step
-        sum_sq = tl.zeros([ROWS], dtype=tl.float32)
-        for c0 in range(0, n_in, NORM_BLOCK):
-            c = c0 + tl.arange(0, NORM_BLOCK)
-            hr = tl.load(h_ptr + m64[:, None] * sx + c[None, :],
-                         mask=m_ok[:, None] & (c < n_in)[None, :], other=0.0).to(tl.float32)
-            sum_sq += tl.sum(hr * hr, axis=1)
-        sum_sq = sum_sq[:, None]
+    if NORM:  # the rows' sums of squares, over all of each row
+        c = tl.arange(0, NORM_BLOCK)
+        hr = tl.load(h_ptr + m64[:, None] * sx + c[None, :],
+                     mask=m_ok[:, None] & (c < n_in)[None, :], other=0.0).to(tl.float32)
+        sum_sq = tl.sum(hr * hr, axis=1)[:, None]
     # Each output row's scale row: its matrix's first, then its row block.
     s_row = (n // rows_per_stack) * blocks_out + (n % rows_per_stack) // block_rows
     kk = tl.arange(0, BK)
-    SWAP: tl.constexpr = DOT and ROWS < WGMMA_M and BLOCK_N >= WGMMA_M  # `swap_ab`
-    acc = acc_zeros(ROWS, BLOCK_N, SWAP)
+    acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     k_lo = split * steps * (SUB * BK)
     k_hi = tl.minimum(n_in, k_lo + steps * (SUB * BK))
     for k0 in range(k_lo, k_hi, SUB * BK):
@@ -143,16 +134,12 @@ def _fp8_gemm_kernel(
                          mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             ws = tl.load(ws_ptr + s_row * blocks_in + (k0 + j * BK) // block_cols, mask=n_ok,
                          other=0.0)
-            if SWAP:  # [BLOCK_N, ROWS]: the weight's rows on the MMA's M
-                acc += tl.dot(wq, tl.trans(xq)) * xs[None, :] * ws[:, None]
-            else:
-                if DOT:
-                    prod = tl.dot(xq, tl.trans(wq))
-                else:  # one row: float32 products on the CUDA cores (exact), summed along K
-                    x1 = tl.reshape(xq.to(tl.float32), [BK])
-                    prod = tl.sum(wq.to(tl.float32) * x1[None, :], axis=1)[None, :]
-                acc += prod * xs[:, None] * ws[None, :]
-    acc = acc_rows(acc, SWAP)
+            if DOT:
+                prod = tl.dot(xq, tl.trans(wq))
+            else:  # one row: float32 products on the CUDA cores (exact), summed along K
+                x1 = tl.reshape(xq.to(tl.float32), [BK])
+                prod = tl.sum(wq.to(tl.float32) * x1[None, :], axis=1)[None, :]
+            acc += prod * xs[:, None] * ws[None, :]
     y_ptrs = y_ptr + m64[:, None] * n_out + n64[None, :]
     mn_ok = m_ok[:, None] & n_ok[None, :]
     if SPLIT == 1:
@@ -210,13 +197,11 @@ def run(x: Float[Tensor, "tokens width_in"], data: Tensor, scales: Tensor,
     kw: dict = {}
     if norm is not None:
         h, weight, eps = norm
-        if rows != 1 or tiles.quant != "inline" or h.shape != x.shape:
+        if tiles.block_m != 1 or tiles.quant != "inline" or h.shape != x.shape:
             raise ValueError(f"the FP8 GEMM normalises its rows itself in one-row launches "
                              f"only: {tiles}, h {tuple(h.shape)}, x {tuple(x.shape)}")
-        # A one-row tile sums a row's squares at once; a 16-row one (15 rows masked) in
-        # steps of NORM_TILE elements.
         kw = dict(h_ptr=h.contiguous(), nw_ptr=weight, eps=eps, NORM=True,
-                  NORM_BLOCK=min(triton.next_power_of_2(n_in), NORM_TILE // tiles.block_m))
+                  NORM_BLOCK=triton.next_power_of_2(n_in))
     elif x.stride(-1) != 1:
         x = x.contiguous()
     y = torch.empty(rows, n_out, dtype=x.dtype, device=x.device)
