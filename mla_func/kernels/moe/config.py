@@ -127,18 +127,18 @@ FUSE_SHARED_MAX_TOKENS = 512
 FP8_BLOCK_K = 128
 _K = FP8_BLOCK_K
 FP8_CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
-    (1, MoEConfig(16, (64, _K, 8, 3), (128, _K, 8, 3), direct=True, pdl=True, last_sum=True)),
+    (1, MoEConfig(16, (128, _K, 4, 4), (128, _K, 8, 3), direct=True, pdl=True, last_sum=True)),
     (2, MoEConfig(16, (32, _K, 4, 4), (128, _K, 4, 3), direct=True, pdl=True)),
     (3, MoEConfig(16, (32, _K, 4, 4), (64, _K, 4, 4), direct=True, pdl=True)),
     (4, MoEConfig(16, (32, _K, 4, 4), (128, _K, 4, 4), direct=True, pdl=True)),
-    (8, MoEConfig(16, (128, _K, 4, 4), (128, _K, 8, 3), pdl=True, inline_align=True,
+    (8, MoEConfig(16, (64, _K, 4, 3), (128, _K, 8, 3), pdl=True, inline_align=True,
                   quant_x=True)),
     (16, MoEConfig(16, (64, _K, 4, 3), (128, _K, 8, 3), pdl=True, inline_align=True,
                    quant_x=True)),
-    (64, MoEConfig(16, (128, _K, 4, 4), (128, _K, 4, 4), pdl=True, inline_align=True,
+    (64, MoEConfig(16, (128, _K, 8, 3), (128, _K, 4, 4), pdl=True, inline_align=True,
                    quant_act=True)),
-    (128, MoEConfig(16, (256, _K, 8, 3), (128, _K, 4, 4), pdl=True, inline_align=True,
-                    quant_act=True)),
+    (128, MoEConfig(16, (128, _K, 8, 3), (64, _K, 4, 3), pdl=True, inline_align=True,
+                    quant_x=True, quant_act=True)),
     (256, MoEConfig(64, (64, _K, 8, 3), (64, _K, 4, 2), pdl=True, quant_x=True)),
     (512, MoEConfig(64, (64, _K, 8, 4), (128, _K, 8, 4), pdl=True, quant_x=True)),
     (1024, MoEConfig(64, (128, _K, 8, 3), (256, _K, 8, 3), pdl=True, tma=True, quant_x=True,
