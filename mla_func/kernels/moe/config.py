@@ -116,21 +116,21 @@ FUSE_SHARED_MAX_TOKENS = 512
 # (DeepSeek's 128 columns), quantised in registers and its product scaled before it is added,
 # so a program holds more than the bf16 form: the bf16 rows' tiles spill. These rows are the
 # bf16 rows with BLOCK_K = 128, changed until ptxas reported no spill for sm90 (Triton 3.9,
-# ahead-of-time: `tests/test_moe_fp8.py`): 4 warps where a 16-row tile had 2, 8 warps for the
-# 64-row tiles' gate_up, and from 1024 tokens 64-row tiles (the 128-row ones spilled at every
-# N-tile but 32). The rows of 1, 5-8, 9-16, 17-64, 65-128 tokens and the last are then the
-# best of `bench moe --weights fp8 --sweep` on an H200 (2026-11-28, a layer at 1 / 8 / 16 /
-# 64 / 128 / 4096 tokens: 43.8 -> 39.7, 150 -> 112, 174 -> 147, 244 -> 175, 358 -> 219 ->
-# 208 and 3433 -> 2406 -> 1887 us); the 2-4, 129-1024 and 1025-3584-token rows are not
-# timed (docs/DECISIONS.md, `moe.config.FP8_CONFIGS`). `quant_x` (x quantised once) is on
-# where a sweep chose it and from 256 tokens, `quant_act` where a sweep chose it.
+# ahead-of-time: `tests/test_moe_fp8.py`), then swept (`bench moe --weights fp8 --sweep`, an
+# H200, 2026-11-28): the last row (4096 tokens: 3433 -> 2406 -> 1887 us a layer) before the
+# 16-row tiles multiplied swapped (`kernels.swap_ab`), the rows of 1-128 tokens after it,
+# where 64-256-column tiles feed the e4m3 warp-group MMA (a layer at 1 / 2 / 4 / 8 / 64 / 128
+# tokens: 38.5 -> 35.9, 52.3 -> 47.5, 90.6 -> 73.6, 113 -> 102, 187 -> 159, 186 -> 173 us;
+# 3 tokens take 2 and 4's tiles untimed; 16 and 32 tokens within 2% of their rows, kept).
+# The 129-1024- and 1025-3584-token rows are not timed (docs/DECISIONS.md, `moe.config.FP8_CONFIGS`). `quant_x` (x quantised once)
+# is on where a sweep chose it and from 256 tokens, `quant_act` where a sweep chose it.
 FP8_BLOCK_K = 128
 _K = FP8_BLOCK_K
 FP8_CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(16, (128, _K, 4, 4), (128, _K, 8, 3), direct=True, pdl=True, last_sum=True)),
-    (2, MoEConfig(16, (32, _K, 4, 4), (128, _K, 4, 3), direct=True, pdl=True)),
-    (3, MoEConfig(16, (32, _K, 4, 4), (64, _K, 4, 4), direct=True, pdl=True)),
-    (4, MoEConfig(16, (32, _K, 4, 4), (128, _K, 4, 4), direct=True, pdl=True)),
+    (2, MoEConfig(16, (64, _K, 4, 3), (256, _K, 8, 3), direct=True, pdl=True)),
+    (3, MoEConfig(16, (64, _K, 4, 3), (256, _K, 8, 3), direct=True, pdl=True)),
+    (4, MoEConfig(16, (64, _K, 4, 3), (256, _K, 8, 3), direct=True, pdl=True)),
     (8, MoEConfig(16, (64, _K, 4, 3), (128, _K, 8, 3), pdl=True, inline_align=True,
                   quant_x=True)),
     (16, MoEConfig(16, (64, _K, 4, 3), (128, _K, 8, 3), pdl=True, inline_align=True,
