@@ -13,6 +13,8 @@ the entry points the layers above call; nothing here imports a sibling package's
   `norm_linear`) that fuse the residual add and RMSNorm or load their weights before the wait.
 - `collective`: kernels that read other GPUs' memory (tensor parallel): signal-pad barriers
   and a sub-layer's sum over ranks with its residual add and norm in one launch.
+- `e4m3`, `act_quant`, `swap_ab` (modules): what the FP8 kernels share: rounding to e4m3,
+  activations quantised per token group, few-row e4m3 products swapped onto the warp-group MMA.
 - `launch`: programmatic dependent launch (`pdl`), arrival counters (`counters`), bulk L2
   prefetches (`l2_prefetch`), and the `Runtime` a state owns (`runtime`).
 - `plan`: one plan decides: `KernelOptions`, and `plan_step`, every kernel choice of a step

@@ -122,8 +122,9 @@ FUSE_SHARED_MAX_TOKENS = 512
 # where 64-256-column tiles feed the e4m3 warp-group MMA (a layer at 1 / 2 / 4 / 8 / 64 / 128
 # tokens: 38.5 -> 35.9, 52.3 -> 47.5, 90.6 -> 73.6, 113 -> 102, 187 -> 159, 186 -> 173 us;
 # 3 tokens take 2 and 4's tiles untimed; 16 and 32 tokens within 2% of their rows, kept).
-# The 129-1024- and 1025-3584-token rows are not timed (docs/DECISIONS.md, `moe.config.FP8_CONFIGS`). `quant_x` (x quantised once)
-# is on where a sweep chose it and from 256 tokens, `quant_act` where a sweep chose it.
+# The 129-1024- and 1025-3584-token rows are not timed (docs/DECISIONS.md,
+# `moe.config.FP8_CONFIGS`). `quant_x` (x quantised once) is on where a sweep chose it and
+# from 256 tokens, `quant_act` where a sweep chose it.
 FP8_BLOCK_K = 128
 _K = FP8_BLOCK_K
 FP8_CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
