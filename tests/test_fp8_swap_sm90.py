@@ -17,8 +17,7 @@ def compile_ir(fn, const, types, warps, stages):
     sig = {n: "constexpr" if n in const else types.get(n, "*bf16" if n.endswith("_ptr")
            else "i32") for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-             if sig[n][0] == "*" or n.startswith(("stride", "n_inter", "n_hidden", "n_in",
-                                                   "n_out", "sx"))}
+             if sig[n][0] == "*" or n.startswith(("stride", "n_inter", "n_hidden"))}
     k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const,
                                                  attrs=attrs),
                        target=GPUTarget("cuda", 90, 32),

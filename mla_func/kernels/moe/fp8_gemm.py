@@ -7,6 +7,10 @@ fp32 result is scaled by the row's activation scale times the columns' weight sc
 added to an fp32 accumulator (`mma`; within a K step the tensor cores' own accumulation, as
 DeepSeek's promotion to fp32 every 128 columns).
 
+Here the activations are quantised inside the K loop, from the rows the bf16 kernels load (x
+gathered by pair, `act` in the down GEMM), so the layouts, the tiles, the epilogues and the
+launches stay the bf16 kernels'. A weight scale is loaded per output column (its row block),
+so the block rows may be any size (a grid cut finer by heads or tensor-parallel slices).
 Few-row tiles (the decode rows, block_m 16) multiply swapped, w x^T (`mma`'s SWAP,
 `kernels.swap_ab`): the e4m3 bytes then reach the tensor cores unconverted.
 
