@@ -172,7 +172,8 @@ def load_hf(
     default) gives every weight in `dtype`, block-FP8 ones dequantised; "fp8" keeps the
     projections (all but the router, the embedding and lm_head) in block FP8 as stored, scales
     and all (`fp8.Fp8Weight`, `checkpoint_fp8`; a matrix stored in a float dtype is quantized
-    on the checkpoint's block grid, 128 x 128 without a quantization_config)."""
+    on the checkpoint's block grid, 128 x 128 without a quantization_config), but for
+    kv_b_proj's W_UK / W_UV: in `dtype`, dequantised (`fp8_params.ABSORBED`)."""
     if weights not in ("bf16", "fp8"):
         raise ValueError(f"load_hf's weights must be 'bf16' or 'fp8'; got {weights!r}")
     dtype = resolve_dtype(dtype, "load_hf's dtype")
@@ -266,22 +267,27 @@ def _build(cfg: MLAConfig, reader: Reader, device: torch.device, dtype: torch.dt
         return Attention(
             kv_a_norm=get(a + "kv_a_layernorm.weight"),
             q_a_norm=get(a + "q_a_layernorm.weight") if lora else None,
+            **absorbed(a),
             **(attention_fields(reader, a, c, tp, device) if fp8 else projections(a)))
 
-    def projections(a: str) -> dict[str, Tensor | None]:
-        nope, v, qk = c.qk_nope_head_dim, c.v_head_dim, c.qk_head_dim
+    def per_head(width: int) -> slice:
         mine = tp.part(c.num_attention_heads)  # this rank's heads' rows or columns
+        return slice(mine.start * width, mine.stop * width)
 
-        def per_head(width: int) -> slice:
-            return slice(mine.start * width, mine.stop * width)
-
+    def absorbed(a: str) -> dict[str, Tensor]:
+        """W_UK / W_UV from kv_b_proj, in `dtype` whatever the `weights` (dequantised where
+        stored in FP8: `fp8_params.ABSORBED`)."""
+        nope, v = c.qk_nope_head_dim, c.v_head_dim
         kv_b = get(a + "kv_b_proj.weight", per_head(nope + v)).view(heads, nope + v, -1)
+        return dict(w_uk=kv_b[:, :nope].contiguous(), w_uv=kv_b[:, nope:].contiguous())
+
+    def projections(a: str) -> dict[str, Tensor | None]:
+        v, qk = c.v_head_dim, c.qk_head_dim
         lora = c.q_lora_rank is not None
         q = (get(a + "q_a_proj.weight") if lora
              else rope_rows(get(a + "q_proj.weight", per_head(qk)), heads))
         kv_a = rope_rows(get(a + "kv_a_proj_with_mqa.weight"), 1)
         return dict(
-            w_uk=kv_b[:, :nope].contiguous(), w_uv=kv_b[:, nope:].contiguous(),
             qkv_a_proj=torch.cat((q, kv_a)),
             o_proj=get(a + "o_proj.weight", None, per_head(v)).view(c.hidden_size, heads, v),
             q_b_proj=rope_rows(get(a + "q_b_proj.weight", per_head(qk)), heads).view(

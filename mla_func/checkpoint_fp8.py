@@ -2,8 +2,10 @@
 
 DeepSeek-V3's checkpoints hold each linear layer as an HF matrix `[out, in]` in e4m3 with a
 `weight_scale_inv` per 128 x 128 block. Params' layout (`params.py`) cuts and stacks those
-matrices: W_UK / W_UV per head from `kv_b_proj`, `qkv_a_proj` from two matrices, gate over up,
-experts stacked, and a tensor-parallel rank's slice of each. Here each of those fields is
+matrices: `qkv_a_proj` from two matrices, gate over up, experts stacked, and a tensor-parallel
+rank's slice of each. `kv_b_proj` is not among them: params hold its W_UK / W_UV, the absorbed
+attention weights, in the float dtype (`fp8_params.ABSORBED`; `checkpoint._build` reads them
+dequantised). Here each of those fields is
 built from a *source* of HF matrices, as (e4m3 data, per-element scale) pairs cut exactly as
 `checkpoint._build` cuts the float weights, then packed (`fp8.pack`) on the grid the cuts
 allow: the checkpoint's block, or its largest divisor that every cut lands on. Nothing is
@@ -47,21 +49,16 @@ def _rope_rows(src: Any, pair: Pair, heads: int, cfg: MLAConfig) -> Pair:
 
 def attention_fields(src: Any, a: str, cfg: MLAConfig, tp: TensorParallel,
                      device: torch.device) -> dict[str, Fp8Weight | None]:
-    """`Attention`'s projections under the key prefix `a`, this rank's heads."""
+    """`Attention`'s block-FP8 projections under the key prefix `a`, this rank's heads (all
+    but W_UK / W_UV: the module docstring)."""
     c, (bo, bi) = cfg, src.block
-    nope, v, qk = c.qk_nope_head_dim, c.v_head_dim, c.qk_head_dim
+    v, qk = c.v_head_dim, c.qk_head_dim
     mine = tp.part(c.num_attention_heads)
     heads = mine.stop - mine.start
 
     def per_head(width: int) -> slice:
         return slice(mine.start * width, mine.stop * width)
 
-    data, full = src.pair(a + "kv_b_proj.weight", per_head(nope + v))
-    data, full = data.view(heads, nope + v, -1), full.view(heads, nope + v, -1)
-    per_head_grid = (math.gcd(bo, nope, v), bi)  # each head's W_UK and W_UV rows apart
-    kv_lora = data.shape[-1]
-    w_uk = pack(data[:, :nope], full[:, :nope], per_head_grid, (heads, nope, kv_lora))
-    w_uv = pack(data[:, nope:], full[:, nope:], per_head_grid, (heads, v, kv_lora))
     lora = c.q_lora_rank is not None
     q = (src.pair(a + "q_a_proj.weight") if lora
          else _rope_rows(src, src.pair(a + "q_proj.weight", per_head(qk)), heads, c))
@@ -75,7 +72,7 @@ def attention_fields(src: Any, a: str, cfg: MLAConfig, tp: TensorParallel,
     if lora:
         q_b = _rope_rows(src, src.pair(a + "q_b_proj.weight", per_head(qk)), heads, c)
         q_b_proj = pack(*q_b, (math.gcd(bo, heads * qk), bi), (heads, qk, q_b[0].shape[-1]))
-    fields = dict(qkv_a_proj=qkv_a_proj, w_uk=w_uk, w_uv=w_uv, o_proj=o_proj, q_b_proj=q_b_proj)
+    fields = dict(qkv_a_proj=qkv_a_proj, o_proj=o_proj, q_b_proj=q_b_proj)
     return {k: None if w is None else w.to(device) for k, w in fields.items()}
 
 

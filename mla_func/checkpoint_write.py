@@ -2,7 +2,8 @@
 original per-expert naming (what the hub ships and `checkpoint.load_hf` reads back), optionally
 sharded with `model.safetensors.index.json`. Tensors are streamed one at a time. Block-FP8
 params (`fp8.Fp8Weight`) are written in DeepSeek-V3's layout: e4m3 matrices, each with its
-`weight_scale_inv` (one float32 scale per block), and `quantization_config` in config.json.
+`weight_scale_inv` (one float32 scale per block), and `quantization_config` in config.json
+(listing the matrices written in a float dtype, kv_b_proj's: `float_modules`).
 
 Saving over a checkpoint replaces it: everything is written into a temporary directory beside
 the target first, so a failure part way leaves the old checkpoint as it was; only then are the
@@ -121,6 +122,14 @@ def hf_fp8_tensors(params: Params, block: int) -> Iterator[tuple[str, Tensor]]:
             yield name + "_scale_inv", _block_scales(name, full, block)
 
 
+def float_modules(params: Params) -> list[str]:
+    """The HF modules block-FP8 params write in a float dtype: each layer's kv_b_proj whose
+    W_UK / W_UV they hold as floats (`fp8_params.ABSORBED`), for config.json's
+    `modules_to_not_convert` (transformers' name for the linear layers left unquantized)."""
+    return [f"model.layers.{i}.self_attn.kv_b_proj" for i, layer in enumerate(params.layers)
+            if not isinstance(layer.attn.w_uk, Fp8Weight)]
+
+
 def _block_scales(name: str, full: Tensor, block: int) -> Tensor:
     """One scale per block x block block of per-element scales that hold one per block."""
     picked = full[::block, ::block]
@@ -166,6 +175,9 @@ def _write(cfg: MLAConfig, params: Params, directory: Path, max_shard_bytes: int
         block = fp8_block(params)
         hf["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3",
                                      "quant_method": "fp8", "weight_block_size": [block, block]}
+        floats = float_modules(params)
+        if floats:
+            hf["quantization_config"]["modules_to_not_convert"] = floats
         tensors = hf_fp8_tensors(params, block)
     (directory / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
     # Each shard is written once full (bounded memory) and renamed for the final count.

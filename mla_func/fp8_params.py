@@ -3,9 +3,14 @@ each kind of weight is in.
 
 The projections (the weights a block-FP8 checkpoint stores in FP8, DeepSeek-V3's linear
 layers) are `PROJECTIONS`; the router, the score bias, the norms, the embedding and lm_head are
-not, and stay in the float dtype. `map_projections` rebuilds params with each projection
-replaced (quantized, dequantized, or a layout view for the checkpoint writer);
-`weight_precisions` says per kind what the params hold, for plans and artifacts.
+not, and stay in the float dtype. Of the projections, block-FP8 params (`quantize_fp8`,
+`load_hf(weights="fp8")`) hold the absorbed attention weights W_UK / W_UV (`ABSORBED`,
+kv_b_proj's) in the float dtype too, as vLLM and SGLang do after loading: their products read
+them as they are, where in FP8 every step dequantised or rescaled them (docs/DECISIONS.md,
+`fp8_params.ABSORBED`); params built with them in FP8 still run. `map_projections` rebuilds
+params with each projection replaced (quantized, dequantized, or a layout view for the
+checkpoint writer); `weight_precisions` says per kind what the params hold, for plans and
+artifacts.
 """
 
 from collections.abc import Callable
@@ -22,6 +27,9 @@ PROJECTIONS: dict[str, tuple[str, ...]] = {
     "experts": ("gate_up", "down"),
     "shared": ("gate_up", "down"),
 }
+
+# The projections block-FP8 params hold in the float dtype (kv_b_proj's W_UK / W_UV).
+ABSORBED = ("attn.w_uk", "attn.w_uv")
 
 WeightFn = Callable[[Weight, str], Weight]  # (weight, "kind.field") -> its replacement
 

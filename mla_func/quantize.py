@@ -2,12 +2,13 @@
 `dequantize` back.
 
 Quantizing is done on DeepSeek's layout: each HF matrix (`checkpoint_write.hf_tensors`:
-q_proj or q_a_proj, kv_a_proj_with_mqa, kv_b_proj, q_b_proj, o_proj, each MLP's and expert's
-gate, up and down) gets one float32 scale per block x block block (amax / 448, e4m3's
-largest value; arXiv:2412.19437, 3.3), and params' fields are then cut from those matrices
-exactly as `load_hf(weights="fp8")` cuts a checkpoint's (`checkpoint_fp8`). So the result is
-what DeepSeek's own quantization of the same weights would load as, and `save_hf` writes it
-back as that checkpoint, bit for bit.
+q_proj or q_a_proj, kv_a_proj_with_mqa, q_b_proj, o_proj, each MLP's and expert's gate, up and
+down) gets one float32 scale per block x block block (amax / 448, e4m3's largest value;
+arXiv:2412.19437, 3.3), and params' fields are then cut from those matrices exactly as
+`load_hf(weights="fp8")` cuts a checkpoint's (`checkpoint_fp8`). kv_b_proj's W_UK / W_UV stay
+in the float dtype (`fp8_params.ABSORBED`). So the result is what `load_hf(weights="fp8")`
+gives for the same weights saved as floats, and `save_hf` writes it as DeepSeek's FP8 layout
+with kv_b_proj in the float dtype (`modules_to_not_convert`), which loads back bit for bit.
 """
 
 from dataclasses import replace
@@ -39,9 +40,10 @@ class _Quantizing:
 
 
 def quantize_fp8(params: Params, block: int = 128) -> Params:
-    """`params` with every projection (`fp8_params.PROJECTIONS`) in block FP8 (e4m3, one
-    float32 scale per `block` x `block` block of DeepSeek's matrices; shapes need not divide
-    it); the router, score bias, norms, embedding and lm_head unchanged. Whole params only
+    """`params` with every projection (`fp8_params.PROJECTIONS`) but W_UK / W_UV
+    (`fp8_params.ABSORBED`) in block FP8 (e4m3, one float32 scale per `block` x `block`
+    block of DeepSeek's matrices; shapes need not divide it); W_UK / W_UV, the router, score
+    bias, norms, embedding and lm_head unchanged. Whole params only
     (shard after, or load a shard with `load_hf(weights="fp8", mesh=...)`)."""
     if block < 1:
         raise ValueError(f"block must be positive; got {block}")

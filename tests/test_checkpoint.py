@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 import mla_func as mf  # noqa: E402
 from mla_func.checkpoint import INDEX_FILE, CheckpointError, load_hf, save_hf  # noqa: E402
+from mla_func.fp8 import Fp8Weight  # noqa: E402
 from mla_func.params import tensor_leaves  # noqa: E402
 
 TINY = mf.MLAConfig.preset("tiny")
@@ -132,6 +133,10 @@ def test_block_fp8_weights_are_dequantised(tmp_path):
     assert torch.equal(kv_b, expected["model.layers.1.self_attn.kv_b_proj.weight"])
     assert torch.equal(moe.down[3], expected["model.layers.2.mlp.experts.3.down_proj.weight"])
     torch.testing.assert_close(moe.down[3], params.layers[2].mlp.down[3], rtol=0.07, atol=0.02)
+    # Kept in FP8 (weights="fp8"), W_UK / W_UV still come dequantised (`fp8_params.ABSORBED`).
+    fp8 = load_hf(tmp_path, weights="fp8")[1].layers[1].attn
+    assert not isinstance(fp8.w_uk, Fp8Weight) and isinstance(fp8.o_proj, Fp8Weight)
+    assert torch.equal(fp8.w_uk, attn.w_uk) and torch.equal(fp8.w_uv, attn.w_uv)
     key = "model.layers.2.mlp.experts.3.down_proj.weight"
     rewrite(tmp_path, lambda t: {k: v for k, v in t.items() if k != key + "_scale_inv"})
     with pytest.raises(CheckpointError, match=f"{key}: F8_E4M3 without {key}_scale_inv"):

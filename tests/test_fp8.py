@@ -2,6 +2,8 @@
 dequantized, read by the reference ops, computed in block FP8 on the fused path, and planned
 by the capture compiler on `meta`."""
 
+import math
+
 import pytest
 import torch
 from hf_helpers import Runner
@@ -47,20 +49,24 @@ def test_quantize_fp8_params(cfg):
     params = mf.init_params(cfg, dtype=torch.bfloat16)
     q = quantize_fp8(params, block=64)
     moe, attn = q.layers[-1].mlp, q.layers[-1].attn
-    for w in (attn.qkv_a_proj, attn.w_uk, attn.w_uv, attn.o_proj, moe.gate_up, moe.down,
-              moe.shared.gate_up, q.layers[0].mlp.down):
+    for w in (attn.qkv_a_proj, attn.o_proj, moe.gate_up, moe.down, moe.shared.gate_up,
+              q.layers[0].mlp.down):
         assert isinstance(w, Fp8Weight)
     assert (attn.q_b_proj is None) == (cfg.q_lora_rank is None)
-    # The router, score bias, norms, embedding and lm_head are the same tensors.
+    # W_UK / W_UV (`fp8_params.ABSORBED`), the router, score bias, norms, embedding and
+    # lm_head are the same tensors.
+    old = params.layers[-1].attn
+    assert attn.w_uk is old.w_uk and attn.w_uv is old.w_uv
     assert moe.router is params.layers[-1].mlp.router and q.embed is params.embed
     assert moe.score_bias is params.layers[-1].mlp.score_bias and q.norm is params.norm
     # Grids: the checkpoint block where params' layout keeps DeepSeek's blocks whole, a
-    # divisor where it cuts them (q rows, per head W_UK / W_UV).
+    # divisor where it cuts them (qkv_a_proj's rows: q's, then kv_a's).
     assert moe.gate_up.block == (64, 64) and moe.gate_up.data.shape[0] == 2 * 8
-    assert attn.w_uk.block == (16, 64) and attn.w_uk.data.shape[0] == cfg.num_attention_heads
+    q_rows = attn.qkv_a_proj.shape[0] - cfg.latent_dim
+    assert attn.qkv_a_proj.block == (math.gcd(64, q_rows), 64) and q_rows % 64
     precisions = weight_precisions(q)
     assert precisions["experts.down"] == "fp8 e4m3, block 64"
-    assert precisions["attn.w_uk"] == "fp8 e4m3, block 16x64"
+    assert precisions["attn.w_uk"] == precisions["attn.w_uv"] == "bfloat16"
     assert precisions["router"] == precisions["lm_head"] == "bfloat16"
     back = dequantize_params(q)
     assert back.layers[-1].mlp.gate_up.dtype == torch.bfloat16

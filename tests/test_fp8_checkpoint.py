@@ -55,8 +55,13 @@ def test_quantize_save_load_round_trip_is_exact(cfg, tmp_path):
     raw = json.loads((tmp_path / "config.json").read_text())
     assert raw["quantization_config"]["weight_block_size"] == [64, 64]
     stored = load_file(tmp_path / "model.safetensors")
+    key = "model.layers.2.self_attn.o_proj.weight"
+    assert stored[key].dtype == FP8 and stored[key + "_scale_inv"].shape == (1, 1)
+    # kv_b_proj (W_UK / W_UV: `fp8_params.ABSORBED`) in the float dtype, listed as such.
     key = "model.layers.2.self_attn.kv_b_proj.weight"
-    assert stored[key].dtype == FP8 and stored[key + "_scale_inv"].shape == (2, 1)
+    assert stored[key].dtype == torch.float32 and key + "_scale_inv" not in stored
+    assert raw["quantization_config"]["modules_to_not_convert"] == [
+        f"model.layers.{i}.self_attn.kv_b_proj" for i in range(cfg.num_hidden_layers)]
     assert stored["model.layers.2.mlp.gate.weight"].dtype == torch.float32  # the router
     assert "model.embed_tokens.weight_scale_inv" not in stored
     cfg2, loaded = load_hf(tmp_path, weights="fp8")

@@ -134,18 +134,23 @@ def test_fp8_weights_are_checked():
 @pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
 @pytest.mark.parametrize("dtype", [torch.float32, HALF])
 def test_fp8_model_steps_against_dequantised_absorbed_weights(dtype, monkeypatch):
-    """A `quantize_fp8` model on the fused path with the Triton attention: a prefill step,
-    then a decode step, against the same steps with W_UK / W_UV handed to the op
-    dequantised (`kernel_ops.absorbed` on its float branch): the prefill's logits bit for
-    bit, the decode's (whose merge scales its e4m3 product) within the weights' rounding."""
+    """A `quantize_fp8` model with W_UK / W_UV made block FP8 too (`quantize_fp8` leaves
+    them float: `fp8_params.ABSORBED`; params built so still run) on the fused path with the
+    Triton attention: a prefill step, then a decode step, against the same steps with W_UK /
+    W_UV handed to the op dequantised (`kernel_ops.absorbed` on its float branch): the
+    prefill's logits bit for bit, the decode's (whose merge scales its e4m3 product) within
+    the weights' rounding."""
     import mla_func as mf
     from mla_func import kernel_ops
     from mla_func.fp8 import dense
+    from mla_func.fp8_params import ABSORBED, map_projections
     from mla_func.kernels.plan import KernelOptions
     from mla_func.quantize import quantize_fp8
 
     tiny = mf.MLAConfig.preset("tiny")
-    params = quantize_fp8(mf.init_params(tiny, seed=3, device=DEV, dtype=dtype))
+    params = map_projections(  # a matrix a head, 16 x 128 blocks (V2's 128-row heads' W8 1)
+        quantize_fp8(mf.init_params(tiny, seed=3, device=DEV, dtype=dtype)),
+        lambda w, kind: _fp8(w, (16, 128)) if kind in ABSORBED else w)
     opts = KernelOptions(fused=True, attention="triton")
     calls = []
     fp8_absorbed = kernel_ops.absorbed

@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import mla_func as mf
 from mla_func.fp8 import FP8, quantize
+from mla_func.fp8_params import ABSORBED, map_projections
 from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.linear import fp8_dequant, fp8_linear, small_linear
 from mla_func.kernels.plan import KernelOptions
@@ -54,12 +55,14 @@ def _model_calls(backend: str, fp8: bool = False) -> dict[str, tuple]:
     """The custom-op calls of two steps of a small q_lora config (q_lora adds a norm of the
     query) on the fused path with `backend`: two prompts in the MHA form, then their two
     decodes in the absorbed one (more than one row: its result's layout shows); `fp8`: its
-    weights in block FP8 (`quantize_fp8`)."""
+    weights in block FP8 (`quantize_fp8`), W_UK / W_UV too (which it leaves float:
+    `fp8_params.ABSORBED`; a matrix a head)."""
     cfg = dataclasses.replace(mf.MLAConfig.preset("tiny"), q_lora_rank=24,
                               num_hidden_layers=2)
     params = mf.init_params(cfg, seed=1, device=DEVICE)
     if fp8:
-        params = quantize_fp8(params)
+        params = map_projections(quantize_fp8(params), lambda w, kind: quantize(
+            w, 128, stack=1) if kind in ABSORBED else w)
     state = mf.init_state(cfg, num_pages=8, page_size=4, device=DEVICE)
     opts = KernelOptions(attention=backend, fused=True, experts="triton")
     a, b = state.allocator.reserve(0, 6), state.allocator.reserve(1, 4)

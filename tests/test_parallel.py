@@ -13,7 +13,7 @@ import torch
 from parallel_helpers import rank_group, run_ranks
 
 import mla_func as mf
-from mla_func.fp8 import dequantize
+from mla_func.fp8 import Fp8Weight, dense, dequantize
 from mla_func.parallel.comm import COLLECTIVES
 from mla_func.parallel.group import ParallelError, TensorParallel
 from mla_func.parallel.shard import shard_params
@@ -186,7 +186,7 @@ def test_shard_params_splits_and_checks():
     assert shards[1].tp == TensorParallel(1, 2) and a.attn.q_b_proj.shape[0] == 2
     odd = TINY.with_(n_routed_experts=6)
     # Block FP8: each shard is exactly the shard of the dequantised weights (a cut inside a
-    # scale block gets a finer grid).
+    # scale block gets a finer grid); W_UK / W_UV are float (`fp8_params.ABSORBED`).
     fp8 = [shard_params(quantize_fp8(params), TensorParallel(r, 2)) for r in range(2)]
     deq = [shard_params(dequantize_fp8(quantize_fp8(params)), TensorParallel(r, 2))
            for r in range(2)]
@@ -195,7 +195,9 @@ def test_shard_params_splits_and_checks():
                                                                  want.layers[1].mlp)):
             for field in ("w_uk", "w_uv", "o_proj", "q_b_proj", "gate_up", "down"):
                 if hasattr(x, field):
-                    assert torch.equal(dequantize(getattr(x, field)), getattr(y, field)), field
+                    w = getattr(x, field)
+                    assert isinstance(w, Fp8Weight) == (field not in ("w_uk", "w_uv")), field
+                    assert torch.equal(dense(w, torch.float32), getattr(y, field)), field
         assert torch.equal(dequantize(got.layers[1].mlp.shared.down),
                            want.layers[1].mlp.shared.down)
     with pytest.raises(ParallelError, match=r"evenly: n_routed_experts = 6 not divisible by 4$"):
