@@ -9,9 +9,10 @@ rotated, cache rows normed, rotated and written) in the same grid (the backend's
 The value product is a cuBLAS bmm written straight in [tokens, heads, v_head] order, or, where
 the plan says `uv` (a few rows), part of the merge itself (merge_uv.py). The products run in the
 cache's dtype, or for an FP8 cache (`cache_fp8`) in the query's, which its tiles dequantise to.
-Block-FP8 W_UK / W_UV (`fp8.Fp8Weight`) are read as e4m3 by the fused launches (absorb.py
-dequantises each tile as it loads it: the bits of the weight dequantised first; merge_uv.py
-scales its e4m3 product); the cuBLAS products take them dequantised first (`dense_weight`).
+Block-FP8 W_UK / W_UV (`fp8.Fp8Weight`: params built so; block-FP8 params hold them float,
+`fp8_params.ABSORBED`) are read as e4m3 by the fused launches (absorb.py dequantises each tile
+as it loads it: the bits of the weight dequantised first; merge_uv.py scales its e4m3
+product); the cuBLAS products take them dequantised first (`dense_weight`).
 """
 
 import torch
