@@ -83,6 +83,11 @@ def test_float32_activations_and_the_other_launch():
     _check(x, w)
     _check(x[:3], w, fp8_tiles(40, 40, 200))
     _check(x, w, fp8_tiles(2, 40, 200))
+    # A prefill's launch on a wide product (64 x 128 tiles, 4 warps: `fp8_tiles.FULL_GRID`),
+    # its column tile a third masked, at 18 rows.
+    wide = fp8_tiles(4096, 8192, 200)
+    assert (wide.block_m, wide.block_n, wide.num_warps, wide.quant) == (64, 128, 4, "apart")
+    _check(x, w, wide)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 70])
@@ -120,6 +125,12 @@ def test_launches_split_k_to_fill_the_grid():
     assert fp8_tiles(128, 2048, 2048).split == 4 and fp8_tiles(128, 3648, 2048).split == 2
     assert fp8_tiles(1, 2 * 10944, 2048).split == 2
     assert fp8_tiles(4096, 3648, 2048).split == 1 and fp8_tiles(1, 65536, 2048).split == 1
+    # Past MID_ROWS: 64 x 128 tiles where they alone fill FULL_GRID programs, else 64 x 64,
+    # split (256 rows of V2-Lite's o_proj: 4 x 32 tiles, 2 ways).
+    assert [fp8_tiles(r, n, k).block_n for r, n, k in (
+        (1024, 2048, 2048), (256, 7168, 18432), (256, 3648, 2048), (129, 24576, 1536))] == [
+        128, 128, 64, 128]
+    assert fp8_tiles(256, 2048, 2048).split == 2
     for rows, n_out, n_in in ((1, 2048, 2048), (8, 3072, 2048), (1, 576, 2048),
                               (16, 7168, 18432), (1, 64, 128), (100, 2048, 10944)):
         t = fp8_tiles(rows, n_out, n_in)
