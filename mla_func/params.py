@@ -6,7 +6,8 @@ split and per head as W_UK (`heads qk_nope kv_lora`) and W_UV (`heads v_head kv_
 expands keys or values. Checkpoint loading lives in `checkpoint.py`.
 
 A projection's weight (every one but the router and lm_head) may instead be block FP8
-(`fp8.Fp8Weight`: DeepSeek-V3's format, `quantize.quantize_fp8` or `load_hf(weights="fp8")`);
+(`fp8.Fp8Weight`: DeepSeek-V3's format, `quantize.quantize_fp8` or `load_hf(weights="fp8")`,
+which keep W_UK / W_UV in the float dtype: `fp8_params.ABSORBED`);
 the reference ops read weights through `fp8.dense`, the fused path multiplies the attention's
 and dense MLPs' projections in FP8 (`kernel_ops`). Norms, the router, the score bias, the
 embedding and lm_head stay in the float dtype.

@@ -2,7 +2,8 @@
 `python -m scripts.bench precision [--out DIR] [OPTIONS]`.
 
 V2-Lite's shape, random bf16 weights (seed 0) and their block-FP8 image (`quantize_fp8`:
-every projection and expert; norms, router, embedding and lm_head stay bf16). Each
+every projection and expert but W_UK / W_UV; those, norms, router, embedding and lm_head stay
+bf16). Each
 precision (`--precisions`: "bf16"; "fp8" weights; "fp8-cache", bf16 weights over the FP8
 latent cache; "fp8+fp8-cache") gets its own state and `compile_step(mode="full")`; decode
 steps at each batch and context run back to back and one at a time, beside the floor of

@@ -41,17 +41,19 @@ RENAME = {"attention_backend": "backend"}  # package argument -> this script's o
 
 def param_bytes(cfg, dtype, weights: str = "bf16") -> int:
     """Bytes of `cfg`'s parameters in `dtype`, counted on the meta device (nothing allocated);
-    `weights` "fp8": the projections at one byte a value and a float32 scale a 128 x 128
-    block (the blocks' count estimated from the values')."""
+    `weights` "fp8": the projections (but W_UK / W_UV, `fp8_params.ABSORBED`) at one byte a
+    value and a float32 scale a 128 x 128 block (the blocks' count estimated from the
+    values')."""
     import mla_func as mf
-    from mla_func.fp8_params import map_projections
+    from mla_func.fp8_params import ABSORBED, map_projections
     from mla_func.params import tensor_leaves
 
     params = mf.init_params(cfg, device="meta", dtype=dtype)
     total = sum(t.numel() * t.element_size() for _, t in tensor_leaves(params))
     if weights == "fp8":
         values: list[int] = []
-        map_projections(params, lambda w, kind: values.append(w.numel()) or w)
+        map_projections(params, lambda w, kind: w if kind in ABSORBED
+                        else values.append(w.numel()) or w)
         total -= sum(values) * (dtype.itemsize - 1 - 4 / 128**2)
     return int(total)
 
