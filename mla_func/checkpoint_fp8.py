@@ -5,11 +5,11 @@ DeepSeek-V3's checkpoints hold each linear layer as an HF matrix `[out, in]` in 
 matrices: `qkv_a_proj` from two matrices, gate over up, experts stacked, and a tensor-parallel
 rank's slice of each. `kv_b_proj` is not among them: params hold its W_UK / W_UV, the absorbed
 attention weights, in the float dtype (`fp8_params.ABSORBED`; `checkpoint._build` reads them
-dequantised). Here each of those fields is
-built from a *source* of HF matrices, as (e4m3 data, per-element scale) pairs cut exactly as
-`checkpoint._build` cuts the float weights, then packed (`fp8.pack`) on the grid the cuts
-allow: the checkpoint's block, or its largest divisor that every cut lands on. Nothing is
-rescaled, so a field holds the checkpoint's bytes and scales.
+dequantised). Here each of those fields is built from a *source* of HF matrices, as (e4m3
+data, per-element scale) pairs cut exactly as `checkpoint._build` cuts the float weights,
+then packed (`fp8.pack`) on the grid the cuts allow: the checkpoint's block, or its largest
+divisor that every cut lands on. Nothing is rescaled, so a field holds the checkpoint's bytes
+and scales.
 
 A source has `block` (rows, columns), `shapes` (key -> shape), `rope_perm` (None, or the
 rope rows' permutation of a rope_interleave=False checkpoint) and `pair(key, rows, cols)`:

@@ -43,8 +43,8 @@ def quantize_fp8(params: Params, block: int = 128) -> Params:
     """`params` with every projection (`fp8_params.PROJECTIONS`) but W_UK / W_UV
     (`fp8_params.ABSORBED`) in block FP8 (e4m3, one float32 scale per `block` x `block`
     block of DeepSeek's matrices; shapes need not divide it); W_UK / W_UV, the router, score
-    bias, norms, embedding and lm_head unchanged. Whole params only
-    (shard after, or load a shard with `load_hf(weights="fp8", mesh=...)`)."""
+    bias, norms, embedding and lm_head unchanged. Whole params only (shard after, or load a
+    shard with `load_hf(weights="fp8", mesh=...)`)."""
     if block < 1:
         raise ValueError(f"block must be positive; got {block}")
     if params.tp.sharded:

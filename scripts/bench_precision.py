@@ -3,9 +3,8 @@
 
 V2-Lite's shape, random bf16 weights (seed 0) and their block-FP8 image (`quantize_fp8`:
 every projection and expert but W_UK / W_UV; those, norms, router, embedding and lm_head stay
-bf16). Each
-precision (`--precisions`: "bf16"; "fp8" weights; "fp8-cache", bf16 weights over the FP8
-latent cache; "fp8+fp8-cache") gets its own state and `compile_step(mode="full")`; decode
+bf16). Each precision (`--precisions`: "bf16"; "fp8" weights; "fp8-cache", bf16 weights over
+the FP8 latent cache; "fp8+fp8-cache") gets its own state and `compile_step(mode="full")`; decode
 steps at each batch and context run back to back and one at a time, beside the floor of
 that precision's bytes (`bench_decode.step_floor`: each weight at its stored size, FP8 values
 plus their scales; the distinct routed experts the step touched; the cache rows at their
