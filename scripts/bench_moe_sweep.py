@@ -3,8 +3,9 @@
 checks its output against the baseline's).
 
 Tiles per block_m by coordinate descent; up to 4 tokens also the direct path and the sum as
-the down GEMM's tail (DIRECT_MAX_TOKENS). It prints the best config per token count next to
-the default (`moe_config.pick_config`) and the best of each variant side by side.
+the down GEMM's tail (DIRECT_MAX_TOKENS). It prints each case as it is timed (a sweep cut
+short by a time limit keeps those lines), then the best config per token count next to the
+default (`moe_config.pick_config`) and the best of each variant side by side.
 """
 
 import time
@@ -54,6 +55,8 @@ def sweep(t: int, time_case: TimeCase, floor: float, fp8: bool = False) -> list[
             if us is not None and not (err is None or err < 0.05):
                 print(f"  WRONG (err {err:.3g}): {short(c)}")
                 us = None
+            elif us is not None:  # as it comes: a sweep cut short keeps what it timed
+                print(f"  {t} tokens {us:.1f} us: {short(c)}", flush=True)
             rows.append({"tokens": t, "variant": _variant(c), "config": c, "us": us,
                          "x_floor": None if us is None else us / floor, "err": err})
             seen[c] = us

@@ -184,7 +184,8 @@ def test_moe_rounds_carry_the_matmul_rate_probed_around_each_timing(monkeypatch)
 def test_moe_sweep_descends_to_the_fastest_right_config(tokens, capsys):
     """`bench moe --sweep` (timings faked): coordinate descent over both GEMMs' tiles keeps
     the fastest config; a config whose output is off (error 0.5, or NaN) is reported WRONG
-    and never chosen; the summary names the best next to the default."""
+    and never chosen; every case is printed as it is timed; the summary names the best next
+    to the default."""
     import math
 
     from mla_func.kernels.moe.config import pick_config
@@ -205,9 +206,12 @@ def test_moe_sweep_descends_to_the_fastest_right_config(tokens, capsys):
                for r in ran)
     assert any(r["us"] is None for r in rows) and len({r["config"] for r in rows}) == len(rows)
     assert best["x_floor"] == pytest.approx(best["us"] / 50.0)
+    timed = capsys.readouterr().out  # each case as it came, before any summary
+    assert f"{tokens} tokens {best['us']:.1f} us: {short(best['config'])}" in timed
+    assert timed.count(" us: ") == len(ran)
     print_sweep(rows, [tokens])
     out = capsys.readouterr().out
-    assert "WRONG (err 0.5)" in out and short(best["config"]) in out
+    assert "WRONG (err 0.5)" in timed and short(best["config"]) in out
     assert short(pick_config(tokens)) in out
 
 
