@@ -84,7 +84,7 @@ def test_float32_activations_and_the_other_launch():
     _check(x[:3], w, fp8_tiles(40, 40, 200))
     _check(x, w, fp8_tiles(2, 40, 200))
     # A prefill's launch on a wide product (64 x 128 tiles, 4 warps: `fp8_tiles.FULL_GRID`),
-    # its column tile a third masked, at 18 rows.
+    # at 18 rows of 40 outputs (one column tile, 88 of its 128 columns masked).
     wide = fp8_tiles(4096, 8192, 200)
     assert (wide.block_m, wide.block_n, wide.num_warps, wide.quant) == (64, 128, 4, "apart")
     _check(x, w, wide)
