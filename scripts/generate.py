@@ -15,25 +15,9 @@ import sys
 import time
 
 try:  # `python -m scripts.generate`, and the tests
-    from scripts.cli import (
-        DTYPE_NAMES,
-        MODES,
-        PRESET_NAMES,
-        check_ranks,
-        cli_words,
-        device_name,
-        int_at_least,
-    )
+    from scripts import cli
 except ImportError:  # `python scripts/generate.py`: this folder is on the path
-    from cli import (
-        DTYPE_NAMES,
-        MODES,
-        PRESET_NAMES,
-        check_ranks,
-        cli_words,
-        device_name,
-        int_at_least,
-    )
+    import cli
 
 SHOW_TOKENS = 12  # tokens a printed prompt shows before it counts the rest
 RENAME = {"attention_backend": "backend"}  # package argument -> this script's option
@@ -87,19 +71,19 @@ def _out_of_memory(err: RuntimeError) -> bool:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     src = ap.add_mutually_exclusive_group()
-    src.add_argument("--preset", default=None, choices=PRESET_NAMES,
+    src.add_argument("--preset", default=None, choices=cli.PRESET_NAMES,
                      help="random weights (default: tiny)")
     src.add_argument("--checkpoint", default=None, help="HF checkpoint directory (load_hf)")
-    ap.add_argument("--prompts", type=int_at_least(1), default=4, help="number of prompts")
-    ap.add_argument("--prompt-len", type=int_at_least(1), default=16)
-    ap.add_argument("--max-new-tokens", type=int_at_least(1), default=8)
-    ap.add_argument("--mode", default="eager", choices=MODES)
+    ap.add_argument("--prompts", type=cli.int_at_least(1), default=4, help="number of prompts")
+    ap.add_argument("--prompt-len", type=cli.int_at_least(1), default=16)
+    ap.add_argument("--max-new-tokens", type=cli.int_at_least(1), default=8)
+    ap.add_argument("--mode", default="eager", choices=cli.MODES)
     ap.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"),
                     help="attention backend (auto: triton on CUDA with bf16/fp16 weights, "
                          "else torch)")
-    ap.add_argument("--device", type=device_name, default=None,
+    ap.add_argument("--device", type=cli.device_name, default=None,
                     help="cpu, cuda or cuda:N (default: cuda if there is one, else cpu)")
-    ap.add_argument("--dtype", default=None, choices=DTYPE_NAMES,
+    ap.add_argument("--dtype", default=None, choices=cli.DTYPE_NAMES,
                     help="default: bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--weights", default="bf16", choices=("bf16", "fp8"),
@@ -109,18 +93,18 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--kv-dtype", default="auto", choices=("auto", "fp8"),
                     help="the latent cache: floats in --dtype (auto), or FP8 rows (656 bytes a "
                          "token a layer at V2/V3's sizes instead of 1,152 in bf16)")
-    ap.add_argument("--page-size", type=int_at_least(1), default=16)
-    ap.add_argument("--max-batch-tokens", type=int_at_least(1), default=None,
+    ap.add_argument("--page-size", type=cli.int_at_least(1), default=16)
+    ap.add_argument("--max-batch-tokens", type=cli.int_at_least(1), default=None,
                     help="tokens per step (default: the engine's, 8192 a rank: "
                          "engine.default_batch_tokens)")
-    ap.add_argument("--max-seqs", type=int_at_least(1), default=64)
-    ap.add_argument("--max-graph-tokens", type=int_at_least(1), default=None,
+    ap.add_argument("--max-seqs", type=cli.int_at_least(1), default=64)
+    ap.add_argument("--max-graph-tokens", type=cli.int_at_least(1), default=None,
                     help="graph modes: steps of more tokens run eagerly (default: the "
                          "package's, dims.TOKENS_MAX_CAPTURED)")
     ap.add_argument("--no-eos", action="store_true", help="ignore eos: always generate M tokens")
-    ap.add_argument("--show", type=int_at_least(0), default=3,
+    ap.add_argument("--show", type=cli.int_at_least(0), default=3,
                     help="prompts whose tokens are printed")
-    ap.add_argument("--tp", type=int_at_least(1), default=1,
+    ap.add_argument("--tp", type=cli.int_at_least(1), default=1,
                     help="tensor parallel over N processes, one a GPU: torchrun "
                          "--nproc-per-node N scripts/generate.py --tp N (rank 0 prints)")
     return ap
@@ -133,7 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     import torch
 
-    check_ranks(ap, args.tp, "scripts/generate.py")
+    cli.check_ranks(ap, args.tp, "scripts/generate.py")
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     elif args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -220,7 +204,7 @@ def run(args: argparse.Namespace, tp=None) -> int:
         out = mf.generate(cfg, params, prompts.tolist(), args.max_new_tokens, **kw)
     except ValueError as err:  # the package's input errors are ValueError subclasses
         where = f"rank {tp.rank}: " if tp.sharded else ""  # every rank's error is shown
-        print(f"error: {where}{cli_words(str(err), parser(), RENAME)}", file=sys.stderr)
+        print(f"error: {where}{cli.cli_words(str(err), parser(), RENAME)}", file=sys.stderr)
         return 2
     except RuntimeError as err:
         if not _out_of_memory(err):
