@@ -82,7 +82,13 @@ from mla_func.kernels.attention.decode_ws import supported as ws_supported
 from mla_func.kernels.attention.fp8_rows import load_latent, rope_values, row_constexprs
 from mla_func.kernels.attention.merge import launch_merge
 from mla_func.kernels.attention.p_scratch import through_memory
-from mla_func.kernels.attention.paging import early_wait, split_keys, store_lse, tile_pages
+from mla_func.kernels.attention.paging import (
+    early_wait,
+    split_keys,
+    store_lse,
+    store_o,
+    tile_pages,
+)
 from mla_func.kernels.launch.pdl import supported as pdl_supported
 from mla_func.ops.attention import CacheLayer
 
@@ -186,17 +192,13 @@ def _split_kernel(
             acc = acc * alpha[:, None] + tl.dot(p.to(kv.dtype), kv)
 
     safe = tl.where(lsum > 0, lsum, 1.0)
-    o = acc / safe[:, None]
-    if not SPLIT:
-        tl.store(out + h[:, None] * so_h + t * so_t + c[None, :],
-                 o.to(out.dtype.element_ty), mask=hm[:, None] & cm[None, :])
-    else:
-        # A tensor, not a scalar: the interpreter rejects scalar-and-tensor masks.
-        live = (h * 0 + start) < kv_len
-        base = (t * heads + h) * num_splits + split
+    # A tensor, not a scalar: the interpreter rejects scalar-and-tensor masks.
+    live = (h * 0 + start) < kv_len
+    base = (t * heads + h) * num_splits + split
+    if SPLIT:
         store_lse(part_lse, base, m, lsum, hm)
-        tl.store(part_o + base[:, None] * kv_lora + c[None, :], o,
-                 mask=(hm & live)[:, None] & cm[None, :])
+    store_o(acc / safe[:, None], out, part_o, h, t, c, hm, cm, base, live, so_h, so_t, kv_lora,
+            SPLIT)
 
 
 def mla_decode(

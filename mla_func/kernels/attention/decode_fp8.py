@@ -31,7 +31,13 @@ import triton
 import triton.language as tl
 
 from mla_func.kernels.attention.fp8_rows import rope_values
-from mla_func.kernels.attention.paging import early_wait, split_keys, store_lse, tile_pages
+from mla_func.kernels.attention.paging import (
+    early_wait,
+    split_keys,
+    store_lse,
+    store_o,
+    tile_pages,
+)
 
 
 @triton.jit
@@ -167,14 +173,8 @@ def split_fp8_kernel(
         store_lse(part_lse, base, m, lsum, hm)
     for g in tl.static_range(GROUPS):
         c = g * GS + cg
-        o = acc[g] / safe[:, None]
-        cm = (c < kv_lora)[None, :]
-        if SPLIT:
-            tl.store(part_o + base[:, None] * kv_lora + c[None, :], o,
-                     mask=(hm & live)[:, None] & cm)
-        else:
-            tl.store(out + h[:, None] * so_h + t * so_t + c[None, :],
-                     o.to(out.dtype.element_ty), mask=hm[:, None] & cm)
+        store_o(acc[g] / safe[:, None], out, part_o, h, t, c, hm, c < kv_lora, base, live,
+                so_h, so_t, kv_lora, SPLIT)
 
 
 __all__ = ["split_fp8_kernel"]

@@ -1,5 +1,6 @@
 """What the split-KV decode kernels (decode.py, decode_fp8.py) share: a program's keys, the
-page lookups of its key tiles, its early start behind the absorb kernel."""
+page lookups of its key tiles, its early start behind the absorb kernel, and the stores of
+its results (a split's partials, or the output)."""
 
 from typing import no_type_check
 
@@ -61,4 +62,19 @@ def store_lse(part_lse, base, m, lsum, hm):
     tl.store(part_lse + base, tl.where(lsum > 0, m + tl.log2(safe), float("-inf")), mask=hm)
 
 
-__all__ = ["early_wait", "split_keys", "store_lse", "tile_pages"]
+@triton.jit
+@no_type_check  # keeps the jaxtyping import hook off Triton kernels
+def store_o(o, out, part_o, h, t, c, hm, cm, base, live, so_h, so_t, kv_lora,
+            SPLIT: tl.constexpr):
+    """A program's normalised values `o` (heads h, latent columns c of row t): SPLIT, to its
+    split's partials (float32; `live`: none from a split past the row's keys), else to `out`
+    in its dtype."""
+    if SPLIT:
+        tl.store(part_o + base[:, None] * kv_lora + c[None, :], o,
+                 mask=(hm & live)[:, None] & cm[None, :])
+    else:
+        tl.store(out + h[:, None] * so_h + t * so_t + c[None, :],
+                 o.to(out.dtype.element_ty), mask=hm[:, None] & cm[None, :])
+
+
+__all__ = ["early_wait", "split_keys", "store_lse", "store_o", "tile_pages"]
