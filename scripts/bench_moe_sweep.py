@@ -2,10 +2,11 @@
 `time_case` that `bench_moe.run` hands in: it times a config in the layer's CUDA graph and
 checks its output against the baseline's).
 
-Tiles per block_m by coordinate descent; up to 4 tokens also the direct path and the sum as
-the down GEMM's tail (DIRECT_MAX_TOKENS). It prints each case as it is timed (a sweep cut
-short by a time limit keeps those lines), then the best config per token count next to the
-default (`moe_config.pick_config`) and the best of each variant side by side.
+Tiles per block_m by coordinate descent; up to 4 tokens also the direct path, gate_up's K
+split (`MoEConfig.gate_up_split`) and the sum as the down GEMM's tail (DIRECT_MAX_TOKENS). It
+prints each case as it is timed (a sweep cut short by a time limit keeps those lines), then
+the best config per token count next to the default (`moe_config.pick_config`) and the best
+of each variant side by side.
 """
 
 import time
@@ -30,6 +31,7 @@ TILES_FP8 = [(32, 128, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3), (128, 128, 8, 3)
 BLOCK_MS = ((8, (16,)), (64, (16, 32)), (256, (16, 32, 64)), (1024, (32, 64, 128)),
             (1 << 62, (64, 128)))
 DIRECT_SWEEP_MAX = 4  # tokens up to which the direct path is tried
+SPLITS = (2, 3, 4)  # gate_up K slices tried on the direct path (`MoEConfig.gate_up_split`)
 
 # A config's (µs a layer, relative error against the baseline); µs None: it could not run.
 TimeCase = Callable[[MoEConfig], tuple[float | None, float | None]]
@@ -72,13 +74,22 @@ def sweep(t: int, time_case: TimeCase, floor: float, fp8: bool = False) -> list[
             best = min(ok, key=ok.get) if ok else best
         return best
 
+    def split(best: MoEConfig, tiles) -> MoEConfig:
+        """The fastest gate_up K split (SPLITS, and none) of `best`; split, its gate_up
+        tiles once more (fewer K steps a program may want other tiles)."""
+        cands = [replace(best, gate_up_split=n) for n in (1, *SPLITS)]
+        ok = {c: us for c in cands if (us := timed(c)) is not None}
+        best = min(ok, key=ok.get) if ok else best
+        return descend(best, (("gate_up", tiles),)) if best.gate_up_split > 1 else best
+
     start = time.perf_counter()
     timed(base)
     tiles = TILES_FP8 if fp8 else TILES
     both = (("gate_up", tiles), ("down", tiles))
     if t <= DIRECT_SWEEP_MAX:  # the same GEMMs either way: tiles found for one serve both
-        timed(replace(base, direct=not base.direct, last_sum=False, pdl=False))
+        timed(replace(base, direct=not base.direct, last_sum=False, pdl=False, gate_up_split=1))
         best = descend(replace(base, direct=True), both)
+        best = split(best, tiles)
         timed(replace(best, last_sum=not best.last_sum))  # the sum launch or the down's tail
     else:
         bms = next(bms for bound, bms in BLOCK_MS if t <= bound)

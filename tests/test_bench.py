@@ -183,9 +183,9 @@ def test_moe_rounds_carry_the_matmul_rate_probed_around_each_timing(monkeypatch)
 @pytest.mark.parametrize("tokens", [1, 128])
 def test_moe_sweep_descends_to_the_fastest_right_config(tokens, capsys):
     """`bench moe --sweep` (timings faked): coordinate descent over both GEMMs' tiles keeps
-    the fastest config; a config whose output is off (error 0.5, or NaN) is reported WRONG
-    and never chosen; every case is printed as it is timed; the summary names the best next
-    to the default."""
+    the fastest config (gate_up's K split too, at a few tokens); a config whose output is
+    off (error 0.5, or NaN) is reported WRONG and never chosen; every case is printed as it
+    is timed; the summary names the best next to the default."""
     import math
 
     from mla_func.kernels.moe.config import pick_config
@@ -196,12 +196,15 @@ def test_moe_sweep_descends_to_the_fastest_right_config(tokens, capsys):
             return 1.0, 0.5
         if c.down == (64, 64, 4, 4):  # fast, but NaN
             return 2.0, math.nan
-        return 100.0 + c.gate_up[0] + c.down[0] / 10 + c.block_m / 100, 0.001
+        return 100.0 + c.gate_up[0] + c.down[0] / 10 + c.block_m / 100 - 5 * (
+            c.gate_up_split == 3), 0.001
 
     rows = sweep(tokens, time_case, floor=50.0)
     ran = [r for r in rows if r["us"] is not None]
     best = min(ran, key=lambda r: r["us"])
     assert best["config"].gate_up[0] == 32 and best["config"].down[0] == 32
+    # gate_up's K split is tried on the direct path only (up to 4 tokens).
+    assert best["config"].gate_up_split == (3 if tokens == 1 else 1)
     assert all(r["config"].gate_up != (128, 128, 8, 3) and r["config"].down != (64, 64, 4, 4)
                for r in ran)
     assert any(r["us"] is None for r in rows) and len({r["config"] for r in rows}) == len(rows)

@@ -158,6 +158,10 @@ CASES = {  # name: (tokens, topk, n_exp, hidden, inter, shared, fold, config, sk
     # K and moe_inter partial groups (192 = 1.5, 160 = 1.25): the shared MLP apart whatever
     # the token count (moe_inter is no whole number of groups: `fold_shared`).
     "partial-groups": (3, 2, 4, 192, 160, 1, None, SMALL, False),
+    # gate_up's K (3 groups) in 4 slices (`split_k`): one group each, the last slice empty.
+    "direct-split-k": (2, 2, 4, 384, 128, 1, True,
+                       dataclasses.replace(SMALL, direct=True, last_sum=True, gate_up_split=4),
+                       False),
 }
 
 
@@ -191,6 +195,8 @@ def test_fp8_tiles_and_weights_are_checked():
         experts(x, w, ids, coarse, dn, mlp, impl="triton")
     with pytest.raises(ValueError, match="are not those of"):
         fused_fp8(x, w, ids, coarse, dn, mlp, SMALL)
+    with pytest.raises(ValueError, match="gate_up_split 2: 1, or more slices"):
+        fused_fp8(x, w, ids, gu, dn, mlp, dataclasses.replace(SMALL, gate_up_split=2))
     # Every other implementation dequantises: the float experts' values.
     close(experts(x, w, ids, coarse, dn, mlp), float_experts(x, w, ids, coarse, dn, mlp), 1e-5)
 
@@ -255,9 +261,11 @@ for bound, cfg in FP8_CONFIGS:
         if gate:
             const.update(PDL=True, INLINE=cfg.inline_align, E_P2=128 if cfg.inline_align else 2,
                          P_BLOCK=(256 if bm == 16 else 1024) if cfg.inline_align else 1,
-                         XQ=cfg.quant_x)
+                         XQ=cfg.quant_x, SPLIT=cfg.gate_up_split)
             if cfg.quant_x:  # x comes quantised, its scales beside it
                 types = dict(ptrs, x_ptr="*fp8e4nv", xs_ptr="*fp32")
+            if cfg.gate_up_split > 1:  # K split: float32 partials, a counter a tile
+                types = dict(types, part_ptr="*fp32", cnt_ptr="*i32")
         else:
             last = cfg.last_sum
             const.update(LAST_SUM=last, HAS_EXTRA=False, ADD_NORM=last, TRIGGER=last,
@@ -315,3 +323,34 @@ def test_cuda_fp8_experts_at_v2_lite_shapes(tokens):
     assert rel_err(got, want) < 2e-2
     close(got, want, 0.05)
     assert rel_err(got, float_experts(x, w, ids, gu, dn, mlp)) < LOOSE
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens,split", [(1, 3), (4, 2)])
+def test_cuda_fp8_split_gate_up_replays_bitwise(tokens, split):
+    """gate_up's K in slices (`MoEConfig.gate_up_split`, the direct layout) at V2-Lite's
+    shapes: the unsplit layer's output but for the order of its float32 sums (which the bf16
+    `act` mostly rounds away: equal on an H200), the same bits on every call and in a CUDA
+    graph's replay (the last slice to arrive sums in slice order), and the reference's
+    `ops.moe_fp8` as close as the unsplit layer is."""
+    x, w, ids, gu, dn, mlp = make_fp8(tokens, 6, 64, 2048, 1408, 2, seed=tokens, device="cuda",
+                                      dtype=torch.bfloat16)
+    cfg = dataclasses.replace(pick_config(tokens, fp8=True), direct=True, gate_up_split=split)
+    got = fused_fp8(x, w, ids, gu, dn, mlp, cfg)
+    whole = fused_fp8(x, w, ids, gu, dn, mlp, dataclasses.replace(cfg, gate_up_split=1))
+    assert rel_err(got, whole) < 1e-2
+    assert rel_err(got, experts_fp8(x, w, ids, gu, dn, mlp, fold=True)) < 2e-2
+    for _ in range(5):
+        assert torch.equal(fused_fp8(x, w, ids, gu, dn, mlp, cfg), got)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture
+        fused_fp8(x, w, ids, gu, dn, mlp, cfg)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_fp8(x, w, ids, gu, dn, mlp, cfg)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, got)

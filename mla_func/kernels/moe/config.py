@@ -41,7 +41,9 @@ class MoEConfig:
     `quant_x` (block-FP8 experts): x is quantised once a token (`act_quant.quant_tokens`)
     before the gate_up GEMM, which then reads e4m3 rows instead of quantising each x tile
     in every one of its column programs: the same bits. `quant_act` likewise quantises
-    `act` (gate_up's output) once before the down GEMM."""
+    `act` (gate_up's output) once before the down GEMM. `gate_up_split` (direct layout):
+    the gate_up GEMM's K in this many slices, a program each, summed by the last to arrive
+    (`split_k`: shorter chains of K steps where a few programs would each run all of K)."""
 
     block_m: int
     gate_up: tuple[int, int, int, int]
@@ -55,6 +57,7 @@ class MoEConfig:
     merge_tail: bool = False
     quant_x: bool = False
     quant_act: bool = False
+    gate_up_split: int = 1
 
 
 # (max tokens, config): the first row whose bound is >= the step's static token count.
@@ -122,13 +125,18 @@ FUSE_SHARED_MAX_TOKENS = 512
 # where 64-256-column tiles feed the e4m3 warp-group MMA (a layer at 1 / 2 / 4 / 8 / 64 / 128
 # tokens: 38.5 -> 35.9, 52.3 -> 47.5, 90.6 -> 73.6, 113 -> 102, 187 -> 159, 186 -> 173 us;
 # 3 tokens take 2 and 4's tiles untimed; 16 and 32 tokens within 2% of their rows, kept).
-# The 129-1024- and 1025-3584-token rows are not timed (docs/DECISIONS.md,
-# `moe.config.FP8_CONFIGS`). `quant_x` (x quantised once) is on where a sweep chose it and
-# from 256 tokens, `quant_act` where a sweep chose it.
+# The one-token row's gate_up (8 warps, K in 3 slices: `gate_up_split`) is the fastest of 12
+# tile and split variants in V2-Lite's whole-step graph at B=1 (1.726 against 1.799 ms; the
+# layer alone ranks them otherwise). The 1025-3584-token rows are the best of the sweep at
+# 2048 tokens (860 against 1310 us a layer); 1024 and the last row take its `quant_act`
+# (docs/DECISIONS.md, `moe.config.FP8_CONFIGS`); 129-512 tokens are not timed. `quant_x` (x
+# quantised once) is on where a sweep chose it and from 256 tokens, `quant_act` where a sweep
+# chose it and from 1024.
 FP8_BLOCK_K = 128
 _K = FP8_BLOCK_K
 FP8_CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
-    (1, MoEConfig(16, (128, _K, 4, 4), (128, _K, 8, 3), direct=True, pdl=True, last_sum=True)),
+    (1, MoEConfig(16, (128, _K, 8, 3), (128, _K, 8, 3), direct=True, pdl=True, last_sum=True,
+                  gate_up_split=3)),
     (2, MoEConfig(16, (64, _K, 4, 3), (256, _K, 8, 3), direct=True, pdl=True)),
     (3, MoEConfig(16, (64, _K, 4, 3), (256, _K, 8, 3), direct=True, pdl=True)),
     (4, MoEConfig(16, (64, _K, 4, 3), (256, _K, 8, 3), direct=True, pdl=True)),
@@ -143,21 +151,48 @@ FP8_CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (256, MoEConfig(64, (64, _K, 8, 3), (64, _K, 4, 2), pdl=True, quant_x=True)),
     (512, MoEConfig(64, (64, _K, 8, 4), (128, _K, 8, 4), pdl=True, quant_x=True)),
     (1024, MoEConfig(64, (128, _K, 8, 3), (256, _K, 8, 3), pdl=True, tma=True, quant_x=True,
-                     shared_stream=True)),
-    (2560, MoEConfig(64, (64, _K, 8, 4), (128, _K, 8, 4), pdl=True, tma=True, quant_x=True,
-                     shared_stream=True, merge_tail=True)),
-    (3584, MoEConfig(64, (64, _K, 8, 4), (128, _K, 8, 4), pdl=True, tma=True, quant_x=True,
-                     merge_tail=True)),
+                     quant_act=True, shared_stream=True)),
+    (2560, MoEConfig(64, (128, _K, 8, 3), (256, _K, 8, 3), pdl=True, tma=True, quant_x=True,
+                     quant_act=True, shared_stream=True, merge_tail=True)),
+    (3584, MoEConfig(64, (128, _K, 8, 3), (256, _K, 8, 3), pdl=True, tma=True, quant_x=True,
+                     quant_act=True, merge_tail=True)),
     (1 << 62, MoEConfig(64, (128, _K, 8, 3), (256, _K, 8, 3), pdl=True, tma=True, quant_x=True,
-                        shared_stream=True, merge_tail=True)),
+                        quant_act=True, shared_stream=True, merge_tail=True)),
 )
 
 
 # FP8 rows (their bounds) whose kernels spill registers on sm90 and were still measured the
-# fastest: the last row's 128- and 256-column tiles (gate_up ~800 and down ~670 bytes of
-# spill under Triton 3.6) took 2406 us a layer at 4096 tokens where the spill-free 64- and
-# 128-column tiles took 3433 (H200, `bench moe --weights fp8 --sweep`, 2026-11-28).
-FP8_SPILLS = frozenset({1 << 62})
+# fastest: the merged tails' 128- and 256-column tiles (gate_up 384 and down 24 bytes of
+# spill under Triton 3.6 with `quant_act`) took 2406 us a layer at 4096 tokens where the
+# spill-free 64- and 128-column tiles took 3433, and 860 against 1310 at 2048 tokens (H200,
+# `bench moe --weights fp8 --sweep`, 2026-11-28).
+FP8_SPILLS = frozenset({2560, 3584, 1 << 62})
+
+
+def check_config(cfg: MoEConfig, tokens: int, topk: int, n_shared: int,
+                 inline_max_pairs: int) -> None:
+    """A ValueError where `cfg` cannot run `tokens` tokens of top-`topk` with `n_shared`
+    shared experts folded in (`inline_max_pairs`: the most routed pairs inline_align takes)."""
+    if cfg.tma and (cfg.direct or n_shared):
+        raise ValueError("MoEConfig.tma needs the aligned layout and the shared experts apart")
+    if cfg.merge_tail and (cfg.direct or n_shared or cfg.block_m < 32 or cfg.inline_align):
+        raise ValueError("MoEConfig.merge_tail needs the aligned layout found by the alignment "
+                         "launch (not inline_align), the shared experts apart and "
+                         "block_m >= 32")
+    if cfg.inline_align and cfg.direct:
+        raise ValueError("MoEConfig.inline_align needs the aligned layout")
+    if cfg.inline_align and tokens * topk > inline_max_pairs:
+        raise ValueError(f"MoEConfig.inline_align takes at most {inline_max_pairs} routed pairs;"
+                         f" got {tokens} tokens x top-{topk}")
+    if cfg.shared_stream and n_shared:
+        raise ValueError("MoEConfig.shared_stream needs the shared experts apart")
+    if cfg.direct and tokens > DIRECT_BLOCK_M:
+        raise ValueError(f"the direct path takes at most {DIRECT_BLOCK_M} tokens")
+    if cfg.last_sum and not cfg.direct:
+        raise ValueError("last_sum needs the direct layout (MoEConfig.direct)")
+    if cfg.gate_up_split < 1 or (cfg.gate_up_split > 1 and not cfg.direct):
+        raise ValueError(f"MoEConfig.gate_up_split {cfg.gate_up_split}: 1, or more slices of "
+                         f"K on the direct layout (MoEConfig.direct)")
 
 
 def pick_config(tokens: int, fp8: bool = False) -> MoEConfig:

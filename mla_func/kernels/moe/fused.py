@@ -87,7 +87,13 @@ from mla_func.kernels.launch.runtime import Runtime, call_counters, op_counters
 from mla_func.kernels.linear.norm import add_rmsnorm
 from mla_func.kernels.moe import fp8_gemm
 from mla_func.kernels.moe.align import align, empty_layout
-from mla_func.kernels.moe.config import DIRECT_BLOCK_M, MoEConfig, fold_shared, pick_config
+from mla_func.kernels.moe.config import (
+    DIRECT_BLOCK_M,
+    MoEConfig,
+    check_config,
+    fold_shared,
+    pick_config,
+)
 from mla_func.kernels.moe.down import down_kernel
 from mla_func.kernels.moe.fp8_gemm import GROUP, Fp8Scales, check_weights, gemm_args
 from mla_func.kernels.moe.fp8_gemm import shared_as_experts as shared_scales
@@ -95,6 +101,7 @@ from mla_func.kernels.moe.gate_up import gate_up_kernel
 from mla_func.kernels.moe.inline_align import MAX_PAIRS as INLINE_MAX_PAIRS
 from mla_func.kernels.moe.pair_sum import sum_kernel
 from mla_func.kernels.moe.shared_fp8 import swiglu_fp8
+from mla_func.kernels.moe.split_k import split_counters, split_workspace
 from mla_func.kernels.moe.swiglu import swiglu
 from mla_func.kernels.plan import norm_linear_normalises as normalises
 from mla_func.ops.moe import check_local_experts
@@ -215,23 +222,7 @@ def fused_experts(
     local, first = first_expert is not None, first_expert or 0
     local_args = dict(ids_ptr=ids, topk=topk, n_routed=n_routed, first_expert=first, LOCAL=local)
     pdl = cfg.pdl and pdl_supported(x.device)
-    if cfg.tma and (cfg.direct or n_shared):
-        raise ValueError("MoEConfig.tma needs the aligned layout and the shared experts apart")
-    if cfg.merge_tail and (cfg.direct or n_shared or cfg.block_m < 32 or cfg.inline_align):
-        raise ValueError("MoEConfig.merge_tail needs the aligned layout found by the alignment "
-                         "launch (not inline_align), the shared experts apart and "
-                         "block_m >= 32")
-    if cfg.inline_align and cfg.direct:
-        raise ValueError("MoEConfig.inline_align needs the aligned layout")
-    if cfg.inline_align and tokens * topk > INLINE_MAX_PAIRS:
-        raise ValueError(f"MoEConfig.inline_align takes at most {INLINE_MAX_PAIRS} routed pairs;"
-                         f" got {tokens} tokens x top-{topk}")
-    if cfg.shared_stream and n_shared:
-        raise ValueError("MoEConfig.shared_stream needs the shared experts apart")
-    if cfg.direct and tokens > DIRECT_BLOCK_M:
-        raise ValueError(f"the direct path takes at most {DIRECT_BLOCK_M} tokens")
-    if cfg.last_sum and not cfg.direct:
-        raise ValueError("last_sum needs the direct layout (MoEConfig.direct)")
+    check_config(cfg, tokens, topk, n_shared, INLINE_MAX_PAIRS)
     if add_norm is not None and (add_norm[0].shape != x.shape or add_norm[0].dtype != x.dtype):
         raise ValueError(f"add_norm: the residual is {tuple(add_norm[0].shape)} "
                          f"{add_norm[0].dtype}; the experts' output {tuple(x.shape)} {x.dtype}")
@@ -282,7 +273,13 @@ def fused_experts(
         bn, bk, warps, stages = _fit(cfg.gate_up, n_inter, n_hidden, fp8)
         n_n = triton.cdiv(n_inter, bn)
         x_in, x_args = fp8_gemm.gate_up_x(x, cfg.quant_x, fp8)
-        gate_up_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
+        split = {}
+        if cfg.gate_up_split > 1:  # K in slices, summed by the last (`split_k`)
+            split = dict(part_ptr=split_workspace(cfg.gate_up_split, n_tiles * bm, n_inter, x),
+                         cnt_ptr=split_counters(counters, n_tiles * n_n),
+                         SPLIT=cfg.gate_up_split)
+        gate_up_kernel[(n_tiles, n_n, cfg.gate_up_split) if cfg.direct
+                       else (n_n, n_tiles, cfg.gate_up_split)](
             x_in, gate_up, s_gate_up, _desc(gate_up, [1, 2, bn, bk]) if cfg.tma else None, act,
             *tiles, n_inter, n_hidden, n_routed, first, x_in.stride(0),
             gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
@@ -291,7 +288,7 @@ def fused_experts(
             PDL=pdl, TMA=cfg.tma, INLINE=cfg.inline_align, MERGE_TAIL=cfg.merge_tail,
             E_P2=triton.next_power_of_2(n_routed + 1),
             P_BLOCK=triton.next_power_of_2(tokens * topk) if cfg.inline_align else 1,
-            num_warps=warps, num_stages=stages, **fp8_args[0], **x_args,
+            num_warps=warps, num_stages=stages, **fp8_args[0], **x_args, **split,
             **({"launch_pdl": True} if pdl else {}))
 
         out = torch.empty_like(x)

@@ -16,6 +16,7 @@ from mla_func.kernels.act_quant import quant_rows
 from mla_func.kernels.moe.fp8_gemm import mma, scale_ptrs
 from mla_func.kernels.moe.gemm import expert_base, k_masks
 from mla_func.kernels.moe.inline_align import inline_tile
+from mla_func.kernels.moe.split_k import k_range, sum_partials
 from mla_func.kernels.moe.tile import is_shared_tile, tail_tile, tile
 from mla_func.kernels.swap_ab import WGMMA_M, acc_rows, acc_zeros
 
@@ -39,7 +40,8 @@ def _gate_up_rows(
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
     TMA: tl.constexpr, t_pair, t_ok, TAIL: tl.constexpr, q_ptr, qs_ptr, stride_qe, stride_qg,
     stride_qn, stride_sqe, stride_sqg, stride_sqn, blk_n, s_blk_n, FP8: tl.constexpr,
-    ROUND: tl.constexpr, xs_ptr, stride_xs, XQ: tl.constexpr,
+    ROUND: tl.constexpr, xs_ptr, stride_xs, XQ: tl.constexpr, part_ptr=None, cnt_ptr=None,
+    n_rows=0, SPLIT: tl.constexpr = 1,
 ):
     """silu(x W_gate^T) * (x W_up^T) of BM rows of expert e (token rows gathered from `pair`)
     and N-tile pid_n, stored to `act` rows act_row0... TAIL (`MoEConfig.merge_tail`): also
@@ -49,7 +51,9 @@ def _gate_up_rows(
     `blk_n` / `s_blk_n` rows a block; x quantised per row and K step (`fp8_gemm`), or, XQ,
     given quantised (e4m3 at x_ptr, its scales at xs_ptr: `act_quant.quant_tokens`). SWAP:
     pointer-loaded FP8 tiles of fewer rows than a warp-group MMA multiply as w x^T
-    (`kernels.swap_ab`)."""
+    (`kernels.swap_ab`). SPLIT > 1: the K slice `program_id(2)` of SPLIT, the tile's
+    partials summed by the last slice to arrive (`split_k`: `part_ptr` its workspace of
+    n_rows rows, `cnt_ptr` one counter a tile), which alone stores."""
     SWAP: tl.constexpr = FP8 and not TMA and BM < WGMMA_M and BLOCK_N >= WGMMA_M
     shared = e >= n_routed
     base = expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
@@ -58,13 +62,14 @@ def _gate_up_rows(
     tok = (pair // PAIRS_PER_TOKEN).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < n_inter
+    k_lo, k_hi = k_range(n_hidden, BLOCK_K, SPLIT)
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = x_ptr + tok[:, None] * stride_x + offs_k[None, :]
-    g_ptrs = base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
+    a_ptrs = x_ptr + tok[:, None] * stride_x + (k_lo + offs_k)[None, :]
+    g_ptrs = base + offs_n[None, :].to(tl.int64) * stride_n + (k_lo + offs_k)[:, None]
     u_ptrs = g_ptrs + stride_g
     if TAIL:
         t_tok = (t_pair // PAIRS_PER_TOKEN).to(tl.int64)
-        t_ptrs = x_ptr + t_tok[:, None] * stride_x + offs_k[None, :]
+        t_ptrs = x_ptr + t_tok[:, None] * stride_x + (k_lo + offs_k)[None, :]
     if FP8:  # the rows' weight scales at K block 0 (the next K blocks follow)
         stride_q = tl.where(shared, stride_sqg, stride_qg)  # gate's to up's
         if TMA:  # the [2 * BLOCK_N] columns of the double-width product: gate's, then up's
@@ -89,7 +94,7 @@ def _gate_up_rows(
         if TAIL:
             acc_tg = acc_zeros(BM // 2, BLOCK_N, SWAP)
             acc_tu = acc_zeros(BM // 2, BLOCK_N, SWAP)
-    for k in range(0, n_hidden, BLOCK_K):
+    for k in range(k_lo, k_hi, BLOCK_K):
         k_ok = offs_k + k < n_hidden
         a_mask, b_mask = k_masks(row_ok, n_ok, k_ok, EVEN_K)
         a = tl.load(a_ptrs, mask=a_mask, other=0.0)
@@ -139,14 +144,18 @@ def _gate_up_rows(
         acc_g, acc_u = acc_rows(acc_g, SWAP), acc_rows(acc_u, SWAP)
         if TAIL:
             acc_tg, acc_tu = acc_rows(acc_tg, SWAP), acc_rows(acc_tu, SWAP)
-    act = acc_g * tl.sigmoid(acc_g) * acc_u
-    if TAIL:
-        act_t = acc_tg * tl.sigmoid(acc_tg) * acc_tu
-    if PDL:  # shared tiles too: `act` may reuse memory the router still uses (its partials)
-        tl.extra.cuda.gdc_wait()
-    _act_store(act_ptr, act, act_row0, offs_n, row_ok, n_ok, n_inter, BM)
-    if TAIL:
-        _act_store(act_ptr, act_t, act_row0 + BM, offs_n, t_ok, n_ok, n_inter, BM // 2)
+    if PDL:  # shared tiles too: `act` (and the partials) may reuse memory the router still
+        tl.extra.cuda.gdc_wait()  # uses (its partials)
+    last = True
+    if SPLIT > 1:
+        acc_g, acc_u, last = sum_partials(acc_g, acc_u, part_ptr, cnt_ptr, act_row0, row_ok,
+                                          offs_n, n_ok, n_rows, n_inter, BM, SPLIT)
+    if last:
+        act = acc_g * tl.sigmoid(acc_g) * acc_u
+        _act_store(act_ptr, act, act_row0, offs_n, row_ok, n_ok, n_inter, BM)
+        if TAIL:
+            act_t = acc_tg * tl.sigmoid(acc_tg) * acc_tu
+            _act_store(act_ptr, act_t, act_row0 + BM, offs_n, t_ok, n_ok, n_inter, BM // 2)
 
 
 # The token count only sizes the direct layout, the tile count only the last tile's tail: not
@@ -164,7 +173,7 @@ def gate_up_kernel(
     LOCAL: tl.constexpr = False, q_ptr=None, qs_ptr=None, stride_qe=0, stride_qg=0,
     stride_qn=0, stride_sqe=0, stride_sqg=0, stride_sqn=0, blk_n=1, s_blk_n=1,
     FP8: tl.constexpr = False, ROUND: tl.constexpr = False, xs_ptr=None, stride_xs=0,
-    XQ: tl.constexpr = False,
+    XQ: tl.constexpr = False, part_ptr=None, cnt_ptr=None, SPLIT: tl.constexpr = 1,
 ):
     """INLINE (aligned layout, whole tiles): the routed tiles find themselves from `ids`
     (`moe_inline_align`) and the first N-tile's programs write the tile table. MERGE_TAIL
@@ -173,7 +182,8 @@ def gate_up_kernel(
     are first_expert.. (`moe_tile.local_expert`); the table of the aligned layout holds local
     ids already. FP8: block-FP8 weights (`_gate_up_rows`; ROUND: off CUDA, `fp8_gemm`); XQ:
     x given in e4m3 with its scales at xs_ptr (`MoEConfig.quant_x`): every tile then waits
-    for the kernel before it (the quantisation), the shared ones too."""
+    for the kernel before it (the quantisation), the shared ones too. SPLIT (neither
+    MERGE_TAIL nor INLINE): K in SPLIT slices, `program_id(2)` (`split_k`)."""
     if DIRECT:
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -224,5 +234,5 @@ def gate_up_kernel(
             stride_sg, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
             PRECISION, PDL, TMA, None, None, False, q_ptr, qs_ptr, stride_qe, stride_qg,
             stride_qn, stride_sqe, stride_sqg, stride_sqn, blk_n, s_blk_n, FP8, ROUND, xs_ptr,
-            stride_xs, XQ)
+            stride_xs, XQ, part_ptr, cnt_ptr, n_blocks * BLOCK_M, SPLIT)
 
