@@ -128,10 +128,10 @@ FUSE_SHARED_MAX_TOKENS = 512
 # The one-token row's gate_up (8 warps, K in 3 slices: `gate_up_split`) is the fastest of 12
 # tile and split variants in V2-Lite's whole-step graph at B=1 (1.726 against 1.799 ms; the
 # layer alone ranks them otherwise). The 1025-3584-token rows are the best of the sweep at
-# 2048 tokens (860 against 1310 us a layer); 1024 and the last row take its `quant_act`
-# (docs/DECISIONS.md, `moe.config.FP8_CONFIGS`); 129-512 tokens are not timed. `quant_x` (x
-# quantised once) is on where a sweep chose it and from 256 tokens, `quant_act` where a sweep
-# chose it and from 1024.
+# 2048 tokens (860 against 1310 us a layer); the 1024 and the last row take its `quant_act`
+# (463 against 540 us at 1024 tokens, 1521 against 1866 at 4096; docs/DECISIONS.md,
+# `moe.config.FP8_CONFIGS`); 129-512 tokens are not timed. `quant_x` (x quantised once) is on
+# where a sweep chose it and from 256 tokens, `quant_act` where a sweep chose it and from 513.
 FP8_BLOCK_K = 128
 _K = FP8_BLOCK_K
 FP8_CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
