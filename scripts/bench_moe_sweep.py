@@ -2,11 +2,11 @@
 `time_case` that `bench_moe.run` hands in: it times a config in the layer's CUDA graph and
 checks its output against the baseline's).
 
-Tiles per block_m by coordinate descent; up to 4 tokens also the direct path, gate_up's K
-split (`MoEConfig.gate_up_split`) and the sum as the down GEMM's tail (DIRECT_MAX_TOKENS). It
-prints each case as it is timed (a sweep cut short by a time limit keeps those lines), then
-the best config per token count next to the default (`moe_config.pick_config`) and the best
-of each variant side by side.
+Tiles per block_m by coordinate descent; up to 4 tokens also the direct path, each GEMM's K
+split (`MoEConfig.gate_up_split`, `down_split`) and the sum as the down GEMM's tail
+(DIRECT_MAX_TOKENS). It prints each case as it is timed (a sweep cut short by a time limit
+keeps those lines), then the best config per token count next to the default
+(`moe_config.pick_config`) and the best of each variant side by side.
 """
 
 import time
@@ -31,7 +31,7 @@ TILES_FP8 = [(32, 128, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3), (128, 128, 8, 3)
 BLOCK_MS = ((8, (16,)), (64, (16, 32)), (256, (16, 32, 64)), (1024, (32, 64, 128)),
             (1 << 62, (64, 128)))
 DIRECT_SWEEP_MAX = 4  # tokens up to which the direct path is tried
-SPLITS = (2, 3, 4)  # gate_up K slices tried on the direct path (`MoEConfig.gate_up_split`)
+SPLITS = (2, 3, 4)  # K slices tried on the direct path (`gate_up_split`, `down_split`)
 
 # A config's (µs a layer, relative error against the baseline); µs None: it could not run.
 TimeCase = Callable[[MoEConfig], tuple[float | None, float | None]]
@@ -75,19 +75,24 @@ def sweep(t: int, time_case: TimeCase, floor: float, fp8: bool = False) -> list[
         return best
 
     def split(best: MoEConfig, tiles) -> MoEConfig:
-        """The fastest gate_up K split (SPLITS, and none) of `best`; split, its gate_up
-        tiles once more (fewer K steps a program may want other tiles)."""
-        cands = [replace(best, gate_up_split=n) for n in (1, *SPLITS)]
-        ok = {c: us for c in cands if (us := timed(c)) is not None}
-        best = min(ok, key=ok.get) if ok else best
-        return descend(best, (("gate_up", tiles),)) if best.gate_up_split > 1 else best
+        """For each GEMM, the fastest K split (SPLITS, and none) of `best`; split, its tiles
+        once more (fewer K steps a program may want other tiles)."""
+        for gemm in ("gate_up", "down"):
+            field = f"{gemm}_split"
+            cands = [replace(best, **{field: n}) for n in (1, *SPLITS)]
+            ok = {c: us for c in cands if (us := timed(c)) is not None}
+            best = min(ok, key=ok.get) if ok else best
+            if getattr(best, field) > 1:
+                best = descend(best, ((gemm, tiles),))
+        return best
 
     start = time.perf_counter()
     timed(base)
     tiles = TILES_FP8 if fp8 else TILES
     both = (("gate_up", tiles), ("down", tiles))
     if t <= DIRECT_SWEEP_MAX:  # the same GEMMs either way: tiles found for one serve both
-        timed(replace(base, direct=not base.direct, last_sum=False, pdl=False, gate_up_split=1))
+        timed(replace(base, direct=not base.direct, last_sum=False, pdl=False, gate_up_split=1,
+                      down_split=1))
         best = descend(replace(base, direct=True), both)
         best = split(best, tiles)
         timed(replace(best, last_sum=not best.last_sum))  # the sum launch or the down's tail

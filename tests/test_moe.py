@@ -222,6 +222,23 @@ def test_direct_matches_reference_and_aligned(tokens, topk, n_exp, hidden, inter
         assert torch.equal(got, aligned), cfg
 
 
+@pytest.mark.parametrize("cfg", [
+    dataclasses.replace(DIRECT_LAST, gate_up_split=2, down_split=4),  # 3 K steps each: 2 + 1,
+    dataclasses.replace(DIRECT, gate_up_split=3, down_split=2),       # the last slice empty
+])
+@pytest.mark.interpret
+def test_split_k_matches_the_unsplit_direct_path(cfg, nan_empty):
+    """Both GEMMs' K in slices (`MoEConfig.gate_up_split`, `down_split`: the last slice to
+    arrive sums the partials) give the unsplit path's values, on every launch (the counters
+    are zero again after one)."""
+    x, w, ids, gu, dn, mlp = make(3, 4, 8, 192, 96, 1, seed=5)
+    whole = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
+                          dataclasses.replace(cfg, gate_up_split=1, down_split=1))
+    close(whole, reference(x, w, ids, gu, dn, mlp), 1e-5)
+    for _ in range(2):
+        close(fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down, cfg), whole, 1e-5)
+
+
 @pytest.mark.parametrize("cfg,shared,fold,wide", [
     (SMALL, 2, None, False),        # shared experts folded in
     (SMALL, 1, False, False),       # shared MLP apart: added in the same final sum

@@ -158,10 +158,10 @@ CASES = {  # name: (tokens, topk, n_exp, hidden, inter, shared, fold, config, sk
     # K and moe_inter partial groups (192 = 1.5, 160 = 1.25): the shared MLP apart whatever
     # the token count (moe_inter is no whole number of groups: `fold_shared`).
     "partial-groups": (3, 2, 4, 192, 160, 1, None, SMALL, False),
-    # gate_up's K (3 groups) in 4 slices (`split_k`): one group each, the last slice empty.
-    "direct-split-k": (2, 2, 4, 384, 128, 1, True,
-                       dataclasses.replace(SMALL, direct=True, last_sum=True, gate_up_split=4),
-                       False),
+    # gate_up's K (3 groups) in 4 slices (`split_k`): one group each, the last slice empty;
+    # down's (2 groups) in 2.
+    "direct-split-k": (2, 2, 4, 384, 256, 1, True, dataclasses.replace(
+        SMALL, direct=True, last_sum=True, gate_up_split=4, down_split=2), False),
 }
 
 
@@ -197,6 +197,8 @@ def test_fp8_tiles_and_weights_are_checked():
         fused_fp8(x, w, ids, coarse, dn, mlp, SMALL)
     with pytest.raises(ValueError, match="gate_up_split 2: 1, or more slices"):
         fused_fp8(x, w, ids, gu, dn, mlp, dataclasses.replace(SMALL, gate_up_split=2))
+    with pytest.raises(ValueError, match="down_split 0: 1, or more slices"):
+        fused_fp8(x, w, ids, gu, dn, mlp, dataclasses.replace(SMALL, down_split=0))
     # Every other implementation dequantises: the float experts' values.
     close(experts(x, w, ids, coarse, dn, mlp), float_experts(x, w, ids, coarse, dn, mlp), 1e-5)
 
@@ -274,6 +276,9 @@ for bound, cfg in FP8_CONFIGS:
                 types = dict(ptrs, act_ptr="*fp8e4nv", as_ptr="*fp32")
             if not cfg.merge_tail:
                 const["act_tail_desc"] = None
+            const["SPLIT"] = cfg.down_split
+            if cfg.down_split > 1:  # K split: float32 partials, a counter a tile
+                types = dict(types, part_ptr="*fp32", cnt_ptr="*i32")
         if not cfg.tma:
             const.update(w_desc=None, **({} if gate else dict(act_desc=None)))
         key = (gate, bm, bn, warps, stages, tuple(sorted(const.items())))
@@ -326,18 +331,20 @@ def test_cuda_fp8_experts_at_v2_lite_shapes(tokens):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("tokens,split", [(1, 3), (4, 2)])
-def test_cuda_fp8_split_gate_up_replays_bitwise(tokens, split):
-    """gate_up's K in slices (`MoEConfig.gate_up_split`, the direct layout) at V2-Lite's
-    shapes: the unsplit layer's output but for the order of its float32 sums (which the bf16
-    `act` mostly rounds away: equal on an H200), the same bits on every call and in a CUDA
-    graph's replay (the last slice to arrive sums in slice order), and the reference's
-    `ops.moe_fp8` as close as the unsplit layer is."""
+@pytest.mark.parametrize("tokens,split,down_split", [(1, 3, 1), (1, 2, 2), (4, 2, 3)])
+def test_cuda_fp8_split_gemms_replay_bitwise(tokens, split, down_split):
+    """gate_up's and down's K in slices (`MoEConfig.gate_up_split`, `down_split`, the direct
+    layout) at V2-Lite's shapes: the unsplit layer's output but for the order of its float32
+    sums (which the bf16 `act` and pair rows mostly round away), the same bits on every call
+    and in a CUDA graph's replay (the last slice to arrive sums in slice order), and the
+    reference's `ops.moe_fp8` as close as the unsplit layer is."""
     x, w, ids, gu, dn, mlp = make_fp8(tokens, 6, 64, 2048, 1408, 2, seed=tokens, device="cuda",
                                       dtype=torch.bfloat16)
-    cfg = dataclasses.replace(pick_config(tokens, fp8=True), direct=True, gate_up_split=split)
+    cfg = dataclasses.replace(pick_config(tokens, fp8=True), direct=True, gate_up_split=split,
+                              down_split=down_split)
     got = fused_fp8(x, w, ids, gu, dn, mlp, cfg)
-    whole = fused_fp8(x, w, ids, gu, dn, mlp, dataclasses.replace(cfg, gate_up_split=1))
+    whole = fused_fp8(x, w, ids, gu, dn, mlp,
+                      dataclasses.replace(cfg, gate_up_split=1, down_split=1))
     assert rel_err(got, whole) < 1e-2
     assert rel_err(got, experts_fp8(x, w, ids, gu, dn, mlp, fold=True)) < 2e-2
     for _ in range(5):

@@ -109,6 +109,9 @@ TAIL = MoEConfig(32, (32, 64, 4, 1), (64, 32, 4, 1))
 PATHS = {
     "direct": (DIRECT, 4, 4, 2, None, None),
     "direct_last": (DIRECT_LAST, 2, 4, 1, None, None),
+    # K split (`split_k`): a tile of another rank's expert arrives at the sum from one slice.
+    "direct_last_split": (dataclasses.replace(DIRECT_LAST, gate_up_split=2, down_split=3), 2, 4,
+                          1, None, None),
     "aligned_torch": (SMALL, 40, 4, 2, None, "torch"),
     "aligned_one_program": (SMALL, 40, 4, 2, None, "one"),
     "aligned_sliced": (SMALL, 40, 4, 1, None, "sliced"),
@@ -121,7 +124,7 @@ PATHS = {
 
 
 @pytest.mark.parametrize("path,tp", [(p, 2) for p in PATHS] + [
-    (p, 4) for p in ("direct", "direct_last", "inline", "aligned_sliced")])
+    (p, 4) for p in ("direct", "direct_last", "direct_last_split", "inline", "aligned_sliced")])
 # TMA reads `act`'s padding rows (NaN here) into rows the store masks off.
 @pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
 @pytest.mark.interpret

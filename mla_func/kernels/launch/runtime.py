@@ -30,6 +30,7 @@ COUNTER_SLICES: dict[str, tuple[int, int]] = {
     "moe_last_sum": (272, 1024),  # one an N-tile of the down GEMM, one for the norm
     "fp8_linear": (1296, 1024),  # one a column tile of a split few-row FP8 GEMM (fp8_tiles)
     "moe_gate_up_split": (2320, 1024),  # one an output tile of a split gate_up (moe.split_k)
+    "moe_down_split": (3344, 1024),  # ... and of a split down GEMM
 }
 COUNTER_SLOTS = max(first + n for first, n in COUNTER_SLICES.values())
 

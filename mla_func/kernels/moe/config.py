@@ -41,9 +41,10 @@ class MoEConfig:
     `quant_x` (block-FP8 experts): x is quantised once a token (`act_quant.quant_tokens`)
     before the gate_up GEMM, which then reads e4m3 rows instead of quantising each x tile
     in every one of its column programs: the same bits. `quant_act` likewise quantises
-    `act` (gate_up's output) once before the down GEMM. `gate_up_split` (direct layout):
-    the gate_up GEMM's K in this many slices, a program each, summed by the last to arrive
-    (`split_k`: shorter chains of K steps where a few programs would each run all of K)."""
+    `act` (gate_up's output) once before the down GEMM. `gate_up_split` and `down_split`
+    (direct layout): that GEMM's K in this many slices, a program each, summed by the last to
+    arrive (`split_k`: shorter chains of K steps where a few programs would each run all of
+    K)."""
 
     block_m: int
     gate_up: tuple[int, int, int, int]
@@ -58,6 +59,7 @@ class MoEConfig:
     quant_x: bool = False
     quant_act: bool = False
     gate_up_split: int = 1
+    down_split: int = 1
 
 
 # (max tokens, config): the first row whose bound is >= the step's static token count.
@@ -127,7 +129,8 @@ FUSE_SHARED_MAX_TOKENS = 512
 # 3 tokens take 2 and 4's tiles untimed; 16 and 32 tokens within 2% of their rows, kept).
 # The one-token row's gate_up (8 warps, K in 3 slices: `gate_up_split`) is the fastest of 12
 # tile and split variants in V2-Lite's whole-step graph at B=1 (1.726 against 1.799 ms; the
-# layer alone ranks them otherwise). The 1025-3584-token rows are the best of the sweep at
+# layer alone ranks them otherwise), and its down GEMM's K in 2 slices (`down_split`) 1.720
+# against 1.736 in the next such run. The 1025-3584-token rows are the best of the sweep at
 # 2048 tokens (860 against 1310 us a layer); the 1024 and the last row take its `quant_act`
 # (463 against 540 us at 1024 tokens, 1521 against 1866 at 4096; docs/DECISIONS.md,
 # `moe.config.FP8_CONFIGS`); 129-512 tokens are not timed. `quant_x` (x quantised once) is on
@@ -136,7 +139,7 @@ FP8_BLOCK_K = 128
 _K = FP8_BLOCK_K
 FP8_CONFIGS: tuple[tuple[int, MoEConfig], ...] = (
     (1, MoEConfig(16, (128, _K, 8, 3), (128, _K, 8, 3), direct=True, pdl=True, last_sum=True,
-                  gate_up_split=3)),
+                  gate_up_split=3, down_split=2)),
     (2, MoEConfig(16, (64, _K, 4, 3), (256, _K, 8, 3), direct=True, pdl=True)),
     (3, MoEConfig(16, (64, _K, 4, 3), (256, _K, 8, 3), direct=True, pdl=True)),
     (4, MoEConfig(16, (64, _K, 4, 3), (256, _K, 8, 3), direct=True, pdl=True)),
@@ -190,9 +193,11 @@ def check_config(cfg: MoEConfig, tokens: int, topk: int, n_shared: int,
         raise ValueError(f"the direct path takes at most {DIRECT_BLOCK_M} tokens")
     if cfg.last_sum and not cfg.direct:
         raise ValueError("last_sum needs the direct layout (MoEConfig.direct)")
-    if cfg.gate_up_split < 1 or (cfg.gate_up_split > 1 and not cfg.direct):
-        raise ValueError(f"MoEConfig.gate_up_split {cfg.gate_up_split}: 1, or more slices of "
-                         f"K on the direct layout (MoEConfig.direct)")
+    for name in ("gate_up_split", "down_split"):
+        split = getattr(cfg, name)
+        if split < 1 or (split > 1 and not cfg.direct):
+            raise ValueError(f"MoEConfig.{name} {split}: 1, or more slices of K on the direct "
+                             f"layout (MoEConfig.direct)")
 
 
 def pick_config(tokens: int, fp8: bool = False) -> MoEConfig:

@@ -18,6 +18,7 @@ from mla_func.kernels.act_quant import quant_rows
 from mla_func.kernels.moe.fp8_gemm import mma, scale_ptrs
 from mla_func.kernels.moe.gemm import expert_base, k_masks
 from mla_func.kernels.moe.pair_sum import last_sum
+from mla_func.kernels.moe.split_k import arrive, k_range, store_partial, summed
 from mla_func.kernels.moe.tile import tail_tile, tile
 from mla_func.kernels.swap_ab import WGMMA_M, acc_rows, acc_zeros
 
@@ -43,7 +44,7 @@ def _down_tile(
     EVEN_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
     t_desc, t_ok, TAIL: tl.constexpr, q_ptr, qs_ptr, stride_qe, stride_qn, stride_sqe,
     stride_sqn, blk_n, s_blk_n, FP8: tl.constexpr, ROUND: tl.constexpr, as_ptr,
-    AQ: tl.constexpr,
+    AQ: tl.constexpr, SPLIT: tl.constexpr = 1,
 ):
     """act W_down^T of the BLOCK_M `act` rows from act_row0 and the N-tile of columns
     n0 + BLOCK_N, fp32, before the routing weights (`_weighted`; padding rows are dropped by
@@ -53,18 +54,20 @@ def _down_tile(
     scales (`q_ptr`: routed [experts, blocks_out, blocks_in], `qs_ptr`: shared slices),
     `act` quantised per row and K step (`fp8_gemm`), or, AQ, given in e4m3 with its scales
     at as_ptr ([rows, groups]: `act_quant.quant_tokens`, `MoEConfig.quant_act`). SWAP: FP8
-    tiles of fewer rows than a warp-group MMA multiply as w act^T (`kernels.swap_ab`)."""
+    tiles of fewer rows than a warp-group MMA multiply as w act^T (`kernels.swap_ab`). SPLIT:
+    over K slice `program_id(2)` of SPLIT only (`split_k`)."""
     SWAP: tl.constexpr = FP8 and BLOCK_M < WGMMA_M and BLOCK_N >= WGMMA_M
     offs_n = n0 + tl.arange(0, BLOCK_N)
     base = expert_base(w_ptr, ws_ptr, e, n_routed, stride_we, stride_se)
     stride_n = tl.where(e >= n_routed, stride_sn, stride_wn)
+    k_lo, k_hi = k_range(n_inter, BLOCK_K, SPLIT)
     offs_k = tl.arange(0, BLOCK_K)
     act_rows = (act_row0 + tl.arange(0, BLOCK_M)).to(tl.int64)
-    a_ptrs = act_ptr + act_rows[:, None] * n_inter + offs_k[None, :]
-    b_ptrs = base + offs_n[None, :].to(tl.int64) * stride_n + offs_k[:, None]
+    a_ptrs = act_ptr + act_rows[:, None] * n_inter + (k_lo + offs_k)[None, :]
+    b_ptrs = base + offs_n[None, :].to(tl.int64) * stride_n + (k_lo + offs_k)[:, None]
     if TAIL:
         t_rows = (act_row0 + BLOCK_M + tl.arange(0, BLOCK_M // 2)).to(tl.int64)
-        t_ptrs = act_ptr + t_rows[:, None] * n_inter + offs_k[None, :]
+        t_ptrs = act_ptr + t_rows[:, None] * n_inter + (k_lo + offs_k)[None, :]
         acc_t = acc_zeros(BLOCK_M // 2, BLOCK_N, SWAP)
     if TMA:  # rows of the [experts * hidden, moe_inter] view, and of `act`
         row_w = e * n_hidden + n0
@@ -76,7 +79,7 @@ def _down_tile(
             if TAIL:
                 as_t_ptrs = as_ptr + t_rows * tl.cdiv(n_inter, BLOCK_K)
     acc = acc_zeros(BLOCK_M, BLOCK_N, SWAP)
-    for k in range(0, n_inter, BLOCK_K):
+    for k in range(k_lo, k_hi, BLOCK_K):
         if TMA:
             a = act_desc.load([act_row0, k])
             b = tl.trans(w_desc.load([row_w, k]))
@@ -131,9 +134,12 @@ def _down_rows(
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
     t_desc, t_pair, t_ok, TAIL: tl.constexpr, q_ptr, qs_ptr, stride_qe, stride_qn, stride_sqe,
     stride_sqn, blk_n, s_blk_n, FP8: tl.constexpr, ROUND: tl.constexpr, as_ptr,
-    AQ: tl.constexpr,
+    AQ: tl.constexpr, part_ptr=None, cnt_ptr=None, n_rows=0, SPLIT: tl.constexpr = 1,
 ):
-    """`_down_tile` of BM rows (TAIL: and BM // 2 more), stored to each pair's row of `out`."""
+    """`_down_tile` of BM rows (TAIL: and BM // 2 more), stored to each pair's row of `out`;
+    whether this program stored them. SPLIT > 1 (not TAIL): K slice `program_id(2)`, the
+    partials summed and stored by the tile's last slice to arrive (`split_k`: `part_ptr`
+    its workspace of n_rows rows, `cnt_ptr` one counter a tile)."""
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < n_hidden
     dtype = out_ptr.dtype.element_ty  # the model's (`act` may be e4m3)
@@ -152,9 +158,20 @@ def _down_rows(
                          stride_wn, stride_se, stride_sn, BM, BLOCK_N, BLOCK_K, EVEN_K,
                          PRECISION, TMA, None, None, False, q_ptr, qs_ptr, stride_qe,
                          stride_qn, stride_sqe, stride_sqn, blk_n, s_blk_n, FP8, ROUND, as_ptr,
-                         AQ)
-    y = _weighted(acc, pair, row_ok, weights_ptr, topk, dtype, PAIRS_PER_TOKEN)
-    _store_pairs(out_ptr, y, pair, row_ok, offs_n, n_ok, n_hidden)
+                         AQ, SPLIT)
+    last = tl.program_id(2) >= 0  # true: unsplit, every program stores
+    if SPLIT > 1:  # the partials stored, the last slice to arrive sums them
+        rows = act_row0 + tl.arange(0, BM)
+        mask = row_ok[:, None] & n_ok[None, :]
+        store_partial(acc, 0, 1, part_ptr, rows, offs_n, mask, n_rows, n_hidden)
+        counter, last = arrive(cnt_ptr, SPLIT)
+        if last:
+            acc = summed(acc, 0, 1, part_ptr, rows, offs_n, mask, n_rows, n_hidden, SPLIT)
+            tl.store(counter, 0)
+    if last:
+        y = _weighted(acc, pair, row_ok, weights_ptr, topk, dtype, PAIRS_PER_TOKEN)
+        _store_pairs(out_ptr, y, pair, row_ok, offs_n, n_ok, n_hidden)
+    return last
 
 
 @triton.jit(do_not_specialize=["n_tokens", "n_blocks", "first_expert"])
@@ -172,7 +189,7 @@ def down_kernel(
     NORM: tl.constexpr = True, MERGE_TAIL: tl.constexpr = False, LOCAL: tl.constexpr = False,
     q_ptr=None, qs_ptr=None, stride_qe=0, stride_qn=0, stride_sqe=0, stride_sqn=0, blk_n=1,
     s_blk_n=1, FP8: tl.constexpr = False, ROUND: tl.constexpr = False, as_ptr=None,
-    AQ: tl.constexpr = False,
+    AQ: tl.constexpr = False, part_ptr=None, cnt_ptr=None, SPLIT: tl.constexpr = 1,
 ):
     """Each pair's weighted expert output to its own row of `out` ([pairs, hidden]); with
     MERGE_TAIL, M-tiles as in `gate_up_kernel` (`act_tail_desc`: TMA blocks of the tails'
@@ -182,7 +199,9 @@ def down_kernel(
     after start at once (PDL; it waits for this one's end before it reads). LOCAL (expert
     parallelism): as in `gate_up_kernel`; a pair of another rank's expert gets no row here.
     FP8: block-FP8 weights (`_down_tile`; ROUND: off CUDA, `fp8_gemm`); AQ: `act` given in
-    e4m3 with its scales at as_ptr."""
+    e4m3 with its scales at as_ptr. SPLIT (not MERGE_TAIL): K in SPLIT slices, `program_id(2)`
+    (`split_k`); a tile's last slice to arrive stores it and arrives at the pair sum's counter
+    (of a tile of no expert here, its first slice)."""
     if TRIGGER:
         tl.extra.cuda.gdc_launch_dependents()
     if DIRECT:
@@ -216,16 +235,18 @@ def down_kernel(
         e, pair, row_ok = tile(pid_m, ids_ptr, sorted_ptr, block_expert_ptr, block_rows_ptr,
                                 n_tokens, topk, n_routed, first_expert, PAIRS_PER_TOKEN,
                                 BLOCK_M, DIRECT, LOCAL)
+        last = tl.program_id(2) == 0  # a tile of no expert here: its first slice arrives
         if e >= 0:
-            _down_rows(
+            last = _down_rows(
                 act_ptr, w_ptr, ws_ptr, act_desc, w_desc, out_ptr, weights_ptr,
                 pid_m * BLOCK_M, e, pair, row_ok, pid_n, n_hidden, n_inter, n_routed, topk,
                 stride_we, stride_wn, stride_se, stride_sn, PAIRS_PER_TOKEN, BLOCK_M, BLOCK_N,
                 BLOCK_K, EVEN_K, PRECISION, TMA, None, None, None, False, q_ptr, qs_ptr,
                 stride_qe, stride_qn, stride_sqe, stride_sqn, blk_n, s_blk_n, FP8, ROUND,
-                as_ptr, AQ)
-        if LAST_SUM:  # every M-tile's program arrives, the last of an N-tile sums it
-            last_sum(out_ptr, extra_ptr, sum_ptr, res_ptr, y_ptr, nw_ptr, counter_ptr, ids_ptr,
-                     pid_n, tl.num_programs(0), tl.num_programs(1), n_tokens, n_hidden, eps,
-                     topk, n_routed, first_expert, PAIRS_PER_TOKEN, HAS_EXTRA, ADD_NORM,
-                     BLOCK_N, SUM_BLOCK, NORM, LOCAL)
+                as_ptr, AQ, part_ptr, cnt_ptr, n_blocks * BLOCK_M, SPLIT)
+        if LAST_SUM:  # an M-tile's storing program arrives, the N-tile's last sums it
+            if last:
+                last_sum(out_ptr, extra_ptr, sum_ptr, res_ptr, y_ptr, nw_ptr, counter_ptr,
+                         ids_ptr, pid_n, tl.num_programs(0), tl.num_programs(1), n_tokens,
+                         n_hidden, eps, topk, n_routed, first_expert, PAIRS_PER_TOKEN, HAS_EXTRA,
+                         ADD_NORM, BLOCK_N, SUM_BLOCK, NORM, LOCAL)

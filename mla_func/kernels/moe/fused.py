@@ -101,7 +101,7 @@ from mla_func.kernels.moe.gate_up import gate_up_kernel
 from mla_func.kernels.moe.inline_align import MAX_PAIRS as INLINE_MAX_PAIRS
 from mla_func.kernels.moe.pair_sum import sum_kernel
 from mla_func.kernels.moe.shared_fp8 import swiglu_fp8
-from mla_func.kernels.moe.split_k import split_counters, split_workspace
+from mla_func.kernels.moe.split_k import split_args
 from mla_func.kernels.moe.swiglu import swiglu
 from mla_func.kernels.plan import norm_linear_normalises as normalises
 from mla_func.ops.moe import check_local_experts
@@ -273,11 +273,8 @@ def fused_experts(
         bn, bk, warps, stages = _fit(cfg.gate_up, n_inter, n_hidden, fp8)
         n_n = triton.cdiv(n_inter, bn)
         x_in, x_args = fp8_gemm.gate_up_x(x, cfg.quant_x, fp8)
-        split = {}
-        if cfg.gate_up_split > 1:  # K in slices, summed by the last (`split_k`)
-            split = dict(part_ptr=split_workspace(cfg.gate_up_split, n_tiles * bm, n_inter, x),
-                         cnt_ptr=split_counters(counters, n_tiles * n_n),
-                         SPLIT=cfg.gate_up_split)
+        split = split_args(cfg.gate_up_split, "gate_up", 2, n_tiles, bm, n_n, n_inter, x,
+                           counters)
         gate_up_kernel[(n_tiles, n_n, cfg.gate_up_split) if cfg.direct
                        else (n_n, n_tiles, cfg.gate_up_split)](
             x_in, gate_up, s_gate_up, _desc(gate_up, [1, 2, bn, bk]) if cfg.tma else None, act,
@@ -311,11 +308,13 @@ def fused_experts(
                 SUM_BLOCK=triton.next_power_of_2(n_hidden),
                 TRIGGER=pdl and trigger,
                 NORM=not (defer_norm and normalises(tokens, n_hidden)))
-        down_kernel[(n_tiles, n_n) if cfg.direct else (n_n, n_tiles)](
+        split = split_args(cfg.down_split, "down", 1, n_tiles, bm, n_n, n_hidden, x, counters)
+        down_kernel[(n_tiles, n_n, cfg.down_split) if cfg.direct
+                    else (n_n, n_tiles, cfg.down_split)](
             act, down, s_down, *descs, buf, weights, *tiles, n_hidden, n_inter, n_routed, first,
             *strides, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=n_inter % bk == 0,
             DIRECT=cfg.direct, **common, TMA=cfg.tma, MERGE_TAIL=cfg.merge_tail,
-            num_warps=warps, num_stages=stages, **tail, **fp8_args[1], **act_args)
+            num_warps=warps, num_stages=stages, **tail, **fp8_args[1], **act_args, **split)
     finally:
         if side is not None:
             main.wait_stream(side)  # the join: `extra` is read below, on this stream

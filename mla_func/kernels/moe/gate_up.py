@@ -16,7 +16,7 @@ from mla_func.kernels.act_quant import quant_rows
 from mla_func.kernels.moe.fp8_gemm import mma, scale_ptrs
 from mla_func.kernels.moe.gemm import expert_base, k_masks
 from mla_func.kernels.moe.inline_align import inline_tile
-from mla_func.kernels.moe.split_k import k_range, sum_partials
+from mla_func.kernels.moe.split_k import arrive, k_range, store_partial, summed
 from mla_func.kernels.moe.tile import is_shared_tile, tail_tile, tile
 from mla_func.kernels.swap_ab import WGMMA_M, acc_rows, acc_zeros
 
@@ -147,9 +147,16 @@ def _gate_up_rows(
     if PDL:  # shared tiles too: `act` (and the partials) may reuse memory the router still
         tl.extra.cuda.gdc_wait()  # uses (its partials)
     last = True
-    if SPLIT > 1:
-        acc_g, acc_u, last = sum_partials(acc_g, acc_u, part_ptr, cnt_ptr, act_row0, row_ok,
-                                          offs_n, n_ok, n_rows, n_inter, BM, SPLIT)
+    if SPLIT > 1:  # the partials stored, the last slice to arrive sums them (`split_k`)
+        rows = act_row0 + tl.arange(0, BM)
+        mask = row_ok[:, None] & n_ok[None, :]
+        store_partial(acc_g, 0, 2, part_ptr, rows, offs_n, mask, n_rows, n_inter)
+        store_partial(acc_u, 1, 2, part_ptr, rows, offs_n, mask, n_rows, n_inter)
+        counter, last = arrive(cnt_ptr, SPLIT)
+        if last:
+            acc_g = summed(acc_g, 0, 2, part_ptr, rows, offs_n, mask, n_rows, n_inter, SPLIT)
+            acc_u = summed(acc_u, 1, 2, part_ptr, rows, offs_n, mask, n_rows, n_inter, SPLIT)
+            tl.store(counter, 0)
     if last:
         act = acc_g * tl.sigmoid(acc_g) * acc_u
         _act_store(act_ptr, act, act_row0, offs_n, row_ok, n_ok, n_inter, BM)
