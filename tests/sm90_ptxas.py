@@ -38,11 +38,15 @@ def run_compile_script(script: str, timeout: int) -> subprocess.CompletedProcess
 def compile_sm90(fn, const: dict, types: dict, descs: dict, warps: int, stages: int
                  ) -> tuple[int, str]:
     """(spill-store bytes, ptxas's report) of Triton kernel `fn` compiled for sm90 with
-    constexprs `const`, as a launch at V2-Lite sizes specialises it: `types` and `descs` name
+    constexprs `const` (the kernel's defaults for the constexprs it leaves out, as a launch
+    takes them), as a launch at V2-Lite sizes specialises it: `types` and `descs` name
     arguments' types (the rest: `*_ptr` bf16 pointers, else i32), pointers, strides and dims
     16-aligned."""
     import triton
     from triton.backends.compiler import GPUTarget
+
+    const = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default},
+             **const}
 
     sig = {n: "constexpr" if n in const else descs[n] if n in descs else types[n]
            if n in types else "*bf16" if n.endswith("_ptr") else "i32" for n in fn.arg_names}

@@ -27,7 +27,8 @@ def compile_ir(fn, const, types, warps, stages):
 moe_types = dict(weights_ptr="*fp32", ids_ptr="*i64", sorted_ptr="*i32",
                  block_expert_ptr="*i32", block_rows_ptr="*i32", counter_ptr="*i32",
                  eps="fp32", q_ptr="*fp32", qs_ptr="*fp32", w_ptr="*fp8e4nv",
-                 ws_ptr="*fp8e4nv", xs_ptr="*fp32", as_ptr="*fp32")
+                 ws_ptr="*fp8e4nv", xs_ptr="*fp32", as_ptr="*fp32", part_ptr="*fp32",
+                 cnt_ptr="*i32")
 cases = []
 for tokens, swap in ((1, True), (128, True), (1, False)):
     cfg = pick_config(tokens, fp8=True)
@@ -40,11 +41,13 @@ for tokens, swap in ((1, True), (128, True), (1, False)):
         types = dict(moe_types)
         if gate:
             const.update(PDL=True, INLINE=cfg.inline_align, E_P2=128 if cfg.inline_align else 2,
-                         P_BLOCK=256 if cfg.inline_align else 1, XQ=cfg.quant_x)
+                         P_BLOCK=256 if cfg.inline_align else 1, XQ=cfg.quant_x,
+                         SPLIT=cfg.gate_up_split)
             types["x_ptr"] = "*fp8e4nv" if cfg.quant_x else "*bf16"
         else:
             const.update(LAST_SUM=False, HAS_EXTRA=False, ADD_NORM=False, TRIGGER=False,
-                         SUM_BLOCK=1, AQ=cfg.quant_act, act_desc=None, act_tail_desc=None)
+                         SUM_BLOCK=1, AQ=cfg.quant_act, act_desc=None, act_tail_desc=None,
+                         SPLIT=cfg.down_split)
             types["act_ptr"] = "*fp8e4nv" if cfg.quant_act else "*bf16"
         cases.append((f"{fn.__name__} {tokens} tokens", swap,
                       compile_ir(fn, const, types, warps, stages)))

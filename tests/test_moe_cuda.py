@@ -82,7 +82,7 @@ for fn, (bm, bn, bk, warps, stages), const in [
                                                     MERGE_TAIL=True)),
         (down_kernel, (128, 256, 64, 8, 4), dict(DIRECT=False, TMA=True, MERGE_TAIL=True)),
         # The FP8 forms of decode's (1 token) kernels: the FP8 table's first row (all its rows:
-        # test_moe_fp8.py, with the GPU tests).
+        # test_moe_fp8_cuda.py).
         (gate_up_kernel, (16, 32, 128, 4, 3), dict(DIRECT=True, PDL=True, **no_tma, **fp8)),
         (down_kernel, (16, 32, 128, 4, 3), dict(DIRECT=True, LAST_SUM=True, HAS_EXTRA=False,
                                                 ADD_NORM=True, SUM_BLOCK=2048, TRIGGER=True,

@@ -8,7 +8,7 @@ and partial groups of 128. Against `ops.moe_fp8` the kernels agree to float32 ro
 order of each group's sum); against the float experts of the dequantised weights they differ by
 the activations' e4m3 rounding (3 mantissa bits: each quantised value within 2^-4 of its own
 size, about 3% RMS), twice (x, then the SwiGLU activation): 4-5% of the output's norm here,
-bounded at 8% (`LOOSE`). The GPU test runs V2-Lite's shapes in bf16.
+bounded at 8% (`LOOSE`). The GPU tests and the sm90 compiles: test_moe_fp8_cuda.py.
 """
 
 import dataclasses
@@ -17,8 +17,8 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from moe_fp8_helpers import LOOSE, float_experts, fused_fp8, make_fp8, rel_err
 from moe_helpers import close, place_shared, tails
-from sm90_ptxas import run_compile_script
 
 import mla_func as mf
 from mla_func import kernel_ops
@@ -26,76 +26,14 @@ from mla_func.fp8 import FP8, dequantize, quantize, quantize_activations
 from mla_func.kernels.act_quant import quant_rows, quant_tokens
 from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.moe.config import CONFIGS, FP8_BLOCK_K, FP8_CONFIGS, MoEConfig, pick_config
-from mla_func.kernels.moe.fp8_gemm import Fp8Scales
-from mla_func.kernels.moe.fused import fused_experts
 from mla_func.kernels.plan import KernelOptions
 from mla_func.moe import experts
-from mla_func.ops.mlp import swiglu
-from mla_func.ops.moe import experts_reference, route
+from mla_func.ops.moe import route
 from mla_func.ops.moe_fp8 import experts_fp8
-from mla_func.params import DenseMLP
 from mla_func.quantize import quantize_fp8
 
 # Tiles for the interpreter: BLOCK_K is one scale group; one or two N-tiles per GEMM.
 SMALL = MoEConfig(16, (64, FP8_BLOCK_K, 4, 1), (128, FP8_BLOCK_K, 4, 1))
-LOOSE = 0.08  # against unquantised activations: the norm of the difference over the result's
-
-
-def make_fp8(tokens, topk, n_exp, hidden, inter, shared, seed=0, skew=False, device="cpu",
-             dtype=torch.float32):
-    """Random routing, and experts (+ a shared MLP `shared` experts wide) quantised in
-    DeepSeek's blocks of 128 (x is `dtype`, fresh random)."""
-    g = torch.Generator().manual_seed(seed)
-
-    def r(*shape, scale):
-        return (torch.randn(*shape, generator=g) * scale).to(device)
-
-    x = r(tokens, hidden, scale=1.0).to(dtype)
-    gate_up = quantize(r(n_exp, 2, inter, hidden, scale=hidden**-0.5), 128, 2, 1)
-    down = quantize(r(n_exp, hidden, inter, scale=inter**-0.5), 128, 1, 1)
-    ids = torch.stack([torch.randperm(n_exp, generator=g)[:topk] for _ in range(tokens)])
-    if skew:  # every token's first choice is expert 0
-        ids = torch.stack([torch.cat((torch.zeros(1, dtype=torch.long),
-                                      torch.randperm(n_exp - 1, generator=g)[:topk - 1] + 1))
-                           for _ in range(tokens)])
-    weights = (torch.rand(tokens, topk, generator=g) + 0.1).to(device)
-    mlp = None
-    if shared:
-        width = shared * inter
-        mlp = DenseMLP(quantize(r(2, width, hidden, scale=hidden**-0.5), 128, 1, 1),
-                       quantize(r(hidden, width, scale=width**-0.5), 128, 0, 1))
-    return x, weights, ids.to(device), gate_up, down, mlp
-
-
-def fused_fp8(x, weights, ids, gate_up, down, mlp, cfg, **kw):
-    """`fused_experts` on the e4m3 data and scales of the weights (as `mla_func.moe` passes
-    them)."""
-    n = gate_up.shape[0]
-    extra = {}
-    if mlp is not None:
-        extra = dict(shared_gate_up=mlp.gate_up.scales, shared_down=mlp.down.scales[0],
-                     shared_rows=(mlp.gate_up.block[0], mlp.down.block[0]))
-    scales = Fp8Scales(gate_up.scales.view(n, 2, *gate_up.scales.shape[1:]), down.scales,
-                       (gate_up.block[0], down.block[0]), **extra)
-    data = [w.data.view(w.shape) for w in (gate_up, down)]
-    shared = [None, None] if mlp is None else [w.data.view(w.shape) for w in (mlp.gate_up,
-                                                                               mlp.down)]
-    return fused_experts(x, weights, ids, *data, *shared, cfg, scales=scales, **kw)
-
-
-def float_experts(x, weights, ids, gate_up, down, mlp):
-    """The float experts of the dequantised weights (unquantised activations)."""
-    out = experts_reference(x, weights, ids, dequantize(gate_up, x.dtype),
-                            dequantize(down, x.dtype))
-    if mlp is not None:
-        out = out + swiglu(x, mlp.gate_up, mlp.down)
-    return out
-
-
-def rel_err(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
 @triton.jit
 def _quant_kernel(a_ptr, q_ptr, s_ptr, ROWS: tl.constexpr, COLS: tl.constexpr):
     r, c = tl.arange(0, ROWS), tl.arange(0, COLS)
@@ -238,126 +176,3 @@ def test_fp8_table_rows():
                 "merge_tail")
         assert all(getattr(cfg, f) == getattr(bf16, f) for f in same), bound
         assert pick_config(bound, fp8=True) is cfg
-
-
-# Ahead-of-time sm90 compiles (no GPU) of the FP8 kernels at V2-Lite sizes, every distinct
-# (kernel, tile, path) of the FP8 rows, as `fused_experts` launches them: ptxas must report no
-# spill (the rows were chosen so: `config.FP8_CONFIGS`).
-_AOT = """
-from sm90_ptxas import compile_sm90
-from mla_func.kernels.moe.config import FP8_CONFIGS, FP8_SPILLS
-from mla_func.kernels.moe.down import down_kernel
-from mla_func.kernels.moe.gate_up import gate_up_kernel
-ptrs = dict(weights_ptr="*fp32", ids_ptr="*i64", sorted_ptr="*i32", block_expert_ptr="*i32",
-            block_rows_ptr="*i32", counter_ptr="*i32", eps="fp32", q_ptr="*fp32",
-            qs_ptr="*fp32", w_ptr="*fp8e4nv", ws_ptr="*fp8e4nv")
-seen, bad = set(), []
-for bound, cfg in FP8_CONFIGS:
-    bm = 16 if cfg.direct else cfg.block_m
-    for fn, (bn, bk, warps, stages) in ((gate_up_kernel, cfg.gate_up), (down_kernel, cfg.down)):
-        gate = fn is gate_up_kernel
-        const = dict(PAIRS_PER_TOKEN=8, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32",
-                     EVEN_K=True, FP8=True, ROUND=False, DIRECT=cfg.direct, TMA=cfg.tma,
-                     MERGE_TAIL=cfg.merge_tail, LOCAL=False)
-        types = ptrs
-        if gate:
-            const.update(PDL=True, INLINE=cfg.inline_align, E_P2=128 if cfg.inline_align else 2,
-                         P_BLOCK=(256 if bm == 16 else 1024) if cfg.inline_align else 1,
-                         XQ=cfg.quant_x, SPLIT=cfg.gate_up_split)
-            if cfg.quant_x:  # x comes quantised, its scales beside it
-                types = dict(ptrs, x_ptr="*fp8e4nv", xs_ptr="*fp32")
-            if cfg.gate_up_split > 1:  # K split: float32 partials, a counter a tile
-                types = dict(types, part_ptr="*fp32", cnt_ptr="*i32")
-        else:
-            last = cfg.last_sum
-            const.update(LAST_SUM=last, HAS_EXTRA=False, ADD_NORM=last, TRIGGER=last,
-                         SUM_BLOCK=2048 if last else 1, AQ=cfg.quant_act)
-            if cfg.quant_act:  # act comes quantised, its scales beside it
-                types = dict(ptrs, act_ptr="*fp8e4nv", as_ptr="*fp32")
-            if not cfg.merge_tail:
-                const["act_tail_desc"] = None
-            const["SPLIT"] = cfg.down_split
-            if cfg.down_split > 1:  # K split: float32 partials, a counter a tile
-                types = dict(types, part_ptr="*fp32", cnt_ptr="*i32")
-        if not cfg.tma:
-            const.update(w_desc=None, **({} if gate else dict(act_desc=None)))
-        key = (gate, bm, bn, warps, stages, tuple(sorted(const.items())))
-        if key in seen:
-            continue
-        seen.add(key)
-        w_block = f"1, 2, {bn}, {bk}" if gate else f"{bn}, {bk}"
-        act = "fp8e4nv" if cfg.quant_act else "bf16"
-        descs = dict(w_desc=f"tensordesc<fp8e4nv[{w_block}]>",
-                     act_desc=f"tensordesc<{act}[{bm}, {bk}]>",
-                     act_tail_desc=f"tensordesc<{act}[{bm // 2}, {bk}]>")
-        spills, report = compile_sm90(fn, const, types, descs, warps, stages)
-        if spills and bound not in FP8_SPILLS:
-            bad.append((bound, fn.__name__, spills))
-assert not bad, bad
-"""
-
-
-@pytest.mark.cuda  # ~40 s of compiles, no GPU needed: with the GPU tests (their Triton's ptxas)
-def test_fp8_rows_compile_for_sm90_without_spills():
-    """Every FP8 row but those measured faster with their spills (`FP8_SPILLS`; the first
-    row's kernels compile on every run: test_moe_cuda.py's
-    `test_compiles_for_sm90_at_v2_lite_sizes`)."""
-    out = run_compile_script(_AOT, timeout=600)
-    assert out.returncode == 0, out.stdout + out.stderr
-
-
-# ---- GPU: V2-Lite shapes, bf16 --------------------------------------------------------------
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("tokens", [1, 7, 100, 600, 3000])  # direct, inline, aligned, TMA (+tails)
-def test_cuda_fp8_experts_at_v2_lite_shapes(tokens):
-    """64 experts top-6, hidden 2048, moe_inter 1408 (11 groups), 2 shared experts (folded up
-    to 512 tokens, apart past it), bf16 activations: the Triton FP8 path through
-    `mla_func.moe.experts` against `ops.moe_fp8` (the tensor cores' fp8 sums of a group, and
-    the bf16 activation's rounding before its quantisation, apart: 2% of the norm) and against
-    the float experts of the dequantised weights (the activations' e4m3 rounding, `LOOSE`)."""
-    x, w, ids, gu, dn, mlp = make_fp8(tokens, 6, 64, 2048, 1408, 2, seed=tokens, device="cuda",
-                                      dtype=torch.bfloat16)
-    got = experts(x, w, ids, gu, dn, mlp, impl="triton")
-    assert got.dtype == torch.bfloat16
-    want = experts_fp8(x, w, ids, gu, dn, mlp, fold=tokens <= 512)
-    # 1.3% at 100 tokens on an H200: each GEMM's tensor-core sums sit ~0.3% from float32
-    # (tests/test_kernels_fp8_linear.py), and the SwiGLU activations they give are quantised
-    # again, where one value rounded to its other e4m3 neighbour moves by up to 12%.
-    assert rel_err(got, want) < 2e-2
-    close(got, want, 0.05)
-    assert rel_err(got, float_experts(x, w, ids, gu, dn, mlp)) < LOOSE
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("tokens,split,down_split", [(1, 3, 1), (1, 2, 2), (4, 2, 3)])
-def test_cuda_fp8_split_gemms_replay_bitwise(tokens, split, down_split):
-    """gate_up's and down's K in slices (`MoEConfig.gate_up_split`, `down_split`, the direct
-    layout) at V2-Lite's shapes: the unsplit layer's output but for the order of its float32
-    sums (which the bf16 `act` and pair rows mostly round away), the same bits on every call
-    and in a CUDA graph's replay (the last slice to arrive sums in slice order), and the
-    reference's `ops.moe_fp8` as close as the unsplit layer is."""
-    x, w, ids, gu, dn, mlp = make_fp8(tokens, 6, 64, 2048, 1408, 2, seed=tokens, device="cuda",
-                                      dtype=torch.bfloat16)
-    cfg = dataclasses.replace(pick_config(tokens, fp8=True), direct=True, gate_up_split=split,
-                              down_split=down_split)
-    got = fused_fp8(x, w, ids, gu, dn, mlp, cfg)
-    whole = fused_fp8(x, w, ids, gu, dn, mlp,
-                      dataclasses.replace(cfg, gate_up_split=1, down_split=1))
-    assert rel_err(got, whole) < 1e-2
-    assert rel_err(got, experts_fp8(x, w, ids, gu, dn, mlp, fold=True)) < 2e-2
-    for _ in range(5):
-        assert torch.equal(fused_fp8(x, w, ids, gu, dn, mlp, cfg), got)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the capture
-        fused_fp8(x, w, ids, gu, dn, mlp, cfg)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fused_fp8(x, w, ids, gu, dn, mlp, cfg)
-    for _ in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, got)

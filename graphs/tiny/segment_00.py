@@ -17,11 +17,11 @@ Outputs:
 import torch
 
 def forward(self, in_0, in_1, in_2, in_3):
-    # mla_func/kernel_ops.py:96 in embed: return table[ids]
+    # mla_func/kernel_ops.py:97 in embed: return table[ids]
     index_tensor = torch.ops.aten.index.Tensor(in_0, [in_1])
-    # mla_func/kernel_ops.py:78 in norm: return _call(fused_norm.rmsnorm, opts)(x, weight, eps)
+    # mla_func/kernel_ops.py:79 in norm: return _call(fused_norm.rmsnorm, opts)(x, weight, eps)
     rmsnorm_default = torch.ops.mla_func.rmsnorm.default(index_tensor, in_2, 1e-06)
-    # mla_func/kernel_ops.py:171 in norm_linear: return _call(fused_norm_linear.norm_linear, opts)(x, h, weight, eps, w)
+    # mla_func/kernel_ops.py:177 in norm_linear: return _call(fused_norm_linear.norm_linear, opts)(x, h, weight, eps, w)
     norm_linear_default = torch.ops.mla_func.norm_linear.default(rmsnorm_default, index_tensor, in_2, 1e-06, in_3)
     # mla_func/model.py:46 in project_qkv_a: q, kv = qkv.split((qkv.shape[1] - cfg.latent_dim, cfg.latent_dim), dim=1)
     split_with_sizes_default = torch.ops.aten.split_with_sizes.default(norm_linear_default, [96, 40], 1)
@@ -30,7 +30,7 @@ def forward(self, in_0, in_1, in_2, in_3):
     # mla_func/model.py:49 in project_qkv_a: return q.unflatten(-1, (-1, cfg.qk_head_dim)), kv  # this rank's heads
     sym_size_int = torch.ops.aten.sym_size.int(in_1, 0)
     view_default = torch.ops.aten.view.default(getitem, [sym_size_int, 4, 24])
-    # mla_func/model.py:75 in layer_step: o = attend(q[..., :nope], q[..., nope:], kv, state.cache, i,
+    # mla_func/model.py:77 in layer_step: o = attend(q[..., :nope], q[..., nope:], kv, state.cache, i,
     slice_tensor = torch.ops.aten.slice.Tensor(view_default, 2, 0, 16)
     slice_tensor_1 = torch.ops.aten.slice.Tensor(view_default, 2, 16, 9223372036854775807)
     return (index_tensor, getitem_1, sym_size_int, slice_tensor, slice_tensor_1)

@@ -7,7 +7,7 @@ Inputs (of this first occurrence):
     in_2: params.layers.0.attn.o_proj: float32[64, 4, 16]
     in_3: segment 0 output 0: float32[tokens, 64]
     in_4: params.layers.0.post_attn_norm: float32[64]
-    in_5: state.counters: int32[2320]
+    in_5: state.counters: int32[4368]
     in_6: params.layers.0.mlp.gate_up: float32[2, 128, 64]
     in_7: params.layers.0.mlp.down: float32[64, 128]
     in_8: params.layers.1.input_norm: float32[64]
@@ -22,11 +22,11 @@ Outputs:
 import torch
 
 def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9):
-    # mla_func/model.py:77 in layer_step: h, x = K.project_add_norm(o.flatten(1, 2), attn.o_proj, h,
+    # mla_func/model.py:79 in layer_step: h, x = K.project_add_norm(o.flatten(1, 2), attn.o_proj, h,
     view_default = torch.ops.aten.view.default(in_0, [in_1, 64])
-    # mla_func/kernel_ops.py:152 in project_add_norm: w = dense(w, o.dtype).flatten(1)
+    # mla_func/kernel_ops.py:158 in project_add_norm: w = dense(w, o.dtype).flatten(1)
     view_default_1 = torch.ops.aten.view.default(in_2, [64, 64])
-    # mla_func/kernel_ops.py:156 in project_add_norm: return _call(proj_norm.proj_add_rmsnorm, opts)(o, w, h, weight, eps, counters)
+    # mla_func/kernel_ops.py:162 in project_add_norm: return _call(proj_norm.proj_add_rmsnorm, opts)(o, w, h, weight, eps, counters)
     proj_add_rmsnorm_default = torch.ops.mla_func.proj_add_rmsnorm.default(view_default, view_default_1, in_3, in_4, 1e-06, in_5)
     getitem = proj_add_rmsnorm_default[0]
     getitem_1 = proj_add_rmsnorm_default[1]
@@ -43,11 +43,11 @@ def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9):
     mul_tensor = torch.ops.aten.mul.Tensor(silu_default, getitem_3)
     permute_default_1 = torch.ops.aten.permute.default(in_7, [1, 0])
     mm_default_1 = torch.ops.aten.mm.default(mul_tensor, permute_default_1)
-    # mla_func/kernel_ops.py:86 in add_norm: return _call(fused_norm.add_rmsnorm, opts)(h, r, weight, eps)
+    # mla_func/kernel_ops.py:87 in add_norm: return _call(fused_norm.add_rmsnorm, opts)(h, r, weight, eps)
     add_rmsnorm_default = torch.ops.mla_func.add_rmsnorm.default(getitem, mm_default_1, in_8, 1e-06)
     getitem_4 = add_rmsnorm_default[0]
     getitem_5 = add_rmsnorm_default[1]
-    # mla_func/kernel_ops.py:171 in norm_linear: return _call(fused_norm_linear.norm_linear, opts)(x, h, weight, eps, w)
+    # mla_func/kernel_ops.py:177 in norm_linear: return _call(fused_norm_linear.norm_linear, opts)(x, h, weight, eps, w)
     norm_linear_default = torch.ops.mla_func.norm_linear.default(getitem_5, getitem_4, in_8, 1e-06, in_9)
     # mla_func/model.py:46 in project_qkv_a: q, kv = qkv.split((qkv.shape[1] - cfg.latent_dim, cfg.latent_dim), dim=1)
     split_with_sizes_default = torch.ops.aten.split_with_sizes.default(norm_linear_default, [96, 40], 1)
@@ -55,7 +55,7 @@ def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9):
     getitem_7 = split_with_sizes_default[1]
     # mla_func/model.py:49 in project_qkv_a: return q.unflatten(-1, (-1, cfg.qk_head_dim)), kv  # this rank's heads
     view_default_3 = torch.ops.aten.view.default(getitem_6, [in_1, 4, 24])
-    # mla_func/model.py:75 in layer_step: o = attend(q[..., :nope], q[..., nope:], kv, state.cache, i,
+    # mla_func/model.py:77 in layer_step: o = attend(q[..., :nope], q[..., nope:], kv, state.cache, i,
     slice_tensor = torch.ops.aten.slice.Tensor(view_default_3, 2, 0, 16)
     slice_tensor_1 = torch.ops.aten.slice.Tensor(view_default_3, 2, 16, 9223372036854775807)
     return (getitem_4, getitem_7, slice_tensor, slice_tensor_1)

@@ -7,7 +7,7 @@ Inputs (of this first occurrence):
     in_2: params.layers.2.attn.o_proj: float32[64, 4, 16]
     in_3: segment 2 output 0: float32[tokens, 64]
     in_4: params.layers.2.post_attn_norm: float32[64]
-    in_5: state.counters: int32[2320]
+    in_5: state.counters: int32[4368]
     in_6: params.layers.2.mlp.router: float32[8, 64]
     in_7: params.layers.2.mlp.gate_up: float32[8, 2, 32, 64]
     in_8: params.layers.2.mlp.down: float32[8, 64, 32]
@@ -21,11 +21,11 @@ Outputs:
 import torch
 
 def forward(self, in_0, in_1, in_2, in_3, in_4, in_5, in_6, in_7, in_8, in_9, in_10, in_11):
-    # mla_func/model.py:77 in layer_step: h, x = K.project_add_norm(o.flatten(1, 2), attn.o_proj, h,
+    # mla_func/model.py:79 in layer_step: h, x = K.project_add_norm(o.flatten(1, 2), attn.o_proj, h,
     view_default = torch.ops.aten.view.default(in_0, [in_1, 64])
-    # mla_func/kernel_ops.py:152 in project_add_norm: w = dense(w, o.dtype).flatten(1)
+    # mla_func/kernel_ops.py:158 in project_add_norm: w = dense(w, o.dtype).flatten(1)
     view_default_1 = torch.ops.aten.view.default(in_2, [64, 64])
-    # mla_func/kernel_ops.py:156 in project_add_norm: return _call(proj_norm.proj_add_rmsnorm, opts)(o, w, h, weight, eps, counters)
+    # mla_func/kernel_ops.py:162 in project_add_norm: return _call(proj_norm.proj_add_rmsnorm, opts)(o, w, h, weight, eps, counters)
     proj_add_rmsnorm_default = torch.ops.mla_func.proj_add_rmsnorm.default(view_default, view_default_1, in_3, in_4, 1e-06, in_5)
     getitem = proj_add_rmsnorm_default[0]
     getitem_1 = proj_add_rmsnorm_default[1]

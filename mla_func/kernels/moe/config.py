@@ -121,7 +121,7 @@ FUSE_SHARED_MAX_TOKENS = 512
 # (DeepSeek's 128 columns), quantised in registers and its product scaled before it is added,
 # so a program holds more than the bf16 form: the bf16 rows' tiles spill. These rows are the
 # bf16 rows with BLOCK_K = 128, changed until ptxas reported no spill for sm90 (Triton 3.9,
-# ahead-of-time: `tests/test_moe_fp8.py`), then swept (`bench moe --weights fp8 --sweep`, an
+# ahead-of-time: `tests/test_moe_fp8_cuda.py`), then swept (`bench moe --weights fp8 --sweep`, an
 # H200, 2026-11-28): the last row (4096 tokens: 3433 -> 2406 -> 1887 us a layer) before the
 # 16-row tiles multiplied swapped (`kernels.swap_ab`), the rows of 1-128 tokens after it,
 # where 64-256-column tiles feed the e4m3 warp-group MMA (a layer at 1 / 2 / 4 / 8 / 64 / 128
