@@ -222,16 +222,19 @@ def test_direct_matches_reference_and_aligned(tokens, topk, n_exp, hidden, inter
         assert torch.equal(got, aligned), cfg
 
 
-@pytest.mark.parametrize("cfg", [
-    dataclasses.replace(DIRECT_LAST, gate_up_split=2, down_split=4),  # 3 K steps each: 2 + 1,
-    dataclasses.replace(DIRECT, gate_up_split=3, down_split=2),       # the last slice empty
+@pytest.mark.parametrize("cfg,hidden,inter", [
+    # 3 K steps each: 2 + 1, the last slice empty
+    (dataclasses.replace(DIRECT_LAST, gate_up_split=2, down_split=4), 192, 96),
+    (dataclasses.replace(DIRECT, gate_up_split=3, down_split=2), 192, 96),
+    # 2.5 K steps each: the last slice's last step partial (masked)
+    (dataclasses.replace(DIRECT_LAST, gate_up_split=2, down_split=2), 160, 80),
 ])
 @pytest.mark.interpret
-def test_split_k_matches_the_unsplit_direct_path(cfg, nan_empty):
+def test_split_k_matches_the_unsplit_direct_path(cfg, hidden, inter, nan_empty):
     """Both GEMMs' K in slices (`MoEConfig.gate_up_split`, `down_split`: the last slice to
     arrive sums the partials) give the unsplit path's values, on every launch (the counters
     are zero again after one)."""
-    x, w, ids, gu, dn, mlp = make(3, 4, 8, 192, 96, 1, seed=5)
+    x, w, ids, gu, dn, mlp = make(3, 4, 8, hidden, inter, 1, seed=5)
     whole = fused_experts(x, w, ids, gu, dn, mlp.gate_up, mlp.down,
                           dataclasses.replace(cfg, gate_up_split=1, down_split=1))
     close(whole, reference(x, w, ids, gu, dn, mlp), 1e-5)
