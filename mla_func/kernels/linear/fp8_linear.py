@@ -55,7 +55,7 @@ from mla_func.custom_op import custom_op
 from mla_func.fp8 import Fp8Weight
 from mla_func.kernels.act_quant import quant_tokens
 from mla_func.kernels.e4m3 import group_scales, to_e4m3
-from mla_func.kernels.launch.counters import last_to_arrive
+from mla_func.kernels.launch.counters import last_to_arrive, slices_summed
 from mla_func.kernels.launch.runtime import call_counters, op_counters
 from mla_func.kernels.linear.fp8_tiles import GROUP, Fp8Tiles, fp8_tiles
 from mla_func.kernels.linear.norm import rms_scaled
@@ -149,10 +149,7 @@ def _fp8_gemm_kernel(
         tl.store(part + split * n_rows * n_out, acc, mask=mn_ok)
         counter = cnt_ptr + block * tl.num_programs(0) + tile
         if last_to_arrive(counter, SPLIT):
-            total = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-            for s in tl.static_range(SPLIT):
-                total += tl.load(part + s * n_rows * n_out, mask=mn_ok, other=0.0,
-                                 cache_modifier=".cg")
+            total = slices_summed(part, n_rows * n_out, mn_ok, SPLIT)
             tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=mn_ok)
             tl.store(counter, 0)
 

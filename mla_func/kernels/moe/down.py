@@ -166,7 +166,7 @@ def _down_rows(
         store_partial(acc, 0, 1, part_ptr, rows, offs_n, mask, n_rows, n_hidden)
         counter, last = arrive(cnt_ptr, SPLIT)
         if last:
-            acc = summed(acc, 0, 1, part_ptr, rows, offs_n, mask, n_rows, n_hidden, SPLIT)
+            acc = summed(0, 1, part_ptr, rows, offs_n, mask, n_rows, n_hidden, SPLIT)
             tl.store(counter, 0)
     if last:
         y = _weighted(acc, pair, row_ok, weights_ptr, topk, dtype, PAIRS_PER_TOKEN)

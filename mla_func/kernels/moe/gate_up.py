@@ -154,8 +154,8 @@ def _gate_up_rows(
         store_partial(acc_u, 1, 2, part_ptr, rows, offs_n, mask, n_rows, n_inter)
         counter, last = arrive(cnt_ptr, SPLIT)
         if last:
-            acc_g = summed(acc_g, 0, 2, part_ptr, rows, offs_n, mask, n_rows, n_inter, SPLIT)
-            acc_u = summed(acc_u, 1, 2, part_ptr, rows, offs_n, mask, n_rows, n_inter, SPLIT)
+            acc_g = summed(0, 2, part_ptr, rows, offs_n, mask, n_rows, n_inter, SPLIT)
+            acc_u = summed(1, 2, part_ptr, rows, offs_n, mask, n_rows, n_inter, SPLIT)
             tl.store(counter, 0)
     if last:
         act = acc_g * tl.sigmoid(acc_g) * acc_u

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from mla_func.kernels.launch.counters import last_to_arrive
+from mla_func.kernels.launch.counters import last_to_arrive, slices_summed
 from mla_func.kernels.launch.runtime import op_counters
 
 COUNTERS = {"gate_up": "moe_gate_up_split", "down": "moe_down_split"}  # the runtime's slices
@@ -69,14 +69,11 @@ def arrive(cnt_ptr, SPLIT: tl.constexpr):
 
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
-def summed(acc, g, NG: tl.constexpr, part_ptr, rows, offs_n, mask, n_rows, n_cols,
+def summed(g, NG: tl.constexpr, part_ptr, rows, offs_n, mask, n_rows, n_cols,
            SPLIT: tl.constexpr):
-    """Product g's partials summed over the slices in order (acc: a tile of its shape)."""
-    total = tl.zeros_like(acc)
-    for j in tl.static_range(SPLIT):
-        total += tl.load(_partial_ptrs(part_ptr, j, g, NG, rows, offs_n, n_rows, n_cols),
-                         mask=mask, other=0.0, cache_modifier=".cg")
-    return total
+    """Product g's partials summed over the slices in order (`counters.slices_summed`)."""
+    return slices_summed(_partial_ptrs(part_ptr, 0, g, NG, rows, offs_n, n_rows, n_cols),
+                         (NG * n_rows).to(tl.int64) * n_cols, mask, SPLIT)
 
 
 def split_args(split: int, gemm: str, products: int, n_tiles: int, bm: int, n_n: int,
