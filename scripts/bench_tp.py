@@ -49,11 +49,30 @@ from scripts.bench_decode import full_decode_rows
 add_args = tp_options  # the options: scripts/bench_args.py
 
 
+def _torch_one_shot(tp, width: int, rows: list[int]):
+    """PyTorch's own one-shot symmetric-memory all-reduce (copy in, barrier, read every
+    rank's buffer; `symm_mem::one_shot_all_reduce_copy_out`), over a buffer of its own: what
+    the pushed sum is measured against."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    buf = symm_mem.empty(max(rows) * width, dtype=torch.bfloat16, device="cuda")
+    symm_mem.rendezvous(buf, tp.group)
+
+    def one_shot(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        torch.ops.symm_mem.one_shot_all_reduce_copy_out(buf[:x.numel()], x.reshape(-1),
+                                                        "sum", tp.group, out.view(-1))
+        return out
+
+    return one_shot
+
+
 def bench_all_reduce(tp, rows: list[int], widths: list[int], per_graph: int = 16) -> list[dict]:
-    """Microseconds of one captured `comm.all_reduce` of [rows, width] bf16 as the step calls
-    it, in each form (one-shot symmetric memory; NCCL, after a copy of the input), and of a
-    sub-layer's end: the one-shot sum, then the fused residual add + norm (two launches), and
-    `comm.all_reduce_add_norm` (one): a graph of `per_graph` in a chain, replayed on every
+    """Microseconds of one captured sum over the ranks of [rows, width] bf16, in each form:
+    `comm.all_reduce` as the step calls it (the pushed one-shot sum, `push_sum`; NCCL, after
+    a copy of the input), PyTorch's own one-shot (`torch_one_shot`), and a sub-layer's end:
+    the pushed sum, then the fused residual add + norm (two launches), and
+    `comm.all_reduce_add_norm` (one). A graph of `per_graph` in a chain, replayed on every
     rank at once."""
     from mla_func.kernels.linear.norm import add_rmsnorm
 
@@ -62,10 +81,12 @@ def bench_all_reduce(tp, rows: list[int], widths: list[int], per_graph: int = 16
     out = []
     for width in widths:
         w = torch.rand(width, device="cuda", dtype=torch.bfloat16) + 0.5
+        torch_sum = _torch_one_shot(tp, width, rows)
         for n in rows:
             x = torch.randn(n, width, device="cuda", dtype=torch.bfloat16)
             row = {"hidden": width, "rows": n}
             for name, one_shot, end in (("one_shot", True, "sum"), ("nccl", False, "sum"),
+                                        ("torch_one_shot", True, "torch"),
                                         ("one_shot_add_norm", True, "apart"),
                                         ("fused", True, "fused")):
                 opts = KernelOptions(one_shot=one_shot, fused=True, experts="triton")
@@ -77,6 +98,8 @@ def bench_all_reduce(tp, rows: list[int], widths: list[int], per_graph: int = 16
                     for _ in range(per_graph):
                         if end == "sum":
                             y = all_reduce(y, tp, opts, counters)
+                        elif end == "torch":
+                            y = torch_sum(y)
                         elif end == "apart":
                             h, y = add_rmsnorm(h, all_reduce(y, tp, opts, counters), w, eps)
                         else:
@@ -194,8 +217,8 @@ def run(argv: list[str]) -> dict:
             if (row["ctx"], row["batch"]) in base:
                 row["vs_tp1"] = (row["full_pipelined_ms"]
                                  / base[(row["ctx"], row["batch"])]["full_pipelined_ms"])
-        print_table(result["all_reduce"], ["hidden", "rows", "one_shot_us", "nccl_us",
-                                           "one_shot_add_norm_us", "fused_us"],
+        print_table(result["all_reduce"], ["hidden", "rows", "one_shot_us", "torch_one_shot_us",
+                                           "nccl_us", "one_shot_add_norm_us", "fused_us"],
                     "captured all-reduce (us)")
         print_table(decode, ["what", "batch", "ctx", "floor_ms", "collectives_ms", "full_ms",
                              "full_pipelined_ms", "vs_tp1"], "decode step (ms)")

@@ -94,14 +94,17 @@ def test_tp2_v3_shape_matches_one_gpu(tmp_path):
 
 
 def _fused_sum(rank: int, world: int, out: Path) -> None:
-    """`all_reduce_add_norm` (one launch) against the one-shot all-reduce and then the fused
-    add + norm, bitwise; replayed from a CUDA graph on new inputs; opcheck."""
-    from mla_func.kernels.collective.reduce_norm import all_reduce_add_rmsnorm
+    """The pushed sum (`push_sum`, plain and with the add + norm) against NCCL's all-reduce
+    and then the fused add + norm, bitwise; replayed from a CUDA graph on new inputs, plain
+    and fused launches mixed; opcheck."""
+    import torch.distributed as dist
+
+    from mla_func.kernels.collective import push_sum
     from mla_func.kernels.launch.runtime import Runtime
     from mla_func.kernels.linear.norm import add_rmsnorm
     from mla_func.parallel.comm import (
         _all_reduce_add_norm,
-        _symmetric_buffer,
+        _push_buffer,
         all_reduce,
         all_reduce_add_norm,
         prepare,
@@ -117,37 +120,47 @@ def _fused_sum(rank: int, world: int, out: Path) -> None:
         mine = torch.Generator(device="cuda").manual_seed(seed * 10 + rank)  # differs by rank
         same = torch.Generator(device="cuda").manual_seed(seed)
         x = torch.randn(rows, width, device="cuda", dtype=bf16, generator=mine)
+        x.view(-1)[::5] = -0.0  # sent as +0.0 (an empty element holds -0.0)
         h = torch.randn(rows, width, device="cuda", dtype=bf16, generator=same)
         return x, h, torch.rand(width, device="cuda", dtype=bf16, generator=same) + 0.5
 
+    def nccl(x):
+        total = x.clone()
+        dist.all_reduce(total)
+        return total
+
     def apart(x, h, w):
-        return add_rmsnorm(h, all_reduce(x, tp, opts, counters), w, eps)
+        return add_rmsnorm(h, nccl(x), w, eps)
 
     # The kernel itself at every size (the plan picks it for some): 200 rows, its programs
     # loop over rows past MAX_PROGRAMS (128); 128 x 7168: the largest one-shot sum.
-    buffer = _symmetric_buffer(runtime, tp.group, bf16)
+    buffer = _push_buffer(runtime, tp.group, bf16)
     for i, (rows, width) in enumerate(((1, 2048), (8, 2048), (40, 2048), (128, 2048),
                                        (200, 2048), (1, 7168), (40, 7168), (128, 7168))):
         x, h, w = inputs(rows, width, i)
-        got, want = all_reduce_add_rmsnorm(x, h, w, eps, *buffer), apart(x, h, w)
+        got, want = push_sum.push_all_reduce_add_rmsnorm(x, h, w, eps, *buffer), apart(x, h, w)
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), (rows, width)
         got = all_reduce_add_norm(x, h, w, eps, tp, opts, counters)  # the plan's form
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), (rows, width)
+        assert torch.equal(push_sum.push_all_reduce(x, *buffer), nccl(x)), (rows, width)
+        assert torch.equal(all_reduce(x, tp, opts, counters), nccl(x)), (rows, width)
     x, h, w = inputs(8, 2048, 50)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):  # three sums in a row, each feeding the next one's residual
-        hg = h
+    with torch.cuda.graph(graph):  # three ends in a row, each feeding the next one's residual
+        hg, xg = h, x
         for _ in range(3):
-            hg, yg = all_reduce_add_norm(x, hg, w, eps, tp, opts, counters)
+            hg, yg = all_reduce_add_norm(xg, hg, w, eps, tp, opts, counters)
+            xg = all_reduce(yg, tp, opts, counters)  # a plain sum between them
     for seed in range(51, 56):
         nx, nh, _ = inputs(8, 2048, seed)
         x.copy_(nx)
         h.copy_(nh)
         graph.replay()
-        he = nh
+        he, xe = nh, nx
         for _ in range(3):
-            he, ye = apart(nx, he, w)
-        assert torch.equal(hg, he) and torch.equal(yg, ye), seed
+            he, ye = apart(xe, he, w)
+            xe = nccl(ye)
+        assert torch.equal(hg, he) and torch.equal(yg, ye) and torch.equal(xg, xe), seed
     # opcheck runs the op on copies of its arguments: a copy of the counters belongs to no
     # runtime, so every tensor finds this one (both ranks make the same calls).
     Runtime.of = staticmethod(lambda tensor: runtime)
@@ -157,7 +170,7 @@ def _fused_sum(rank: int, world: int, out: Path) -> None:
 
 
 def test_fused_sum_add_norm_matches_apart(tmp_path):
-    """The one-launch sum + residual add + norm equals the one-shot sum, then the add and
-    norm, bitwise at 1-200 rows of 2048 and 1-128 of 7168 (the kernel, and the plan's form),
-    from a graph too."""
+    """The pushed sum, alone and with the residual add + norm in its launch, equals NCCL's
+    sum (then the add and norm), bitwise at 1-200 rows of 2048 and 1-128 of 7168 (the kernel,
+    and the plan's form), from a graph too."""
     run_ranks(2, _fused_sum, tmp_path, tmp_path, device="cuda", timeout=300)

@@ -77,9 +77,10 @@ class KernelOptions:
     `moe_trigger`: the MoE's last programs let the next projection start (PDL).
     `mha_min_query`: a step holding a sequence of this many new tokens runs its prompts in
     the MHA form. `one_shot`: on several GPUs, sums of up to ONE_SHOT_MAX_BYTES run as one
-    symmetric-memory launch (`all_reduce_form`), else NCCL's all-reduce. `reduce_norm`: with
-    `fused`, such a one-shot sum that ends a sub-layer also adds the residual and takes the
-    next norm in its launch (`reduce_norm_fused`)."""
+    pushed launch over symmetric memory (`all_reduce_form`, `kernels.collective.push_sum`),
+    else NCCL's all-reduce. `reduce_norm`: with `fused`, such a one-shot sum that ends a
+    sub-layer also adds the residual and takes the next norm in its launch
+    (`reduce_norm_fused`)."""
 
     attention: str = "torch"
     fused: bool = False

@@ -110,7 +110,7 @@ def all_reduce_form(nbytes: int, cuda: bool, one_shot: bool = True) -> str:
 def reduce_norm_fused(rows: int, width: int, itemsize: int, cuda: bool, fused: bool,
                       reduce_norm: bool, one_shot: bool) -> bool:
     """Whether a sub-layer's sum over ranks of `rows` rows `width` wide, its residual add and
-    its norm run as one launch (`kernels.collective.reduce_norm`): at every one-shot size
+    its norm run as one launch (`kernels.collective.push_sum`): at every one-shot size
     with the fused kernels on (the options' `fused`, `reduce_norm`, `one_shot`; it measured
     as fast as the sum and then the add + norm or faster at 1-128 rows of 2048 and 7168,
     docs/DECISIONS.md)."""

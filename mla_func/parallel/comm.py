@@ -1,18 +1,18 @@
 """The step's collectives, as custom ops: one node each for tracers, inside captured graphs.
 
 `all_reduce(x, tp, opts, counters)` sums x over the ranks of `tp`. Its form is the plan's
-(`kernels.plan.all_reduce_form`, from x's bytes): decode-sized sums on CUDA run PyTorch's
-one-shot symmetric-memory all-reduce (`symm_mem::one_shot_all_reduce_copy_out`: x copied into
-this rank's buffer, every rank's buffer read over NVLink and summed, one launch; no NVLink
-multicast), the rest NCCL's all-reduce (gloo's on the CPU). Both are capturable, so these ops
-live inside piecewise segments and full decode graphs and are not splitting points. The
-symmetric buffer belongs to the state's runtime (`Runtime.resource`): made collectively by
-`prepare` before any graph is captured. `all_reduce_add_norm` sums over the same buffers and
-adds the residual and the norm in the same launch (`kernels.collective.reduce_norm`), where
-the plan fuses them (`kernels.plan.reduce_norm_fused`). `gather_cols` lays the ranks' column
-blocks side by side (the logits' vocabulary shards). Every rank receives the same bits: every
-form adds the ranks in one order for all, so greedy choices agree across ranks. On one device
-(`tp.sharded` False) the ops are the identity and launch nothing.
+(`kernels.plan.all_reduce_form`, from x's bytes): decode-sized sums on CUDA run the pushed
+one-shot sum (`kernels.collective.push_sum`: every rank stores its rows into the others'
+symmetric buffers over NVLink and reads theirs from its own, one launch, no barrier, no
+NVLink multicast), the rest NCCL's all-reduce (gloo's on the CPU). Both are capturable, so
+these ops live inside piecewise segments and full decode graphs and are not splitting points.
+The symmetric buffer belongs to the state's runtime (`Runtime.resource`): made collectively by
+`prepare` before any graph is captured. `all_reduce_add_norm` pushes the same sum and adds the
+residual and the norm in the same launch, where the plan fuses them
+(`kernels.plan.reduce_norm_fused`). `gather_cols` lays the ranks' column blocks side by side
+(the logits' vocabulary shards). Every rank receives the same bits: every form adds the ranks
+in one order for all, so greedy choices agree across ranks. On one device (`tp.sharded`
+False) the ops are the identity and launch nothing.
 """
 
 from typing import Any
@@ -23,6 +23,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mla_func.custom_op import custom_op
+from mla_func.kernels.collective import push_sum
 from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.linear import norm as fused_norm
 from mla_func.kernels.plan import (
@@ -44,37 +45,37 @@ def _group(name: str):
     return _resolve_process_group(name)
 
 
-def _symmetric_buffer(runtime: Runtime, group: str, dtype: torch.dtype
-                      ) -> tuple[Tensor, Any, Tensor]:
-    """This runtime's symmetric buffer of `dtype` for `group` (three thirds of
-    ONE_SHOT_MAX_BYTES: PyTorch's one-shot sum's, then the two halves the one-launch sub-layer
-    end alternates between), its rendezvous handle and that end's phase (int32 zeros, read and
-    flipped by its launches), made and exchanged with the other ranks at the first call: every
-    rank must call it together, and not while a graph is being captured (`prepare` makes it
-    before)."""
+def _push_buffer(runtime: Runtime, group: str, dtype: torch.dtype
+                 ) -> tuple[Tensor, int, int, int, Tensor]:
+    """This runtime's push buffer of `dtype` for `group` (`push_sum.buffer_elements`: a slot
+    of ONE_SHOT_MAX_BYTES for each rank in each of two halves, empty), the device address of
+    the ranks' buffer addresses, this rank, the ranks, and the launches' phase (int32 zeros,
+    read and flipped by them): `push_sum`'s arguments. Made and exchanged with the other
+    ranks at the first call: every rank must call it together, and not while a graph is
+    being captured (`prepare` makes it before)."""
     def make() -> tuple[Tensor, Any, Tensor]:
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError("the one-shot all-reduce's symmetric buffer is made while a "
                                "graph is captured: call parallel.comm.prepare first")
         import torch.distributed._symmetric_memory as symm_mem
 
-        buf = symm_mem.empty(3 * (ONE_SHOT_MAX_BYTES // dtype.itemsize), dtype=dtype,
-                             device=runtime.device)
-        phase = torch.zeros(2, dtype=torch.int32, device=runtime.device)
-        return buf, symm_mem.rendezvous(buf, group), phase
+        pg = _group(group)
+        slot = ONE_SHOT_MAX_BYTES // dtype.itemsize
+        size = push_sum.buffer_elements(slot, dist.get_world_size(pg))
+        buf = push_sum.empty_buffer(symm_mem.empty(size, dtype=dtype, device=runtime.device))
+        torch.cuda.synchronize(runtime.device)  # empty before any peer may push into it
+        handle = symm_mem.rendezvous(buf, group)
+        dist.barrier(group=pg)  # every rank's buffer is empty before the first push
+        return buf, handle, torch.zeros(2, dtype=torch.int32, device=runtime.device)
 
-    return runtime.resource(f"symm_mem:{group}:{dtype}", make)
+    buf, handle, phase = runtime.resource(f"push_sum:{group}:{dtype}", make)
+    return buf, handle.buffer_ptrs_dev, handle.rank, handle.world_size, phase
 
 
 def _sum(x: Tensor, owner: Tensor, group: str, one_shot: bool) -> Tensor:
     """The sum of x over the ranks, in the plan's form for x's bytes."""
     if all_reduce_form(x.numel() * x.element_size(), x.is_cuda, one_shot) == "one_shot":
-        buf = _symmetric_buffer(Runtime.of(owner), group, x.dtype)[0]
-        out = torch.empty_like(x)
-        local = x.contiguous()
-        torch.ops.symm_mem.one_shot_all_reduce_copy_out(
-            buf[:local.numel()], local.view(-1), "sum", group, out.view(-1))
-        return out
+        return push_sum.push_all_reduce(x, *_push_buffer(Runtime.of(owner), group, x.dtype))
     out = x.clone()
     dist.all_reduce(out, group=_group(group))
     return out
@@ -109,10 +110,8 @@ def _all_reduce_add_norm(x: Tensor, h: Tensor, weight: Tensor, eps: float, owner
     rows, width = x.shape
     if reduce_norm_fused(rows, width, x.element_size(), x.is_cuda, fused, reduce_norm,
                          one_shot):
-        from mla_func.kernels.collective.reduce_norm import all_reduce_add_rmsnorm
-
-        return all_reduce_add_rmsnorm(x, h, weight, eps,
-                                      *_symmetric_buffer(Runtime.of(owner), group, x.dtype))
+        return push_sum.push_all_reduce_add_rmsnorm(
+            x, h, weight, eps, *_push_buffer(Runtime.of(owner), group, x.dtype))
     total = _sum(x, owner, group, one_shot)
     if fused:
         return fused_norm.add_rmsnorm(h, total, weight, eps)
@@ -132,7 +131,7 @@ def all_reduce_add_norm(x: Float[Tensor, "tokens hidden"], h: Float[Tensor, "tok
                         ) -> tuple[Float[Tensor, "tokens hidden"], Float[Tensor, "tokens hidden"]]:
     """(h + the sum of x over the ranks, its rmsnorm * weight): one launch over the symmetric
     buffers where the plan says (`kernels.plan.reduce_norm_fused`:
-    `kernels.collective.reduce_norm`), else the sum (`all_reduce`'s form), then the add and
+    `kernels.collective.push_sum`), else the sum (`all_reduce`'s form), then the add and
     norm (fused or torch's, as `opts.fused`). One op either way: the choice follows x's bytes
     at run time, as `all_reduce`'s does."""
     tp.require_group()
@@ -142,11 +141,11 @@ def all_reduce_add_norm(x: Float[Tensor, "tokens hidden"], h: Float[Tensor, "tok
 
 def prepare(tp: TensorParallel, opts: KernelOptions, counters: Tensor,
             dtype: torch.dtype) -> None:
-    """Make the one-shot form's symmetric buffer of the runtime owning `counters` (every rank
+    """Make the one-shot form's push buffer of the runtime owning `counters` (every rank
     together; before a graph is captured). Nothing to do on one device, on the CPU or with
     `opts.one_shot` off."""
     if tp.sharded and counters.is_cuda and opts.one_shot:
-        _symmetric_buffer(Runtime.of(counters), tp.group, dtype)
+        _push_buffer(Runtime.of(counters), tp.group, dtype)
 
 
 def gather_cols(local: Tensor, group: str, ranks: int) -> Tensor:
