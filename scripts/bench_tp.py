@@ -93,7 +93,7 @@ def bench_all_reduce(tp, rows: list[int], widths: list[int], per_graph: int = 16
                 prepare(tp, opts, counters, x.dtype)
 
                 def chain(x: torch.Tensor = x, opts: KernelOptions = opts, end: str = end,
-                          w: torch.Tensor = w) -> torch.Tensor:
+                          w: torch.Tensor = w, torch_sum=torch_sum) -> torch.Tensor:
                     y, h = x, x
                     for _ in range(per_graph):
                         if end == "sum":

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from sm90_ptxas import ptxas_usage
-from mla_func.kernels.collective.push_sum import _push_sum_kernel as k
+from mla_func.kernels.collective.push_sum import _push_sum_kernel as k, launch_options
 for norm, block in ((True, 2048), (False, 2048), (True, 8192), (False, 8192)):
     const = dict(RANK=1, WORLD=2, GRID=32, BLOCK=block, BITS=tl.int16, SENTINEL=-(1 << 15),
                  NORM=norm)
@@ -19,7 +19,7 @@ for norm, block in ((True, 2048), (False, 2048), (True, 8192), (False, 8192)):
            "fp32" if n == "eps" else "i32"
            for n in k.arg_names}
     kernel = triton.compile(triton.compiler.ASTSource(fn=k, signature=sig, constexprs=const),
-                            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+                            target=GPUTarget("cuda", 90, 32), options=launch_options(block))
     ptx = kernel.asm["ptx"]
     assert "ld.volatile.global" in ptx, ptx
     assert ".sys" not in ptx, [line for line in ptx.splitlines() if ".sys" in line]

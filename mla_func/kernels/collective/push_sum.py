@@ -49,8 +49,7 @@ MAX_PROGRAMS = 128  # the most programs of one launch
 # The bits of -0.0, the empty element, for each element size (as a signed integer).
 _SENTINEL = {2: -(1 << 15), 4: -(1 << 31)}
 _BITS = {2: tl.int16, 4: tl.int32}
-# 4 warps at every width: at 8192 (V3's 7168) ptxas keeps it spill-free under Triton 3.9 (255
-# registers) and spills 4 bytes with the norm under 3.6; 8 or 16 warps spill under one of them.
+
 
 
 @triton.jit
@@ -103,6 +102,14 @@ def _push_sum_kernel(x_ptr, h_ptr, w_ptr, h_out_ptr, y_ptr, buffers, phase_ptr, 
         tl.store(phase_ptr + 1, 0)
 
 
+def launch_options(block: int) -> dict:
+    """num_warps (and maxnreg) for rows `block` wide. Past 4096 (V3's 7168), 8 warps: 4.6-10.1
+    us plain and 5.3-11.1 with the norm at 1-128 rows, against 4 warps' 5.3-11.1 and 6.1-11.7
+    (2xH200, b79a0b6); at up to 255 registers, where ptxas keeps them spill-free under Triton
+    3.6 and 3.9 alike (3.9 caps 8 warps at 128 registers otherwise and spills 84 bytes)."""
+    return dict(num_warps=8, maxnreg=255) if block > 4096 else dict(num_warps=4)
+
+
 def buffer_elements(slot: int, world: int) -> int:
     """The elements of a rank's push buffer: two halves of `world` slots of `slot`."""
     return 2 * world * slot
@@ -130,7 +137,7 @@ def _launch(x: Tensor, h: Tensor | None, weight: Tensor | None, eps: float, y: T
         x, h if norm else x, weight if norm else x, h_out if norm else y, y, ptrs, phase,
         slot, rows, width, eps, RANK=rank, WORLD=world, GRID=grid,
         BLOCK=block, BITS=_BITS[x.element_size()], SENTINEL=_SENTINEL[x.element_size()],
-        NORM=norm, num_warps=4)
+        NORM=norm, **launch_options(block))
 
 
 def push_all_reduce(x: Tensor, buffer: Tensor, ptrs: int, rank: int, world: int,
