@@ -25,9 +25,9 @@ ROUTER_MAX_EXPERTS = 256  # the fused router's widest expert block; more route i
 # A step holding a sequence with this many new tokens runs its prompts in the MHA form.
 MHA_MIN_QUERY = 64
 # Several GPUs: an all-reduce of up to this many bytes (128 rows of V3's 7168, bf16: decode
-# steps) runs PyTorch's one-shot symmetric-memory kernel (copy in, every rank's buffer read
-# over NVLink, one launch) instead of NCCL's (docs/DECISIONS.md,
-# `kernels.plan.ONE_SHOT_MAX_BYTES`).
+# steps) runs the pushed one-shot sum (`kernels.collective.push_sum`: every rank's rows stored
+# into the others' symmetric buffers over NVLink, one launch) instead of NCCL's
+# (docs/DECISIONS.md, `kernels.plan.ONE_SHOT_MAX_BYTES`).
 ONE_SHOT_MAX_BYTES = 128 * 7168 * 2
 # What `plan_step(weights=...)` names: float weights, or block FP8 (`fp8.Fp8Weight`).
 WEIGHTS = ("bf16", "fp8")
