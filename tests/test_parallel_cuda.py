@@ -94,9 +94,10 @@ def test_tp2_v3_shape_matches_one_gpu(tmp_path):
 
 
 def _fused_sum(rank: int, world: int, out: Path) -> None:
-    """The pushed sum (`push_sum`, plain and with the add + norm) against NCCL's all-reduce
-    and then the fused add + norm, bitwise; replayed from a CUDA graph on new inputs, plain
-    and fused launches mixed; opcheck."""
+    """The pushed sum (`push_sum`, plain and with the add + norm) against the ranks' rows
+    gathered and summed in rank order (NCCL's all-reduce too at two ranks), then the fused add
+    + norm, bitwise; replayed from a CUDA graph on new inputs, plain and fused launches mixed;
+    opcheck."""
     import torch.distributed as dist
 
     from mla_func.kernels.collective import push_sum
@@ -129,8 +130,20 @@ def _fused_sum(rank: int, world: int, out: Path) -> None:
         dist.all_reduce(total)
         return total
 
+    def ranks_sum(x):
+        """Every rank's x, gathered, summed in float32 in rank order (the pushed sum's order;
+        with two ranks NCCL's bits too)."""
+        parts = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(parts, x)
+        total = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        for part in parts:
+            total += part.float()
+        total = total.to(x.dtype)
+        assert world > 2 or torch.equal(total, nccl(x))
+        return total
+
     def apart(x, h, w):
-        return add_rmsnorm(h, nccl(x), w, eps)
+        return add_rmsnorm(h, ranks_sum(x), w, eps)
 
     # The kernel itself at every size (the plan picks it for some): 200 rows, its programs
     # loop over rows past MAX_PROGRAMS (128); 128 x 7168: the largest one-shot sum.
@@ -142,8 +155,8 @@ def _fused_sum(rank: int, world: int, out: Path) -> None:
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), (rows, width)
         got = all_reduce_add_norm(x, h, w, eps, tp, opts, counters)  # the plan's form
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), (rows, width)
-        assert torch.equal(push_sum.push_all_reduce(x, *buffer), nccl(x)), (rows, width)
-        assert torch.equal(all_reduce(x, tp, opts, counters), nccl(x)), (rows, width)
+        assert torch.equal(push_sum.push_all_reduce(x, *buffer), ranks_sum(x)), (rows, width)
+        assert torch.equal(all_reduce(x, tp, opts, counters), ranks_sum(x)), (rows, width)
     x, h, w = inputs(8, 2048, 50)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):  # three ends in a row, each feeding the next one's residual
@@ -159,7 +172,7 @@ def _fused_sum(rank: int, world: int, out: Path) -> None:
         he, xe = nh, nx
         for _ in range(3):
             he, ye = apart(xe, he, w)
-            xe = nccl(ye)
+            xe = ranks_sum(ye)
         assert torch.equal(hg, he) and torch.equal(yg, ye) and torch.equal(xg, xe), seed
     # opcheck runs the op on copies of its arguments: a copy of the counters belongs to no
     # runtime, so every tensor finds this one (both ranks make the same calls).
@@ -169,8 +182,11 @@ def _fused_sum(rank: int, world: int, out: Path) -> None:
     torch.cuda.synchronize()
 
 
-def test_fused_sum_add_norm_matches_apart(tmp_path):
-    """The pushed sum, alone and with the residual add + norm in its launch, equals NCCL's
-    sum (then the add and norm), bitwise at 1-200 rows of 2048 and 1-128 of 7168 (the kernel,
-    and the plan's form), from a graph too."""
-    run_ranks(2, _fused_sum, tmp_path, tmp_path, device="cuda", timeout=300)
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.skipif(
+    torch.cuda.device_count() < 4, reason="needs 4 GPUs"))])
+def test_fused_sum_add_norm_matches_apart(tmp_path, world):
+    """The pushed sum, alone and with the residual add + norm in its launch, equals the ranks'
+    rows summed in rank order (NCCL's sum at two ranks; then the add and norm), bitwise at
+    1-200 rows of 2048 and 1-128 of 7168 (the kernel, and the plan's form), from a graph too;
+    on two ranks and, where four GPUs are, on four."""
+    run_ranks(world, _fused_sum, tmp_path, tmp_path, device="cuda", timeout=300)
