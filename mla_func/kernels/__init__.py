@@ -11,8 +11,8 @@ the entry points the layers above call; nothing here imports a sibling package's
   launch, its cost-model launch plan, and the one-program-an-expert form at a few rows.
 - `linear`: norms and few-row projections (`norm`, `proj_norm`, `small_linear`,
   `norm_linear`) that fuse the residual add and RMSNorm or load their weights before the wait.
-- `collective`: kernels that read other GPUs' memory (tensor parallel): signal-pad barriers
-  and a sub-layer's sum over ranks with its residual add and norm in one launch.
+- `collective`: kernels that write into other GPUs' memory (tensor parallel): the pushed sum
+  over ranks, alone or with a sub-layer's residual add and norm in the same launch.
 - `e4m3`, `act_quant`, `swap_ab` (modules): what the FP8 kernels share: rounding to e4m3,
   activations quantised per token group, few-row e4m3 products swapped onto the warp-group MMA.
 - `launch`: programmatic dependent launch (`pdl`), arrival counters (`counters`), bulk L2

@@ -51,7 +51,6 @@ _SENTINEL = {2: -(1 << 15), 4: -(1 << 31)}
 _BITS = {2: tl.int16, 4: tl.int32}
 
 
-
 @triton.jit
 @no_type_check  # keeps the jaxtyping import hook off Triton kernels
 def _push_sum_kernel(x_ptr, h_ptr, w_ptr, h_out_ptr, y_ptr, buffers, phase_ptr, slot, rows,
@@ -103,10 +102,11 @@ def _push_sum_kernel(x_ptr, h_ptr, w_ptr, h_out_ptr, y_ptr, buffers, phase_ptr, 
 
 
 def launch_options(block: int) -> dict:
-    """num_warps (and maxnreg) for rows `block` wide. Past 4096 (V3's 7168), 8 warps: 4.6-10.1
-    us plain and 5.3-11.1 with the norm at 1-128 rows, against 4 warps' 5.3-11.1 and 6.1-11.7
-    (2xH200, b79a0b6); at up to 255 registers, where ptxas keeps them spill-free under Triton
-    3.6 and 3.9 alike (3.9 caps 8 warps at 128 registers otherwise and spills 84 bytes)."""
+    """num_warps (and maxnreg) for rows `block` wide. Past 4096 (V3's 7168), 8 warps: 4.6-10.4
+    us plain and 5.3-11.1 with the norm at 1-128 rows, against 4 warps' 5.3-11.3 and 6.1-11.7
+    (2xH200, b79a0b6, docs/DECISIONS.md); at up to 255 registers, where ptxas keeps them
+    spill-free under Triton 3.6 and 3.9 alike (3.9 caps 8 warps at 128 registers otherwise
+    and spills 84 bytes)."""
     return dict(num_warps=8, maxnreg=255) if block > 4096 else dict(num_warps=4)
 
 
@@ -144,9 +144,9 @@ def push_all_reduce(x: Tensor, buffer: Tensor, ptrs: int, rank: int, world: int,
                     phase: Tensor) -> Tensor:
     """The sum over the ranks of [rows, width] x. `buffer`: this rank's symmetric push buffer
     (`buffer_elements`, emptied by `empty_buffer` on every rank before any launch); `ptrs`:
-    the address of an int64 array (on x's device) of every rank's buffer address, in rank
-    order (symmetric memory's `buffer_ptrs_dev`); `phase`: two int32 zeros at
-    first, then the launches' own (every rank passes through the same calls)."""
+    the device address of an int64 array of every rank's buffer address, in rank order
+    (symmetric memory's `buffer_ptrs_dev`); `phase`: two int32 zeros at first, then the
+    launches' own (every rank passes through the same calls)."""
     x = x.contiguous()
     y = torch.empty_like(x)
     _launch(x, None, None, 0.0, y, None, buffer, ptrs, rank, world, phase)
