@@ -41,6 +41,7 @@ from mla_func.kernels.plan_rules import (
     MHA_MIN_QUERY,
     NORM_LINEAR_MAX_WIDTH,
     ONE_SHOT_MAX_BYTES,
+    ONE_SHOT_MAX_SENT,
     PROJ_NORM_MAX_ROWS,
     PROJ_NORM_MAX_WIDTH,
     ROUTER_MAX_EXPERTS,
@@ -54,6 +55,7 @@ from mla_func.kernels.plan_rules import (
     experts_precision,
     fp8_gemm_runs,
     norm_linear_normalises,
+    one_shot_max_bytes,
     proj_norm_rows,
     reduce_norm_fused,
     router_rows,
@@ -76,11 +78,11 @@ class KernelOptions:
     `router_few_rows`: up to ROUTER_ROWS_MAX rows the router runs one program an expert.
     `moe_trigger`: the MoE's last programs let the next projection start (PDL).
     `mha_min_query`: a step holding a sequence of this many new tokens runs its prompts in
-    the MHA form. `one_shot`: on several GPUs, sums of up to ONE_SHOT_MAX_BYTES run as one
-    pushed launch over symmetric memory (`all_reduce_form`, `kernels.collective.push_sum`),
-    else NCCL's all-reduce. `reduce_norm`: with `fused`, such a one-shot sum that ends a
-    sub-layer also adds the residual and takes the next norm in its launch
-    (`reduce_norm_fused`)."""
+    the MHA form. `one_shot`: on several GPUs, sums of up to `one_shot_max_bytes(ranks)`
+    (ONE_SHOT_MAX_BYTES, at most ONE_SHOT_MAX_SENT sent by each rank) run as one pushed launch
+    over symmetric memory (`all_reduce_form`, `kernels.collective.push_sum`), else NCCL's.
+    `reduce_norm`: with `fused`, such a one-shot sum that ends a sub-layer also adds the
+    residual and takes the next norm in its launch (`reduce_norm_fused`)."""
 
     attention: str = "torch"
     fused: bool = False
@@ -267,13 +269,13 @@ def plan_step(cfg: MLAConfig, device: DeviceSpec, tokens: int, seqs: int, *,
                              cfg.num_attention_heads // ranks, page_size=page_size,
                              ws=device.sm90, fp8=cache == "fp8", dtype=dtype)
     nbytes, cuda = tokens * cfg.hidden_size * dtype.itemsize, device.type == "cuda"
-    reduce = "none" if ranks == 1 else all_reduce_form(nbytes, cuda, options.one_shot)
+    reduce = "none" if ranks == 1 else all_reduce_form(nbytes, cuda, options.one_shot, ranks)
     return StepPlan(tokens, seqs, options, device, qkv_a, o_proj, router, router_launch,
                     options.experts if moe_layers else "none", moe, shared, deferred, form,
                     decode, ranks, reduce,
                     ranks > 1 and reduce_norm_fused(
                         tokens, cfg.hidden_size, dtype.itemsize, cuda, options.fused,
-                        options.reduce_norm, options.one_shot),
+                        options.reduce_norm, options.one_shot, ranks),
                     "fp8" if fp8 else str(dtype).removeprefix("torch."),
                     fp8_gemms(cfg, tokens, ranks) if fp8 else (), cache, precision)
 
@@ -294,9 +296,10 @@ def fp8_gemms(cfg: MLAConfig, rows: int, ranks: int = 1) -> tuple[tuple[str, str
 
 
 __all__ = ["DeviceSpec", "EXPERTS_IMPLS", "KERNEL_DTYPES", "KernelOptions", "MHA_MIN_QUERY",
-           "NORM_LINEAR_MAX_WIDTH", "ONE_SHOT_MAX_BYTES", "PROJ_NORM_MAX_ROWS",
-           "PROJ_NORM_MAX_WIDTH", "ROUTER_MAX_EXPERTS", "ROUTER_ROWS_MAX", "SMALL_LINEAR_MAX_ROWS",
-           "StepPlan", "WEIGHTS", "all_reduce_form",
+           "NORM_LINEAR_MAX_WIDTH", "ONE_SHOT_MAX_BYTES", "ONE_SHOT_MAX_SENT",
+           "PROJ_NORM_MAX_ROWS", "PROJ_NORM_MAX_WIDTH", "ROUTER_MAX_EXPERTS", "ROUTER_ROWS_MAX",
+           "SMALL_LINEAR_MAX_ROWS", "StepPlan", "WEIGHTS", "all_reduce_form",
            "attention_form", "default_options", "device_spec", "experts_precision",
-           "fp8_gemm_runs", "fp8_gemms", "norm_linear_normalises", "options_for", "plan_step",
-           "proj_norm_rows", "reduce_norm_fused", "router_rows", "small_linear_rows"]
+           "fp8_gemm_runs", "fp8_gemms", "norm_linear_normalises", "one_shot_max_bytes",
+           "options_for", "plan_step", "proj_norm_rows", "reduce_norm_fused", "router_rows",
+           "small_linear_rows"]

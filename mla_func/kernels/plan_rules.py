@@ -27,8 +27,12 @@ MHA_MIN_QUERY = 64
 # Several GPUs: an all-reduce of up to this many bytes (128 rows of V3's 7168, bf16: decode
 # steps) runs the pushed one-shot sum (`kernels.collective.push_sum`: every rank's rows stored
 # into the others' symmetric buffers over NVLink, one launch) instead of NCCL's
-# (docs/DECISIONS.md, `kernels.plan.ONE_SHOT_MAX_BYTES`).
+# (docs/DECISIONS.md, `kernels.plan.ONE_SHOT_MAX_BYTES`)...
 ONE_SHOT_MAX_BYTES = 128 * 7168 * 2
+# ... while a rank sends at most this many bytes (its rows to each of ranks - 1 peers): at 4
+# ranks the pushed sum of 128 rows of 7168 (1.8 MB to each of 3 peers) took NCCL's time (27.4
+# against 27.7 us, 4 x H200, 61be8d8); 8 ranks are unmeasured (`one_shot_max_bytes`).
+ONE_SHOT_MAX_SENT = 3 * ONE_SHOT_MAX_BYTES
 # What `plan_step(weights=...)` names: float weights, or block FP8 (`fp8.Fp8Weight`).
 WEIGHTS = ("bf16", "fp8")
 # The weights' dtypes the fused kernels and the triton attention backend are tuned for: their
@@ -102,19 +106,27 @@ def router_rows(tokens: int, few_rows: bool) -> bool:
     return few_rows and 0 < tokens <= ROUTER_ROWS_MAX
 
 
-def all_reduce_form(nbytes: int, cuda: bool, one_shot: bool = True) -> str:
-    """'one_shot' (symmetric memory) for small sums on CUDA, else 'nccl' (or gloo's)."""
-    return "one_shot" if one_shot and cuda and nbytes <= ONE_SHOT_MAX_BYTES else "nccl"
+def one_shot_max_bytes(ranks: int) -> int:
+    """The largest sum over `ranks` ranks that runs one-shot: ONE_SHOT_MAX_BYTES, and no more
+    than ONE_SHOT_MAX_SENT sent by each rank (16-byte multiples)."""
+    return min(ONE_SHOT_MAX_BYTES, ONE_SHOT_MAX_SENT // max(ranks - 1, 1)) // 16 * 16
+
+
+def all_reduce_form(nbytes: int, cuda: bool, one_shot: bool, ranks: int) -> str:
+    """'one_shot' (the pushed sum over symmetric memory) for sums of up to
+    `one_shot_max_bytes(ranks)` on CUDA, else 'nccl' (or gloo's)."""
+    small = nbytes <= one_shot_max_bytes(ranks)
+    return "one_shot" if one_shot and cuda and small else "nccl"
 
 
 def reduce_norm_fused(rows: int, width: int, itemsize: int, cuda: bool, fused: bool,
-                      reduce_norm: bool, one_shot: bool) -> bool:
-    """Whether a sub-layer's sum over ranks of `rows` rows `width` wide, its residual add and
-    its norm run as one launch (`kernels.collective.push_sum`): at every one-shot size
-    with the fused kernels on (the options' `fused`, `reduce_norm`, `one_shot`; it measured
-    as fast as the sum and then the add + norm or faster at 1-128 rows of 2048 and 7168,
-    docs/DECISIONS.md)."""
-    one = all_reduce_form(rows * width * itemsize, cuda, one_shot) == "one_shot"
+                      reduce_norm: bool, one_shot: bool, ranks: int) -> bool:
+    """Whether a sub-layer's sum over `ranks` ranks of `rows` rows `width` wide, its residual
+    add and its norm run as one launch (`kernels.collective.push_sum`): at every one-shot
+    size with the fused kernels on (the options' `fused`, `reduce_norm`, `one_shot`; it
+    measured as fast as the sum and then the add + norm or faster at 1-128 rows of 2048 and
+    7168, docs/DECISIONS.md)."""
+    one = all_reduce_form(rows * width * itemsize, cuda, one_shot, ranks) == "one_shot"
     return fused and reduce_norm and one
 
 
@@ -138,9 +150,9 @@ def attention_form(max_query_len: int, mha_min_query: int = MHA_MIN_QUERY) -> st
 
 
 __all__ = ["DeviceSpec", "EXPERTS_IMPLS", "KERNEL_DTYPES", "MHA_MIN_QUERY",
-           "NORM_LINEAR_MAX_WIDTH", "ONE_SHOT_MAX_BYTES", "PROJ_NORM_MAX_ROWS",
-           "PROJ_NORM_MAX_WIDTH", "ROUTER_MAX_EXPERTS", "ROUTER_ROWS_MAX", "SMALL_LINEAR_MAX_ROWS",
-           "WEIGHTS", "all_reduce_form",
+           "NORM_LINEAR_MAX_WIDTH", "ONE_SHOT_MAX_BYTES", "ONE_SHOT_MAX_SENT",
+           "PROJ_NORM_MAX_ROWS", "PROJ_NORM_MAX_WIDTH", "ROUTER_MAX_EXPERTS", "ROUTER_ROWS_MAX",
+           "SMALL_LINEAR_MAX_ROWS", "WEIGHTS", "all_reduce_form",
            "attention_form", "device_spec", "experts_precision", "fp8_gemm_runs",
-           "norm_linear_normalises", "proj_norm_rows", "reduce_norm_fused", "router_rows",
-           "small_linear_rows"]
+           "norm_linear_normalises", "one_shot_max_bytes", "proj_norm_rows",
+           "reduce_norm_fused", "router_rows", "small_linear_rows"]

@@ -27,9 +27,9 @@ from mla_func.kernels.collective import push_sum
 from mla_func.kernels.launch.runtime import Runtime
 from mla_func.kernels.linear import norm as fused_norm
 from mla_func.kernels.plan import (
-    ONE_SHOT_MAX_BYTES,
     KernelOptions,
     all_reduce_form,
+    one_shot_max_bytes,
     reduce_norm_fused,
 )
 from mla_func.ops.norm import rmsnorm
@@ -48,7 +48,7 @@ def _group(name: str):
 def _push_buffer(runtime: Runtime, group: str, dtype: torch.dtype
                  ) -> tuple[Tensor, int, int, int, Tensor]:
     """This runtime's push buffer of `dtype` for `group` (`push_sum.buffer_elements`: a slot
-    of ONE_SHOT_MAX_BYTES for each rank in each of two halves, empty), the device address of
+    of the largest one-shot sum for each rank in each of two halves, empty), the device address of
     the ranks' buffer addresses, this rank, the ranks, and the launches' phase (int32 zeros,
     read and flipped by them): `push_sum`'s arguments. Made and exchanged with the other
     ranks at the first call: every rank must call it together, and not while a graph is
@@ -60,8 +60,9 @@ def _push_buffer(runtime: Runtime, group: str, dtype: torch.dtype
         import torch.distributed._symmetric_memory as symm_mem
 
         pg = _group(group)
-        slot = ONE_SHOT_MAX_BYTES // dtype.itemsize
-        size = push_sum.buffer_elements(slot, dist.get_world_size(pg))
+        world = dist.get_world_size(pg)
+        slot = one_shot_max_bytes(world) // dtype.itemsize
+        size = push_sum.buffer_elements(slot, world)
         buf = push_sum.empty_buffer(symm_mem.empty(size, dtype=dtype, device=runtime.device))
         torch.cuda.synchronize(runtime.device)  # empty before any peer may push into it
         handle = symm_mem.rendezvous(buf, group)
@@ -72,9 +73,14 @@ def _push_buffer(runtime: Runtime, group: str, dtype: torch.dtype
     return buf, handle.buffer_ptrs_dev, handle.rank, handle.world_size, phase
 
 
+def _ranks(group: str) -> int:
+    return dist.get_world_size(_group(group))
+
+
 def _sum(x: Tensor, owner: Tensor, group: str, one_shot: bool) -> Tensor:
     """The sum of x over the ranks, in the plan's form for x's bytes."""
-    if all_reduce_form(x.numel() * x.element_size(), x.is_cuda, one_shot) == "one_shot":
+    nbytes = x.numel() * x.element_size()
+    if all_reduce_form(nbytes, x.is_cuda, one_shot, _ranks(group)) == "one_shot":
         return push_sum.push_all_reduce(x, *_push_buffer(Runtime.of(owner), group, x.dtype))
     out = x.clone()
     dist.all_reduce(out, group=_group(group))
@@ -109,7 +115,7 @@ def _all_reduce_add_norm(x: Tensor, h: Tensor, weight: Tensor, eps: float, owner
                          ) -> tuple[Tensor, Tensor]:
     rows, width = x.shape
     if reduce_norm_fused(rows, width, x.element_size(), x.is_cuda, fused, reduce_norm,
-                         one_shot):
+                         one_shot, _ranks(group)):
         return push_sum.push_all_reduce_add_rmsnorm(
             x, h, weight, eps, *_push_buffer(Runtime.of(owner), group, x.dtype))
     total = _sum(x, owner, group, one_shot)
