@@ -144,10 +144,11 @@ def quantize_activations(x: Float[Tensor, "tokens width_in"], group: int = 128
     padded = padded.view(tokens, groups, group)
     amax = padded.abs().amax(-1)
     nonzero = amax > 0
-    scales = torch.where(nonzero, amax / FP8_MAX, 1.0)
-    # A tensor divided by a tensor: rounded once (a number over a tensor is its reciprocal
-    # times the number in torch, rounded twice).
-    inv = torch.where(nonzero, torch.full_like(amax, FP8_MAX) / amax, 1.0)
+    # Tensors divided by tensors: rounded once, on every device (on CUDA torch divides by a
+    # number, and a number by a tensor, through a reciprocal: rounded twice).
+    e4m3_max = torch.full_like(amax, FP8_MAX)
+    scales = torch.where(nonzero, amax / e4m3_max, 1.0)
+    inv = torch.where(nonzero, e4m3_max / amax, 1.0)
     q = (padded * inv[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return q.view(tokens, -1)[:, :cols], scales
 
