@@ -97,7 +97,7 @@ def _reference_sum(xs: list[torch.Tensor]) -> torch.Tensor:
 
 @pytest.mark.parametrize("world,rows,width,dtype", [
     (2, 3, 48, torch.float16), (2, 130, 16, torch.float16), (4, 5, 40, torch.float32),
-    (3, 2, 2048, torch.float16)])
+    (3, 2, 2048, torch.float16), (8, 2, 24, torch.float32)])
 def test_push_sum_and_sub_layer_end(world, rows, width, dtype):
     """A sub-layer end (sum, residual add, norm) in the first half, then a plain sum of other
     rows in the second, then one in the first again: the reference's bits each time, the
