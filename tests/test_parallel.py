@@ -34,6 +34,8 @@ CONFIGS["v3-qlora-fp8"] = CONFIGS["v3-qlora"]  # its weights in block FP8 (`_par
 def _params(name: str) -> mf.Params:
     params = mf.init_params(CONFIGS[name], seed=1)
     return quantize_fp8(params) if name.endswith("-fp8") else params
+
+
 PROMPTS = [[5, 9, 200, 3, 17, 88, 41], [7, 7, 2], list(range(30, 52)), [250, 4]]
 NEW = 6
 KW = dict(page_size=4, max_batch_tokens=16, max_seqs=3, eos_token_id=None, return_logits=True)
@@ -81,12 +83,15 @@ def test_tensor_parallel_matches_one_device(tmp_path, world):
     assert all(b["ranks"] == world for b in plan["meta"]["kernels"]["piecewise"].values())
 
 
+FUSED_NEW = 3  # prefill chunks and decodes mixed still; each interpreted step costs seconds
+
+
 def _fused(rank: int, world: int, out: Path) -> None:
     from mla_func.kernels.plan import KernelOptions
 
     cfg = CONFIGS["v3-qlora"]
     fused = KernelOptions(fused=True, experts="triton")
-    got = mf.generate(cfg, mf.init_params(cfg, seed=1), PROMPTS, NEW, mesh=rank_group(),
+    got = mf.generate(cfg, mf.init_params(cfg, seed=1), PROMPTS, FUSED_NEW, mesh=rank_group(),
                       kernels=fused, **KW)
     torch.save({"tokens": got.tokens, "logits": got.logits}, out / f"fused_{rank}.pt")
 
@@ -98,7 +103,7 @@ def test_tensor_parallel_fused_kernels_match_one_device(tmp_path):
 
     run_ranks(2, _fused, tmp_path, tmp_path)
     cfg = CONFIGS["v3-qlora"]
-    want = mf.generate(cfg, mf.init_params(cfg, seed=1), PROMPTS, NEW,
+    want = mf.generate(cfg, mf.init_params(cfg, seed=1), PROMPTS, FUSED_NEW,
                        kernels=KernelOptions(fused=True, experts="triton"), **KW)
     for rank in range(2):
         got = torch.load(tmp_path / f"fused_{rank}.pt")
@@ -293,14 +298,21 @@ def _torchrun(*args: str) -> subprocess.CompletedProcess:
         env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
 
 
-def test_scripts_under_torchrun(tmp_path):
+def test_scripts_under_torchrun(tmp_path, capsys, monkeypatch):
     """`torchrun --nproc-per-node 2 scripts/generate.py --tp 2` prints once (rank 0) the
-    tokens one process prints; `capture.py --tp 2` writes a shard's plan once; `--tp 2`
-    without torchrun says how to launch it; `profile_generate --tp 2 --timeline` prints
-    rank 0's steps by kind once."""
+    tokens one process prints (here, in this one); `capture.py --tp 2` writes a shard's plan
+    once; `--tp 2` without torchrun says how to launch it; `profile_generate --tp 2
+    --timeline` prints rank 0's steps by kind once."""
+    import scripts.generate as generate
+
     argv = ["scripts/generate.py", "--preset", "tiny", "--prompts", "3", "--max-new-tokens", "5"]
-    one = subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=ROOT,
-                         timeout=120, check=True).stdout
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert generate.main(argv[1:]) == 0
+    one = capsys.readouterr().out
+    with pytest.raises(SystemExit) as alone:
+        generate.main([*argv[1:], "--tp", "2"])
+    assert alone.value.code == 2
+    assert "run torchrun --nproc-per-node 2 scripts/generate.py --tp 2" in capsys.readouterr().err
     two = _torchrun(*argv, "--tp", "2")
     assert two.returncode == 0, two.stderr
     prompts = [line for line in two.stdout.splitlines() if line.startswith("  prompt")]
@@ -312,10 +324,6 @@ def test_scripts_under_torchrun(tmp_path):
     assert cap.returncode == 0, cap.stderr
     plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
     assert plan["tensor_parallel"] == {"rank": 0, "ranks": 2} and cap.stdout.count("plan:") == 1
-    alone = subprocess.run([sys.executable, *argv, "--tp", "2"], capture_output=True, text=True,
-                           cwd=ROOT, timeout=60)
-    assert alone.returncode == 2
-    assert "run torchrun --nproc-per-node 2 scripts/generate.py --tp 2" in alone.stderr
     prof = _torchrun("-m", "scripts.profile_generate", "--tp", "2", "--preset", "tiny",
                      "--device", "cpu", "--mode", "eager", "--timeline", "--requests", "3",
                      "--prompt", "6", "--new", "3", "--page-size", "4")
