@@ -122,8 +122,12 @@ def test_push_sum_and_sub_layer_end(world, rows, width, dtype):
 
 
 def test_push_sum_refuses_rows_its_slots_cannot_hold():
+    """Rows past a slot, or of another dtype than the buffer's: a ValueError before any
+    launch. No rows: nothing launched, the phase as it was."""
     ranks = Ranks(2, torch.bfloat16)
     args = (ranks.bufs[0], ranks.ptrs.data_ptr(), 0, 2, ranks.phases[0])
+    assert push_sum.push_all_reduce(torch.zeros(0, 16, dtype=torch.bfloat16), *args).shape == (
+        0, 16) and not ranks.phases[0].any()
     with pytest.raises(ValueError, match="cannot take 3 x 2048 rows"):
         push_sum.push_all_reduce(torch.zeros(3, 2048, dtype=torch.bfloat16), *args)
     with pytest.raises(ValueError, match="cannot take"):
