@@ -25,8 +25,7 @@ def pushed(x: torch.Tensor) -> torch.Tensor:
 
 
 def empty_bits(dtype: torch.dtype) -> int:
-    return int(torch.tensor(-0.0, dtype=dtype).view({2: torch.int16, 4: torch.int32}[
-        dtype.itemsize]))
+    return int(torch.tensor(-0.0, dtype=dtype).view(_int(dtype)))
 
 
 class Ranks:
@@ -64,16 +63,17 @@ class Ranks:
                 got = self.slot(q, half, r)
                 if r < q:  # pushed by rank r's launch, after rank q had run
                     n = xs[r].numel()
-                    want = pushed(xs[r]).view(_int(got))
-                    assert torch.equal(got[:n].view(_int(got)), want), (q, r)
+                    want = pushed(xs[r]).view(_int(got.dtype))
+                    assert torch.equal(got[:n].view(_int(got.dtype)), want), (q, r)
                 else:  # read and emptied (or never written: its own slot), in either half
-                    assert (got.view(_int(got)) == bits).all(), (q, r)
+                    assert (got.view(_int(got.dtype)) == bits).all(), (q, r)
                     other = self.slot(q, 1 - half, r)
-                    assert (other.view(_int(got)) == bits).all(), (q, r)
+                    assert (other.view(_int(got.dtype)) == bits).all(), (q, r)
 
 
-def _int(t: torch.Tensor) -> torch.dtype:
-    return {2: torch.int16, 4: torch.int32}[t.element_size()]
+def _int(dtype: torch.dtype) -> torch.dtype:
+    """The signed integer dtype of `dtype`'s size (its bits, as the kernel compares them)."""
+    return {2: torch.int16, 4: torch.int32}[dtype.itemsize]
 
 
 def _inputs(world: int, rows: int, width: int, dtype: torch.dtype, seed: int):

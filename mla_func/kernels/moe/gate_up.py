@@ -144,8 +144,10 @@ def _gate_up_rows(
         acc_g, acc_u = acc_rows(acc_g, SWAP), acc_rows(acc_u, SWAP)
         if TAIL:
             acc_tg, acc_tu = acc_rows(acc_tg, SWAP), acc_rows(acc_tu, SWAP)
-    if PDL:  # shared tiles too: `act` (and the partials) may reuse memory the router still
-        tl.extra.cuda.gdc_wait()  # uses (its partials)
+    # Shared tiles too: `act` and the split partials may reuse memory that the router still
+    # uses (its partials).
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     last = True
     if SPLIT > 1:  # the partials stored, the last slice to arrive sums them (`split_k`)
         rows = act_row0 + tl.arange(0, BM)
